@@ -1,0 +1,89 @@
+#include "data.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+namespace gpt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+bool looks_like_text(const std::string& content) {
+  return content.find('\0') == std::string::npos;
+}
+
+std::vector<fs::path> files_below(const fs::path& folder) {
+  std::vector<fs::path> files;
+  for (const auto& entry :
+       fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied)) {
+    if (entry.is_regular_file()) files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+}  // namespace
+
+ByteCorpus ByteCorpus::load(const std::string& path, int64_t max_bytes, int64_t min_bytes) {
+  TORCH_CHECK(!path.empty(), "no training data: pass --data PATH (a text file or a folder of text files)");
+  TORCH_CHECK(fs::exists(path), "--data ", path, ": no such file or folder");
+  std::string text;
+  auto append = [&](const fs::path& file) {
+    std::string content = read_file(file);
+    if (!looks_like_text(content)) return;
+    text.append(content, 0, std::min<size_t>(content.size(), max_bytes - text.size()));
+  };
+  if (fs::is_directory(path)) {
+    for (const auto& file : files_below(path)) {
+      if (static_cast<int64_t>(text.size()) >= max_bytes) break;
+      append(file);
+    }
+  } else {
+    append(path);
+  }
+  TORCH_CHECK(static_cast<int64_t>(text.size()) >= min_bytes, "--data ", path, " holds ",
+              text.size(), " bytes of text, fewer than the ", min_bytes,
+              " needed for one sequence; use a larger text file or folder");
+  auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
+  std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  return ByteCorpus(bytes);
+}
+
+std::pair<torch::Tensor, torch::Tensor> ByteCorpus::batch(uint64_t seed, int64_t step,
+                                                          int64_t first_row, int64_t rows,
+                                                          int64_t seq) const {
+  const int64_t span = size() - seq - 1;
+  TORCH_CHECK(span > 0, "corpus of ", size(), " bytes is too short for sequences of ", seq);
+  auto inputs = torch::empty({rows, seq}, torch::kLong);
+  auto targets = torch::empty({rows, seq}, torch::kLong);
+  const uint8_t* data = bytes_.data_ptr<uint8_t>();
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* out = targets.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint64_t row = static_cast<uint64_t>(first_row + r);
+    const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(step)) ^ row);
+    const int64_t start = static_cast<int64_t>(h % static_cast<uint64_t>(span));
+    for (int64_t t = 0; t < seq; ++t) {
+      in[r * seq + t] = data[start + t];
+      out[r * seq + t] = data[start + t + 1];
+    }
+  }
+  return {inputs, targets};
+}
+
+}  // namespace gpt

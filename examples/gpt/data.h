@@ -1,0 +1,32 @@
+#pragma once
+// Training data: the bytes of a text file or of a folder of text files, and the global batch of
+// each step as a pure function of (corpus, seed, step, global batch size), so that any world size
+// that splits the same global batch trains on the very same rows.
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace gpt {
+
+class ByteCorpus {
+ public:
+  /// Reads `path` (a file, or every text file below a folder in sorted path order, skipping
+  /// binaries) up to `max_bytes`. Throws naming the path if it holds too little text.
+  static ByteCorpus load(const std::string& path, int64_t max_bytes, int64_t min_bytes);
+
+  int64_t size() const { return bytes_.numel(); }
+  const torch::Tensor& bytes() const { return bytes_; }  // 1-D uint8
+
+  /// Rows [first_row, first_row + rows) of the global batch of `step`: inputs and next-byte
+  /// targets, each [rows, seq] int64. Row i starts at an offset drawn from (seed, step, i) only.
+  std::pair<torch::Tensor, torch::Tensor> batch(uint64_t seed, int64_t step, int64_t first_row,
+                                                int64_t rows, int64_t seq) const;
+
+ private:
+  explicit ByteCorpus(torch::Tensor bytes) : bytes_(std::move(bytes)) {}
+  torch::Tensor bytes_;
+};
+
+}  // namespace gpt

@@ -1,0 +1,118 @@
+#include "gpt.h"
+
+#include <cmath>
+
+namespace gpt {
+
+void GPTConfig::validate() const {
+  TORCH_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
+  TORCH_CHECK(dim >= 1 && heads >= 1 && dim % heads == 0, "--dim (", dim,
+              ") must be a positive multiple of --heads (", heads, ")");
+  TORCH_CHECK(max_seq >= 2, "--seq must be >= 2, got ", max_seq);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : heads(config.heads) {
+  c_attn = register_module("c_attn", torch::nn::Linear(config.dim, 3 * config.dim));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.dim, config.dim));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  auto heads_first = [&](const torch::Tensor& t) {
+    return t.view({B, T, heads, C / heads}).transpose(1, 2);  // [B, heads, T, head_dim]
+  };
+  auto y = at::scaled_dot_product_attention(heads_first(qkv[0]), heads_first(qkv[1]),
+                                            heads_first(qkv[2]), /*attn_mask=*/{},
+                                            /*dropout_p=*/0.0, /*is_causal=*/true);
+  return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
+}
+
+MLPImpl::MLPImpl(const GPTConfig& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.dim, 4 * config.dim));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.dim, config.dim));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return c_proj(torch::gelu(c_fc(x), "tanh"));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& config) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
+  mlp = register_module("mlp", MLP(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto y = x + attn(ln_1(x));
+  return y + mlp(ln_2(y));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
+  config.validate();
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.dim));
+  wpe = register_module("wpe", torch::nn::Embedding(config.max_seq, config.dim));
+  auto blocks = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.layers; ++i) {
+    Block block(config);
+    blocks->push_back(block);
+    h.emplace_back(block);
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  const int64_t T = idx.size(1);
+  TORCH_CHECK(T <= config.max_seq, "sequence of ", T, " tokens is longer than the model's ",
+              config.max_seq);
+  auto positions = torch::arange(T, idx.options().dtype(torch::kLong));
+  auto x = wte(idx) + wpe(positions);
+  for (auto& block : h) x = block(x);
+  return torch::matmul(ln_f(x), wte->weight.t());  // head tied to wte
+}
+
+GPT make_gpt(const GPTConfig& config, uint64_t seed) {
+  torch::manual_seed(seed);
+  GPT model(config);
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.layers);
+  for (auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    auto& p = item.value();
+    const bool is_layer_norm = name.find("ln_") != std::string::npos;
+    if (is_layer_norm) {
+      p.fill_(name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? 1.0 : 0.0);
+    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      p.zero_();
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      p.normal_(0.0, residual_std);
+    } else {
+      p.normal_(0.0, 0.02);
+    }
+  }
+  return model;
+}
+
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}));
+}
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay) {
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& item : model->named_parameters()) {
+    const bool is_matrix = item.key().find("ln_") == std::string::npos &&
+                           item.key().find("bias") == std::string::npos;
+    (is_matrix ? decay : no_decay).push_back(item.value());
+  }
+  auto options = torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay);
+  auto no_decay_options = options;
+  no_decay_options.weight_decay(0.0);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(no_decay_options));
+  return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
+}
+
+}  // namespace gpt

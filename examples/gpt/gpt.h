@@ -1,0 +1,77 @@
+#pragma once
+// A byte-level GPT with GPT-2's layout and parameter names (wte, wpe, h.{i}.ln_1, h.{i}.attn.c_attn,
+// h.{i}.attn.c_proj, h.{i}.ln_2, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj, ln_f; the output head is tied
+// to wte). Pre-LayerNorm, causal attention, tanh-GELU, no dropout. Each block is one FSDP unit.
+
+#include <fsdp/fully_shard.h>
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace gpt {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;  // bytes
+  int64_t layers = 4;
+  int64_t dim = 128;
+  int64_t heads = 4;
+  int64_t max_seq = 128;
+
+  /// Throws naming the bad value (e.g. dim not divisible by heads).
+  void validate() const;
+};
+
+struct CausalSelfAttentionImpl : torch::nn::Module {
+  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
+
+  int64_t heads;
+  torch::nn::Linear c_attn{nullptr};  // dim -> 3·dim (q, k, v), with bias
+  torch::nn::Linear c_proj{nullptr};  // dim -> dim, residual projection
+};
+TORCH_MODULE(CausalSelfAttention);
+
+struct MLPImpl : torch::nn::Module {
+  explicit MLPImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};    // dim -> 4·dim
+  torch::nn::Linear c_proj{nullptr};  // 4·dim -> dim, residual projection
+};
+TORCH_MODULE(MLP);
+
+struct BlockImpl : torch::nn::Module {
+  explicit BlockImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  CausalSelfAttention attn{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct GPTImpl : torch::nn::Module {
+  explicit GPTImpl(const GPTConfig& config);
+  /// idx: [B, T] int64 bytes -> logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& idx);
+
+  GPTConfig config;
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  std::vector<fsdp::Unit<Block>> h;  // one FSDP unit per block; modules registered as "h.{i}"
+  torch::nn::LayerNorm ln_f{nullptr};
+};
+TORCH_MODULE(GPT);
+
+/// GPT-2's initialisation from `seed`: normal(0, 0.02) weights, residual projections scaled by
+/// 1/sqrt(2·layers), zero biases, unit LayerNorms. The same seed gives the same model anywhere.
+GPT make_gpt(const GPTConfig& config, uint64_t seed);
+
+/// Mean cross-entropy of next-byte prediction.
+torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+
+/// AdamW with weight decay on matrices only (decided from the original shapes, so call it
+/// before or after sharding alike: the parameters stay the same tensors).
+std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay);
+
+}  // namespace gpt

@@ -1,0 +1,53 @@
+// gpt_train: trains the byte-level GPT with FSDP over the ranks that fsdprun or torchrun started,
+// or (--reference) unsharded in one process on the same global batches.
+#include "trainer.h"
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a byte-level GPT with fully sharded data parallelism (FSDP)."};
+  gpt::TrainOptions o;
+  bool reference = false;
+  app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)");
+  app.add_option("--dim", o.model.dim, "model width");
+  app.add_option("--heads", o.model.heads, "attention heads");
+  app.add_option("--seq", o.model.max_seq, "sequence length");
+  app.add_option("--batch", o.batch, "sequences per rank per step");
+  app.add_option("--steps", o.steps, "optimizer steps");
+  app.add_option("--lr", o.lr, "AdamW learning rate");
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices");
+  app.add_option("--seed", o.seed, "seed of the initial weights and of the batches");
+  app.add_option("--data", o.data, "a text file or a folder of text files")->required();
+  app.add_option("--max-data-mb", o.max_data_bytes, "read at most this many MiB of text")
+      ->transform([](const std::string& mb) { return std::to_string(std::stoll(mb) << 20); });
+  app.add_option("--metrics", o.metrics_path, "JSON lines per step; {rank} becomes the rank");
+  app.add_option("--log-every", o.log_every, "print a progress line every N steps (rank 0)");
+  app.add_option("--sample", o.sample_bytes, "generate N bytes after training");
+  app.add_option("--prompt", o.sample_prompt, "prompt of the sample");
+  app.add_flag("--reference", reference, "train unsharded in this process on the global batch");
+  app.add_option("--world-size", o.reference_world_size,
+                 "with --reference: the world size whose global batch to train on")
+      ->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    std::shared_ptr<fsdp::Distributed> dist;
+    if (!reference) dist = fsdp::init_distributed();
+    auto result = gpt::train(o, dist.get());
+    if (!result.sample.empty() && (!dist || dist->rank() == 0)) {
+      std::cout << "--- sample ---\n" << result.sample << "\n--------------\n";
+    }
+    if (!result.losses.empty() && (!dist || dist->rank() == 0)) {
+      std::printf("loss: first %.4f last %.4f\n", result.losses.front(), result.losses.back());
+    }
+  } catch (const c10::Error& e) {
+    std::cerr << "gpt_train: error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "gpt_train: error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

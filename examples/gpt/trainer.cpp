@@ -1,0 +1,158 @@
+#include "trainer.h"
+
+#include "data.h"
+
+#include <fsdp/comm_stats.h>
+#include <fsdp/memory.h>
+#include <fsdp/state_dict.h>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+namespace gpt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0, step_ms = 0, tokens_per_s = 0;
+  fsdp::MemoryStats memory;
+  fsdp::CommStats comm;  // bytes of this step
+};
+
+std::string metrics_file(std::string path, int rank) {
+  const std::string token = "{rank}";
+  for (size_t at = path.find(token); at != std::string::npos; at = path.find(token)) {
+    path.replace(at, token.size(), std::to_string(rank));
+  }
+  return path;
+}
+
+nlohmann::json to_json(const StepRecord& r) {
+  return {{"step", r.step},
+          {"loss", r.loss},
+          {"step_ms", r.step_ms},
+          {"tokens_per_s", r.tokens_per_s},
+          {"mem_current_bytes", r.memory.current_bytes},
+          {"mem_peak_bytes", r.memory.peak_bytes},
+          {"bytes_all_gather", r.comm.all_gather_bytes},
+          {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
+          {"bytes_all_reduce", r.comm.all_reduce_bytes}};
+}
+
+fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
+  return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
+          a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes};
+}
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
+  return text;
+}
+
+// Rank 0 prints one line with every rank's memory (a small all-reduce gathers it).
+void print_progress(const StepRecord& r, int64_t steps, fsdp::Distributed* dist) {
+  const int world = dist ? dist->world_size() : 1;
+  auto memory = torch::zeros({world, 2}, torch::kFloat64);
+  memory[dist ? dist->rank() : 0][0] = static_cast<double>(r.memory.current_bytes);
+  memory[dist ? dist->rank() : 0][1] = static_cast<double>(r.memory.peak_bytes);
+  if (dist) fsdp::all_reduce_sum(*dist->world, memory);
+  if (dist && dist->rank() != 0) return;
+  std::printf("step %5lld/%lld | loss %.4f | %8.0f tok/s | %6.1f ms/step | mem", (long long)r.step + 1,
+              (long long)steps, r.loss, r.tokens_per_s, r.step_ms);
+  for (int i = 0; i < world; ++i) {
+    std::printf(" r%d %s (peak %s)", i, mib(memory[i][0].item<int64_t>()).c_str(),
+                mib(memory[i][1].item<int64_t>()).c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+// Greedy-free sampling (temperature 0.8) from a fixed seed: every rank runs the same forwards,
+// which the sharded model needs (each forward all-gathers on all ranks).
+std::string generate(fsdp::Unit<GPT>& model, const std::string& prompt, int64_t n, int64_t max_seq,
+                     uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  std::vector<int64_t> tokens(prompt.begin(), prompt.end());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - max_seq);
+    auto context = torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()),
+                                 torch::kLong).unsqueeze(0);
+    auto logits = model(context).select(1, -1).squeeze(0) / 0.8;
+    tokens.push_back(torch::multinomial(torch::softmax(logits, -1), 1).item<int64_t>());
+  }
+  return std::string(tokens.begin(), tokens.end());
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
+  const int world = dist ? dist->world_size() : o.reference_world_size;
+  const int rank = dist ? dist->rank() : 0;
+  fsdp::install_memory_counter();
+  const ByteCorpus corpus = ByteCorpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
+
+  GPT gpt = make_gpt(o.model, o.seed);
+  auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay);
+  fsdp::Unit<GPT> model = dist ? fsdp::fully_shard(gpt, *dist->world) : fsdp::Unit<GPT>(gpt);
+
+  std::ofstream metrics;
+  if (!o.metrics_path.empty()) {
+    metrics.open(metrics_file(o.metrics_path, rank));
+    TORCH_CHECK(metrics, "--metrics: cannot write ", metrics_file(o.metrics_path, rank));
+  }
+  // The reference trains on the whole global batch; rank r on its rows of it.
+  const int64_t first_row = dist ? rank * o.batch : 0;
+  const int64_t rows = dist ? o.batch : world * o.batch;
+  const double global_tokens = static_cast<double>(world * o.batch * o.model.max_seq);
+
+  TrainResult result;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    fsdp::reset_peak_memory();
+    const auto comm_before = fsdp::comm_stats();
+    const auto start = Clock::now();
+
+    auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
+    optimizer->zero_grad();
+    auto loss = lm_loss(model(inputs), targets);
+    loss.backward();
+    optimizer->step();
+
+    auto global_loss = loss.detach().clone();
+    if (dist) fsdp::all_reduce_sum(*dist->world, global_loss);
+    StepRecord record;
+    record.step = step;
+    record.loss = global_loss.item<double>() / (dist ? world : 1);
+    record.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    record.tokens_per_s = global_tokens / (record.step_ms / 1000.0);
+    record.memory = fsdp::memory_stats();
+    record.comm = minus(fsdp::comm_stats(), comm_before);
+    result.losses.push_back(record.loss);
+    if (metrics.is_open()) metrics << to_json(record).dump() << "\n" << std::flush;
+    if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
+      print_progress(record, o.steps, dist);
+    }
+  }
+
+  if (dist) {
+    result.final_params = fsdp::gather_full_params(model);
+  } else {
+    for (auto& item : gpt->named_parameters()) {
+      result.final_params.emplace_back(item.key(), item.value().detach().clone());
+    }
+  }
+  if (o.sample_bytes > 0) {
+    result.sample = generate(model, o.sample_prompt, o.sample_bytes, o.model.max_seq, o.seed);
+  }
+  return result;
+}
+
+}  // namespace gpt

@@ -1,0 +1,40 @@
+#pragma once
+// The training loop of gpt_train, shared with the tests: the same code trains sharded (FSDP over
+// the world process group) or as the unsharded single-process reference on the global batch.
+
+#include "gpt.h"
+
+#include <fsdp/distributed.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpt {
+
+struct TrainOptions {
+  GPTConfig model;
+  int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
+  int64_t steps = 100;
+  double lr = 1e-3;
+  double weight_decay = 0.1;
+  uint64_t seed = 1234;
+  std::string data;
+  int64_t max_data_bytes = 8 << 20;
+  std::string metrics_path;  // JSON lines; "{rank}" is replaced by the rank
+  int log_every = 0;         // progress line every N steps on rank 0 (0: none)
+  int64_t sample_bytes = 0;  // generate this many bytes after training (0: none)
+  std::string sample_prompt = "def ";
+  int reference_world_size = 1;  // reference only: the world size whose global batch to train on
+};
+
+struct TrainResult {
+  std::vector<double> losses;  // mean over the global batch, per step
+  std::vector<std::pair<std::string, torch::Tensor>> final_params;  // full, original names
+  std::string sample;
+};
+
+/// Sharded training when `dist` is set, otherwise the unsharded reference.
+TrainResult train(const TrainOptions& options, fsdp::Distributed* dist);
+
+}  // namespace gpt

@@ -1,0 +1,20 @@
+#pragma once
+/// Bytes this process sent through each kind of collective (sum over all process groups).
+
+#include <cstdint>
+
+namespace fsdp {
+
+/// Bytes sent by this rank, per kind of collective, since start or the last reset_comm_stats().
+/// These count what the ring algorithms really put on the wire, not a formula.
+struct CommStats {
+  int64_t all_gather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t all_reduce_bytes = 0;
+  int64_t broadcast_bytes = 0;
+};
+
+CommStats comm_stats();
+void reset_comm_stats();
+
+}  // namespace fsdp

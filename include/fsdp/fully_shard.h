@@ -1,0 +1,142 @@
+#pragma once
+/// fully_shard(): shard a LibTorch module across the ranks of a process group.
+///
+/// C++ cannot patch a module's forward the way Python FSDP does, so a unit boundary must sit in
+/// the call path: a model holds its blocks as `fsdp::Unit<Block>` and calls them through it. Until
+/// the model is sharded a Unit is a plain pass-through, so the same model code trains unsharded.
+///
+/// Example:
+///   struct NetImpl : torch::nn::Module {
+///     NetImpl() {
+///       for (int i = 0; i < 4; ++i) {
+///         blocks.emplace_back(register_module("h" + std::to_string(i), Block()));
+///       }
+///       head = register_module("head", torch::nn::Linear(64, 10));
+///     }
+///     torch::Tensor forward(torch::Tensor x) {
+///       for (auto& block : blocks) x = block(x);   // unshard, forward, reshard
+///       return head(x);
+///     }
+///     std::vector<fsdp::Unit<Block>> blocks;      // one unit per block
+///     torch::nn::Linear head{nullptr};            // belongs to the root unit
+///   };
+///   TORCH_MODULE(Net);
+///
+///   auto dist = fsdp::init_distributed();
+///   auto model = fsdp::fully_shard(Net(), *dist->world);
+///   torch::optim::AdamW optim(model->parameters());  // sees only this rank's shards
+///   auto loss = model(x).pow(2).mean();
+///   loss.backward();                                  // gradients reduce-scattered per unit
+///   optim.step();
+
+#include <fsdp/distributed.h>
+#include <fsdp/options.h>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace fsdp {
+
+class ParamGroup;
+class FsdpState;
+
+/// What one unit holds, for tests, benchmarks and logs.
+struct UnitInfo {
+  std::string name;          ///< module path from the root ("" for the root unit)
+  int64_t num_params = 0;    ///< original parameters in the unit
+  int64_t numel = 0;         ///< elements of those parameters
+  int64_t padded_numel = 0;  ///< numel rounded up to a multiple of the shard group size
+  int64_t shard_numel = 0;   ///< elements this rank keeps
+  int64_t element_size = 0;  ///< bytes per element
+  bool is_root = false;
+};
+
+namespace detail {
+
+/// Where a Unit holder finds its runtime once fully_shard() has run; empty before.
+struct UnitSlot {
+  std::shared_ptr<ParamGroup> group;
+  std::shared_ptr<FsdpState> state;  // set on the root only: it owns every unit of the model
+};
+
+/// Registers `module` as a unit and returns its slot (fully_shard finds units through this).
+std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
+
+void pre_forward(ParamGroup& group);
+void post_forward(ParamGroup& group, const std::vector<at::Tensor>& outputs);
+
+std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
+                                       UnitSlot& root_slot, ProcessGroup& group,
+                                       const FullyShardOptions& options);
+std::vector<UnitInfo> unit_infos(const FsdpState& state);
+
+// The tensors of a forward's output, to hook the pre-backward unshard onto them.
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
+inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <class... T>
+void collect_tensors(const std::tuple<T...>& tuple, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... item) { (collect_tensors(item, out), ...); }, tuple);
+}
+template <class T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds no tensor
+
+}  // namespace detail
+
+/// Holds a module (a torch::nn::ModuleHolder such as `torch::nn::Linear` or your TORCH_MODULE)
+/// as one FSDP unit. Calling it runs: unshard (all-gather), the module's forward, reshard.
+template <class M>
+class Unit {
+ public:
+  Unit() = default;
+  /* implicit */ Unit(M module)
+      : module_(std::move(module)), slot_(detail::register_unit(module_.ptr().get())) {}
+
+  template <class... Args>
+  decltype(auto) operator()(Args&&... args) {
+    if (!slot_ || !slot_->group) return module_->forward(std::forward<Args>(args)...);
+    detail::pre_forward(*slot_->group);
+    auto output = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(output, tensors);
+    detail::post_forward(*slot_->group, tensors);
+    return output;
+  }
+
+  M& module() { return module_; }
+  const M& module() const { return module_; }
+  auto operator->() { return module_.operator->(); }
+  auto operator->() const { return module_.operator->(); }
+  bool is_sharded() const { return slot_ && slot_->group; }
+
+  /// The units of the model sharded through this root, root first (empty unless this is a root).
+  std::vector<UnitInfo> units() const {
+    return slot_ && slot_->state ? detail::unit_infos(*slot_->state) : std::vector<UnitInfo>{};
+  }
+
+  /// Internal: the slot filled in by fully_shard().
+  detail::UnitSlot& slot() { return *slot_; }
+
+ private:
+  M module_{nullptr};
+  std::shared_ptr<detail::UnitSlot> slot_;
+};
+
+/// Shards `model` over `group`: every `fsdp::Unit` inside it becomes one unit, and the parameters
+/// outside all units form the root unit. Returns the root, through which forward must be called.
+/// Checks (unless disabled in `options`) that every rank built the same model, and throws on every
+/// rank naming the first parameter that differs.
+template <class M>
+Unit<M> fully_shard(M model, ProcessGroup& group, FullyShardOptions options = {}) {
+  Unit<M> root(std::move(model));
+  root.slot().state = detail::shard_model(root.module().ptr(), root.slot(), group, options);
+  return root;
+}
+
+}  // namespace fsdp

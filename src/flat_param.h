@@ -1,0 +1,87 @@
+#pragma once
+// One unit's parameters flattened into one 1-D buffer, right-padded to a multiple of the world
+// size W and cut into W equal shards; this rank keeps shard `rank`. The user's parameters stay
+// the same leaf tensors: only their data is pointed into the sharded or the unsharded buffer,
+// so the optimizer, which holds those tensors, steps the shards.
+//
+// [Note: storage reuse]
+// Dropping the unsharded buffer after forward would not free it: views that autograd saved for
+// backward (a Linear saves weight.t()) keep its storage alive. So the storage is freed *in place*
+// (its bytes released, the StorageImpl kept) and refilled by all-gather before backward, which
+// makes every saved view valid again. The same holds for the unsharded gradient buffer.
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp {
+
+/// One original parameter inside the flat buffer.
+struct FlatEntry {
+  std::string name;             // path from the root module, e.g. "h.0.attn.c_attn.weight"
+  at::Tensor param;             // the user's leaf; data points into the shard or the full buffer
+  std::vector<int64_t> shape;   // original shape
+  int64_t numel = 0;
+  int64_t offset = 0;           // start in the unsharded flat buffer
+  int64_t shard_begin = 0;      // this rank's part of the parameter, as [begin, end) offsets
+  int64_t shard_end = 0;        //   into the local shard (empty when begin == end)
+  c10::intrusive_ptr<torch::autograd::Node> grad_accumulator;  // kept alive: hooks live on it
+};
+
+class FlatParam {
+ public:
+  /// Copies `params` (same dtype and device) into the flat layout and keeps this rank's shard.
+  /// The parameters' own storage is released once they point into the shard.
+  FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank, int world_size);
+
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return shard_numel_ * world_size_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t element_size() const;
+  std::vector<FlatEntry>& entries() { return entries_; }
+  const std::vector<FlatEntry>& entries() const { return entries_; }
+  bool requires_grad() const { return requires_grad_count_ > 0; }
+  int requires_grad_count() const { return requires_grad_count_; }
+
+  at::Tensor& shard() { return shard_; }
+  at::Tensor& full() { return full_; }
+  at::Tensor& full_grad() { return full_grad_; }
+  /// This rank's gradient shard; allocated on first use and kept (the optimizer reads it).
+  at::Tensor& grad_shard();
+
+  // Storage of the unsharded buffers, freed and refilled in place: see [Note: storage reuse].
+  void allocate_full();
+  void free_full();
+  void allocate_full_grad();  // zero-filled
+  void free_full_grad();
+  bool full_allocated() const;
+
+  /// Parameters become views of the unsharded buffer, in their original shapes.
+  void use_full_params();
+  /// Parameters become 1-D views of their part of this rank's shard (possibly empty).
+  void use_sharded_params();
+  /// Gradients of trainable parameters become views of the unsharded gradient buffer, so that
+  /// autograd accumulates into it in place.
+  void use_full_grads();
+  /// Gradients become views of this rank's gradient shard.
+  void use_sharded_grads();
+  /// True when every trainable parameter still has a gradient (the optimizer did not clear it).
+  bool has_sharded_grads() const;
+
+ private:
+  std::vector<FlatEntry> entries_;
+  int rank_;
+  int world_size_;
+  int64_t numel_ = 0;
+  int64_t shard_numel_ = 0;
+  int requires_grad_count_ = 0;
+  at::Tensor shard_;       // 1-D [S], this rank's shard: the master copy the optimizer updates
+  at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
+  at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward
+  at::Tensor grad_shard_;  // 1-D [S], reduced gradient of this rank's shard
+};
+
+}  // namespace fsdp

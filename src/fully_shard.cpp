@@ -1,0 +1,144 @@
+// fully_shard(): find the units of a model, check the ranks agree on it, build one FlatParam per
+// unit (the root takes every parameter outside all units), and connect the Unit holders.
+#include <fsdp/fully_shard.h>
+
+#include "fsdp_state.h"
+#include "model_check.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+namespace fsdp {
+
+namespace detail {
+
+namespace {
+
+// Which modules are held by a Unit. Keyed by address; a slot expires with its Unit holder.
+struct UnitRegistry {
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<UnitSlot>> slots;
+};
+
+UnitRegistry& registry() {
+  static UnitRegistry instance;
+  return instance;
+}
+
+std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().slots.find(module);
+  return it == registry().slots.end() ? nullptr : it->second.lock();
+}
+
+struct UnitPlan {
+  std::string name;                  // module path; "" for the root
+  std::shared_ptr<UnitSlot> slot;
+  std::vector<std::pair<std::string, at::Tensor>> params;
+};
+
+// Assigns every parameter to the innermost unit that holds it, the root taking the rest.
+// named_modules() lists parents before children, so an inner unit overrides its parent.
+std::vector<UnitPlan> plan_units(const std::shared_ptr<torch::nn::Module>& root) {
+  std::vector<UnitPlan> plans(1);  // plans[0]: the root
+  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+  for (const auto& item : root->named_modules("", /*include_self=*/false)) {
+    auto slot = find_unit(item.value().get());
+    if (!slot) continue;
+    TORCH_CHECK(!slot->group, "fully_shard: module '", item.key(),
+                "' is already a unit of another sharded model");
+    plans.push_back(UnitPlan{item.key(), slot, {}});
+    for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
+  }
+  std::unordered_map<const c10::TensorImpl*, std::string> first_name;
+  for (const auto& item : root->named_parameters()) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    auto it = owner.find(impl);
+    plans[it == owner.end() ? 0 : it->second].params.emplace_back(item.key(), item.value());
+    first_name.emplace(impl, item.key());
+  }
+  return plans;
+}
+
+std::string describe(const std::string& unit, const std::string& name, const at::Tensor& p) {
+  std::ostringstream line;
+  line << name << " " << p.dtype() << " " << p.sizes() << (p.requires_grad() ? "" : " frozen")
+       << " unit=" << (unit.empty() ? "<root>" : unit);
+  return line.str();
+}
+
+ModelDescription describe(const std::vector<UnitPlan>& plans) {
+  ModelDescription description;
+  for (const auto& plan : plans) {
+    for (const auto& [name, p] : plan.params) {
+      description.names.push_back(name);
+      description.lines.push_back(describe(plan.name, name, p));
+    }
+  }
+  return description;
+}
+
+void sync_buffers(const std::shared_ptr<torch::nn::Module>& root, Collectives& collectives) {
+  torch::NoGradGuard no_grad;
+  for (auto& buffer : root->buffers()) {
+    at::Tensor contiguous = buffer.contiguous();
+    collectives.broadcast(contiguous, /*root=*/0);
+    if (!contiguous.is_same(buffer)) buffer.copy_(contiguous);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
+  auto slot = std::make_shared<UnitSlot>();
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  for (auto it = registry().slots.begin(); it != registry().slots.end();) {
+    it = it->second.expired() ? registry().slots.erase(it) : std::next(it);
+  }
+  registry().slots[module] = slot;
+  return slot;
+}
+
+std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
+                                       UnitSlot& root_slot, ProcessGroup& group,
+                                       const FullyShardOptions& options) {
+  options.validate();
+  TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
+  std::vector<UnitPlan> plans = plan_units(root);
+  if (options.verify_model()) check_same_model_on_all_ranks(group, describe(plans));
+
+  auto state = std::make_shared<FsdpState>(group, options);
+  if (options.sync_buffers()) sync_buffers(root, state->collectives());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const bool is_root = i == 0;
+    auto param_group = std::make_shared<ParamGroup>(
+        plans[i].name, FlatParam(std::move(plans[i].params), group.rank(), group.size()),
+        state->collectives(), *state, is_root);
+    param_group->install_grad_hooks();
+    state->groups().push_back(param_group);
+    (is_root ? root_slot : *plans[i].slot).group = param_group;
+  }
+  return state;
+}
+
+std::vector<UnitInfo> unit_infos(const FsdpState& state) {
+  std::vector<UnitInfo> infos;
+  for (const auto& group : state.groups()) infos.push_back(group->info());
+  return infos;
+}
+
+void pre_forward(ParamGroup& group) { group.pre_forward(); }
+
+void post_forward(ParamGroup& group, const std::vector<at::Tensor>& outputs) {
+  group.post_forward(outputs);
+}
+
+}  // namespace detail
+
+}  // namespace fsdp

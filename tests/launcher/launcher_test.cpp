@@ -1,0 +1,392 @@
+// End-to-end tests of the fsdprun launcher: real processes, real signals.
+// FSDPRUN_BIN (the fsdprun executable's path) is set by CMake.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef FSDPRUN_BIN
+#error "FSDPRUN_BIN must be defined to the fsdprun executable's path"
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// A process counts as alive unless it is gone or a zombie (orphaned
+// grandchildren may linger as zombies if PID 1 does not reap them).
+bool process_alive(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'Z';
+}
+
+bool wait_until_dead(pid_t pid, double timeout_s) {
+  auto start = Clock::now();
+  while (process_alive(pid)) {
+    if (seconds_since(start) > timeout_s) return false;
+    sleep_ms(20);
+  }
+  return true;
+}
+
+// Scratch directory for output files and the PID files ranks write; any
+// process still recorded there is killed on destruction so a failing test
+// leaves nothing behind.
+class TempDir {
+ public:
+  TempDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/fsdprun_test.XXXXXX";
+    path_ = ::mkdtemp(templ.data()) ? templ : "";
+    EXPECT_FALSE(path_.empty()) << "mkdtemp failed";
+  }
+  ~TempDir() {
+    for (pid_t pid : recorded_pids()) ::kill(pid, SIGKILL);
+    std::string cmd = "rm -rf '" + path_ + "'";
+    if (!path_.empty()) (void)std::system(cmd.c_str());
+  }
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+  // PIDs written by the rank scripts into files named pid.*
+  std::vector<pid_t> recorded_pids() const {
+    std::vector<pid_t> pids;
+    DIR* dir = ::opendir(path_.c_str());
+    if (!dir) return pids;
+    while (dirent* e = ::readdir(dir)) {
+      std::string name = e->d_name;
+      if (name.rfind("pid.", 0) == 0 && name.find(".tmp") == std::string::npos) {
+        int pid = std::atoi(read_file(file(name)).c_str());
+        if (pid > 0) pids.push_back(pid);
+      }
+    }
+    ::closedir(dir);
+    return pids;
+  }
+
+  bool wait_for_pids(size_t count, double timeout_s) const {
+    auto start = Clock::now();
+    while (recorded_pids().size() < count) {
+      if (seconds_since(start) > timeout_s) return false;
+      sleep_ms(20);
+    }
+    return true;
+  }
+
+ private:
+  std::string path_;
+};
+
+struct Result {
+  int status = -1;  // raw wait status
+  std::string out, err;
+  double seconds = 0;
+  int exit_code() const { return WIFEXITED(status) ? WEXITSTATUS(status) : -1; }
+};
+
+// fsdprun running in the background, stdout/stderr redirected to files.
+class Fsdprun {
+ public:
+  Fsdprun(const TempDir& dir, const std::vector<std::string>& args, const Env& env = {})
+      : out_path_(dir.file("fsdprun.out")), err_path_(dir.file("fsdprun.err")), start_(Clock::now()) {
+    std::vector<std::string> argv{FSDPRUN_BIN};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      for (const auto& kv : env) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
+      std::vector<char*> c_argv;
+      for (auto& a : argv) c_argv.push_back(a.data());
+      c_argv.push_back(nullptr);
+      ::execv(c_argv[0], c_argv.data());
+      ::_exit(126);
+    }
+  }
+  ~Fsdprun() {
+    if (!finished_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  pid_t pid() const { return pid_; }
+
+  // Waits for exit; on timeout kills fsdprun and records a test failure.
+  Result wait(double timeout_s = 30) {
+    Result r;
+    while (::waitpid(pid_, &r.status, WNOHANG) == 0) {
+      if (seconds_since(start_) > timeout_s) {
+        ADD_FAILURE() << "fsdprun did not exit within " << timeout_s << " s";
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &r.status, 0);
+        break;
+      }
+      sleep_ms(10);
+    }
+    finished_ = true;
+    r.seconds = seconds_since(start_);
+    r.out = read_file(out_path_);
+    r.err = read_file(err_path_);
+    return r;
+  }
+
+ private:
+  std::string out_path_, err_path_;
+  Clock::time_point start_;
+  pid_t pid_ = -1;
+  bool finished_ = false;
+};
+
+Result run_fsdprun(const std::vector<std::string>& args, const Env& env = {}) {
+  TempDir dir;
+  Fsdprun proc(dir, args, env);
+  return proc.wait();
+}
+
+// Shell script for 3 ranks, run as `sh -c SCRIPT sh DIR F`: every rank except
+// F records its PID in DIR/pid.RANK and sleeps 60 s; rank F first waits until
+// the others have recorded their PIDs (so they are surely running), then runs
+// the action given in the third argument via eval.
+const char* kSleepersScript = R"(
+D=$1; F=$2
+if [ "$RANK" = "$F" ]; then
+  for r in 0 1 2; do
+    [ "$r" = "$F" ] && continue
+    n=0; while [ ! -s "$D/pid.$r" ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done
+  done
+  eval "$3"
+fi
+echo $$ > "$D/pid.$RANK.tmp" && mv "$D/pid.$RANK.tmp" "$D/pid.$RANK"
+exec sleep 60
+)";
+
+std::vector<std::string> sleepers_command(const TempDir& dir, int failing_rank, const std::string& action) {
+  return {"--nproc-per-node", "3", "--grace-seconds", "2", "sh", "-c", kSleepersScript, "sh", dir.path(),
+          std::to_string(failing_rank), action};
+}
+
+void expect_all_dead(const std::vector<pid_t>& pids) {
+  for (pid_t pid : pids) EXPECT_TRUE(wait_until_dead(pid, 3.0)) << "rank process " << pid << " survived";
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(Fsdprun, SetsTorchrunEnvironmentAndPrefixesLines) {
+  Result r = run_fsdprun({"--nproc-per-node", "3", "sh", "-c",
+                          "echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT; "
+                          "echo err$RANK >&2"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+
+  std::vector<std::string> out = lines_of(r.out);
+  ASSERT_EQ(out.size(), 3u) << r.out;
+  std::regex line_re(R"(\[rank(\d)\]: (\d) 3 (\d) 3 127\.0\.0\.1 (\d+))");
+  std::set<int> ranks, ports;
+  for (const std::string& line : out) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, line_re)) << "unexpected line: " << line;
+    EXPECT_EQ(m[1], m[2]) << line;  // prefix matches RANK
+    EXPECT_EQ(m[2], m[3]) << line;  // LOCAL_RANK == RANK on one node
+    ranks.insert(std::stoi(m[1]));
+    ports.insert(std::stoi(m[4]));
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  ASSERT_EQ(ports.size(), 1u) << "ranks disagree on MASTER_PORT";
+  EXPECT_GT(*ports.begin(), 0);
+
+  std::vector<std::string> err = lines_of(r.err);
+  EXPECT_EQ(std::set<std::string>(err.begin(), err.end()),
+            (std::set<std::string>{"[rank0]: err0", "[rank1]: err1", "[rank2]: err2"}))
+      << r.err;
+}
+
+TEST(Fsdprun, FailingRankStopsTheOthers) {
+  TempDir dir;
+  Fsdprun proc(dir, sleepers_command(dir, 1, "exit 3"));
+  Result r = proc.wait();
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_EQ(r.exit_code(), 3) << r.err;
+  EXPECT_NE(r.err.find("fsdprun: rank 1 exited with status 3; stopped the other 2 ranks"), std::string::npos)
+      << r.err;
+  std::vector<pid_t> pids = dir.recorded_pids();
+  EXPECT_EQ(pids.size(), 2u);
+  expect_all_dead(pids);
+}
+
+TEST(Fsdprun, RankKilledBySignalIsReported) {
+  TempDir dir;
+  Fsdprun proc(dir, sleepers_command(dir, 0, "kill -9 $$"));
+  Result r = proc.wait();
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_EQ(r.exit_code(), 1) << r.err;
+  EXPECT_NE(r.err.find("fsdprun: rank 0 was killed by signal 9"), std::string::npos) << r.err;
+  std::vector<pid_t> pids = dir.recorded_pids();
+  EXPECT_EQ(pids.size(), 2u);
+  expect_all_dead(pids);
+}
+
+TEST(Fsdprun, SigtermStopsAllRanksIncludingTheirChildren) {
+  TempDir dir;
+  // Each rank's sleep runs as a child of its shell, so stopping only the
+  // shell would leave it behind.
+  Fsdprun proc(dir, {"--nproc-per-node", "3", "sh", "-c",
+                     "sleep 60 & echo $! > \"$1/pid.$RANK.tmp\" && mv \"$1/pid.$RANK.tmp\" \"$1/pid.$RANK\"; wait",
+                     "sh", dir.path()});
+  ASSERT_TRUE(dir.wait_for_pids(3, 10.0)) << "ranks did not start";
+  ::kill(proc.pid(), SIGTERM);
+  Result r = proc.wait();
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_NE(r.exit_code(), 0);
+  EXPECT_FALSE(WIFSIGNALED(r.status)) << "fsdprun died from the signal instead of handling it";
+  EXPECT_NE(r.err.find("fsdprun: received SIGTERM; stopped 3 ranks"), std::string::npos) << r.err;
+  expect_all_dead(dir.recorded_pids());
+}
+
+TEST(Fsdprun, EscalatesToSigkillAfterGracePeriod) {
+  TempDir dir;
+  // The sleepers ignore SIGTERM; rank 1 fails, so only SIGKILL can stop them.
+  std::vector<std::string> args = sleepers_command(dir, 1, "exit 4");
+  args[3] = "1";  // --grace-seconds 1
+  args[6] = std::string("trap '' TERM\n") + kSleepersScript;
+  Fsdprun proc(dir, args);
+  Result r = proc.wait();
+  EXPECT_GE(r.seconds, 0.9);
+  EXPECT_LT(r.seconds, 20.0);
+  EXPECT_EQ(r.exit_code(), 4) << r.err;
+  EXPECT_NE(r.err.find("rank 1 exited with status 4"), std::string::npos) << r.err;
+  expect_all_dead(dir.recorded_pids());
+}
+
+TEST(Fsdprun, BadUsageExitsWithStatus2) {
+  TempDir dir;
+  const std::string not_executable = dir.file("data.txt");
+  std::ofstream(not_executable) << "not a program\n";
+  ::chmod(not_executable.c_str(), 0644);
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"--nproc-per-node", "0", "true"}, "--nproc-per-node must be >= 1"},
+      {{"--nproc-per-node", "2"}, "missing PROGRAM"},
+      {{"--nproc-per-node", "2", "--"}, "missing PROGRAM"},
+      {{"--nproc-per-node", "2", "fsdprun-no-such-program"}, "'fsdprun-no-such-program' not found"},
+      {{"--nproc-per-node", "2", not_executable}, "'" + not_executable + "' not found or not executable"},
+      {{"--nproc-per-node", "2", dir.path()}, "not found or not executable"},  // a directory
+      {{"--nproc-per-node", "2", "--bogus", "true"}, "--bogus"},
+      {{"true"}, "nproc-per-node"},
+  };
+  for (const Case& c : cases) {
+    Result r = run_fsdprun(c.args);
+    EXPECT_EQ(r.exit_code(), 2) << "args[0..]: " << ::testing::PrintToString(c.args) << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.message), std::string::npos) << "expected '" << c.message << "' in: " << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST(Fsdprun, PassesProgramArgumentsThroughUntouched) {
+  const std::string print_args = "printf '<%s>' \"$@\"; echo";
+  Result r = run_fsdprun({"--nproc-per-node", "1", "sh", "-c", print_args, "sh", "--steps", "3",
+                          "--nproc-per-node", "5", "--", "-x"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank0]: <--steps><3><--nproc-per-node><5><--><-x>\n");
+
+  r = run_fsdprun({"--nproc-per-node", "1", "--", "sh", "-c", print_args, "sh", "--steps", "3"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank0]: <--steps><3>\n");
+}
+
+TEST(Fsdprun, FlushesPartialLastLine) {
+  Result r = run_fsdprun({"--nproc-per-node", "2", "sh", "-c", "printf 'a\\nno newline'; printf 'e' >&2"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  std::vector<std::string> out = lines_of(r.out);
+  EXPECT_EQ(std::set<std::string>(out.begin(), out.end()),
+            (std::set<std::string>{"[rank0]: a", "[rank0]: no newline", "[rank1]: a", "[rank1]: no newline"}));
+  EXPECT_EQ(out.size(), 4u);
+  EXPECT_EQ(r.err.size(), 2 * std::string("[rankK]: e\n").size()) << r.err;
+}
+
+TEST(Fsdprun, LinesOfConcurrentRanksDoNotInterleave) {
+  // 4 ranks x 3000 lines of ~250 bytes each, written as fast as sh can.
+  Result r = run_fsdprun({"--nproc-per-node", "4", "sh", "-c",
+                          "x=$(printf '%0240d' 0); i=0; while [ $i -lt 3000 ]; do echo \"r$RANK $i $x\"; "
+                          "i=$((i+1)); done"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  std::vector<std::string> out = lines_of(r.out);
+  EXPECT_EQ(out.size(), 4u * 3000u);
+  std::regex line_re(R"(\[rank(\d)\]: r(\d) (\d+) 0{240})");
+  int next[4] = {0, 0, 0, 0};
+  for (const std::string& line : out) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, line_re)) << "mangled line: " << line.substr(0, 300);
+    ASSERT_EQ(m[1], m[2]);
+    int rank = std::stoi(m[1]);
+    ASSERT_EQ(std::stoi(m[3]), next[rank]++) << "lines of rank " << rank << " out of order";
+  }
+}
+
+TEST(Fsdprun, HonoursMasterOptionsAndOmpThreads) {
+  Result r = run_fsdprun({"--nproc-per-node", "2", "--master-addr", "localhost", "--master-port", "29517", "sh",
+                          "-c", "echo $MASTER_ADDR:$MASTER_PORT $OMP_NUM_THREADS"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  int expected_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 2);
+  std::string expected = "localhost:29517 " + std::to_string(expected_threads);
+  std::vector<std::string> out = lines_of(r.out);
+  EXPECT_EQ(out.size(), 2u) << r.out;
+  EXPECT_EQ(std::set<std::string>(out.begin(), out.end()),
+            (std::set<std::string>{"[rank0]: " + expected, "[rank1]: " + expected}))
+      << r.out;
+
+  // A user-provided OMP_NUM_THREADS wins.
+  r = run_fsdprun({"--nproc-per-node", "1", "sh", "-c", "echo $OMP_NUM_THREADS"}, {{"OMP_NUM_THREADS", "7"}});
+  EXPECT_EQ(r.out, "[rank0]: 7\n");
+}
+
+TEST(Fsdprun, DefaultMasterPortIsFreshPerRun) {
+  // Two concurrent launches must not be handed the same rendezvous port.
+  TempDir a, b;
+  std::vector<std::string> args = {"--nproc-per-node", "1", "sh", "-c", "echo $MASTER_PORT; sleep 1"};
+  Fsdprun first(a, args), second(b, args);
+  Result ra = first.wait(), rb = second.wait();
+  ASSERT_EQ(ra.exit_code(), 0) << ra.err;
+  ASSERT_EQ(rb.exit_code(), 0) << rb.err;
+  EXPECT_NE(ra.out, rb.out);
+}
+
+}  // namespace

@@ -1,0 +1,475 @@
+#include "launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <thread>
+
+extern char** environ;
+
+namespace fsdprun {
+namespace {
+
+// A rank that never prints a newline still gets its output relayed, in
+// chunks of this size.
+constexpr size_t kMaxLineBytes = 64 * 1024;
+
+// ---------------------------------------------------------------------------
+// Small syscall helpers
+
+double now_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// Writes everything, retrying on EINTR. Errors (e.g. our own stdout closed)
+// are ignored: the ranks must still be supervised.
+void write_all(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+std::string signal_name(int sig) {
+  const char* abbrev = ::sigabbrev_np(sig);
+  return abbrev ? std::string("SIG") + abbrev : "signal " + std::to_string(sig);
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat st;
+  // access() alone is not enough: for root, X_OK succeeds on directories.
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// ---------------------------------------------------------------------------
+// Signals: handlers only write the signal number into a self-pipe, which the
+// poll() loop watches. SIGCHLD goes through it too so that a rank exiting
+// wakes the loop even when it printed nothing.
+
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_signal(int sig) {
+  int saved_errno = errno;
+  unsigned char byte = static_cast<unsigned char>(sig);
+  ssize_t ignored = ::write(g_signal_pipe[1], &byte, 1);
+  (void)ignored;
+  errno = saved_errno;
+}
+
+const int kHandledSignals[] = {SIGINT, SIGTERM, SIGCHLD};
+
+void install_signal_handlers() {
+  if (::pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw UsageError{std::string("pipe: ") + std::strerror(errno)};
+  }
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : kHandledSignals) ::sigaction(sig, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor
+}
+
+sigset_t handled_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : kHandledSignals) sigaddset(&set, sig);
+  return set;
+}
+
+// ---------------------------------------------------------------------------
+// Output relay: each rank's stdout/stderr pipe is split into lines, each line
+// written with one write() so lines of different ranks never interleave.
+
+struct Stream {
+  int fd = -1;      // read end of the rank's pipe; -1 once closed
+  int out_fd = 1;   // where prefixed lines go (1 or 2)
+  std::string pending;  // bytes after the last newline
+};
+
+void emit_complete_lines(Stream& s, const std::string& prefix) {
+  size_t start = 0;
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    write_all(s.out_fd, prefix + s.pending.substr(start, nl - start + 1));
+  }
+  s.pending.erase(0, start);
+  if (s.pending.size() >= kMaxLineBytes) {
+    write_all(s.out_fd, prefix + s.pending + "\n");
+    s.pending.clear();
+  }
+}
+
+void close_stream(Stream& s, const std::string& prefix) {
+  if (s.fd < 0) return;
+  if (!s.pending.empty()) write_all(s.out_fd, prefix + s.pending + "\n");
+  s.pending.clear();
+  ::close(s.fd);
+  s.fd = -1;
+}
+
+// Reads whatever is available without blocking; closes the stream on EOF.
+void pump_stream(Stream& s, const std::string& prefix) {
+  char buf[16384];
+  while (s.fd >= 0) {
+    ssize_t n = ::read(s.fd, buf, sizeof buf);
+    if (n > 0) {
+      s.pending.append(buf, static_cast<size_t>(n));
+      emit_complete_lines(s, prefix);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      return;
+    } else {
+      close_stream(s, prefix);  // EOF or read error
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Rank environment and spawning
+
+struct Rank {
+  int index = 0;
+  std::string prefix;  // "[rankK]: "
+  pid_t pid = -1;
+  bool running = false;
+  int wait_status = 0;
+  Stream out, err;
+};
+
+std::vector<std::string> rank_environment(const LaunchConfig& cfg, int rank, int port) {
+  const std::string n = std::to_string(cfg.nproc_per_node);
+  const std::string r = std::to_string(rank);
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"RANK", r},           {"LOCAL_RANK", r},        {"WORLD_SIZE", n},
+      {"LOCAL_WORLD_SIZE", n}, {"GROUP_RANK", "0"},      {"GROUP_WORLD_SIZE", "1"},
+      {"ROLE_RANK", r},      {"ROLE_WORLD_SIZE", n},   {"MASTER_ADDR", cfg.master_addr},
+      {"MASTER_PORT", std::to_string(port)},
+  };
+  // Split the cores between the ranks unless the user chose a value.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr) {
+    int cores = static_cast<int>(std::thread::hardware_concurrency());
+    vars.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, cores / cfg.nproc_per_node)));
+  }
+
+  std::set<std::string> overridden;
+  for (const auto& kv : vars) overridden.insert(kv.first);
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry(*e);
+    if (overridden.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
+  }
+  for (const auto& kv : vars) env.push_back(kv.first + "=" + kv.second);
+  return env;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// Runs in the child between fork() and exec(): only async-signal-safe calls.
+[[noreturn]] void exec_rank(const char* path, char** argv, char** envp, int out_w, int err_w,
+                            const sigset_t& old_mask) {
+  ::setpgid(0, 0);  // own process group, so stopping a rank stops its children too
+  int devnull = ::open("/dev/null", O_RDONLY);
+  if (devnull >= 0) ::dup2(devnull, 0);
+  ::dup2(out_w, 1);
+  ::dup2(err_w, 2);
+  for (int sig : kHandledSignals) ::signal(sig, SIG_DFL);
+  ::signal(SIGPIPE, SIG_DFL);
+  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  ::execve(path, argv, envp);
+  // Rare (the program was checked before forking), e.g. a bad ELF or script
+  // interpreter. The parent is single-threaded, so strerror() is safe here.
+  const char* parts[] = {"fsdprun: cannot execute ", path, ": ", std::strerror(errno), "\n"};
+  for (const char* part : parts) {
+    ssize_t ignored = ::write(2, part, std::strlen(part));
+    (void)ignored;
+  }
+  ::_exit(127);
+}
+
+// Starts one rank with its stdout/stderr connected to fresh pipes.
+void spawn_rank(Rank& rank, const std::string& path, std::vector<std::string> argv,
+                std::vector<std::string> env) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    throw UsageError{std::string("pipe: ") + std::strerror(errno)};
+  }
+  std::vector<char*> c_argv = c_strings(argv);
+  std::vector<char*> c_env = c_strings(env);
+
+  // Block our handled signals across fork so the child cannot run our
+  // handlers (which would write into the parent's self-pipe) before exec.
+  sigset_t block = handled_signal_set(), old_mask;
+  ::sigprocmask(SIG_BLOCK, &block, &old_mask);
+  pid_t pid = ::fork();
+  if (pid == 0) exec_rank(path.c_str(), c_argv.data(), c_env.data(), out_pipe[1], err_pipe[1], old_mask);
+  int fork_errno = errno;
+  if (pid > 0) ::setpgid(pid, pid);  // also here, to avoid racing the child
+  ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (pid < 0) {
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    throw UsageError{std::string("fork: ") + std::strerror(fork_errno)};
+  }
+  rank.pid = pid;
+  rank.running = true;
+  rank.out = Stream{out_pipe[0], 1, {}};
+  rank.err = Stream{err_pipe[0], 2, {}};
+  set_nonblocking(rank.out.fd);
+  set_nonblocking(rank.err.fd);
+}
+
+std::string describe_status(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    return "was killed by signal " + std::to_string(WTERMSIG(wait_status)) + " (" +
+           signal_name(WTERMSIG(wait_status)) + ")";
+  }
+  return "exited with status " + std::to_string(WEXITSTATUS(wait_status));
+}
+
+bool succeeded(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
+
+std::string plural_ranks(int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
+
+// ---------------------------------------------------------------------------
+// Supervision
+
+class Supervisor {
+ public:
+  Supervisor(const LaunchConfig& cfg, std::string program_path, int port)
+      : cfg_(cfg), program_path_(std::move(program_path)), port_(port) {}
+
+  int run() {
+    install_signal_handlers();
+    start_ranks();
+    while (live_count() > 0) {
+      wait_for_events();
+      handle_signals();
+      reap_children();
+      enforce_kill_deadline();
+    }
+    return report();
+  }
+
+ private:
+  void start_ranks() {
+    ranks_.resize(cfg_.nproc_per_node);
+    for (int i = 0; i < cfg_.nproc_per_node; ++i) {
+      ranks_[i].index = i;
+      ranks_[i].prefix = "[rank" + std::to_string(i) + "]: ";
+      try {
+        spawn_rank(ranks_[i], program_path_, cfg_.command, rank_environment(cfg_, i, port_));
+      } catch (const UsageError&) {
+        stop_all(SIGKILL);  // do not leave the ranks started so far behind
+        while (live_count() > 0) reap_children(/*block=*/true);
+        throw;
+      }
+    }
+  }
+
+  int live_count() const {
+    return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
+  }
+
+  // Sleeps in poll() until output, a signal or the kill deadline; relays output.
+  void wait_for_events() {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<Stream*> streams{nullptr};
+    for (Rank& r : ranks_) {
+      for (Stream* s : {&r.out, &r.err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        streams.push_back(s);
+      }
+    }
+    int timeout_ms = -1;
+    if (kill_deadline_ > 0) timeout_ms = std::max(0, static_cast<int>((kill_deadline_ - now_seconds()) * 1000) + 1);
+    if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) pump_stream(*streams[i], prefix_of(*streams[i]));
+    }
+  }
+
+  const std::string& prefix_of(const Stream& s) const {
+    for (const Rank& r : ranks_) {
+      if (&r.out == &s || &r.err == &s) return r.prefix;
+    }
+    static const std::string none;
+    return none;
+  }
+
+  // SIGINT/SIGTERM are forwarded to every live rank and start the shutdown.
+  void handle_signals() {
+    unsigned char sig;
+    while (::read(g_signal_pipe[0], &sig, 1) == 1) {
+      if (sig == SIGCHLD) continue;  // reap_children() runs next anyway
+      if (received_signal_ == 0 && !failed_rank_) {
+        received_signal_ = sig;
+        stopped_count_ = live_count();
+      }
+      stop_all(sig);
+    }
+  }
+
+  void reap_children(bool block = false) {
+    int status;
+    pid_t pid;
+    while ((pid = ::waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
+      for (Rank& r : ranks_) {
+        if (r.pid == pid && r.running) on_rank_exit(r, status);
+      }
+      if (block) return;
+    }
+  }
+
+  void on_rank_exit(Rank& r, int status) {
+    r.running = false;
+    r.wait_status = status;
+    // The rank is gone, so all it wrote is already in the pipes: drain them
+    // now rather than waiting for EOF, which a leftover child could delay.
+    pump_stream(r.out, r.prefix);
+    pump_stream(r.err, r.prefix);
+    close_stream(r.out, r.prefix);
+    close_stream(r.err, r.prefix);
+    if (!succeeded(status) && !failed_rank_ && received_signal_ == 0) {
+      failed_rank_ = r.index;
+      stopped_count_ = live_count();
+      stop_all(SIGTERM);
+    }
+  }
+
+  // Sends `sig` to the process group of every live rank; the first call also
+  // arms the SIGKILL deadline.
+  void stop_all(int sig) {
+    for (const Rank& r : ranks_) {
+      if (r.running) ::kill(-r.pid, sig);
+    }
+    if (kill_deadline_ == 0 && sig != SIGKILL) kill_deadline_ = now_seconds() + cfg_.grace_seconds;
+  }
+
+  void enforce_kill_deadline() {
+    if (kill_deadline_ > 0 && !killed_ && now_seconds() >= kill_deadline_) {
+      killed_ = true;
+      stop_all(SIGKILL);
+    }
+  }
+
+  // Prints the reason for a non-zero exit and returns fsdprun's exit status.
+  int report() const {
+    if (received_signal_ != 0) {  // only set if no rank had failed before
+      std::fprintf(stderr, "fsdprun: received %s; stopped %s\n", signal_name(received_signal_).c_str(),
+                   plural_ranks(stopped_count_).c_str());
+      return 128 + received_signal_;
+    }
+    if (!failed_rank_) return 0;
+    const Rank& r = ranks_[*failed_rank_];
+    std::string others = stopped_count_ > 0 ? "stopped the other " + plural_ranks(stopped_count_)
+                                            : "no other ranks were running";
+    std::fprintf(stderr, "fsdprun: rank %d %s; %s\n", r.index, describe_status(r.wait_status).c_str(),
+                 others.c_str());
+    if (WIFEXITED(r.wait_status)) return WEXITSTATUS(r.wait_status);  // 1..255 here
+    return 1;
+  }
+
+  const LaunchConfig& cfg_;
+  std::string program_path_;
+  int port_;
+  std::vector<Rank> ranks_;
+  std::optional<int> failed_rank_;  // first rank that failed on its own
+  int received_signal_ = 0;         // first SIGINT/SIGTERM received
+  int stopped_count_ = 0;           // ranks still running when shutdown began
+  double kill_deadline_ = 0;        // when survivors get SIGKILL; 0 = not armed
+  bool killed_ = false;
+};
+
+}  // namespace
+
+std::optional<std::string> resolve_program(const std::string& program) {
+  if (program.empty()) return std::nullopt;
+  if (program.find('/') != std::string::npos) {
+    return is_executable_file(program) ? std::optional<std::string>(program) : std::nullopt;
+  }
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env ? path_env : "/bin:/usr/bin";
+  size_t start = 0;
+  while (true) {
+    size_t end = path.find(':', start);
+    std::string dir = path.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;  // empty entry = cwd
+    if (is_executable_file(candidate)) return candidate;
+    if (end == std::string::npos) return std::nullopt;
+    start = end + 1;
+  }
+}
+
+int find_free_port(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* results = nullptr;
+  int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &results);
+  if (rc != 0) throw UsageError{"cannot resolve master address '" + addr + "': " + ::gai_strerror(rc)};
+
+  int port = -1;
+  for (addrinfo* ai = results; ai != nullptr && port < 0; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage bound{};
+    socklen_t len = sizeof bound;
+    if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) == 0) {
+      port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                         : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(results);
+  if (port < 0) {
+    throw UsageError{"cannot bind a free port on master address '" + addr + "'; pass --master-port"};
+  }
+  return port;
+}
+
+int launch(const LaunchConfig& config) {
+  if (config.nproc_per_node < 1) throw UsageError{"--nproc-per-node must be >= 1"};
+  if (config.command.empty()) throw UsageError{"missing PROGRAM to launch"};
+  std::optional<std::string> path = resolve_program(config.command.front());
+  if (!path) {
+    throw UsageError{"PROGRAM '" + config.command.front() + "' not found or not executable" +
+                     (config.command.front().find('/') == std::string::npos ? " (searched PATH)" : "")};
+  }
+  int port = config.master_port > 0 ? config.master_port : find_free_port(config.master_addr);
+  Supervisor supervisor(config, *path, port);
+  return supervisor.run();
+}
+
+}  // namespace fsdprun
