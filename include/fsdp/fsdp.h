@@ -1,0 +1,10 @@
+#pragma once
+/// fsdp-cpp: fully sharded data parallel training for LibTorch. Include this one header.
+
+#include <fsdp/auto_wrap.h>
+#include <fsdp/comm_stats.h>
+#include <fsdp/distributed.h>
+#include <fsdp/fully_shard.h>
+#include <fsdp/memory.h>
+#include <fsdp/options.h>
+#include <fsdp/state_dict.h>

@@ -1,0 +1,168 @@
+// Parity: FSDP training over W real ranks computes what unsharded training on the same global
+// batch computes. Every rank also runs the reference in-process, so the comparison needs no file.
+#include "dist_env.h"
+#include "test_models.h"
+
+#include "trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+namespace fsdp_test {
+namespace {
+
+// Tolerances for fp32. The sharded run sums W per-rank gradients (ring order) where the reference
+// reduces one batch of W·B rows inside one kernel, and matmuls over B rows may block differently
+// from matmuls over W·B rows: each step differs by float reassociation, ~1e-7 relative. AdamW
+// normalises the update, so parameters drift apart by at most a few ulps of lr per step.
+constexpr double kLossRelTol = 2e-5;
+constexpr double kParamAbsTol = 2e-5;
+
+std::map<std::string, torch::Tensor> as_map(
+    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  return {params.begin(), params.end()};
+}
+
+void expect_same_params(const std::vector<std::pair<std::string, torch::Tensor>>& sharded,
+                        const std::map<std::string, torch::Tensor>& reference) {
+  ASSERT_EQ(sharded.size(), reference.size());
+  double worst = 0;
+  for (const auto& [name, tensor] : sharded) {
+    ASSERT_TRUE(reference.count(name)) << "unexpected parameter " << name;
+    const auto& expected = reference.at(name);
+    ASSERT_EQ(tensor.sizes(), expected.sizes()) << name;
+    const double diff = (tensor - expected).abs().max().item<double>();
+    worst = std::max(worst, diff);
+    EXPECT_LE(diff, kParamAbsTol) << name;
+  }
+  std::printf("max |param - reference| = %.3g\n", worst);
+}
+
+TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
+  gpt::TrainOptions o;
+  o.model.layers = 3;
+  o.model.dim = 48;
+  o.model.heads = 4;
+  o.model.max_seq = 32;
+  o.batch = 3;
+  o.steps = 8;
+  o.lr = 3e-3;
+  o.data = corpus_dir();
+  o.max_data_bytes = 1 << 20;
+  auto sharded = gpt::train(o, &dist());
+  o.reference_world_size = dist().world_size();
+  auto reference = gpt::train(o, nullptr);
+
+  ASSERT_EQ(sharded.losses.size(), reference.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < sharded.losses.size(); ++i) {
+    const double rel = std::abs(sharded.losses[i] - reference.losses[i]) / reference.losses[i];
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, kLossRelTol) << "step " << i << ": " << sharded.losses[i] << " vs "
+                                << reference.losses[i];
+  }
+  std::printf("max relative loss difference = %.3g\n", worst);
+  EXPECT_LT(sharded.losses.back(), sharded.losses.front());  // it learns
+  expect_same_params(sharded.final_params, as_map(reference.final_params));
+}
+
+TEST(Parity, AwkwardModelMatchesReference) {
+  const int world = dist().world_size(), rank = dist().rank();
+  const int64_t rows_per_rank = 5;
+  OddNet reference = make_odd_net(11);
+  OddNet net = make_odd_net(11);
+  auto model = fsdp::fully_shard(net, *dist().world);
+  torch::optim::AdamW reference_optim(reference->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW optim(model->parameters(), torch::optim::AdamWOptions(1e-2));
+
+  for (int64_t step = 0; step < 6; ++step) {
+    auto [x, y] = odd_batch(step, world * rows_per_rank);
+    reference_optim.zero_grad();
+    auto reference_loss = torch::mse_loss(reference(x), y);
+    reference_loss.backward();
+    reference_optim.step();
+
+    optim.zero_grad();
+    auto local = torch::mse_loss(model(x.narrow(0, rank * rows_per_rank, rows_per_rank)),
+                                 y.narrow(0, rank * rows_per_rank, rows_per_rank));
+    local.backward();
+    optim.step();
+    auto loss = local.detach().clone();
+    fsdp::all_reduce_sum(*dist().world, loss);
+    EXPECT_NEAR(loss.item<double>() / world, reference_loss.item<double>(),
+                kLossRelTol * reference_loss.item<double>())
+        << "step " << step;
+  }
+  std::map<std::string, torch::Tensor> expected;
+  for (auto& item : reference->named_parameters()) expected[item.key()] = item.value().detach();
+  expect_same_params(fsdp::gather_full_params(model), expected);
+}
+
+TEST(Parity, ParametersSeenByTheOptimizerAreThisRanksShards) {
+  OddNet net = make_odd_net(3);
+  int64_t total = 0;
+  for (auto& p : net->parameters()) total += p.numel();
+  auto model = fsdp::fully_shard(net, *dist().world);
+  int64_t local = 0;
+  for (auto& p : model->parameters()) local += p.numel();
+  int64_t shard_total = 0;
+  for (const auto& unit : model.units()) shard_total += unit.shard_numel;
+  EXPECT_LE(local, shard_total);
+  auto sum = torch::tensor({local}, torch::kLong);
+  fsdp::all_reduce_sum(*dist().world, sum);
+  EXPECT_EQ(sum.item<int64_t>(), total);  // the shards partition the model exactly
+}
+
+TEST(Parity, InferenceUnderNoGradReducesNothingAndMatches) {
+  OddNet reference = make_odd_net(5);
+  OddNet net = make_odd_net(5);
+  auto model = fsdp::fully_shard(net, *dist().world);
+  auto [x, y] = odd_batch(0, 4);
+  model->eval();
+  const auto before = fsdp::comm_stats();
+  torch::Tensor out;
+  {
+    torch::NoGradGuard no_grad;
+    out = model(x);
+  }
+  EXPECT_EQ(fsdp::comm_stats().reduce_scatter_bytes, before.reduce_scatter_bytes);
+  EXPECT_FALSE(out.requires_grad());
+  EXPECT_LE((out - reference(x).detach()).abs().max().item<double>(), 1e-6);
+  // Every unit is sharded again: the parameters are back to this rank's 1-D pieces.
+  for (auto& p : model->parameters()) EXPECT_LE(p.dim(), 1);
+}
+
+TEST(Parity, SequentialBlocksWrappedByType) {
+  auto build = [] {
+    torch::manual_seed(21);
+    return torch::nn::Sequential(torch::nn::Linear(6, 9), torch::nn::Tanh(),
+                                 torch::nn::Linear(9, 9), torch::nn::Tanh(),
+                                 torch::nn::Linear(9, 2));
+  };
+  auto reference = build();
+  auto net = build();
+  std::vector<std::string> names_before;
+  for (auto& item : net->named_parameters()) names_before.push_back(item.key());
+  EXPECT_EQ(fsdp::wrap_blocks<torch::nn::Linear>(net), 3);
+  auto model = fsdp::fully_shard(net, *dist().world);
+  EXPECT_EQ(model.units().size(), 4u);  // root + 3 Linear units
+  std::vector<std::string> names_after;
+  for (auto& item : net->named_parameters()) names_after.push_back(item.key());
+  EXPECT_EQ(names_before, names_after);  // wrapping does not rename parameters
+
+  // One SGD step on the same batch everywhere: the gathered result must equal the reference's.
+  torch::optim::SGD reference_optim(reference->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(0.1));
+  auto x = torch::randn({4, 6}, at::detail::createCPUGenerator(5));
+  model(x).pow(2).sum().backward();
+  optim.step();
+  reference->forward(x).pow(2).sum().backward();
+  reference_optim.step();
+  std::map<std::string, torch::Tensor> expected;
+  for (auto& item : reference->named_parameters()) expected[item.key()] = item.value().detach();
+  expect_same_params(fsdp::gather_full_params(model), expected);
+}
+
+}  // namespace
+}  // namespace fsdp_test

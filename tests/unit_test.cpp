@@ -1,0 +1,189 @@
+// Single-process tests: the environment contract, options, the flat layout, data determinism,
+// the memory counter.
+#include <fsdp/fsdp.h>
+
+#include "data.h"
+#include "flat_param.h"
+#include "gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+
+namespace {
+
+// Sets the torchrun variables for one test and restores the previous environment afterwards.
+class EnvGuard {
+ public:
+  EnvGuard() {
+    for (const char* name : kNames) {
+      const char* value = std::getenv(name);
+      if (value) saved_[name] = value;
+    }
+    setenv("RANK", "1", 1);
+    setenv("WORLD_SIZE", "2", 1);
+    setenv("LOCAL_RANK", "1", 1);
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", "29500", 1);
+  }
+  ~EnvGuard() {
+    for (const char* name : kNames) {
+      auto it = saved_.find(name);
+      if (it == saved_.end()) unsetenv(name); else setenv(name, it->second.c_str(), 1);
+    }
+  }
+
+ private:
+  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                           "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  std::map<std::string, std::string> saved_;
+};
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(LaunchEnv, ReadsTorchrunVariables) {
+  EnvGuard env;
+  auto launch = fsdp::LaunchEnv::from_environment();
+  EXPECT_EQ(launch.rank, 1);
+  EXPECT_EQ(launch.world_size, 2);
+  EXPECT_EQ(launch.local_world_size, 2);
+  EXPECT_EQ(launch.master_port, 29500);
+}
+
+TEST(LaunchEnv, MissingVariableNamesItself) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"}) {
+    EnvGuard env;
+    unsetenv(name);
+    const std::string message = error_of([] { fsdp::LaunchEnv::from_environment(); });
+    EXPECT_NE(message.find(std::string(name) + " is not set"), std::string::npos) << message;
+    EXPECT_NE(message.find("fsdprun"), std::string::npos) << message;
+  }
+}
+
+TEST(LaunchEnv, InconsistentVariableIsRejected) {
+  EnvGuard env;
+  setenv("RANK", "2", 1);  // WORLD_SIZE is 2
+  std::string message = error_of([] { fsdp::LaunchEnv::from_environment(); });
+  EXPECT_NE(message.find("RANK='2'"), std::string::npos) << message;
+  setenv("RANK", "1", 1);
+  setenv("MASTER_PORT", "http", 1);
+  message = error_of([] { fsdp::LaunchEnv::from_environment(); });
+  EXPECT_NE(message.find("MASTER_PORT='http'"), std::string::npos) << message;
+}
+
+TEST(Options, UnknownStrategyNamesTheValueAndTheChoices) {
+  const std::string message = error_of([] { fsdp::parse_sharding_strategy("fulll"); });
+  EXPECT_NE(message.find("'fulll'"), std::string::npos) << message;
+  EXPECT_NE(message.find("'full'"), std::string::npos) << message;
+  EXPECT_EQ(fsdp::parse_sharding_strategy("full"), fsdp::ShardingStrategy::FullShard);
+}
+
+TEST(FlatParam, ShardsPartitionEveryParameterForAnyWorldSize) {
+  for (int world : {1, 2, 3, 5}) {
+    std::vector<int64_t> covered(4, 0);
+    const std::vector<int64_t> sizes{7, 1, 0, 12};
+    int64_t shard_numel = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<std::pair<std::string, at::Tensor>> params;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        params.emplace_back("p" + std::to_string(i), torch::arange(sizes[i], torch::kFloat));
+      }
+      fsdp::FlatParam flat(params, rank, world);
+      shard_numel = flat.shard_numel();
+      EXPECT_EQ(flat.padded_numel() % world, 0);
+      EXPECT_EQ(flat.numel(), 20);
+      EXPECT_LT(flat.padded_numel() - flat.numel(), world);  // padding < W elements
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        const auto& e = flat.entries()[i];
+        covered[i] += e.shard_end - e.shard_begin;
+        // The parameter now is its piece of the shard, with the right values.
+        EXPECT_EQ(e.param.numel(), e.shard_end - e.shard_begin);
+        if (e.param.numel() > 0) {
+          const int64_t first = rank * shard_numel + e.shard_begin - e.offset;
+          EXPECT_EQ(e.param[0].item<float>(), static_cast<float>(first));
+        }
+      }
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(covered[i], sizes[i]) << "world " << world;
+    EXPECT_EQ(shard_numel, (20 + world - 1) / world);
+  }
+}
+
+TEST(Data, GlobalBatchDoesNotDependOnHowItIsSplit) {
+  const auto corpus = gpt::ByteCorpus::load(FSDP_TEST_CORPUS_DIR, 1 << 20, 34);
+  auto [all_x, all_y] = corpus.batch(7, 3, 0, 6, 32);
+  auto [first_x, first_y] = corpus.batch(7, 3, 0, 2, 32);
+  auto [rest_x, rest_y] = corpus.batch(7, 3, 2, 4, 32);
+  EXPECT_TRUE(torch::equal(all_x, torch::cat({first_x, rest_x})));
+  EXPECT_TRUE(torch::equal(all_y.narrow(1, 0, 31), all_x.narrow(1, 1, 31)));  // next-byte targets
+  auto [other_x, other_y] = corpus.batch(7, 4, 0, 6, 32);
+  EXPECT_FALSE(torch::equal(all_x, other_x));  // another step, other rows
+}
+
+TEST(Data, MissingOrTinyDataIsAClearError) {
+  std::string message = error_of([] { gpt::ByteCorpus::load("/no/such/path", 1 << 20, 34); });
+  EXPECT_NE(message.find("/no/such/path"), std::string::npos) << message;
+  message = error_of([] { gpt::ByteCorpus::load(FSDP_TEST_CORPUS_DIR, 10, 34); });
+  EXPECT_NE(message.find("fewer than"), std::string::npos) << message;
+}
+
+TEST(Memory, CounterSeesEveryTensorByte) {
+  fsdp::install_memory_counter();
+  const int64_t before = fsdp::memory_stats().current_bytes;
+  fsdp::reset_peak_memory();
+  {
+    auto t = torch::empty({1024, 256}, torch::kFloat);  // 1 MiB
+    EXPECT_EQ(fsdp::memory_stats().current_bytes - before, 1 << 20);
+    auto u = t.matmul(torch::ones({256, 8}));  // a kernel's output is counted too
+    EXPECT_GE(fsdp::memory_stats().current_bytes - before, (1 << 20) + 1024 * 8 * 4);
+  }
+  EXPECT_EQ(fsdp::memory_stats().current_bytes, before);
+  EXPECT_GE(fsdp::memory_stats().peak_bytes - before, (1 << 20) + 1024 * 8 * 4);
+}
+
+TEST(Unit, IsAPassThroughUntilSharded) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(3, 2);
+  fsdp::Unit<torch::nn::Linear> unit(linear);
+  auto x = torch::randn({4, 3});
+  EXPECT_FALSE(unit.is_sharded());
+  EXPECT_TRUE(torch::equal(unit(x), linear(x)));
+  EXPECT_TRUE(unit.units().empty());
+}
+
+TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
+  gpt::GPTConfig config;
+  config.layers = 2;
+  config.dim = 32;
+  config.heads = 4;
+  config.max_seq = 16;
+  auto model = gpt::make_gpt(config, 1);
+  auto params = model->named_parameters();
+  for (const char* name : {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight",
+                           "h.0.attn.c_attn.bias", "h.1.attn.c_proj.weight", "h.1.ln_2.bias",
+                           "h.1.mlp.c_fc.weight", "h.1.mlp.c_proj.weight", "ln_f.weight"}) {
+    EXPECT_NE(params.find(name), nullptr) << name;
+  }
+  EXPECT_EQ(params["h.0.attn.c_attn.weight"].sizes(), torch::IntArrayRef({96, 32}));
+  EXPECT_EQ(params["h.0.mlp.c_fc.weight"].sizes(), torch::IntArrayRef({128, 32}));
+  EXPECT_NEAR(params["wte.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(params["h.0.mlp.c_proj.weight"].std().item<double>(), 0.02 / 2.0, 0.0015);
+  EXPECT_EQ(params["h.0.attn.c_attn.bias"].abs().sum().item<double>(), 0.0);
+  auto logits = model(torch::zeros({2, 16}, torch::kLong));
+  EXPECT_EQ(logits.sizes(), torch::IntArrayRef({2, 16, 256}));
+  // Causal: the first position's logits ignore later tokens.
+  auto changed = torch::zeros({2, 16}, torch::kLong);
+  changed.index_put_({torch::indexing::Slice(), 5}, 7);
+  EXPECT_TRUE(torch::allclose(model(changed).select(1, 0), logits.select(1, 0)));
+}
+
+}  // namespace
