@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
   app.add_option("--seq", o.model.max_seq, "sequence length");
   app.add_option("--batch", o.batch, "sequences per rank per step");
   app.add_option("--steps", o.steps, "optimizer steps");
-  app.add_option("--lr", o.lr, "AdamW learning rate");
+  app.add_option("--lr", o.lr, "AdamW peak learning rate");
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "linear warm-up steps, then cosine decay to lr/10 (0: constant lr)");
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices");
   app.add_option("--seed", o.seed, "seed of the initial weights and of the batches");
   app.add_option("--data", o.data, "a text file or a folder of text files")->required();

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -92,6 +93,21 @@ std::string generate(fsdp::Unit<GPT>& model, const std::string& prompt, int64_t 
   return std::string(tokens.begin(), tokens.end());
 }
 
+// Linear warm-up to the peak, then cosine decay to a tenth of it; constant without warm-up.
+double learning_rate(const TrainOptions& o, int64_t step) {
+  if (o.warmup_steps <= 0) return o.lr;
+  if (step < o.warmup_steps) return o.lr * (step + 1) / o.warmup_steps;
+  const double progress =
+      double(step - o.warmup_steps) / double(std::max<int64_t>(1, o.steps - o.warmup_steps));
+  return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
+}
+
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
@@ -121,6 +137,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     const auto start = Clock::now();
 
     auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
+    set_learning_rate(*optimizer, learning_rate(o, step));
     optimizer->zero_grad();
     auto loss = lm_loss(model(inputs), targets);
     loss.backward();

@@ -16,7 +16,8 @@ struct TrainOptions {
   GPTConfig model;
   int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
   int64_t steps = 100;
-  double lr = 1e-3;
+  double lr = 1e-3;          // peak learning rate
+  int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to lr/10 (0: constant lr)
   double weight_decay = 0.1;
   uint64_t seed = 1234;
   std::string data;

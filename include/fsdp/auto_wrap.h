@@ -36,7 +36,7 @@ class UnitCallImpl : public torch::nn::Module {
 ///   fsdp::wrap_blocks<Block>(net);                      // two units; the Linear joins the root
 ///   auto model = fsdp::fully_shard(net, *dist->world);
 template <class Holder>
-int wrap_blocks(torch::nn::Sequential& sequential) {
+int wrap_blocks(torch::nn::Sequential sequential) {  // a holder: shares the module
   using Impl = typename Holder::ContainedType;
   int wrapped = 0;
   for (auto& entry : *sequential) {
@@ -56,7 +56,7 @@ int wrap_blocks(torch::nn::Sequential& sequential) {
 ///   blocks = fsdp::wrap_blocks<Block>(h);    // h: a ModuleList registered as "h"
 ///   for (auto& block : blocks) x = block(x);
 template <class Holder>
-std::vector<Unit<Holder>> wrap_blocks(torch::nn::ModuleList& list) {
+std::vector<Unit<Holder>> wrap_blocks(const torch::nn::ModuleList& list) {
   using Impl = typename Holder::ContainedType;
   std::vector<Unit<Holder>> units;
   for (const auto& module : *list) {
