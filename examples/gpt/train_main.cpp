@@ -28,6 +28,12 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", o.log_every, "print a progress line every N steps (rank 0)");
   app.add_option("--sample", o.sample_bytes, "generate N bytes after training");
   app.add_option("--prompt", o.sample_prompt, "prompt of the sample");
+  app.add_option("--init-from", o.init_from,
+                 "start from these full parameters (a torch.save dict of name -> tensor)");
+  app.add_option("--save-full", o.save_full,
+                 "rank 0 writes the full parameters here after training (--steps 0: the initial ones)");
+  app.add_option("--dump-batches", o.dump_batches,
+                 "rank 0 writes every global batch of the run here ({inputs, targets}, torch.load)");
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");
   app.add_option("--world-size", o.reference_world_size,
                  "with --reference: the world size whose global batch to train on")

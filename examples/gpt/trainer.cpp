@@ -108,6 +108,22 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   }
 }
 
+// The global batches of the whole run, for a peer implementation to train on the same data:
+// {"inputs": [steps, global_rows, seq], "targets": [steps, global_rows, seq]} as int64.
+void dump_batches(const TrainOptions& o, const ByteCorpus& corpus, int world) {
+  std::vector<torch::Tensor> inputs, targets;
+  for (int64_t step = 0; step < o.steps; ++step) {
+    auto [x, y] = corpus.batch(o.seed, step, 0, world * o.batch, o.model.max_seq);
+    inputs.push_back(x);
+    targets.push_back(y);
+  }
+  auto stacked = [&](const std::vector<torch::Tensor>& rows) {
+    return rows.empty() ? torch::empty({0, world * o.batch, o.model.max_seq}, torch::kLong)
+                        : torch::stack(rows);
+  };
+  fsdp::save_tensor_dict(o.dump_batches, {{"inputs", stacked(inputs)}, {"targets", stacked(targets)}});
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
@@ -119,6 +135,10 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   GPT gpt = make_gpt(o.model, o.seed);
   auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay);
   fsdp::Unit<GPT> model = dist ? fsdp::fully_shard(gpt, *dist->world) : fsdp::Unit<GPT>(gpt);
+  if (!o.init_from.empty()) {
+    fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);
+  }
+  if (!o.dump_batches.empty() && rank == 0) dump_batches(o, corpus, world);
 
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
@@ -159,6 +179,15 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     }
   }
 
+  if (!o.save_full.empty()) {
+    if (dist) {
+      fsdp::save_full_params(model, o.save_full);
+    } else {
+      fsdp::NamedTensors params;
+      for (auto& item : gpt->named_parameters()) params.emplace_back(item.key(), item.value());
+      fsdp::save_tensor_dict(o.save_full, params);
+    }
+  }
   if (dist) {
     result.final_params = fsdp::gather_full_params(model);
   } else {

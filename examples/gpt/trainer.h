@@ -27,6 +27,9 @@ struct TrainOptions {
   int64_t sample_bytes = 0;  // generate this many bytes after training (0: none)
   std::string sample_prompt = "def ";
   int reference_world_size = 1;  // reference only: the world size whose global batch to train on
+  std::string init_from;     // full parameters to start from (torch.save dict of name -> tensor)
+  std::string save_full;     // rank 0 writes the full parameters here after training
+  std::string dump_batches;  // rank 0 writes every global batch here before training
 };
 
 struct TrainResult {

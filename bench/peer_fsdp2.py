@@ -1,0 +1,220 @@
+"""The PyTorch FSDP2 peer of gpt_train: the same GPT, weights, batches and optimizer, sharded with
+`torch.distributed.fsdp.fully_shard` (one unit per block, then the root) over Gloo on CPU.
+
+Launch (from the repository root):
+    OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc-per-node 2 bench/peer_fsdp2.py \
+        --layers 4 --dim 128 --heads 4 --seq 128 --batch 8 --steps 20 --lr 1e-3 \
+        --init-from init.pt --batches batches.pt --metrics peer-{rank}.jsonl
+
+The model mirrors examples/gpt/gpt.cpp exactly (names, pre-LN blocks, tanh-GELU, causal SDPA, head
+tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/trainer.cpp (zero_grad,
+forward, cross-entropy, backward, AdamW step, all-reduce of the loss for the global mean), and it is
+timed over the same span.
+
+Metrics are JSON lines with gpt_train's keys where the meaning is the same (step, loss, step_ms,
+tokens_per_s, bytes_all_gather, bytes_reduce_scatter, bytes_all_reduce) and differently named keys
+where it is not: PyTorch exposes no exact tensor-byte counter on CPU (gpt_train's mem_peak_bytes
+comes from its own counting allocator), so memory is reported as
+  rss_peak_bytes         the process's lifetime peak resident set (getrusage ru_maxrss: includes the
+                         Python interpreter and libtorch), and
+  rss_peak_growth_bytes  that peak minus the peak before the first step (after the model, weights
+                         and batches were loaded and sharded).
+Collective bytes count what FSDP2 hands to c10d, in gpt_train's convention (bytes a rank sends in a
+ring algorithm: (W-1)/W of the unsharded buffer). Gloo's own reduce-scatter moves more than that.
+"""
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(dim, 3 * dim)
+        self.c_proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.c_fc = nn.Linear(dim, 4 * dim)
+        self.c_proj = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(dim, eps=1e-5)
+        self.attn = CausalSelfAttention(dim, heads)
+        self.ln_2 = nn.LayerNorm(dim, eps=1e-5)
+        self.mlp = MLP(dim)
+
+    def forward(self, x):
+        y = x + self.attn(self.ln_1(x))
+        return y + self.mlp(self.ln_2(y))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, dim, heads, max_seq, vocab_size=256):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, dim)
+        self.wpe = nn.Embedding(max_seq, dim)
+        self.h = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(dim, eps=1e-5)
+
+    def forward(self, idx):
+        positions = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        return torch.matmul(self.ln_f(x), self.wte.weight.t())  # head tied to wte
+
+
+def lm_loss(logits, targets):
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def make_optimizer(model, lr, weight_decay):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if ("ln_" in name or "bias" in name) else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+
+
+class CommCounter:
+    """Counts the bytes FSDP2 hands to c10d, in the ring convention of gpt_train's counters."""
+
+    def __init__(self, world):
+        self.world = world
+        self.all_gather = self.reduce_scatter = self.all_reduce = 0
+        self._install()
+
+    def _install(self):
+        counter = self
+        orig_ag, orig_rs, orig_ar = dist.all_gather_single, dist.reduce_scatter_single, dist.all_reduce
+
+        def all_gather_single(output_tensor, input_tensor, *a, **kw):
+            counter.all_gather += input_tensor.numel() * input_tensor.element_size() * (counter.world - 1)
+            return orig_ag(output_tensor, input_tensor, *a, **kw)
+
+        def reduce_scatter_single(output, input, *a, **kw):
+            counter.reduce_scatter += output.numel() * output.element_size() * (counter.world - 1)
+            return orig_rs(output, input, *a, **kw)
+
+        def all_reduce(tensor, *a, **kw):
+            # gpt_train counts the payload of an all-reduce (its loss all-reduce is 4 bytes).
+            counter.all_reduce += tensor.numel() * tensor.element_size()
+            return orig_ar(tensor, *a, **kw)
+
+        dist.all_gather_single = all_gather_single
+        dist.reduce_scatter_single = reduce_scatter_single
+        dist.all_reduce = all_reduce
+
+    def snapshot(self):
+        return (self.all_gather, self.reduce_scatter, self.all_reduce)
+
+
+def rss_peak_bytes():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    ap.add_argument("--steps", type=int, default=None, help="default: every dumped step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--init-from", required=True, help="full params (gpt_train --save-full)")
+    ap.add_argument("--batches", required=True, help="gpt_train --dump-batches output")
+    ap.add_argument("--metrics", default="", help="JSON lines per step; {rank} becomes the rank")
+    ap.add_argument("--log-every", type=int, default=0)
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm = CommCounter(world)
+
+    batches = torch.load(args.batches)
+    inputs_all, targets_all = batches["inputs"], batches["targets"]
+    steps = inputs_all.size(0) if args.steps is None else args.steps
+    if steps > inputs_all.size(0):
+        raise SystemExit(f"--steps {steps} but {args.batches} holds {inputs_all.size(0)} steps")
+    if inputs_all.size(1) != world * args.batch or inputs_all.size(2) != args.seq:
+        raise SystemExit(f"{args.batches}: shape {tuple(inputs_all.shape)} does not match "
+                         f"world {world} x --batch {args.batch}, --seq {args.seq}")
+    rows = slice(rank * args.batch, (rank + 1) * args.batch)
+
+    model = GPT(args.layers, args.dim, args.heads, args.seq)
+    model.load_state_dict(torch.load(args.init_from), strict=True)
+    for block in model.h:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay)
+
+    metrics = None
+    if args.metrics:
+        metrics = open(args.metrics.replace("{rank}", str(rank)), "w")
+    global_tokens = world * args.batch * args.seq
+    rss_before = rss_peak_bytes()
+
+    for step in range(steps):
+        comm_before = comm.snapshot()
+        start = time.perf_counter()
+
+        inputs, targets = inputs_all[step, rows], targets_all[step, rows]
+        optimizer.zero_grad()
+        loss = lm_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss)
+        loss_value = global_loss.item() / world
+        step_ms = (time.perf_counter() - start) * 1000.0
+
+        ag, rs, ar = (now - before for now, before in zip(comm.snapshot(), comm_before))
+        record = {"step": step, "loss": loss_value, "step_ms": step_ms,
+                  "tokens_per_s": global_tokens / (step_ms / 1000.0),
+                  "rss_peak_bytes": rss_peak_bytes(),
+                  "rss_peak_growth_bytes": rss_peak_bytes() - rss_before,
+                  "bytes_all_gather": ag, "bytes_reduce_scatter": rs, "bytes_all_reduce": ar}
+        if metrics:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+        if rank == 0 and args.log_every > 0 and ((step + 1) % args.log_every == 0 or step + 1 == steps):
+            print(f"step {step + 1:5d}/{steps} | loss {loss_value:.4f} | "
+                  f"{record['tokens_per_s']:8.0f} tok/s | {step_ms:6.1f} ms/step", flush=True)
+
+    if metrics:
+        metrics.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
