@@ -1,11 +1,78 @@
 #include "fsdp_state.h"
 
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
 
 namespace fsdp {
 
 FsdpState::FsdpState(ProcessGroup& group, FullyShardOptions options)
-    : collectives_(make_ring_collectives(group)), options_(std::move(options)) {}
+    : collectives_(make_ring_collectives(group)),
+      group_(group),
+      options_(std::move(options)),
+      limiter_(options_.limit_all_gathers()),
+      order_key_(group.next_store_key("fsdp/order")),
+      comm_(std::make_unique<CommThread>()) {}
+
+FsdpState::~FsdpState() { comm_.reset(); }
+
+void FsdpState::before_unit_forward(ParamGroup& group) {
+  if (group.is_root()) {
+    if (!forward_order_.empty()) previous_forward_order_ = forward_order_;
+    forward_order_.clear();
+    finish_queued_ = false;  // a backward that threw never ran its callback
+    return;
+  }
+  forward_order_.push_back(&group);
+  if (options_.check_execution_order() && !order_checked_) {
+    check_execution_order(group, forward_order_.size() - 1);
+  }
+}
+
+void FsdpState::check_execution_order(const ParamGroup& group, size_t index) {
+  const std::string key = order_key_ + "/" + std::to_string(index) + "/";
+  group_.store().set(key + std::to_string(group_.rank()),
+                     std::vector<uint8_t>(group.name().begin(), group.name().end()));
+  for (int other = 0; other < group_.size(); ++other) {
+    if (other == group_.rank()) continue;
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = group_.store().get(key + std::to_string(other));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fsdp: rank ", other, " never ran a unit #", index, " in its forward (rank ",
+                  group_.rank(), " ran '", group.name(), "'): the ranks' execution orders differ");
+    }
+    const std::string theirs(bytes.begin(), bytes.end());
+    TORCH_CHECK(theirs == group.name(), "fsdp: the forward execution order differs across ranks: ",
+                "unit #", index, " is '", group.name(), "' on rank ", group_.rank(), " but '", theirs,
+                "' on rank ", other, ". Every rank must call the units in the same order (no "
+                "rank-dependent control flow around units).");
+  }
+}
+
+void FsdpState::prefetch_forward_after(ParamGroup& group) {
+  if (!options_.forward_prefetch()) return;
+  const auto& order = previous_forward_order_;
+  // The unit that followed `group` last time; the root is followed by the first unit.
+  auto next = order.begin();
+  if (!group.is_root()) {
+    next = std::find(order.begin(), order.end(), &group);
+    if (next != order.end()) ++next;
+  }
+  if (next != order.end()) (*next)->issue_unshard(/*optional=*/true);
+}
+
+void FsdpState::prefetch_backward_after(ParamGroup& group) {
+  if (options_.backward_prefetch() == BackwardPrefetch::None) return;
+  const auto& order = forward_order_;
+  if (group.is_root()) {
+    if (!order.empty()) order.back()->issue_unshard(/*optional=*/true);
+    return;
+  }
+  auto it = std::find(order.rbegin(), order.rend(), &group);
+  if (it != order.rend() && ++it != order.rend()) (*it)->issue_unshard(/*optional=*/true);
+}
 
 void FsdpState::queue_finish_backward() {
   if (finish_queued_) return;
@@ -17,7 +84,9 @@ void FsdpState::queue_finish_backward() {
 
 void FsdpState::finish_backward() {
   finish_queued_ = false;
-  for (auto& group : groups_) group->finish_backward();
+  // Reverse forward order issues any late reduce-scatters in the order backward would have.
+  for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) (*it)->finish_backward();
+  order_checked_ = true;
 }
 
 }  // namespace fsdp

@@ -1,9 +1,12 @@
 #pragma once
-// The state of one sharded model: its units (root first), the collectives they share, and the
+// The state of one sharded model: its units (root first), the collectives and the communication
+// thread they share, the rate limiter, the forward order that drives prefetching, and the
 // end-of-backward callback that the root queues on the autograd engine.
 
 #include "collectives.h"
+#include "comm_thread.h"
 #include "param_group.h"
+#include "rate_limiter.h"
 
 #include <memory>
 #include <vector>
@@ -13,22 +16,41 @@ namespace fsdp {
 class FsdpState {
  public:
   FsdpState(ProcessGroup& group, FullyShardOptions options);
+  ~FsdpState();
 
   Collectives& collectives() { return *collectives_; }
+  CommThread& comm() { return *comm_; }
+  RateLimiter& limiter() { return limiter_; }
   const FullyShardOptions& options() const { return options_; }
   std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
   const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
 
+  /// Called by every unit's pre-forward: records the forward order (the root starts an iteration)
+  /// and, in the first iteration with check_execution_order, checks it against the other ranks.
+  void before_unit_forward(ParamGroup& group);
+  /// Forward prefetch: issue the all-gather of the unit that ran after `group` last iteration.
+  void prefetch_forward_after(ParamGroup& group);
+  /// Backward prefetch: issue the all-gather of the unit whose backward comes after `group`'s,
+  /// i.e. the one that ran before it in this iteration's forward.
+  void prefetch_backward_after(ParamGroup& group);
   /// Called from the root's pre-backward hook: queue finish_backward() on the autograd engine.
   void queue_finish_backward();
 
  private:
   void finish_backward();
+  void check_execution_order(const ParamGroup& group, size_t index);
 
   std::unique_ptr<Collectives> collectives_;
+  ProcessGroup& group_;
   FullyShardOptions options_;
+  RateLimiter limiter_;
   std::vector<std::shared_ptr<ParamGroup>> groups_;  // groups_[0] is the root unit
+  std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
+  std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
   bool finish_queued_ = false;
+  bool order_checked_ = false;  // the first iteration's order was compared across ranks
+  std::string order_key_;       // store prefix of this model's order check
+  std::unique_ptr<CommThread> comm_;  // last: joined first, before the buffers it uses go away
 };
 
 }  // namespace fsdp

@@ -118,8 +118,8 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   for (size_t i = 0; i < plans.size(); ++i) {
     const bool is_root = i == 0;
     auto param_group = std::make_shared<ParamGroup>(
-        plans[i].name, FlatParam(std::move(plans[i].params), group.rank(), group.size()),
-        state->collectives(), *state, is_root);
+        plans[i].name, FlatParam(std::move(plans[i].params), group.rank(), group.size()), *state,
+        is_root);
     param_group->install_grad_hooks();
     state->groups().push_back(param_group);
     (is_root ? root_slot : *plans[i].slot).group = param_group;

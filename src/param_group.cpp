@@ -1,6 +1,7 @@
 #include "param_group.h"
 
 #include "fsdp_state.h"
+#include "trace.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -28,13 +29,8 @@ class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-ParamGroup::ParamGroup(std::string name, FlatParam flat, Collectives& collectives,
-                       FsdpState& state, bool is_root)
-    : name_(std::move(name)),
-      flat_(std::move(flat)),
-      collectives_(collectives),
-      state_(state),
-      is_root_(is_root) {}
+ParamGroup::ParamGroup(std::string name, FlatParam flat, FsdpState& state, bool is_root)
+    : name_(std::move(name)), flat_(std::move(flat)), state_(state), is_root_(is_root) {}
 
 void ParamGroup::install_grad_hooks() {
   std::weak_ptr<ParamGroup> self = weak_from_this();
@@ -45,25 +41,55 @@ void ParamGroup::install_grad_hooks() {
   }
 }
 
-void ParamGroup::unshard() {
-  if (sharded_state_ == ShardedState::Unsharded) return;
+bool ParamGroup::issue_unshard(bool optional) {
+  if (sharded_state_ != ShardedState::Sharded) return true;
+  if (!is_root_) {
+    if (!state_.limiter().acquire(optional)) return false;
+    holds_limiter_slot_ = true;
+  }
   flat_.allocate_full();
-  collectives_.all_gather(flat_.full(), flat_.shard());
+  const std::string span = "all_gather " + name_;
+  all_gather_ = state_.comm().submit([this, span] {
+    TraceSpan trace(span, TraceLane::Communication);
+    state_.collectives().all_gather(flat_.full(), flat_.shard());
+  });
+  sharded_state_ = ShardedState::Unsharding;
+  return true;
+}
+
+void ParamGroup::wait_unshard() {
+  issue_unshard(/*optional=*/false);
+  if (sharded_state_ == ShardedState::Unsharded) return;
+  all_gather_.wait();
   flat_.use_full_params();
   sharded_state_ = ShardedState::Unsharded;
 }
 
 void ParamGroup::reshard() {
   if (sharded_state_ == ShardedState::Sharded) return;
+  if (sharded_state_ == ShardedState::Unsharding) all_gather_.wait();  // never free under a collective
   flat_.use_sharded_params();
   flat_.free_full();
   sharded_state_ = ShardedState::Sharded;
+  // With a reduce-scatter in flight, the slot is released when it has freed the gradient.
+  if (holds_limiter_slot_ && backward_state_ != BackwardState::Reducing) {
+    holds_limiter_slot_ = false;
+    state_.limiter().release();
+  }
 }
 
-void ParamGroup::pre_forward() { unshard(); }
+void ParamGroup::pre_forward() {
+  span_start_ = std::chrono::steady_clock::now();
+  state_.before_unit_forward(*this);
+  issue_unshard(/*optional=*/false);
+  state_.prefetch_forward_after(*this);
+  wait_unshard();
+}
 
 void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
-  const bool will_backward = at::GradMode::is_enabled() && flat_.requires_grad();
+  // The root hooks its output even without parameters of its own: its pre-backward queues the
+  // end-of-backward callback that completes every unit's reduction.
+  const bool will_backward = at::GradMode::is_enabled() && (flat_.requires_grad() || is_root_);
   if (will_backward) {
     std::weak_ptr<ParamGroup> self = weak_from_this();
     for (const auto& output : outputs) {
@@ -75,12 +101,18 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
   }
   // The root's parameters are needed again at once by backward (its output is the loss).
   if (!is_root_ || !will_backward) reshard();
+  record_span("forward " + (is_root_ ? std::string("root") : name_), TraceLane::Compute, span_start_);
 }
 
 void ParamGroup::pre_backward() {
   if (backward_state_ != BackwardState::Idle) return;  // another output got there first
+  span_start_ = std::chrono::steady_clock::now();
   if (is_root_) state_.queue_finish_backward();
-  unshard();
+  issue_unshard(/*optional=*/false);
+  if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPre) {
+    state_.prefetch_backward_after(*this);
+  }
+  wait_unshard();
   accumulate_into_shard_ = flat_.has_sharded_grads();
   flat_.allocate_full_grad();
   flat_.use_full_grads();
@@ -90,30 +122,55 @@ void ParamGroup::pre_backward() {
 
 void ParamGroup::on_grad_accumulated() {
   if (backward_state_ != BackwardState::Accumulating) return;
-  if (--grads_pending_ == 0) reduce_grad();
+  if (--grads_pending_ == 0) post_backward();
 }
 
-void ParamGroup::reduce_grad() {
-  at::NoGradGuard no_grad;
-  at::Tensor& grad_shard = flat_.grad_shard();
-  const int world = collectives_.size();
-  if (accumulate_into_shard_) {
-    at::Tensor reduced = at::empty_like(grad_shard);
-    collectives_.reduce_scatter_sum(reduced, flat_.full_grad());
-    grad_shard.add_(reduced, 1.0 / world);
-  } else {
-    collectives_.reduce_scatter_sum(grad_shard, flat_.full_grad());
-    grad_shard.div_(world);
+void ParamGroup::post_backward() {
+  record_span("backward " + (is_root_ ? std::string("root") : name_), TraceLane::Compute,
+              span_start_);
+  if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost) {
+    state_.prefetch_backward_after(*this);
   }
-  flat_.use_sharded_grads();
-  flat_.free_full_grad();
-  reshard();
-  backward_state_ = BackwardState::Reduced;
+  backward_state_ = BackwardState::Reducing;
+  reshard();  // the gradients are complete: autograd needs the parameters no more
+  issue_reduce_scatter();
+}
+
+void ParamGroup::issue_reduce_scatter() {
+  // The slot passes to the reduce-scatter, which releases it once the gradient is freed.
+  const bool release_slot = holds_limiter_slot_;
+  holds_limiter_slot_ = false;
+  if (release_slot) state_.limiter().reduction_issued();
+  const std::string span = "reduce_scatter " + name_;
+  reduce_scatter_ = state_.comm().submit([this, span, release_slot] {
+    TraceSpan trace(span, TraceLane::Communication);
+    at::NoGradGuard no_grad;
+    Collectives& collectives = state_.collectives();
+    at::Tensor& grad_shard = flat_.grad_shard();
+    const double scale = 1.0 / collectives.size();  // the mean over ranks
+    if (accumulate_into_shard_) {
+      at::Tensor reduced = at::empty_like(grad_shard);
+      collectives.reduce_scatter_sum(reduced, flat_.full_grad());
+      grad_shard.add_(reduced, scale);
+    } else {
+      collectives.reduce_scatter_sum(grad_shard, flat_.full_grad());
+      grad_shard.mul_(scale);
+    }
+    flat_.free_full_grad();
+    if (release_slot) {
+      state_.limiter().release();
+      state_.limiter().reduction_finished();
+    }
+  });
 }
 
 void ParamGroup::finish_backward() {
-  if (backward_state_ == BackwardState::Accumulating) reduce_grad();
-  reshard();
+  if (backward_state_ == BackwardState::Accumulating) post_backward();  // some grads never came
+  if (backward_state_ == BackwardState::Reducing) {
+    reduce_scatter_.wait();
+    flat_.use_sharded_grads();
+  }
+  reshard();  // e.g. a prefetched unit whose backward never ran
   backward_state_ = BackwardState::Idle;
 }
 

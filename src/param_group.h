@@ -1,13 +1,15 @@
 #pragma once
-// One FSDP unit at run time: its flat parameter, its state machine, and the four moments of the
+// One FSDP unit at run time: its flat parameter, its state machine, and the moments of the
 // paper's section 3.3: unshard before forward, reshard after, unshard before backward, reduce
-// the gradient and reshard as soon as backward has produced it.
+// the gradient and reshard as soon as backward has produced it. Collectives are issued to the
+// model's communication thread; prefetch decisions belong to FsdpState.
 
-#include "collectives.h"
+#include "comm_thread.h"
 #include "flat_param.h"
 
 #include <fsdp/fully_shard.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,21 +18,21 @@ namespace fsdp {
 
 /// Where the unit's parameters live.
 enum class ShardedState {
-  Sharded,    ///< only this rank's shard; parameters are views of it
-  Unsharded,  ///< the full buffer is gathered; parameters are views of it in their shapes
+  Sharded,     ///< only this rank's shard; parameters are views of it
+  Unsharding,  ///< the full buffer is allocated and its all-gather is in flight
+  Unsharded,   ///< the full buffer is gathered; parameters are views of it in their shapes
 };
 
 /// Where the unit is in the current backward pass.
 enum class BackwardState {
-  Idle,         ///< no backward under way for this unit
-  Accumulating, ///< unsharded for backward; autograd is adding gradients into the full buffer
-  Reduced,      ///< gradient reduce-scattered into the shard, full buffers freed
+  Idle,          ///< no backward under way for this unit
+  Accumulating,  ///< unsharded for backward; autograd adds gradients into the full buffer
+  Reducing,      ///< parameters resharded; the gradient's reduce-scatter is in flight
 };
 
 class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  public:
-  ParamGroup(std::string name, FlatParam flat, Collectives& collectives, FsdpState& state,
-             bool is_root);
+  ParamGroup(std::string name, FlatParam flat, FsdpState& state, bool is_root);
 
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
@@ -41,29 +43,38 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void pre_backward();
   /// Autograd has accumulated one more of this unit's parameter gradients.
   void on_grad_accumulated();
-  /// End of backward: reduce whatever is still accumulating (parameters without gradient) and
-  /// leave the unit sharded.
+  /// End of backward, on the caller's thread: reduce what is still accumulating (parameters
+  /// without gradient), wait for the reduce-scatter, point the gradients at the shard.
   void finish_backward();
 
+  /// Issues the all-gather if the unit is sharded (a prefetch passes `optional`: the rate
+  /// limiter may refuse it). Returns false if refused.
+  bool issue_unshard(bool optional);
+
+  const std::string& name() const { return name_; }
   UnitInfo info() const;
   ShardedState sharded_state() const { return sharded_state_; }
   bool is_root() const { return is_root_; }
   FlatParam& flat() { return flat_; }
 
  private:
-  void unshard();
+  void wait_unshard();
   void reshard();
-  void reduce_grad();
+  void post_backward();
+  void issue_reduce_scatter();
 
   std::string name_;
   FlatParam flat_;
-  Collectives& collectives_;
   FsdpState& state_;
   bool is_root_;
   ShardedState sharded_state_ = ShardedState::Sharded;
   BackwardState backward_state_ = BackwardState::Idle;
-  int grads_pending_ = 0;           // trainable parameters whose gradient has not arrived yet
+  CommHandle all_gather_;
+  CommHandle reduce_scatter_;
+  int grads_pending_ = 0;               // trainable parameters whose gradient has not arrived
   bool accumulate_into_shard_ = false;  // the optimizer kept the previous gradient: add to it
+  bool holds_limiter_slot_ = false;     // counted by the rate limiter (not the root)
+  std::chrono::steady_clock::time_point span_start_;  // of the forward or backward being traced
 };
 
 }  // namespace fsdp

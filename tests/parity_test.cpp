@@ -13,30 +13,42 @@ namespace fsdp_test {
 namespace {
 
 // Tolerances for fp32. The sharded run sums W per-rank gradients (ring order) where the reference
-// reduces one batch of W·B rows inside one kernel, and matmuls over B rows may block differently
-// from matmuls over W·B rows: each step differs by float reassociation, ~1e-7 relative. AdamW
-// normalises the update, so parameters drift apart by at most a few ulps of lr per step.
+// reduces one batch of W·B rows inside one kernel, and matmuls over B rows block differently from
+// matmuls over W·B rows: each step differs by float reassociation, ~1e-7 relative (the losses).
+// AdamW divides each gradient element by its own RMS, so an element whose exact gradient is zero
+// but whose computed one is rounding noise (GPT's key bias: softmax ignores a per-row constant)
+// moves by noise/noise, up to ~lr per step, differently in each run. Such elements are rare;
+// every other parameter element must agree to 1e-6.
 constexpr double kLossRelTol = 2e-5;
-constexpr double kParamAbsTol = 2e-5;
+constexpr double kParamAbsTol = 1e-6;
+constexpr double kNoiseElementsMaxFraction = 0.005;
 
 std::map<std::string, torch::Tensor> as_map(
     const std::vector<std::pair<std::string, torch::Tensor>>& params) {
   return {params.begin(), params.end()};
 }
 
+// All parameters agree to kParamAbsTol except at most a small fraction, which stay within
+// `outlier_tol` (the optimizer's bound on how far noise can push them).
 void expect_same_params(const std::vector<std::pair<std::string, torch::Tensor>>& sharded,
-                        const std::map<std::string, torch::Tensor>& reference) {
+                        const std::map<std::string, torch::Tensor>& reference,
+                        double outlier_tol = kParamAbsTol) {
   ASSERT_EQ(sharded.size(), reference.size());
   double worst = 0;
+  int64_t outliers = 0, total = 0;
   for (const auto& [name, tensor] : sharded) {
     ASSERT_TRUE(reference.count(name)) << "unexpected parameter " << name;
     const auto& expected = reference.at(name);
     ASSERT_EQ(tensor.sizes(), expected.sizes()) << name;
-    const double diff = (tensor - expected).abs().max().item<double>();
-    worst = std::max(worst, diff);
-    EXPECT_LE(diff, kParamAbsTol) << name;
+    const auto diff = (tensor - expected).abs();
+    worst = std::max(worst, diff.max().item<double>());
+    outliers += (diff > kParamAbsTol).sum().item<int64_t>();
+    total += tensor.numel();
+    EXPECT_LE(diff.max().item<double>(), outlier_tol) << name;
   }
-  std::printf("max |param - reference| = %.3g\n", worst);
+  std::printf("max |param - reference| = %.3g; %lld of %lld elements differ by more than %.0e\n",
+              worst, (long long)outliers, (long long)total, kParamAbsTol);
+  EXPECT_LE(outliers, kNoiseElementsMaxFraction * total);
 }
 
 TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
@@ -64,7 +76,36 @@ TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
   }
   std::printf("max relative loss difference = %.3g\n", worst);
   EXPECT_LT(sharded.losses.back(), sharded.losses.front());  // it learns
-  expect_same_params(sharded.final_params, as_map(reference.final_params));
+  // Noise-driven elements move at most lr per step (AdamW's update is bounded by ~lr).
+  expect_same_params(sharded.final_params, as_map(reference.final_params), o.lr * o.steps);
+}
+
+TEST(Parity, PrefetchAndRateLimiterChangeNothingNumerically) {
+  gpt::TrainOptions o;
+  o.model.layers = 4;
+  o.model.dim = 32;
+  o.model.heads = 2;
+  o.model.max_seq = 16;
+  o.batch = 2;
+  o.steps = 3;
+  o.data = corpus_dir();
+  o.max_data_bytes = 1 << 20;
+  o.fsdp.backward_prefetch(fsdp::BackwardPrefetch::None).limit_all_gathers(0);
+  const auto baseline = gpt::train(o, &dist());
+  for (auto prefetch : {fsdp::BackwardPrefetch::BackwardPre, fsdp::BackwardPrefetch::BackwardPost}) {
+    for (int limit : {0, 1, 2}) {
+      for (bool forward_prefetch : {false, true}) {
+        o.fsdp.backward_prefetch(prefetch).limit_all_gathers(limit).forward_prefetch(forward_prefetch);
+        const auto run = gpt::train(o, &dist());
+        EXPECT_EQ(run.losses, baseline.losses)
+            << fsdp::to_string(prefetch) << " limit " << limit << " forward " << forward_prefetch;
+        for (size_t i = 0; i < run.final_params.size(); ++i) {
+          EXPECT_TRUE(torch::equal(run.final_params[i].second, baseline.final_params[i].second))
+              << run.final_params[i].first;
+        }
+      }
+    }
+  }
 }
 
 TEST(Parity, AwkwardModelMatchesReference) {

@@ -134,7 +134,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
 
   GPT gpt = make_gpt(o.model, o.seed);
   auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay);
-  fsdp::Unit<GPT> model = dist ? fsdp::fully_shard(gpt, *dist->world) : fsdp::Unit<GPT>(gpt);
+  fsdp::Unit<GPT> model = dist ? fsdp::fully_shard(gpt, *dist->world, o.fsdp) : fsdp::Unit<GPT>(gpt);
   if (!o.init_from.empty()) {
     fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);
   }

@@ -5,6 +5,7 @@
 #include "gpt.h"
 
 #include <fsdp/distributed.h>
+#include <fsdp/options.h>
 
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@ namespace gpt {
 
 struct TrainOptions {
   GPTConfig model;
+  fsdp::FullyShardOptions fsdp;  // sharding strategy, prefetch, rate limiter
   int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
   int64_t steps = 100;
   double lr = 1e-3;          // peak learning rate

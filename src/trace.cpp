@@ -1,0 +1,84 @@
+#include "trace.h"
+
+#include <fsdp/tensor_file.h>
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace fsdp {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Span {
+  std::string name;
+  TraceLane lane;
+  Clock::time_point start, end;
+};
+
+struct Recorder {
+  std::atomic<bool> on{false};
+  std::mutex mutex;
+  std::vector<Span> spans;
+  Clock::time_point origin;
+};
+
+Recorder& recorder() {
+  static Recorder instance;
+  return instance;
+}
+
+double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+}  // namespace
+
+void start_trace() {
+  std::lock_guard<std::mutex> lock(recorder().mutex);
+  recorder().spans.clear();
+  recorder().origin = Clock::now();
+  recorder().on = true;
+}
+
+bool tracing() { return recorder().on; }
+
+void record_span(const std::string& name, TraceLane lane, Clock::time_point start) {
+  if (!recorder().on) return;
+  const auto end = Clock::now();
+  std::lock_guard<std::mutex> lock(recorder().mutex);
+  recorder().spans.push_back(Span{name, lane, start, end});
+}
+
+void write_trace(const std::string& path, int rank) {
+  std::vector<Span> spans;
+  Clock::time_point origin;
+  {
+    std::lock_guard<std::mutex> lock(recorder().mutex);
+    recorder().on = false;
+    spans.swap(recorder().spans);
+    origin = recorder().origin;
+  }
+  nlohmann::json events = nlohmann::json::array();
+  for (int lane : {1, 2}) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", lane},
+                      {"args", {{"name", lane == 1 ? "compute" : "communication"}}}});
+  }
+  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 1},
+                    {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  for (const auto& span : spans) {
+    events.push_back({{"name", span.name},
+                      {"cat", span.lane == TraceLane::Compute ? "compute" : "communication"},
+                      {"ph", "X"},
+                      {"pid", rank},
+                      {"tid", static_cast<int>(span.lane)},
+                      {"ts", micros(span.start - origin)},
+                      {"dur", micros(span.end - span.start)}});
+  }
+  const std::string text = nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
+  write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
+}
+
+}  // namespace fsdp
