@@ -39,13 +39,13 @@ SEED = 1234
 MAX_DATA_MB = 8
 
 # Loss agreement (see bench/README.md, "Loss agreement"). Both sides compute in fp32 from the same
-# weights on the same rows, so the first loss differs only by float reassociation (a few ulp of the
-# reductions: ~1e-7..1e-5 relative). Later losses may drift because AdamW normalises gradients, so
-# a parameter whose gradient is near zero can take a step of a different sign; over these short
-# runs that stays well below 1e-3. A real architectural difference (no weight tying, erf GELU,
-# untied/missing bias, wrong causal mask, wrong decay groups) moves the loss by more than that.
-TOL_FIRST_STEP = 1e-4
-TOL_ANY_STEP = 1e-3
+# weights on the same rows, so the curves differ only by float reassociation: measured ≤ 3e-7 over
+# 14 steps (step 0 bitwise equal), and ~1e-5 is the most one should expect early on. A peer with a
+# deliberate architectural or optimizer difference (erf GELU, LayerNorm eps 1e-6, weight decay on
+# every parameter, betas (0.9, 0.999)) departs by 4e-5..6e-4 within the small run's 14 steps, so
+# the tolerances sit 5-10x above the expected noise and below those departures.
+TOL_FIRST_STEP = 5e-5
+TOL_ANY_STEP = 1e-4
 
 GOALS = {"ratio_vs_peer": {"small": 0.80, "medium": 0.95}, "ratio_vs_floor": 1.10,
          "peak_vs_bound": 1.05}

@@ -1,7 +1,12 @@
 #pragma once
 // Collectives run on one communication thread per sharded model, in the order they are issued,
-// so compute on the caller's thread overlaps them (paper, section 3.4). One FIFO thread keeps the
-// order of collectives identical on every rank, which is what pairs their sends and receives.
+// so compute on the caller's thread overlaps them (paper, section 3.4).
+//
+// [Note: collective order]
+// Ring collectives pair sends and receives by their position in this FIFO, so every rank must
+// issue the same collectives in the same order. Any decision to issue one (prefetch, the rate
+// limiter) must depend only on state that is the same on every rank, never on timing: two
+// same-sized collectives issued in different orders would silently exchange each other's data.
 
 #include <condition_variable>
 #include <deque>

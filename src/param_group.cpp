@@ -30,7 +30,11 @@ class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
 }  // namespace
 
 ParamGroup::ParamGroup(std::string name, FlatParam flat, FsdpState& state, bool is_root)
-    : name_(std::move(name)), flat_(std::move(flat)), state_(state), is_root_(is_root) {}
+    : name_(std::move(name)),
+      label_(is_root ? "root" : name_),
+      flat_(std::move(flat)),
+      state_(state),
+      is_root_(is_root) {}
 
 void ParamGroup::install_grad_hooks() {
   std::weak_ptr<ParamGroup> self = weak_from_this();
@@ -48,7 +52,7 @@ bool ParamGroup::issue_unshard(bool optional) {
     holds_limiter_slot_ = true;
   }
   flat_.allocate_full();
-  const std::string span = "all_gather " + name_;
+  const std::string span = "all_gather " + label_;
   all_gather_ = state_.comm().submit([this, span] {
     TraceSpan trace(span, TraceLane::Communication);
     state_.collectives().all_gather(flat_.full(), flat_.shard());
@@ -101,7 +105,7 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
   }
   // The root's parameters are needed again at once by backward (its output is the loss).
   if (!is_root_ || !will_backward) reshard();
-  record_span("forward " + (is_root_ ? std::string("root") : name_), TraceLane::Compute, span_start_);
+  record_span("forward " + label_, TraceLane::Compute, span_start_);
 }
 
 void ParamGroup::pre_backward() {
@@ -126,8 +130,7 @@ void ParamGroup::on_grad_accumulated() {
 }
 
 void ParamGroup::post_backward() {
-  record_span("backward " + (is_root_ ? std::string("root") : name_), TraceLane::Compute,
-              span_start_);
+  record_span("backward " + label_, TraceLane::Compute, span_start_);
   if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost) {
     state_.prefetch_backward_after(*this);
   }
@@ -141,7 +144,7 @@ void ParamGroup::issue_reduce_scatter() {
   const bool release_slot = holds_limiter_slot_;
   holds_limiter_slot_ = false;
   if (release_slot) state_.limiter().reduction_issued();
-  const std::string span = "reduce_scatter " + name_;
+  const std::string span = "reduce_scatter " + label_;
   reduce_scatter_ = state_.comm().submit([this, span, release_slot] {
     TraceSpan trace(span, TraceLane::Communication);
     at::NoGradGuard no_grad;

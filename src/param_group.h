@@ -64,6 +64,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void issue_reduce_scatter();
 
   std::string name_;
+  std::string label_;  // name_, or "root": for traces
   FlatParam flat_;
   FsdpState& state_;
   bool is_root_;

@@ -5,6 +5,9 @@ namespace fsdp {
 bool RateLimiter::acquire(bool optional) {
   std::unique_lock<std::mutex> lock(mutex_);
   freed_.wait(lock, [&] { return !over_limit() || pending_reductions_ == 0; });
+  // [Note: collective order] Refusing is decided only once no reduction is pending, when held_
+  // counts units whose parameters the caller's thread unsharded: the same on every rank. Deciding
+  // on how far the communication thread has got would let ranks issue different collectives.
   if (optional && over_limit()) return false;
   ++held_;
   return true;

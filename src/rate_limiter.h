@@ -14,8 +14,8 @@ class RateLimiter {
   explicit RateLimiter(int limit) : limit_(limit) {}
 
   /// A unit is about to allocate unsharded memory. Waits while `limit` units hold some and one of
-  /// them will free it (a reduce-scatter is pending). A prefetch (`optional`) then gives up if
-  /// still at the limit and returns false; a unit that must run now always proceeds.
+  /// them will free it (its reduce-scatter is pending). Then a prefetch (`optional`) still at the
+  /// limit is refused (returns false); a unit that must run now always proceeds.
   bool acquire(bool optional);
   /// A unit freed all its unsharded memory.
   void release();

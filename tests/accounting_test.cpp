@@ -103,6 +103,40 @@ TEST(Accounting, ForwardHoldsNoUnshardedUnitBeyondTheBound) {
   gpt::lm_loss(logits, y).backward();
 }
 
+// The rate limiter bounds backward's unsharded memory: at most K units hold unsharded parameters
+// or gradients at once, whatever the prefetch policy. Wide layers on one input row make the
+// activations negligible, so the counting allocator sees the unsharded buffers themselves.
+TEST(Accounting, RateLimiterBoundsBackwardMemory) {
+  constexpr int64_t kWidth = 256, kBlocks = 6;
+  const int64_t unit_full = kWidth * (kWidth + 1) * 4;  // one Linear's parameters (or gradients)
+  const int64_t slack = 64 << 10;  // activations of one row, their gradients, bookkeeping
+  for (int limit : {1, 2, 3}) {
+    for (auto prefetch : {fsdp::BackwardPrefetch::BackwardPre, fsdp::BackwardPrefetch::BackwardPost}) {
+      torch::manual_seed(0);
+      torch::nn::Sequential net;
+      for (int i = 0; i < kBlocks; ++i) net->push_back(torch::nn::Linear(kWidth, kWidth));
+      fsdp::wrap_blocks<torch::nn::Linear>(net);
+      auto options = fsdp::FullyShardOptions().limit_all_gathers(limit).backward_prefetch(prefetch);
+      auto model = fsdp::fully_shard(net, *dist().world, options);
+      int64_t shard_bytes = 0;
+      for (const auto& unit : model.units()) shard_bytes += bytes_of(unit, unit.shard_numel);
+
+      auto loss = model(torch::ones({1, kWidth})).sum();
+      fsdp::reset_peak_memory();
+      const int64_t start = fsdp::memory_stats().current_bytes;
+      loss.backward();
+      const int64_t peak = fsdp::memory_stats().peak_bytes - start;
+      // K units' parameters and gradients, the gradient shards (kept) and the reduce-scatter's
+      // receive buffer.
+      const int64_t bound = limit * 2 * unit_full + shard_bytes + unit_full + slack;
+      std::printf("backward, limit %d, prefetch %s: peak %lld above its start, bound %lld (one "
+                  "unit's parameters: %lld)\n", limit, fsdp::to_string(prefetch), (long long)peak,
+                  (long long)bound, (long long)unit_full);
+      EXPECT_LE(peak, bound) << "limit " << limit << " prefetch " << fsdp::to_string(prefetch);
+    }
+  }
+}
+
 TEST(Accounting, BytesPerStepMatchTheRingFormulas) {
   const auto config = small_gpt();
   auto model = fsdp::fully_shard(gpt::make_gpt(config, 3), *dist().world);

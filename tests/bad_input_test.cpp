@@ -49,6 +49,38 @@ TEST(BadInput, ExtraParameterOnOneRankIsNamed) {
   }
 }
 
+struct TwoBranchesImpl : torch::nn::Module {
+  TwoBranchesImpl() {
+    a = register_module("a", torch::nn::Linear(8, 8));
+    b = register_module("b", torch::nn::Linear(8, 8));
+    a_unit = a;
+    b_unit = b;
+  }
+  torch::Tensor forward(const torch::Tensor& x, bool swap) {
+    return swap ? a_unit(b_unit(x)) : b_unit(a_unit(x));
+  }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  fsdp::Unit<torch::nn::Linear> a_unit, b_unit;
+};
+TORCH_MODULE(TwoBranches);
+
+TEST(BadInput, ExecutionOrderThatDiffersAcrossRanksIsNamed) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  torch::manual_seed(0);
+  auto model = fsdp::fully_shard(TwoBranches(), *dist().world,
+                                 fsdp::FullyShardOptions().check_execution_order(true));
+  const bool swap = dist().rank() == 1;  // rank-dependent control flow around units
+  try {
+    model(torch::ones({2, 8}), swap).sum().backward();
+    FAIL() << "a different execution order went unnoticed";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find("execution order differs"), std::string::npos) << message;
+    EXPECT_NE(message.find("'a'"), std::string::npos) << message;
+    EXPECT_NE(message.find("'b'"), std::string::npos) << message;
+  }
+}
+
 TEST(BadInput, BuffersAreTakenFromRankZero) {
   OddNet net = make_odd_net(1);
   const auto expected = net->shift_unit->shift.clone();

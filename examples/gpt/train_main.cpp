@@ -34,11 +34,28 @@ int main(int argc, char** argv) {
                  "rank 0 writes the full parameters here after training (--steps 0: the initial ones)");
   app.add_option("--dump-batches", o.dump_batches,
                  "rank 0 writes every global batch of the run here ({inputs, targets}, torch.load)");
+  app.add_option("--trace", o.trace,
+                 "Chrome trace (Perfetto) of one step per rank; {rank} becomes the rank");
+  std::string backward_prefetch = "pre";
+  int limit_all_gathers = o.fsdp.limit_all_gathers();
+  bool forward_prefetch = false, check_order = false;
+  app.add_option("--backward-prefetch", backward_prefetch, "pre | post | none")
+      ->check(CLI::IsMember({"pre", "post", "none"}));
+  app.add_flag("--forward-prefetch", forward_prefetch, "all-gather the next unit before forward");
+  app.add_option("--limit-all-gathers", limit_all_gathers,
+                 "rate limiter: units holding unsharded memory at once (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--check-order", check_order,
+               "debug: check in the first step that all ranks run units in the same order");
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");
   app.add_option("--world-size", o.reference_world_size,
                  "with --reference: the world size whose global batch to train on")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
+  o.fsdp.backward_prefetch(fsdp::parse_backward_prefetch(backward_prefetch))
+      .forward_prefetch(forward_prefetch)
+      .limit_all_gathers(limit_all_gathers)
+      .check_execution_order(check_order);
 
   try {
     std::shared_ptr<fsdp::Distributed> dist;

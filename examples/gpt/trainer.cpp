@@ -5,6 +5,7 @@
 #include <fsdp/comm_stats.h>
 #include <fsdp/memory.h>
 #include <fsdp/state_dict.h>
+#include <fsdp/trace.h>
 
 #include <nlohmann/json.hpp>
 
@@ -151,7 +152,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const double global_tokens = static_cast<double>(world * o.batch * o.model.max_seq);
 
   TrainResult result;
+  const int64_t traced_step = std::min<int64_t>(2, o.steps - 1);  // after warm-up if possible
   for (int64_t step = 0; step < o.steps; ++step) {
+    if (!o.trace.empty() && step == traced_step) fsdp::start_trace();
     fsdp::reset_peak_memory();
     const auto comm_before = fsdp::comm_stats();
     const auto start = Clock::now();
@@ -162,6 +165,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     auto loss = lm_loss(model(inputs), targets);
     loss.backward();
     optimizer->step();
+    if (!o.trace.empty() && step == traced_step) fsdp::write_trace(metrics_file(o.trace, rank), rank);
 
     auto global_loss = loss.detach().clone();
     if (dist) fsdp::all_reduce_sum(*dist->world, global_loss);

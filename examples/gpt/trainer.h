@@ -32,6 +32,7 @@ struct TrainOptions {
   std::string init_from;     // full parameters to start from (torch.save dict of name -> tensor)
   std::string save_full;     // rank 0 writes the full parameters here after training
   std::string dump_batches;  // rank 0 writes every global batch here before training
+  std::string trace;         // Chrome trace of one step (the third, or the last if fewer)
 };
 
 struct TrainResult {
