@@ -8,7 +8,7 @@ NPROC      ?= 2
 CCACHE     := $(shell command -v ccache 2>/dev/null)
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: setup build test demo clean
+.PHONY: setup build test demo bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,11 @@ demo: build
 	  --layers 4 --dim 128 --heads 4 --seq 128 --batch 8 \
 	  --steps 400 --lr 3e-3 --warmup-steps 20 --log-every 20 --sample 300 \
 	  --metrics $(BUILD)/demo-metrics-rank{rank}.jsonl
+
+# Side by side with PyTorch FSDP2 (same GPT, weights and batches) and the unsharded floor;
+# writes bench/results/latest.{json,md,png}. Run it on an otherwise idle machine.
+bench: build
+	$(PYTHON) bench/run_bench.py
 
 clean:
 	rm -rf $(BUILD)

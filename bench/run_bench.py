@@ -13,6 +13,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,24 @@ def log(msg):
     print(f"[bench] {msg}", flush=True)
 
 
+def snapshot_binaries(work):
+    """Copies gpt_train and fsdprun (statically linked to the library) into the work folder, so
+    that a rebuild while the benchmark runs cannot mix two versions of the code in one report."""
+    import hashlib
+    global GPT_TRAIN, FSDPRUN
+    bin_dir = os.path.join(work, "bin")
+    os.makedirs(bin_dir, exist_ok=True)
+    info = {}
+    for name, src in (("gpt_train", GPT_TRAIN), ("fsdprun", FSDPRUN)):
+        dst = os.path.join(bin_dir, name)
+        shutil.copy2(src, dst)
+        with open(dst, "rb") as f:
+            info[name] = {"sha256": hashlib.sha256(f.read()).hexdigest()[:16],
+                          "built": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(os.path.getmtime(src)))}
+    GPT_TRAIN, FSDPRUN = os.path.join(bin_dir, "gpt_train"), os.path.join(bin_dir, "fsdprun")
+    return info
+
+
 def ensure_matplotlib():
     try:
         import matplotlib  # noqa: F401
@@ -77,16 +96,23 @@ def run(cmd, log_path, timeout):
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         deadline = start + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
+        try:
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.perf_counter() > deadline:
+                    raise SystemExit(f"[bench] FAILED: timed out after {timeout}s: {' '.join(cmd)}\n"
+                                     f"  log: {log_path}")
+                time.sleep(0.05)
+        except BaseException:  # timeout, Ctrl-C, SIGTERM: stop the launcher (it stops its ranks)
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                os.wait4(proc.pid, 0)
-                raise SystemExit(f"[bench] FAILED: timed out after {timeout}s: {' '.join(cmd)}\n"
-                                 f"  log: {log_path}")
-            time.sleep(0.05)
+                proc.wait()
+            raise
         proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -309,7 +335,9 @@ def write_markdown(path, results, meta):
     L = ["# fsdp-cpp vs PyTorch FSDP2 (CPU, Gloo)", "",
          f"{meta['date']}, W = {meta['world_size']} local ranks, OMP_NUM_THREADS=1 per process, "
          f"{meta['cpus']} CPUs, torch {meta['torch']}. Step times: median [p25–p75] over the timed "
-         "steps of all rounds (slowest rank per step); warm-up steps excluded.", ""]
+         "steps of all rounds (slowest rank per step); warm-up steps excluded. gpt_train "
+         f"{meta['binaries']['gpt_train']['sha256']} built {meta['binaries']['gpt_train']['built']} "
+         f"(git HEAD {meta['git_head']}).", ""]
     names = list(results)
     rows = [
         ("model (layers × dim, heads, seq, batch/rank)",
@@ -429,6 +457,7 @@ def main():
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that run() stops its child
     out, work = os.path.abspath(args.out), os.path.abspath(args.work)
     os.chdir(ROOT)
     for exe in (GPT_TRAIN, FSDPRUN):
@@ -436,6 +465,12 @@ def main():
             raise SystemExit(f"[bench] {exe} is missing: run `make build` first")
     ensure_matplotlib()
     import torch
+    binaries = snapshot_binaries(work)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=ROOT).stdout.strip()
+    except OSError:
+        commit = ""
 
     configs = QUICK_CONFIGS if args.quick else CONFIGS
     if args.configs:
@@ -452,7 +487,8 @@ def main():
 
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "world_size": args.world_size,
             "cpus": os.cpu_count(), "torch": torch.__version__, "quick": args.quick, "data": data,
-            "max_data_mb": MAX_DATA_MB, "seconds": round(time.time() - began, 1)}
+            "max_data_mb": MAX_DATA_MB, "seconds": round(time.time() - began, 1),
+            "git_head": commit, "binaries": binaries}
     failures = []
     for n, s in results.items():
         if s["loss_first_rel_diff"] > TOL_FIRST_STEP or s["loss_max_rel_diff"] > TOL_ANY_STEP:

@@ -72,16 +72,31 @@ LaunchEnv LaunchEnv::from_environment() {
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend,
                            c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                           std::chrono::milliseconds timeout, std::string name)
+                           std::chrono::milliseconds timeout, std::string name,
+                           std::string hostname)
     : backend_(std::move(backend)),
       store_(std::move(store)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
-      name_(std::move(name)) {}
+      name_(std::move(name)),
+      hostname_(std::move(hostname)) {}
 
 std::string ProcessGroup::next_store_key(const std::string& what) {
   return what + "/" + std::to_string(store_sequence_++);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ranks,
+                                                    const std::string& name) {
+  auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  TORCH_CHECK(me != ranks.end(), "subgroup '", name, "': rank ", rank_, " is not a member");
+  std::string key = name_ + "/" + name;
+  for (int r : ranks) key += "." + std::to_string(r);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(key, store_);
+  const int rank = static_cast<int>(me - ranks.begin());
+  const int size = static_cast<int>(ranks.size());
+  auto backend = make_gloo_backend(store, rank, size, timeout_, hostname_);
+  return std::make_shared<ProcessGroup>(backend, store, rank, size, timeout_, key, hostname_);
 }
 
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
@@ -108,7 +123,7 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
   auto backend = make_gloo_backend(world_store, env.rank, env.world_size, timeout, env.master_addr);
   dist->world = std::make_shared<ProcessGroup>(backend, world_store, env.rank, env.world_size,
-                                               timeout, "world");
+                                               timeout, "world", env.master_addr);
   return dist;
 }
 

@@ -78,7 +78,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
     torch::NoGradGuard no_grad;
     for (auto& e : entries_) full_.narrow(0, e.offset, e.numel).copy_(e.param.reshape({-1}));
   }
-  shard_ = full_.narrow(0, shard_offset, shard_numel_).clone();
+  shard_ = sharded() ? full_.narrow(0, shard_offset, shard_numel_).clone() : full_;
   use_sharded_params();  // releases the parameters' original storage
   free_full();
   full_grad_ = at::empty({padded_numel()}, options);
@@ -92,10 +92,11 @@ at::Tensor& FlatParam::grad_shard() {
   return grad_shard_;
 }
 
-void FlatParam::allocate_full() { refill_storage(full_); }
-void FlatParam::free_full() { release_storage(full_); }
-bool FlatParam::full_allocated() const {
-  return full_.storage().nbytes() > 0 || padded_numel() == 0;
+void FlatParam::allocate_full() {
+  if (sharded()) refill_storage(full_);
+}
+void FlatParam::free_full() {
+  if (sharded()) release_storage(full_);
 }
 
 void FlatParam::allocate_full_grad() {
@@ -109,6 +110,7 @@ void FlatParam::use_full_params() {
 }
 
 void FlatParam::use_sharded_params() {
+  if (!sharded()) return use_full_params();
   for (auto& e : entries_) {
     point_data(e.param, shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin));
   }
@@ -125,7 +127,9 @@ void FlatParam::use_sharded_grads() {
   at::Tensor& grads = grad_shard();
   for (auto& e : entries_) {
     if (!e.param.requires_grad()) continue;
-    e.param.mutable_grad() = alias(grads, e.shard_begin, {e.shard_end - e.shard_begin});
+    e.param.mutable_grad() = sharded()
+                                 ? alias(grads, e.shard_begin, {e.shard_end - e.shard_begin})
+                                 : alias(grads, e.offset, e.shape);
   }
 }
 

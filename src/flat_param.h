@@ -41,6 +41,9 @@ class FlatParam {
   int64_t padded_numel() const { return shard_numel_ * world_size_; }
   int64_t shard_numel() const { return shard_numel_; }
   int64_t element_size() const;
+  /// False for a shard group of one rank (NO_SHARD): the shard is the whole flat buffer, the
+  /// parameters keep their shapes, and there is nothing to gather or free.
+  bool sharded() const { return world_size_ > 1; }
   std::vector<FlatEntry>& entries() { return entries_; }
   const std::vector<FlatEntry>& entries() const { return entries_; }
   bool requires_grad() const { return requires_grad_count_ > 0; }
@@ -57,7 +60,6 @@ class FlatParam {
   void free_full();
   void allocate_full_grad();  // zero-filled
   void free_full_grad();
-  bool full_allocated() const;
 
   /// Parameters become views of the unsharded buffer, in their original shapes.
   void use_full_params();

@@ -7,13 +7,45 @@
 
 namespace fsdp {
 
-FsdpState::FsdpState(ProcessGroup& group, FullyShardOptions options)
-    : collectives_(make_ring_collectives(group)),
-      group_(group),
+namespace {
+
+std::vector<int> shard_group_ranks(int rank, int f) {
+  std::vector<int> ranks;
+  for (int r = rank / f * f; r < rank / f * f + f; ++r) ranks.push_back(r);
+  return ranks;
+}
+
+std::vector<int> replicate_group_ranks(int rank, int f, int world) {
+  std::vector<int> ranks;
+  for (int r = rank % f; r < world; r += f) ranks.push_back(r);
+  return ranks;
+}
+
+// A non-owning handle for the world group, which the caller owns.
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& group) {
+  return std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+}
+
+}  // namespace
+
+FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options)
+    : world_(world),
       options_(std::move(options)),
       limiter_(options_.limit_all_gathers()),
-      order_key_(group.next_store_key("fsdp/order")),
-      comm_(std::make_unique<CommThread>()) {}
+      order_key_(world.next_store_key("fsdp/order")),
+      comm_(std::make_unique<CommThread>()) {
+  const int w = world.size(), f = options_.shard_group_size_for(w);
+  // Every rank creates its shard group, then its replicate group: the same sequence everywhere.
+  shard_group_ = f == w ? borrow(world)
+                        : world.subgroup(shard_group_ranks(world.rank(), f),
+                                         world.next_store_key("shard"));
+  if (f < w) {
+    replicate_group_ = world.subgroup(replicate_group_ranks(world.rank(), f, w),
+                                      world.next_store_key("replicate"));
+    replicate_collectives_ = make_ring_collectives(*replicate_group_);
+  }
+  shard_collectives_ = make_ring_collectives(*shard_group_);
+}
 
 FsdpState::~FsdpState() { comm_.reset(); }
 
@@ -32,20 +64,20 @@ void FsdpState::before_unit_forward(ParamGroup& group) {
 
 void FsdpState::check_execution_order(const ParamGroup& group, size_t index) {
   const std::string key = order_key_ + "/" + std::to_string(index) + "/";
-  group_.store().set(key + std::to_string(group_.rank()),
+  world_.store().set(key + std::to_string(world_.rank()),
                      std::vector<uint8_t>(group.name().begin(), group.name().end()));
-  for (int other = 0; other < group_.size(); ++other) {
-    if (other == group_.rank()) continue;
+  for (int other = 0; other < world_.size(); ++other) {
+    if (other == world_.rank()) continue;
     std::vector<uint8_t> bytes;
     try {
-      bytes = group_.store().get(key + std::to_string(other));
+      bytes = world_.store().get(key + std::to_string(other));
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "fsdp: rank ", other, " never ran a unit #", index, " in its forward (rank ",
-                  group_.rank(), " ran '", group.name(), "'): the ranks' execution orders differ");
+                  world_.rank(), " ran '", group.name(), "'): the ranks' execution orders differ");
     }
     const std::string theirs(bytes.begin(), bytes.end());
     TORCH_CHECK(theirs == group.name(), "fsdp: the forward execution order differs across ranks: ",
-                "unit #", index, " is '", group.name(), "' on rank ", group_.rank(), " but '", theirs,
+                "unit #", index, " is '", group.name(), "' on rank ", world_.rank(), " but '", theirs,
                 "' on rank ", other, ". Every rank must call the units in the same order (no "
                 "rank-dependent control flow around units).");
   }

@@ -1,7 +1,8 @@
 #pragma once
-// The state of one sharded model: its units (root first), the collectives and the communication
-// thread they share, the rate limiter, the forward order that drives prefetching, and the
-// end-of-backward callback that the root queues on the autograd engine.
+// The state of one sharded model: its units (root first), the process groups of its mesh (shard
+// group × replicate group), the collectives and the communication thread they share, the rate
+// limiter, the forward order that drives prefetching, and the end-of-backward callback that the
+// root queues on the autograd engine.
 
 #include "collectives.h"
 #include "comm_thread.h"
@@ -15,10 +16,16 @@ namespace fsdp {
 
 class FsdpState {
  public:
-  FsdpState(ProcessGroup& group, FullyShardOptions options);
+  /// Builds the mesh over `world`: shard groups of F consecutive ranks, replicated W/F times.
+  FsdpState(ProcessGroup& world, FullyShardOptions options);
   ~FsdpState();
 
-  Collectives& collectives() { return *collectives_; }
+  /// Collectives inside this rank's shard group (all-gather, reduce-scatter).
+  Collectives& collectives() { return *shard_collectives_; }
+  /// All-reduce across the replicas of this rank's shard; null when there is one replica.
+  Collectives* replicate_collectives() { return replicate_collectives_.get(); }
+  ProcessGroup& world() { return world_; }
+  ProcessGroup& shard_group() { return *shard_group_; }
   CommThread& comm() { return *comm_; }
   RateLimiter& limiter() { return limiter_; }
   const FullyShardOptions& options() const { return options_; }
@@ -40,8 +47,11 @@ class FsdpState {
   void finish_backward();
   void check_execution_order(const ParamGroup& group, size_t index);
 
-  std::unique_ptr<Collectives> collectives_;
-  ProcessGroup& group_;
+  ProcessGroup& world_;
+  std::shared_ptr<ProcessGroup> shard_group_;      // the world itself unless hybrid / no-shard
+  std::shared_ptr<ProcessGroup> replicate_group_;  // null with a single replica
+  std::unique_ptr<Collectives> shard_collectives_;
+  std::unique_ptr<Collectives> replicate_collectives_;
   FullyShardOptions options_;
   RateLimiter limiter_;
   std::vector<std::shared_ptr<ParamGroup>> groups_;  // groups_[0] is the root unit

@@ -84,11 +84,11 @@ ModelDescription describe(const std::vector<UnitPlan>& plans) {
   return description;
 }
 
-void sync_buffers(const std::shared_ptr<torch::nn::Module>& root, Collectives& collectives) {
+void sync_buffers(const std::shared_ptr<torch::nn::Module>& root, ProcessGroup& world) {
   torch::NoGradGuard no_grad;
   for (auto& buffer : root->buffers()) {
     at::Tensor contiguous = buffer.contiguous();
-    collectives.broadcast(contiguous, /*root=*/0);
+    broadcast(world, contiguous, /*root=*/0);
     if (!contiguous.is_same(buffer)) buffer.copy_(contiguous);
   }
 }
@@ -108,17 +108,19 @@ std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
 std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
                                        UnitSlot& root_slot, ProcessGroup& group,
                                        const FullyShardOptions& options) {
-  options.validate();
+  options.validate(group.size());
   TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
   std::vector<UnitPlan> plans = plan_units(root);
   if (options.verify_model()) check_same_model_on_all_ranks(group, describe(plans));
 
   auto state = std::make_shared<FsdpState>(group, options);
-  if (options.sync_buffers()) sync_buffers(root, state->collectives());
+  if (options.sync_buffers()) sync_buffers(root, group);
+  ProcessGroup& shard_group = state->shard_group();
   for (size_t i = 0; i < plans.size(); ++i) {
     const bool is_root = i == 0;
     auto param_group = std::make_shared<ParamGroup>(
-        plans[i].name, FlatParam(std::move(plans[i].params), group.rank(), group.size()), *state,
+        plans[i].name,
+        FlatParam(std::move(plans[i].params), shard_group.rank(), shard_group.size()), *state,
         is_root);
     param_group->install_grad_hooks();
     state->groups().push_back(param_group);

@@ -2,19 +2,45 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
+#include <utility>
+
 namespace fsdp {
 
+namespace {
+
+constexpr std::pair<ShardingStrategy, const char*> kStrategyNames[] = {
+    {ShardingStrategy::FullShard, "full"},
+    {ShardingStrategy::ShardGradOp, "grad_op"},
+    {ShardingStrategy::NoShard, "none"},
+    {ShardingStrategy::HybridShard, "hybrid"},
+    {ShardingStrategy::HybridShardGradOp, "hybrid_grad_op"},
+};
+
+}  // namespace
+
 ShardingStrategy parse_sharding_strategy(const std::string& name) {
-  if (name == "full") return ShardingStrategy::FullShard;
-  TORCH_CHECK(false, "unknown sharding strategy '", name, "': use 'full'");
+  for (const auto& [strategy, text] : kStrategyNames) {
+    if (name == text) return strategy;
+  }
+  TORCH_CHECK(false, "unknown sharding strategy '", name,
+              "': use 'full', 'grad_op', 'none', 'hybrid' or 'hybrid_grad_op'");
 }
 
 const char* to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::FullShard:
-      return "full";
+  for (const auto& [value, text] : kStrategyNames) {
+    if (value == strategy) return text;
   }
   return "?";
+}
+
+bool reshards_after_forward(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridShard;
+}
+
+bool is_hybrid(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::HybridShard ||
+         strategy == ShardingStrategy::HybridShardGradOp;
 }
 
 BackwardPrefetch parse_backward_prefetch(const std::string& name) {
@@ -36,9 +62,32 @@ const char* to_string(BackwardPrefetch prefetch) {
   return "?";
 }
 
-void FullyShardOptions::validate() const {
+int FullyShardOptions::shard_group_size_for(int world_size) const {
+  if (strategy() == ShardingStrategy::NoShard) return 1;
+  if (!is_hybrid(strategy())) return world_size;
+  if (shard_group_size() > 0) return shard_group_size();
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");
+  return local ? std::atoi(local) : world_size;
+}
+
+void FullyShardOptions::validate(int world_size) const {
   TORCH_CHECK(limit_all_gathers() >= 0, "FullyShardOptions::limit_all_gathers(",
               limit_all_gathers(), "): must be >= 0 (0 turns the rate limiter off; 2 is the default)");
+  TORCH_CHECK(shard_group_size() >= 0, "FullyShardOptions::shard_group_size(", shard_group_size(),
+              "): must be positive (or 0 for LOCAL_WORLD_SIZE)");
+  TORCH_CHECK(is_hybrid(strategy()) || shard_group_size() == 0 ||
+                  shard_group_size() == shard_group_size_for(world_size),
+              "FullyShardOptions::shard_group_size(", shard_group_size(), ") applies to the hybrid "
+              "strategies only; strategy '", to_string(strategy()), "' shards over ",
+              shard_group_size_for(world_size), " ranks. Use strategy 'hybrid' or drop the size.");
+  if (!is_hybrid(strategy())) return;
+  const int f = shard_group_size_for(world_size);
+  TORCH_CHECK(f >= 1 && world_size % f == 0, "shard group size ", f, " does not divide the world ",
+              "size ", world_size, ": hybrid sharding needs W = F x R; pick F among the divisors of ",
+              world_size, " (e.g. the ranks per host).");
+  TORCH_CHECK(world_size / f >= 2, "hybrid sharding with shard group size ", f, " on ", world_size,
+              " ranks leaves a single replica group: it needs at least 2 (W >= 2F). Use strategy "
+              "'full' (or 'grad_op') for one group, or a smaller shard group size.");
 }
 
 }  // namespace fsdp

@@ -47,6 +47,10 @@ void ParamGroup::install_grad_hooks() {
 
 bool ParamGroup::issue_unshard(bool optional) {
   if (sharded_state_ != ShardedState::Sharded) return true;
+  if (!flat_.sharded()) {  // a shard group of one: the shard is the whole unit
+    sharded_state_ = ShardedState::Unsharded;
+    return true;
+  }
   if (!is_root_) {
     if (!state_.limiter().acquire(optional)) return false;
     holds_limiter_slot_ = true;
@@ -103,8 +107,10 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
       });
     }
   }
-  // The root's parameters are needed again at once by backward (its output is the loss).
-  if (!is_root_ || !will_backward) reshard();
+  // The root's parameters are needed again at once by backward (its output is the loss);
+  // SHARD_GRAD_OP keeps every unit's until its backward.
+  const bool keep = will_backward && (is_root_ || !reshards_after_forward(state_.options().strategy()));
+  if (!keep) reshard();
   record_span("forward " + label_, TraceLane::Compute, span_start_);
 }
 
@@ -148,16 +154,16 @@ void ParamGroup::issue_reduce_scatter() {
   reduce_scatter_ = state_.comm().submit([this, span, release_slot] {
     TraceSpan trace(span, TraceLane::Communication);
     at::NoGradGuard no_grad;
-    Collectives& collectives = state_.collectives();
     at::Tensor& grad_shard = flat_.grad_shard();
-    const double scale = 1.0 / collectives.size();  // the mean over ranks
+    at::Tensor reduced = accumulate_into_shard_ ? at::empty_like(grad_shard) : grad_shard;
+    // Sum inside the shard group, then across the replicas of this shard (hybrid, no-shard).
+    state_.collectives().reduce_scatter_sum(reduced, flat_.full_grad());
+    if (Collectives* replicas = state_.replicate_collectives()) replicas->all_reduce_sum(reduced);
+    const double mean = 1.0 / state_.world().size();
     if (accumulate_into_shard_) {
-      at::Tensor reduced = at::empty_like(grad_shard);
-      collectives.reduce_scatter_sum(reduced, flat_.full_grad());
-      grad_shard.add_(reduced, scale);
+      grad_shard.add_(reduced, mean);
     } else {
-      collectives.reduce_scatter_sum(grad_shard, flat_.full_grad());
-      grad_shard.mul_(scale);
+      grad_shard.mul_(mean);
     }
     flat_.free_full_grad();
     if (release_slot) {

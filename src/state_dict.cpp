@@ -57,7 +57,7 @@ NamedTensors gather_full_params(FsdpState& state) {
 void save_full_params(FsdpState& state, const std::string& path) {
   NamedTensors params = gather_full_params(state);
   std::string error;
-  if (state.collectives().rank() == 0) {
+  if (state.world().rank() == 0) {
     try {
       save_tensor_dict(path, params);
     } catch (const std::exception& e) {
@@ -66,7 +66,7 @@ void save_full_params(FsdpState& state, const std::string& path) {
   }
   // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone.
   auto failed = at::full({1}, error.empty() ? 0.0f : 1.0f);
-  state.collectives().all_reduce_sum(failed);
+  all_reduce_sum(state.world(), failed);
   TORCH_CHECK(failed.item<float>() == 0.0f, "save_full_params: rank 0 could not write ", path,
               error.empty() ? "" : ": " + error);
 }

@@ -1,6 +1,7 @@
 // Parity: FSDP training over W real ranks computes what unsharded training on the same global
 // batch computes. Every rank also runs the reference in-process, so the comparison needs no file.
 #include "dist_env.h"
+#include "parity_check.h"
 #include "test_models.h"
 
 #include "trainer.h"
@@ -11,45 +12,6 @@
 
 namespace fsdp_test {
 namespace {
-
-// Tolerances for fp32. The sharded run sums W per-rank gradients (ring order) where the reference
-// reduces one batch of W·B rows inside one kernel, and matmuls over B rows block differently from
-// matmuls over W·B rows: each step differs by float reassociation, ~1e-7 relative (the losses).
-// AdamW divides each gradient element by its own RMS, so an element whose exact gradient is zero
-// but whose computed one is rounding noise (GPT's key bias: softmax ignores a per-row constant)
-// moves by noise/noise, up to ~lr per step, differently in each run. Such elements are rare;
-// every other parameter element must agree to 1e-6.
-constexpr double kLossRelTol = 2e-5;
-constexpr double kParamAbsTol = 1e-6;
-constexpr double kNoiseElementsMaxFraction = 0.005;
-
-std::map<std::string, torch::Tensor> as_map(
-    const std::vector<std::pair<std::string, torch::Tensor>>& params) {
-  return {params.begin(), params.end()};
-}
-
-// All parameters agree to kParamAbsTol except at most a small fraction, which stay within
-// `outlier_tol` (the optimizer's bound on how far noise can push them).
-void expect_same_params(const std::vector<std::pair<std::string, torch::Tensor>>& sharded,
-                        const std::map<std::string, torch::Tensor>& reference,
-                        double outlier_tol = kParamAbsTol) {
-  ASSERT_EQ(sharded.size(), reference.size());
-  double worst = 0;
-  int64_t outliers = 0, total = 0;
-  for (const auto& [name, tensor] : sharded) {
-    ASSERT_TRUE(reference.count(name)) << "unexpected parameter " << name;
-    const auto& expected = reference.at(name);
-    ASSERT_EQ(tensor.sizes(), expected.sizes()) << name;
-    const auto diff = (tensor - expected).abs();
-    worst = std::max(worst, diff.max().item<double>());
-    outliers += (diff > kParamAbsTol).sum().item<int64_t>();
-    total += tensor.numel();
-    EXPECT_LE(diff.max().item<double>(), outlier_tol) << name;
-  }
-  std::printf("max |param - reference| = %.3g; %lld of %lld elements differ by more than %.0e\n",
-              worst, (long long)outliers, (long long)total, kParamAbsTol);
-  EXPECT_LE(outliers, kNoiseElementsMaxFraction * total);
-}
 
 TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
   gpt::TrainOptions o;
@@ -66,15 +28,7 @@ TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
   o.reference_world_size = dist().world_size();
   auto reference = gpt::train(o, nullptr);
 
-  ASSERT_EQ(sharded.losses.size(), reference.losses.size());
-  double worst = 0;
-  for (size_t i = 0; i < sharded.losses.size(); ++i) {
-    const double rel = std::abs(sharded.losses[i] - reference.losses[i]) / reference.losses[i];
-    worst = std::max(worst, rel);
-    EXPECT_LE(rel, kLossRelTol) << "step " << i << ": " << sharded.losses[i] << " vs "
-                                << reference.losses[i];
-  }
-  std::printf("max relative loss difference = %.3g\n", worst);
+  expect_same_losses(sharded.losses, reference.losses);
   EXPECT_LT(sharded.losses.back(), sharded.losses.front());  // it learns
   // Noise-driven elements move at most lr per step (AdamW's update is bounded by ~lr).
   expect_same_params(sharded.final_params, as_map(reference.final_params), o.lr * o.steps);

@@ -87,6 +87,28 @@ TEST(Options, UnknownStrategyNamesTheValueAndTheChoices) {
   EXPECT_EQ(fsdp::parse_sharding_strategy("full"), fsdp::ShardingStrategy::FullShard);
 }
 
+TEST(Options, BadShardingOptionsNameTheValueAndTheFix) {
+  using S = fsdp::ShardingStrategy;
+  auto hybrid = [](int f) { return fsdp::FullyShardOptions().strategy(S::HybridShard).shard_group_size(f); };
+  std::string message = error_of([&] { hybrid(3).validate(4); });
+  EXPECT_NE(message.find("shard group size 3 does not divide the world size 4"), std::string::npos)
+      << message;
+  message = error_of([&] { hybrid(2).validate(2); });
+  EXPECT_NE(message.find("single replica group"), std::string::npos) << message;
+  EXPECT_NE(message.find("'full'"), std::string::npos) << message;
+  message = error_of([&] { fsdp::FullyShardOptions().shard_group_size(2).validate(4); });
+  EXPECT_NE(message.find("hybrid strategies only"), std::string::npos) << message;
+  message = error_of([&] { fsdp::FullyShardOptions().limit_all_gathers(-1).validate(4); });
+  EXPECT_NE(message.find("limit_all_gathers(-1)"), std::string::npos) << message;
+  EXPECT_EQ(error_of([&] { hybrid(2).validate(4); }), "");
+  EXPECT_EQ(hybrid(2).shard_group_size_for(4), 2);
+  EXPECT_EQ(fsdp::FullyShardOptions().strategy(S::NoShard).shard_group_size_for(4), 1);
+  EXPECT_EQ(fsdp::FullyShardOptions().strategy(S::ShardGradOp).shard_group_size_for(4), 4);
+  for (const char* name : {"full", "grad_op", "none", "hybrid", "hybrid_grad_op"}) {
+    EXPECT_STREQ(fsdp::to_string(fsdp::parse_sharding_strategy(name)), name);
+  }
+}
+
 TEST(FlatParam, ShardsPartitionEveryParameterForAnyWorldSize) {
   for (int world : {1, 2, 3, 5}) {
     std::vector<int64_t> covered(4, 0);

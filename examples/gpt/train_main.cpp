@@ -36,6 +36,12 @@ int main(int argc, char** argv) {
                  "rank 0 writes every global batch of the run here ({inputs, targets}, torch.load)");
   app.add_option("--trace", o.trace,
                  "Chrome trace (Perfetto) of one step per rank; {rank} becomes the rank");
+  std::string strategy = "full";
+  int shard_group_size = 0;
+  app.add_option("--strategy", strategy, "full | grad_op | none | hybrid | hybrid_grad_op")
+      ->check(CLI::IsMember({"full", "grad_op", "none", "hybrid", "hybrid_grad_op"}));
+  app.add_option("--shard-group-size", shard_group_size,
+                 "hybrid strategies: ranks per shard group (default: LOCAL_WORLD_SIZE)");
   std::string backward_prefetch = "pre";
   int limit_all_gathers = o.fsdp.limit_all_gathers();
   bool forward_prefetch = false, check_order = false;
@@ -52,7 +58,9 @@ int main(int argc, char** argv) {
                  "with --reference: the world size whose global batch to train on")
       ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
-  o.fsdp.backward_prefetch(fsdp::parse_backward_prefetch(backward_prefetch))
+  o.fsdp.strategy(fsdp::parse_sharding_strategy(strategy))
+      .shard_group_size(shard_group_size)
+      .backward_prefetch(fsdp::parse_backward_prefetch(backward_prefetch))
       .forward_prefetch(forward_prefetch)
       .limit_all_gathers(limit_all_gathers)
       .check_execution_order(check_order);

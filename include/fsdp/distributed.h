@@ -8,6 +8,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -38,7 +39,8 @@ struct InitOptions {
 class ProcessGroup {
  public:
   ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, c10::intrusive_ptr<c10d::Store> store,
-               int rank, int size, std::chrono::milliseconds timeout, std::string name);
+               int rank, int size, std::chrono::milliseconds timeout, std::string name,
+               std::string hostname);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -48,6 +50,9 @@ class ProcessGroup {
   c10d::Store& store() const { return *store_; }
   /// A fresh key prefix for one exchange through the store (same sequence on every rank).
   std::string next_store_key(const std::string& what);
+  /// A new group of `ranks` (ranks of this group, ascending; this rank among them). Only its
+  /// members call it, all with the same `ranks` and `name`.
+  std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& ranks, const std::string& name);
 
  private:
   c10::intrusive_ptr<c10d::Backend> backend_;
@@ -56,6 +61,7 @@ class ProcessGroup {
   int size_;
   std::chrono::milliseconds timeout_;
   std::string name_;
+  std::string hostname_;  // picks the network device of subgroups
   int64_t store_sequence_ = 0;
 };
 

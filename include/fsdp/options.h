@@ -10,8 +10,16 @@ namespace fsdp {
 
 /// How parameters, gradients and optimizer state are split across ranks (paper, section 3.2).
 enum class ShardingStrategy {
-  FullShard,  ///< ZeRO-3: shard everything; free unsharded parameters after forward and backward.
+  FullShard,          ///< ZeRO-3: shard over all W ranks; free unsharded parameters after forward
+  ShardGradOp,        ///< ZeRO-2: shard over all W ranks; keep them unsharded from forward to backward
+  NoShard,            ///< DDP: every rank holds everything; gradients all-reduced
+  HybridShard,        ///< FULL_SHARD inside groups of shard_group_size ranks, replicated across groups
+  HybridShardGradOp,  ///< SHARD_GRAD_OP inside the groups, replicated across groups
 };
+
+/// Whether a strategy keeps a unit's parameters unsharded between its forward and its backward.
+bool reshards_after_forward(ShardingStrategy strategy);
+bool is_hybrid(ShardingStrategy strategy);
 
 /// When backward issues the all-gather of the next unit (paper, section 3.3.2).
 enum class BackwardPrefetch {
@@ -20,7 +28,8 @@ enum class BackwardPrefetch {
   None,          ///< only when the next unit's backward starts: least memory, no overlap
 };
 
-/// Parses "full" into a strategy; throws naming the value and the accepted names.
+/// Parses "full", "grad_op", "none", "hybrid" or "hybrid_grad_op"; throws naming the value and
+/// the accepted names.
 ShardingStrategy parse_sharding_strategy(const std::string& name);
 const char* to_string(ShardingStrategy strategy);
 /// Parses "pre", "post" or "none".
@@ -34,6 +43,9 @@ const char* to_string(BackwardPrefetch prefetch);
 struct FullyShardOptions {
   /// The sharding strategy of every unit.
   TORCH_ARG(ShardingStrategy, strategy) = ShardingStrategy::FullShard;
+  /// Hybrid strategies: ranks per shard group F (consecutive ranks, e.g. one host); W/F replica
+  /// groups. 0 takes LOCAL_WORLD_SIZE (the ranks of one host).
+  TORCH_ARG(int, shard_group_size) = 0;
   /// Broadcast every buffer (running statistics, masks) from rank 0 when sharding, so ranks agree.
   TORCH_ARG(bool, sync_buffers) = true;
   /// Check that every rank built the same model (names, shapes, dtypes) before any collective.
@@ -52,8 +64,11 @@ struct FullyShardOptions {
 
 
  public:
-  /// Throws with a message naming the bad value and the fix.
-  void validate() const;
+  /// Throws with a message naming the bad value and the fix; `world_size` is the process
+  /// group's size (hybrid strategies need a shard group size that divides it).
+  void validate(int world_size) const;
+  /// Ranks per shard group F for `world_size` ranks (W for full and grad_op, 1 for none).
+  int shard_group_size_for(int world_size) const;
 };
 
 }  // namespace fsdp
