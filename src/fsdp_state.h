@@ -29,6 +29,8 @@ class FsdpState {
   CommThread& comm() { return *comm_; }
   RateLimiter& limiter() { return limiter_; }
   const FullyShardOptions& options() const { return options_; }
+  bool no_sync() const { return no_sync_; }
+  void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
   std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
   const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
 
@@ -58,6 +60,7 @@ class FsdpState {
   std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
   std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
   bool finish_queued_ = false;
+  bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
   std::unique_ptr<CommThread> comm_;  // last: joined first, before the buffers it uses go away

@@ -135,6 +135,8 @@ std::vector<UnitInfo> unit_infos(const FsdpState& state) {
   return infos;
 }
 
+void set_no_sync(FsdpState& state, bool no_sync) { state.set_no_sync(no_sync); }
+
 void pre_forward(ParamGroup& group) { group.pre_forward(); }
 
 void post_forward(ParamGroup& group, const std::vector<at::Tensor>& outputs) {

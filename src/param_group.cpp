@@ -123,8 +123,10 @@ void ParamGroup::pre_backward() {
     state_.prefetch_backward_after(*this);
   }
   wait_unshard();
-  accumulate_into_shard_ = flat_.has_sharded_grads();
-  flat_.allocate_full_grad();
+  if (!full_grad_kept_) {  // else no_sync kept the sum so far: keep adding to it
+    accumulate_into_shard_ = flat_.has_sharded_grads();
+    flat_.allocate_full_grad();
+  }
   flat_.use_full_grads();
   grads_pending_ = flat_.requires_grad_count();
   backward_state_ = BackwardState::Accumulating;
@@ -140,12 +142,19 @@ void ParamGroup::post_backward() {
   if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost) {
     state_.prefetch_backward_after(*this);
   }
+  if (state_.no_sync()) {  // keep the unsharded gradient for the next backward
+    full_grad_kept_ = true;
+    backward_state_ = BackwardState::Idle;
+    reshard();
+    return;
+  }
   backward_state_ = BackwardState::Reducing;
   reshard();  // the gradients are complete: autograd needs the parameters no more
   issue_reduce_scatter();
 }
 
 void ParamGroup::issue_reduce_scatter() {
+  full_grad_kept_ = false;
   // The slot passes to the reduce-scatter, which releases it once the gradient is freed.
   const bool release_slot = holds_limiter_slot_;
   holds_limiter_slot_ = false;

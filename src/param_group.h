@@ -74,6 +74,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   CommHandle reduce_scatter_;
   int grads_pending_ = 0;               // trainable parameters whose gradient has not arrived
   bool accumulate_into_shard_ = false;  // the optimizer kept the previous gradient: add to it
+  bool full_grad_kept_ = false;         // no_sync: the unsharded gradient survives to the next backward
   bool holds_limiter_slot_ = false;     // counted by the rate limiter (not the root)
   std::chrono::steady_clock::time_point span_start_;  // of the forward or backward being traced
 };

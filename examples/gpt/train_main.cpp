@@ -57,6 +57,17 @@ int main(int argc, char** argv) {
   app.add_option("--world-size", o.reference_world_size,
                  "with --reference: the world size whose global batch to train on")
       ->check(CLI::PositiveNumber);
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (gradient accumulation)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-sync", o.no_sync,
+               "accumulate micro-batches without communication (one reduction per step)");
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this value (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--save-every", o.save_every, "save a sharded checkpoint every N steps and at the end")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "folder of sharded checkpoints (step-N/ and latest)");
+  app.add_flag("--resume", o.resume,
+               "continue from the newest checkpoint in --checkpoint-dir (none: start at step 0)");
   CLI11_PARSE(app, argc, argv);
   o.fsdp.strategy(fsdp::parse_sharding_strategy(strategy))
       .shard_group_size(shard_group_size)

@@ -1,7 +1,9 @@
 #include "trainer.h"
 
+#include "checkpointing.h"
 #include "data.h"
 
+#include <fsdp/clip.h>
 #include <fsdp/comm_stats.h>
 #include <fsdp/memory.h>
 #include <fsdp/state_dict.h>
@@ -110,19 +112,52 @@ void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
 }
 
 // The global batches of the whole run, for a peer implementation to train on the same data:
-// {"inputs": [steps, global_rows, seq], "targets": [steps, global_rows, seq]} as int64.
+// {"inputs": [steps, global_rows, seq], "targets": [steps, global_rows, seq]} as int64, where
+// global_rows = grad_accum × world_size × batch (micro-batch m: rows [m·W·B, (m+1)·W·B)).
 void dump_batches(const TrainOptions& o, const ByteCorpus& corpus, int world) {
   std::vector<torch::Tensor> inputs, targets;
   for (int64_t step = 0; step < o.steps; ++step) {
-    auto [x, y] = corpus.batch(o.seed, step, 0, world * o.batch, o.model.max_seq);
+    auto [x, y] = corpus.batch(o.seed, step, 0, o.grad_accum * world * o.batch, o.model.max_seq);
     inputs.push_back(x);
     targets.push_back(y);
   }
   auto stacked = [&](const std::vector<torch::Tensor>& rows) {
-    return rows.empty() ? torch::empty({0, world * o.batch, o.model.max_seq}, torch::kLong)
+    return rows.empty() ? torch::empty({0, o.grad_accum * world * o.batch, o.model.max_seq}, torch::kLong)
                         : torch::stack(rows);
   };
   fsdp::save_tensor_dict(o.dump_batches, {{"inputs", stacked(inputs)}, {"targets", stacked(targets)}});
+}
+
+// One optimizer step over o.grad_accum micro-batches; returns this rank's mean loss. Micro-batch m
+// covers global rows [m·W·B, (m+1)·W·B): rank r trains on its B of them, the reference on all.
+torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt,
+                         torch::optim::Optimizer& optimizer, const ByteCorpus& corpus,
+                         int64_t step, int world, int rank, bool sharded) {
+  optimizer.zero_grad();
+  auto loss_sum = torch::zeros({});
+  for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
+    const int64_t first_row = micro * world * o.batch + (sharded ? rank * o.batch : 0);
+    const int64_t rows = sharded ? o.batch : world * o.batch;
+    auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
+    auto loss = lm_loss(model(inputs), targets) / static_cast<double>(o.grad_accum);
+    const bool last = micro + 1 == o.grad_accum;
+    if (sharded && o.no_sync && !last) {
+      fsdp::NoSyncGuard no_sync(model);  // keep unsharded gradients; reduce once, at the end
+      loss.backward();
+    } else {
+      loss.backward();
+    }
+    loss_sum += loss.detach();
+  }
+  if (o.clip > 0) {
+    if (sharded) {
+      fsdp::clip_grad_norm_(model, o.clip);
+    } else {
+      torch::nn::utils::clip_grad_norm_(gpt->parameters(), o.clip);
+    }
+  }
+  optimizer.step();
+  return loss_sum;
 }
 
 }  // namespace
@@ -146,25 +181,24 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     metrics.open(metrics_file(o.metrics_path, rank));
     TORCH_CHECK(metrics, "--metrics: cannot write ", metrics_file(o.metrics_path, rank));
   }
-  // The reference trains on the whole global batch; rank r on its rows of it.
-  const int64_t first_row = dist ? rank * o.batch : 0;
-  const int64_t rows = dist ? o.batch : world * o.batch;
-  const double global_tokens = static_cast<double>(world * o.batch * o.model.max_seq);
+  TORCH_CHECK(o.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.grad_accum);
+  TORCH_CHECK(dist || (o.save_every == 0 && !o.resume),
+              "checkpoints need the sharded run, not --reference");
+  const int64_t first_step =
+      o.resume ? resume_from_checkpoint(model, *optimizer, o.checkpoint_dir, o, rank) : 0;
+  const double global_tokens =
+      static_cast<double>(o.grad_accum * world * o.batch * o.model.max_seq);
 
   TrainResult result;
-  const int64_t traced_step = std::min<int64_t>(2, o.steps - 1);  // after warm-up if possible
-  for (int64_t step = 0; step < o.steps; ++step) {
+  const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
+  for (int64_t step = first_step; step < o.steps; ++step) {
     if (!o.trace.empty() && step == traced_step) fsdp::start_trace();
     fsdp::reset_peak_memory();
     const auto comm_before = fsdp::comm_stats();
     const auto start = Clock::now();
 
-    auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
     set_learning_rate(*optimizer, learning_rate(o, step));
-    optimizer->zero_grad();
-    auto loss = lm_loss(model(inputs), targets);
-    loss.backward();
-    optimizer->step();
+    auto loss = train_step(o, model, gpt, *optimizer, corpus, step, world, rank, dist != nullptr);
     if (!o.trace.empty() && step == traced_step) fsdp::write_trace(metrics_file(o.trace, rank), rank);
 
     auto global_loss = loss.detach().clone();
@@ -181,6 +215,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       print_progress(record, o.steps, dist);
     }
+    save_checkpoint_if_due(model, *optimizer, o.checkpoint_dir, o.save_every, step, o);
   }
 
   if (!o.save_full.empty()) {

@@ -33,6 +33,12 @@ struct TrainOptions {
   std::string save_full;     // rank 0 writes the full parameters here after training
   std::string dump_batches;  // rank 0 writes every global batch here before training
   std::string trace;         // Chrome trace of one step (the third, or the last if fewer)
+  int64_t grad_accum = 1;    // micro-batches per step (each world_size × batch rows)
+  bool no_sync = false;      // accumulate without communication (one reduction per step)
+  double clip = 0;           // clip the global gradient norm to this (0: off)
+  std::string checkpoint_dir;  // sharded checkpoints: DIR/step-NNNNNNNN, DIR/latest
+  int64_t save_every = 0;      // save every N steps and after the last (0: never)
+  bool resume = false;         // continue from the newest checkpoint in checkpoint_dir, if any
 };
 
 struct TrainResult {

@@ -74,6 +74,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
                                        UnitSlot& root_slot, ProcessGroup& group,
                                        const FullyShardOptions& options);
 std::vector<UnitInfo> unit_infos(const FsdpState& state);
+void set_no_sync(FsdpState& state, bool no_sync);
 
 // The tensors of a forward's output, to hook the pre-backward unshard onto them.
 inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
@@ -126,6 +127,33 @@ class Unit {
  private:
   M module_{nullptr};
   std::shared_ptr<detail::UnitSlot> slot_;
+};
+
+/// Gradient accumulation without communication: while it lives, backward keeps each unit's
+/// unsharded gradient and adds to it instead of reduce-scattering (more memory: every unit's
+/// unsharded gradient stays allocated). The first backward after it ends reduces the sum once.
+/// Do not step the optimizer inside it.
+///
+/// Example:
+///   {
+///     fsdp::NoSyncGuard no_sync(model);
+///     (model(x1).loss() / 2).backward();   // no communication
+///   }
+///   (model(x2).loss() / 2).backward();     // one reduce-scatter of the sum
+///   optimizer.step();
+class NoSyncGuard {
+ public:
+  template <class M>
+  explicit NoSyncGuard(Unit<M>& root) : state_(root.slot().state) {
+    TORCH_CHECK(state_, "NoSyncGuard: the model is not sharded (call fully_shard)");
+    detail::set_no_sync(*state_, true);
+  }
+  ~NoSyncGuard() { detail::set_no_sync(*state_, false); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  std::shared_ptr<FsdpState> state_;
 };
 
 /// Shards `model` over `group`: every `fsdp::Unit` inside it becomes one unit, and the parameters

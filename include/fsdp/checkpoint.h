@@ -1,0 +1,130 @@
+#pragma once
+/// Sharded checkpoints: every rank writes its own pieces of the parameters and of the AdamW state;
+/// rank 0 writes one metadata file that describes every piece as (parameter name, global shape,
+/// element range [begin, end) of the flattened parameter). The description names no rank and no
+/// flat buffer, so any layout reads any other: a checkpoint saved by W ranks loads on W' ranks, or
+/// under another sharding strategy, and gives the same parameters and optimizer state.
+///
+/// One checkpoint is a folder:
+///   shard-00000-of-00002.pt  shard 0's pieces: a torch.save dict of "param/NAME", "exp_avg/NAME",
+///   shard-00001-of-00002.pt    "exp_avg_sq/NAME" (and "max_exp_avg_sq/NAME" with amsgrad), 1-D
+///   metadata.json            written last, so a folder without it is incomplete: names, shapes,
+///                              dtypes, AdamW steps, each file's pieces, bytes and CRC-32, and the
+///                              caller's own JSON ("extra": the data position, the seed...)
+/// A checkpoint directory holds one folder per step and a pointer to the newest complete one,
+/// written (atomically) only after that folder is complete:
+///   latest                   "step-00000020"
+///   step-00000010/  step-00000020/
+/// Every file is written to a temporary name, fsynced and renamed, so a save killed at any moment
+/// leaves the previous checkpoint the one that `latest` names, intact.
+///
+/// Loading checks everything first (the metadata against the model, each needed file's size and
+/// CRC-32, each piece's name and shape) on every rank, and copies nothing unless every rank
+/// succeeded: otherwise every rank throws the same error, naming the rank, the file and the cause.
+///
+/// Save and load are collectives: every rank calls them, between steps (not during a forward or
+/// a backward). Optimizer hyperparameters (learning rate, betas...) are not saved: the program
+/// builds its optimizer as before.
+///
+/// Example:
+///   auto model = fsdp::fully_shard(Net(), *dist->world);
+///   torch::optim::AdamW optim(model->parameters(), torch::optim::AdamWOptions(1e-3));
+///   int64_t first_step = 0;
+///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) {
+///     first_step = fsdp::load_sharded(model, optim, path).at("step").get<int64_t>();
+///   }
+///   for (int64_t step = first_step; step < steps; ++step) {
+///     train_step(model, optim, step);
+///     if ((step + 1) % 100 == 0) {
+///       fsdp::save_checkpoint(model, optim, "ckpt", step + 1, {{"step", step + 1}});
+///     }
+///   }
+
+#include <fsdp/fully_shard.h>
+#include <fsdp/tensor_file.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp {
+
+namespace detail {
+void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& folder,
+                  const nlohmann::json& extra);
+nlohmann::json load_sharded(FsdpState& state, torch::optim::AdamW& optimizer,
+                            const std::string& folder);
+std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
+                            const std::string& dir, int64_t step, const nlohmann::json& extra,
+                            int keep_last);
+NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::AdamW& optimizer);
+
+template <class M>
+FsdpState& sharded_state(Unit<M>& root, const char* what) {
+  TORCH_CHECK(root.slot().state, what, ": the model is not sharded (call fully_shard first)");
+  return *root.slot().state;
+}
+}  // namespace detail
+
+/// Writes one checkpoint into `folder` (created if needed): this rank's shard file, then rank 0's
+/// metadata.json with `extra` (any JSON: the step, the seed...). A collective; every rank throws
+/// if any rank could not write.
+///
+/// Example:
+///   fsdp::save_sharded(model, optim, "ckpt/final", {{"step", 1000}});
+template <class M>
+void save_sharded(Unit<M>& root, torch::optim::AdamW& optimizer, const std::string& folder,
+                  const nlohmann::json& extra = nlohmann::json::object()) {
+  detail::save_sharded(detail::sharded_state(root, "save_sharded"), optimizer, folder, extra);
+}
+
+/// Loads the checkpoint in `folder` (saved by any number of ranks, any strategy) into the model
+/// and `optimizer` (the AdamW built over model->parameters()), and returns the `extra` JSON it
+/// was saved with. Validates on every rank before it copies anything: a missing, truncated or
+/// corrupt file, or a checkpoint of another model, throws on every rank and changes nothing.
+///
+/// Example:
+///   int64_t step = fsdp::load_sharded(model, optim, "ckpt/final").at("step");
+template <class M>
+nlohmann::json load_sharded(Unit<M>& root, torch::optim::AdamW& optimizer,
+                            const std::string& folder) {
+  return detail::load_sharded(detail::sharded_state(root, "load_sharded"), optimizer, folder);
+}
+
+/// Saves into `dir`/step-NNNNNNNN (save_sharded), then publishes it as `dir`/latest. With
+/// keep_last > 0, removes older step folders so that the newest `keep_last` remain. Returns the
+/// folder. Saving the step that `latest` already names again throws (it would overwrite the only
+/// complete checkpoint in place).
+///
+/// Example:
+///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"step", step}}, /*keep_last=*/2);
+template <class M>
+std::string save_checkpoint(Unit<M>& root, torch::optim::AdamW& optimizer, const std::string& dir,
+                            int64_t step, const nlohmann::json& extra = nlohmann::json::object(),
+                            int keep_last = 0) {
+  return detail::save_checkpoint(detail::sharded_state(root, "save_checkpoint"), optimizer, dir,
+                                 step, extra, keep_last);
+}
+
+/// The folder of the newest complete checkpoint in `dir` (the one `dir`/latest names), or ""
+/// when there is none yet (no `dir`, or no save was ever published). Not a collective.
+///
+/// Example:
+///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) fsdp::load_sharded(...);
+std::string latest_checkpoint(const std::string& dir);
+
+/// The AdamW state of every parameter, unsharded, on every rank (a collective): "exp_avg/NAME",
+/// "exp_avg_sq/NAME" (and "max_exp_avg_sq/NAME") in the parameter's shape, and "step/NAME" as a
+/// 0-d int64 tensor; parameters without state (never stepped) are left out.
+///
+/// Example:
+///   for (auto& [key, tensor] : fsdp::gather_full_optimizer_state(model, optim)) ...
+template <class M>
+NamedTensors gather_full_optimizer_state(Unit<M>& root, torch::optim::AdamW& optimizer) {
+  return detail::gather_full_optimizer_state(
+      detail::sharded_state(root, "gather_full_optimizer_state"), optimizer);
+}
+
+}  // namespace fsdp

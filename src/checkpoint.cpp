@@ -1,0 +1,556 @@
+// Sharded checkpoints (include/fsdp/checkpoint.h): each rank's pieces of the parameters and of the
+// AdamW state to and from its shard file; metadata.json written last by rank 0; the step folders
+// and the `latest` pointer of a checkpoint directory.
+//
+// [Note: checkpoint agreement]
+// Every phase that can fail on one rank (a full disk, a missing or corrupt file) is local work
+// followed by one exchange of error strings over the world group (throw_if_any_failed), so all
+// ranks throw the same error together instead of some waiting forever in the next collective.
+// Loading stages everything in fresh tensors first and copies into the model and the optimizer
+// only after the exchange said every rank succeeded: a bad checkpoint changes nothing.
+#include <fsdp/checkpoint.h>
+
+#include "checkpoint_format.h"
+#include "fsdp_state.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/serialize.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+namespace fsdp {
+namespace detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+using torch::optim::AdamW;
+using torch::optim::AdamWOptions;
+using torch::optim::AdamWParamState;
+
+constexpr const char* kLatestFile = "latest";
+constexpr const char* kMomentKinds[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+
+// ---- Agreement across ranks: see [Note: checkpoint agreement] ----
+
+std::string message_of(const std::exception& e) {
+  if (auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  return e.what();
+}
+
+// Every rank's string, in rank order: one all-reduce of the lengths, one of the bytes if any.
+std::vector<std::string> all_gather_strings(ProcessGroup& world, const std::string& mine) {
+  const int size = world.size(), rank = world.rank();
+  at::Tensor lengths = at::zeros({size}, at::kLong);
+  lengths.data_ptr<int64_t>()[rank] = static_cast<int64_t>(mine.size());
+  all_reduce_sum(world, lengths);
+  const int64_t longest = lengths.max().item<int64_t>();
+  std::vector<std::string> all(size);
+  if (longest == 0) return all;
+  at::Tensor bytes = at::zeros({size, longest}, at::kByte);
+  std::memcpy(bytes.data_ptr<uint8_t>() + rank * longest, mine.data(), mine.size());
+  all_reduce_sum(world, bytes);
+  for (int r = 0; r < size; ++r) {
+    const char* row = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>() + r * longest);
+    all[r].assign(row, static_cast<size_t>(lengths.data_ptr<int64_t>()[r]));
+  }
+  return all;
+}
+
+// Throws on every rank, naming the first rank that failed, when any rank's `error` is not empty.
+void throw_if_any_failed(ProcessGroup& world, const std::string& error, const std::string& what) {
+  const auto errors = all_gather_strings(world, error);
+  int failed = 0, first = -1;
+  for (int r = 0; r < static_cast<int>(errors.size()); ++r) {
+    if (errors[r].empty()) continue;
+    ++failed;
+    if (first < 0) first = r;
+  }
+  TORCH_CHECK(failed == 0, what, ": rank ", first, ": ", errors[first],
+              failed > 1 ? " (and " + std::to_string(failed - 1) + " more ranks failed)" : "");
+}
+
+// Runs `local` and returns its error message ("" on success): the local half of an agreement.
+template <class F>
+std::string try_local(F&& local) {
+  try {
+    local();
+  } catch (const std::exception& e) {
+    return message_of(e);
+  }
+  return "";
+}
+
+// ---- This rank's layout ----
+
+/// One parameter's part of this rank's shard.
+struct LocalPiece {
+  FlatEntry* entry = nullptr;
+  at::Tensor data;    // 1-D [end - begin], a view of the flat shard (the optimizer's master copy)
+  int64_t begin = 0;  // the same elements as [begin, end) of the flattened parameter
+  int64_t end = 0;
+};
+
+std::vector<LocalPiece> local_pieces(FsdpState& state) {
+  const int shard_rank = state.collectives().rank();
+  std::vector<LocalPiece> pieces;
+  for (auto& group : state.groups()) {
+    FlatParam& flat = group->flat();
+    TORCH_CHECK(!flat.sharded() || group->sharded_state() == ShardedState::Sharded,
+                "unit '", group->name(), "' is unsharded: save and load checkpoints between "
+                "steps, not between a forward and its backward");
+    for (auto& e : flat.entries()) {
+      const int64_t length = e.shard_end - e.shard_begin;
+      const int64_t begin = shard_rank * flat.shard_numel() + e.shard_begin - e.offset;
+      pieces.push_back(LocalPiece{&e, flat.shard().narrow(0, e.shard_begin, length),
+                                  length > 0 ? begin : 0, length > 0 ? begin + length : 0});
+    }
+  }
+  return pieces;
+}
+
+// ---- The optimizer's side ----
+
+AdamWParamState* adamw_state(AdamW& optimizer, const at::Tensor& param) {
+  auto it = optimizer.state().find(param.unsafeGetTensorImpl());
+  if (it == optimizer.state().end()) return nullptr;
+  auto* state = dynamic_cast<AdamWParamState*>(it->second.get());
+  TORCH_INTERNAL_ASSERT(state, "AdamW holds a state of another optimizer");
+  return state;
+}
+
+at::Tensor moment(const AdamWParamState& state, const std::string& kind) {
+  if (kind == "exp_avg") return state.exp_avg();
+  if (kind == "exp_avg_sq") return state.exp_avg_sq();
+  return state.max_exp_avg_sq();
+}
+
+// The options of the parameter group holding each parameter, by TensorImpl.
+std::unordered_map<const void*, const AdamWOptions*> options_by_param(AdamW& optimizer) {
+  std::unordered_map<const void*, const AdamWOptions*> options;
+  for (auto& group : optimizer.param_groups()) {
+    const auto* adamw = static_cast<const AdamWOptions*>(&group.options());
+    for (auto& p : group.params()) options[p.unsafeGetTensorImpl()] = adamw;
+  }
+  return options;
+}
+
+// The model's parameters as metadata: names, shapes, dtypes, and this rank's AdamW steps.
+std::vector<ParamMeta> describe_model(FsdpState& state, AdamW& optimizer) {
+  std::vector<ParamMeta> params;
+  for (auto& group : state.groups()) {
+    for (auto& e : group->flat().entries()) {
+      ParamMeta meta{e.name, e.shape, std::string(c10::toString(e.param.scalar_type())), {}, {}};
+      if (const auto* adam = adamw_state(optimizer, e.param)) {
+        meta.step = adam->step();
+        for (const char* kind : kMomentKinds) {
+          if (moment(*adam, kind).defined()) meta.moments.push_back(kind);
+        }
+      }
+      params.push_back(std::move(meta));
+    }
+  }
+  return params;
+}
+
+// ---- Saving ----
+
+// Tests kill a save half-way through: FSDP_TEST_SLOW_SAVE=MS sleeps once this rank's shard file is
+// written, before the metadata that would complete the folder.
+void test_hook_slow_save() {
+  if (const char* ms = std::getenv("FSDP_TEST_SLOW_SAVE")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(ms)));
+  }
+}
+
+// Writes this rank's shard file; returns its description for metadata.json.
+FileMeta write_shard_file(FsdpState& state, AdamW& optimizer, const std::string& folder) {
+  FileMeta file;
+  file.name = shard_file_name(state.collectives().rank(), state.collectives().size());
+  NamedTensors tensors;
+  for (const auto& piece : local_pieces(state)) {
+    if (piece.end == piece.begin) continue;
+    const std::string& name = piece.entry->name;
+    file.pieces.push_back(PieceMeta{name, piece.begin, piece.end});
+    tensors.emplace_back(tensor_key("param", name), piece.data);
+    if (const auto* adam = adamw_state(optimizer, piece.entry->param)) {
+      for (const char* kind : kMomentKinds) {
+        at::Tensor m = moment(*adam, kind);
+        if (m.defined()) tensors.emplace_back(tensor_key(kind, name), m.reshape({-1}));
+      }
+    }
+  }
+  const std::string path = folder + "/" + file.name;
+  save_tensor_dict(path, tensors);
+  // The checksum of the bytes as they are on disk (read back from the page cache).
+  const std::vector<char> bytes = read_file(path);
+  file.bytes = static_cast<int64_t>(bytes.size());
+  file.crc32 = crc32(bytes.data(), bytes.size());
+  return file;
+}
+
+CheckpointMeta build_metadata(FsdpState& state, AdamW& optimizer,
+                              const std::vector<std::string>& descriptions,
+                              const nlohmann::json& extra) {
+  CheckpointMeta meta;
+  meta.world_size = state.world().size();
+  meta.shard_group_size = state.collectives().size();
+  meta.strategy = to_string(state.options().strategy());
+  meta.params = describe_model(state, optimizer);
+  for (const auto& description : descriptions) {
+    if (!description.empty()) meta.files.push_back(parse_file_meta(nlohmann::json::parse(description)));
+  }
+  meta.extra = extra;
+  return meta;
+}
+
+// ---- Loading ----
+
+/// What one local piece becomes, staged in fresh tensors until every rank has validated.
+struct StagedPiece {
+  LocalPiece piece;
+  at::Tensor param;                           // 1-D [end - begin]
+  std::optional<int64_t> step;                // AdamW step; empty: the saved run had no state
+  std::map<std::string, at::Tensor> moments;  // kind -> 1-D [end - begin]
+};
+
+using FileTensors = std::map<std::string, at::Tensor>;
+
+// Reads one shard file and checks it against its description: size, CRC-32, then every piece's
+// tensors (present, 1-D, the right length and dtype).
+FileTensors read_shard_file(const std::string& folder, const FileMeta& file,
+                            const std::map<std::string, const ParamMeta*>& params) {
+  const std::string path = folder + "/" + file.name;
+  const std::vector<char> bytes = read_file(path);
+  TORCH_CHECK(static_cast<int64_t>(bytes.size()) == file.bytes, path, " is ", bytes.size(),
+              " bytes but ", kMetadataFile, " says ", file.bytes,
+              ": the file is truncated or was replaced");
+  const uint32_t crc = crc32(bytes.data(), bytes.size());
+  TORCH_CHECK(crc == file.crc32, path, " has CRC-32 ", crc, " but ", kMetadataFile, " says ",
+              file.crc32, ": the file is corrupt");
+  c10::IValue value;
+  try {
+    value = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, path, " is not a readable torch.save file: ", message_of(e));
+  }
+  TORCH_CHECK(value.isGenericDict(), path, " holds a ", value.tagKind(), ", not a dict");
+  FileTensors tensors;
+  for (const auto& item : value.toGenericDict()) {
+    TORCH_CHECK(item.key().isString() && item.value().isTensor(), path,
+                " holds an entry that is not name -> tensor");
+    tensors.emplace(item.key().toStringRef(), item.value().toTensor());
+  }
+  for (const auto& piece : file.pieces) {
+    const ParamMeta& param = *params.at(piece.param);
+    std::vector<std::string> kinds{"param"};
+    if (param.step) kinds.insert(kinds.end(), param.moments.begin(), param.moments.end());
+    for (const auto& kind : kinds) {
+      auto it = tensors.find(tensor_key(kind, piece.param));
+      TORCH_CHECK(it != tensors.end(), path, " has no tensor '", tensor_key(kind, piece.param),
+                  "' that ", kMetadataFile, " lists");
+      TORCH_CHECK(it->second.dim() == 1 && it->second.numel() == piece.end - piece.begin &&
+                      std::string(c10::toString(it->second.scalar_type())) == param.dtype,
+                  path, ": tensor '", it->first, "' is ", it->second.scalar_type(), " ",
+                  it->second.sizes(), " but ", kMetadataFile, " says ", param.dtype, " [",
+                  piece.end - piece.begin, "]");
+    }
+  }
+  return tensors;
+}
+
+/// Where each saved piece lives: by parameter, (file index, piece).
+using PieceIndex = std::map<std::string, std::vector<std::pair<size_t, const PieceMeta*>>>;
+
+PieceIndex index_pieces(const CheckpointMeta& meta) {
+  PieceIndex index;
+  for (size_t f = 0; f < meta.files.size(); ++f) {
+    for (const auto& piece : meta.files[f].pieces) index[piece.param].emplace_back(f, &piece);
+  }
+  return index;
+}
+
+// `out` (1-D [end - begin], elements [begin, end) of the flattened parameter) <- the saved
+// pieces that overlap it (check_matches_model proved they cover it exactly once).
+void assemble(const at::Tensor& out, int64_t begin, int64_t end, const std::string& kind,
+              const std::string& param, const PieceIndex& index,
+              std::map<size_t, FileTensors>& files) {
+  if (begin == end) return;
+  for (const auto& [f, piece] : index.at(param)) {
+    const int64_t lo = std::max(begin, piece->begin), hi = std::min(end, piece->end);
+    if (lo >= hi) continue;
+    const at::Tensor& saved = files.at(f).at(tensor_key(kind, param));
+    out.narrow(0, lo - begin, hi - lo).copy_(saved.narrow(0, lo - piece->begin, hi - lo));
+  }
+}
+
+// The AdamW tensors this rank's optimizer needs for `param` (amsgrad adds max_exp_avg_sq).
+std::vector<std::string> moments_needed(const AdamWOptions& options) {
+  std::vector<std::string> kinds{"exp_avg", "exp_avg_sq"};
+  if (options.amsgrad()) kinds.push_back("max_exp_avg_sq");
+  return kinds;
+}
+
+std::vector<StagedPiece> stage(FsdpState& state, AdamW& optimizer, const CheckpointMeta& meta,
+                               const std::string& folder) {
+  std::map<std::string, const ParamMeta*> params;
+  for (const auto& p : meta.params) params[p.name] = &p;
+  const PieceIndex index = index_pieces(meta);
+  const auto options = options_by_param(optimizer);
+  const std::vector<LocalPiece> pieces = local_pieces(state);
+
+  std::map<size_t, FileTensors> files;  // only those holding elements of this rank's pieces
+  for (const auto& piece : pieces) {
+    if (piece.begin == piece.end) continue;
+    for (const auto& [f, saved] : index.at(piece.entry->name)) {
+      if (saved->begin < piece.end && piece.begin < saved->end && !files.count(f)) {
+        files.emplace(f, read_shard_file(folder, meta.files[f], params));
+      }
+    }
+  }
+  std::vector<StagedPiece> staged;
+  for (const auto& piece : pieces) {
+    const std::string& name = piece.entry->name;
+    const ParamMeta& saved = *params.at(name);
+    StagedPiece s{piece, at::empty({piece.end - piece.begin}, piece.data.options()), saved.step, {}};
+    assemble(s.param, piece.begin, piece.end, "param", name, index, files);
+    if (saved.step) {
+      auto it = options.find(piece.entry->param.unsafeGetTensorImpl());
+      TORCH_CHECK(it != options.end(), folder, " holds AdamW state for '", name,
+                  "' but the optimizer does not hold that parameter: build it over "
+                  "model->parameters()");
+      for (const auto& kind : moments_needed(*it->second)) {
+        TORCH_CHECK(std::find(saved.moments.begin(), saved.moments.end(), kind) !=
+                        saved.moments.end(),
+                    folder, " has no '", kind, "' for '", name,
+                    "': it was saved by an AdamW without amsgrad");
+        s.moments[kind] = at::empty({piece.end - piece.begin}, piece.data.options());
+        assemble(s.moments[kind], piece.begin, piece.end, kind, name, index, files);
+      }
+    }
+    staged.push_back(std::move(s));
+  }
+  return staged;
+}
+
+// Copies the staged pieces into the shards and replaces the optimizer's state. Cannot fail.
+void apply(AdamW& optimizer, std::vector<StagedPiece>& staged) {
+  torch::NoGradGuard no_grad;
+  for (auto& s : staged) {
+    s.piece.data.copy_(s.param);
+    const at::Tensor& param = s.piece.entry->param;
+    void* key = param.unsafeGetTensorImpl();
+    if (!s.step) {
+      optimizer.state().erase(key);
+      continue;
+    }
+    auto adam = std::make_unique<AdamWParamState>();
+    adam->step(*s.step);
+    adam->exp_avg(s.moments.at("exp_avg").view(param.sizes()));
+    adam->exp_avg_sq(s.moments.at("exp_avg_sq").view(param.sizes()));
+    if (s.moments.count("max_exp_avg_sq")) {
+      adam->max_exp_avg_sq(s.moments.at("max_exp_avg_sq").view(param.sizes()));
+    }
+    optimizer.state()[key] = std::move(adam);
+  }
+}
+
+std::string step_folder_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(step));
+  return name;
+}
+
+// The step of a folder named step-NNNNNNNN, or -1.
+int64_t step_of(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+  }
+  return std::stoll(name.substr(5));
+}
+
+std::string read_latest_name(const std::string& dir) {
+  std::ifstream in(dir + "/" + kLatestFile);
+  std::string name;
+  if (in) std::getline(in, name);
+  return step_of(name) >= 0 ? name : "";
+}
+
+// Removes step folders older than the newest `keep_last` ones up to `published`. Best effort:
+// the checkpoint is already published, so a failure only warns.
+void prune(const std::string& dir, int keep_last, const std::string& published) {
+  if (keep_last <= 0) return;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& item : fs::directory_iterator(dir, ec)) {
+    const int64_t step = step_of(item.path().filename().string());
+    if (step >= 0 && step < step_of(published)) older.emplace_back(step, item.path());
+  }
+  std::sort(older.rbegin(), older.rend());
+  for (size_t i = static_cast<size_t>(keep_last - 1); i < older.size(); ++i) {
+    fs::remove_all(older[i].second, ec);
+    if (ec) std::cerr << "save_checkpoint: warning: cannot remove " << older[i].second << ": "
+                      << ec.message() << std::endl;
+  }
+}
+
+}  // namespace
+
+void save_sharded(FsdpState& state, AdamW& optimizer, const std::string& folder,
+                  const nlohmann::json& extra) {
+  ProcessGroup& world = state.world();
+  const std::string metadata = folder + "/" + kMetadataFile;
+  // An old metadata.json would make a half-rewritten folder look complete.
+  std::string error = try_local([&] {
+    if (world.rank() != 0) return;
+    fs::create_directories(folder);
+    fs::remove(metadata);
+  });
+  throw_if_any_failed(world, error, "save_sharded: cannot prepare " + folder);
+
+  // One shard file per shard of the first replica (the others hold the same values).
+  auto* replicas = state.replicate_collectives();
+  const bool writer = replicas == nullptr || replicas->rank() == 0;
+  std::string description;
+  error = try_local([&] {
+    if (writer) description = to_json(write_shard_file(state, optimizer, folder)).dump();
+    test_hook_slow_save();
+  });
+  throw_if_any_failed(world, error, "save_sharded: cannot write " + folder);
+
+  const auto descriptions = all_gather_strings(world, description);
+  error = try_local([&] {
+    if (world.rank() != 0) return;
+    const CheckpointMeta meta = build_metadata(state, optimizer, descriptions, extra);
+    check_matches_model(meta, describe_model(state, optimizer), metadata);  // a complete layout
+    const std::string text = to_json(meta).dump(1);
+    write_file_atomically(metadata, std::vector<char>(text.begin(), text.end()));
+  });
+  throw_if_any_failed(world, error, "save_sharded: cannot complete " + folder);
+}
+
+nlohmann::json load_sharded(FsdpState& state, AdamW& optimizer, const std::string& folder) {
+  ProcessGroup& world = state.world();
+  const std::string metadata = folder + "/" + kMetadataFile;
+  CheckpointMeta meta;
+  std::vector<StagedPiece> staged;
+  uint32_t metadata_crc = 0;
+  std::string error = try_local([&] {
+    TORCH_CHECK(fs::exists(metadata), metadata, " does not exist: ", folder,
+                " is not a complete checkpoint (a save interrupted before it finished?)");
+    const std::vector<char> text = read_file(metadata);
+    metadata_crc = crc32(text.data(), text.size());
+    meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
+    check_matches_model(meta, describe_model(state, optimizer), metadata);
+    staged = stage(state, optimizer, meta, folder);
+  });
+  throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
+
+  // Ranks that read different folders (no shared file system?) must not mix checkpoints.
+  at::Tensor crc = at::full({1}, static_cast<int64_t>(metadata_crc), at::kLong);
+  broadcast(world, crc, /*root=*/0);
+  error = crc.item<int64_t>() == static_cast<int64_t>(metadata_crc)
+              ? ""
+              : metadata + " differs from rank 0's: every rank must read the same checkpoint";
+  throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
+
+  apply(optimizer, staged);
+  return meta.extra;
+}
+
+std::string save_checkpoint(FsdpState& state, AdamW& optimizer, const std::string& dir,
+                            int64_t step, const nlohmann::json& extra, int keep_last) {
+  TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
+  ProcessGroup& world = state.world();
+  const std::string name = step_folder_name(step);
+  std::string error = try_local([&] {
+    if (world.rank() != 0) return;
+    TORCH_CHECK(read_latest_name(dir) != name, dir, "/", name, " is the published checkpoint; "
+                "saving step ", step, " again would overwrite it in place (save another step)");
+  });
+  throw_if_any_failed(world, error, "save_checkpoint");
+
+  const std::string folder = dir + "/" + name;
+  save_sharded(state, optimizer, folder, extra);
+  // Publishing: `latest` names the new folder only now that it is complete.
+  error = try_local([&] {
+    if (world.rank() != 0) return;
+    const std::string text = name + "\n";
+    write_file_atomically(dir + "/" + kLatestFile, std::vector<char>(text.begin(), text.end()));
+    prune(dir, keep_last, name);
+  });
+  throw_if_any_failed(world, error, "save_checkpoint: cannot publish " + folder);
+  return folder;
+}
+
+NamedTensors gather_full_optimizer_state(FsdpState& state, AdamW& optimizer) {
+  torch::NoGradGuard no_grad;
+  bool amsgrad = false;  // the same on every rank, so every rank runs the same collectives
+  for (auto& group : optimizer.param_groups()) {
+    amsgrad = amsgrad || static_cast<const AdamWOptions&>(group.options()).amsgrad();
+  }
+  NamedTensors out;
+  for (auto& group : state.groups()) {
+    FlatParam& flat = group->flat();
+    for (const char* kind : kMomentKinds) {
+      if (std::string(kind) == "max_exp_avg_sq" && !amsgrad) continue;
+      at::Tensor shard = at::zeros({flat.shard_numel()}, flat.shard().options());
+      for (auto& e : flat.entries()) {
+        const auto* adam = adamw_state(optimizer, e.param);
+        if (adam && moment(*adam, kind).defined() && e.shard_end > e.shard_begin) {
+          shard.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
+              .copy_(moment(*adam, kind).reshape({-1}));
+        }
+      }
+      at::Tensor full = at::empty({flat.padded_numel()}, shard.options());
+      state.collectives().all_gather(full, shard);
+      for (auto& e : flat.entries()) {
+        const auto* adam = adamw_state(optimizer, e.param);
+        if (!adam || !moment(*adam, kind).defined()) continue;
+        out.emplace_back(tensor_key(kind, e.name),
+                         full.narrow(0, e.offset, e.numel).view(e.shape).clone());
+      }
+    }
+    for (auto& e : flat.entries()) {
+      if (const auto* adam = adamw_state(optimizer, e.param)) {
+        out.emplace_back(tensor_key("step", e.name), at::scalar_tensor(adam->step(), at::kLong));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace detail
+
+std::string latest_checkpoint(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string published = detail::read_latest_name(dir);
+  if (!published.empty()) return dir + "/" + published;
+  // No pointer (deleted, or never published): the newest folder that has its metadata.
+  std::error_code ec;
+  int64_t newest = -1;
+  std::string found;
+  for (const auto& item : fs::directory_iterator(dir, ec)) {
+    const int64_t step = detail::step_of(item.path().filename().string());
+    if (step > newest && fs::exists(item.path() / kMetadataFile)) {
+      newest = step;
+      found = item.path().string();
+    }
+  }
+  return found;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,77 @@
+#pragma once
+// What a sharded checkpoint's metadata.json says, and the checks that need nothing but it: the
+// layout-independent description of every piece (parameter name, global shape, element range
+// [begin, end) of the flattened parameter) that lets any layout read any other. See
+// include/fsdp/checkpoint.h for the files of a checkpoint.
+
+#include <nlohmann/json.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+/// One parameter of the model, as saved.
+struct ParamMeta {
+  std::string name;                  // e.g. "h.0.attn.c_attn.weight"
+  std::vector<int64_t> shape;        // global (unsharded) shape
+  std::string dtype;                 // e.g. "float"
+  std::optional<int64_t> step;       // AdamW step; empty when the optimizer holds no state for it
+  std::vector<std::string> moments;  // saved per piece when `step` is set: "exp_avg", ...
+
+  int64_t numel() const;
+};
+
+/// Elements [begin, end) of the flattened parameter `param`, held by one file.
+struct PieceMeta {
+  std::string param;
+  int64_t begin = 0;
+  int64_t end = 0;
+};
+
+/// One shard file: its name inside the checkpoint folder, its exact size and CRC-32, its pieces.
+struct FileMeta {
+  std::string name;
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;
+  std::vector<PieceMeta> pieces;
+};
+
+struct CheckpointMeta {
+  int world_size = 0;        // of the run that saved it (informative: loading needs no match)
+  int shard_group_size = 0;  // likewise
+  std::string strategy;      // likewise
+  std::vector<ParamMeta> params;
+  std::vector<FileMeta> files;
+  nlohmann::json extra = nlohmann::json::object();  // the caller's own (step, seed...)
+};
+
+constexpr const char* kMetadataFile = "metadata.json";
+
+/// "shard-00001-of-00002.pt"
+std::string shard_file_name(int shard, int shards);
+/// The key of one tensor in a shard file: "param/NAME", "exp_avg/NAME", ...
+std::string tensor_key(const std::string& kind, const std::string& param);
+
+nlohmann::json to_json(const CheckpointMeta& meta);
+nlohmann::json to_json(const FileMeta& file);
+/// One entry of metadata.json's "files"; throws nlohmann::json::exception when malformed.
+FileMeta parse_file_meta(const nlohmann::json& j);
+/// Parses metadata.json's text; throws naming `source` and the missing or malformed field.
+CheckpointMeta parse_metadata(const std::string& text, const std::string& source);
+
+/// Throws naming `source` unless the checkpoint holds exactly the parameters of `model` (names,
+/// shapes, dtypes) and the pieces of every parameter cover each of its elements exactly once.
+void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta>& model,
+                         const std::string& source);
+
+/// CRC-32 (IEEE, as zlib.crc32 in Python) of `size` bytes, continuing from `crc`.
+uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
+
+/// The whole file; throws naming it when it is missing or unreadable.
+std::vector<char> read_file(const std::string& path);
+
+}  // namespace fsdp

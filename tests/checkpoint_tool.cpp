@@ -1,0 +1,119 @@
+// checkpoint_tool: a small GPT trained under fsdprun that resumes from and saves sharded
+// checkpoints, printing (rank 0) what tests/checkpoint_e2e.py and bench/checkpoint compare:
+//   loss STEP VALUE                       the global loss of every step it trains (%.17g)
+//   digest WHEN PARAMS OPTIMIZER          hashes of the full parameters and full AdamW state
+//   resumed_step N / load_seconds S / save_seconds S BYTES
+#include "data.h"
+#include "gpt.h"
+
+#include <fsdp/checkpoint.h>
+#include <fsdp/fsdp.h>
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <string_view>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A hash of every tensor's name and bytes, in name order: equal iff bitwise equal (whp).
+size_t digest(const fsdp::NamedTensors& tensors) {
+  std::map<std::string, torch::Tensor> sorted(tensors.begin(), tensors.end());
+  size_t hash = sorted.size();
+  for (const auto& [name, tensor] : sorted) {
+    const auto t = tensor.contiguous();
+    const std::string_view bytes(static_cast<const char*>(t.data_ptr()), t.nbytes());
+    hash = hash * 1000003u ^ std::hash<std::string>{}(name) ^ std::hash<std::string_view>{}(bytes);
+  }
+  return hash;
+}
+
+int64_t folder_bytes(const std::string& folder) {
+  int64_t total = 0;
+  for (const auto& item : std::filesystem::directory_iterator(folder)) {
+    if (item.is_regular_file()) total += static_cast<int64_t>(item.file_size());
+  }
+  return total;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Train a small sharded GPT, resuming from and saving sharded checkpoints."};
+  gpt::GPTConfig config;
+  config.layers = 2;
+  config.dim = 32;
+  config.heads = 2;
+  config.max_seq = 16;
+  std::string data, load_dir, save_dir;
+  int64_t batch = 2, steps = 0;
+  uint64_t init_seed = 1, data_seed = 7;
+  app.add_option("--data", data, "text file or folder")->required();
+  app.add_option("--layers", config.layers);
+  app.add_option("--dim", config.dim);
+  app.add_option("--heads", config.heads);
+  app.add_option("--seq", config.max_seq);
+  app.add_option("--batch", batch, "rows per rank");
+  app.add_option("--steps", steps, "steps to train (after the resumed step)");
+  app.add_option("--init-seed", init_seed, "initial weights (a loaded checkpoint replaces them)");
+  app.add_option("--data-seed", data_seed, "batches");
+  app.add_option("--load", load_dir, "resume from the latest checkpoint in this directory");
+  app.add_option("--save", save_dir, "save a checkpoint into this directory at the end");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    auto dist = fsdp::init_distributed();
+    const bool print = dist->rank() == 0;
+    const auto corpus = gpt::ByteCorpus::load(data, 1 << 20, config.max_seq + 2);
+    auto gpt_model = gpt::make_gpt(config, init_seed);
+    auto optim = gpt::make_optimizer(gpt_model, 3e-3, 0.1);
+    auto model = fsdp::fully_shard(gpt_model, *dist->world);
+    auto report = [&](const char* when) {
+      const auto params = digest(fsdp::gather_full_params(model));
+      const auto state = digest(fsdp::gather_full_optimizer_state(model, *optim));
+      if (print) std::printf("digest %s %zx %zx\n", when, params, state);
+    };
+
+    int64_t step = 0;
+    if (!load_dir.empty()) {
+      const std::string path = fsdp::latest_checkpoint(load_dir);
+      TORCH_CHECK(!path.empty(), "--load: no checkpoint in ", load_dir);
+      const auto start = Clock::now();
+      step = fsdp::load_sharded(model, *optim, path).at("step").get<int64_t>();
+      if (print) std::printf("resumed_step %lld\nload_seconds %.6f\n", (long long)step, seconds_since(start));
+      report("after_load");
+    }
+    for (const int64_t last = step + steps; step < last; ++step) {
+      auto [x, y] = corpus.batch(data_seed, step, dist->rank() * batch, batch, config.max_seq);
+      optim->zero_grad();
+      auto loss = gpt::lm_loss(model(x), y);
+      loss.backward();
+      optim->step();
+      auto global = loss.detach().clone();
+      fsdp::all_reduce_sum(*dist->world, global);
+      if (print) std::printf("loss %lld %.17g\n", (long long)step, global.item<double>() / dist->world_size());
+    }
+    if (!save_dir.empty()) {
+      report("at_save");
+      const auto start = Clock::now();
+      const std::string folder = fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}});
+      if (print) std::printf("save_seconds %.6f %lld\n", seconds_since(start), (long long)folder_bytes(folder));
+    }
+    std::fflush(stdout);
+  } catch (const c10::Error& e) {
+    std::cerr << "checkpoint_tool: error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  }
+  return 0;
+}
