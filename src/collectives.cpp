@@ -67,7 +67,7 @@ class RingCollectives final : public Collectives {
   void all_reduce_sum(const at::Tensor& t) override {
     if (size() == 1) return;
     std::vector<at::Tensor> tensors{t};
-    wait(group_.backend().allreduce(tensors), "all_reduce");
+    guarded("all_reduce", [&] { group_.backend().allreduce(tensors)->wait(group_.timeout()); });
     // Gloo runs a ring all-reduce: 2(W-1)/W of the bytes leave each rank.
     counters().all_reduce += 2 * (size() - 1) * nbytes(t) / size();
   }
@@ -77,7 +77,7 @@ class RingCollectives final : public Collectives {
     std::vector<at::Tensor> tensors{t};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    wait(group_.backend().broadcast(tensors, options), "broadcast");
+    guarded("broadcast", [&] { group_.backend().broadcast(tensors, options)->wait(group_.timeout()); });
     if (rank() == root) counters().broadcast += (size() - 1) * nbytes(t);
   }
 
@@ -96,21 +96,32 @@ class RingCollectives final : public Collectives {
     const int tag = next_tag();
     std::vector<at::Tensor> send_list{out};
     std::vector<at::Tensor> recv_list{in};
-    auto send = group_.backend().send(send_list, (r + 1) % w, tag);
-    auto recv = group_.backend().recv(recv_list, (r - 1 + w) % w, tag);
-    wait(recv, "ring receive");
-    wait(send, "ring send");
+    guarded("ring exchange", [&] {
+      auto send = group_.backend().send(send_list, (r + 1) % w, tag);
+      auto recv = group_.backend().recv(recv_list, (r - 1 + w) % w, tag);
+      recv->wait(group_.timeout());
+      send->wait(group_.timeout());
+    });
   }
 
-  void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  // Runs `fn`, turning whatever the backend throws (a timeout, a closed connection: Gloo throws
+  // its own exception types, even when posting an operation) into one error that says what now.
+  template <class Fn>
+  void guarded(const char* what, Fn&& fn) {
     try {
-      work->wait(group_.timeout());
+      fn();
+    } catch (const c10::Error& e) {
+      fail(what, e.what_without_backtrace());
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "fsdp: ", what, " on rank ", rank(), " of process group '",
-                  group_.name(), "' failed: ", e.what(),
-                  "\nA peer rank has probably died, stalled, or runs a different model or "
-                  "execution order; its own log names the cause.");
+      fail(what, e.what());
     }
+  }
+
+  [[noreturn]] void fail(const char* what, const std::string& cause) {
+    TORCH_CHECK(false, "fsdp: ", what, " on rank ", rank(), " of process group '", group_.name(),
+                "' failed: ", cause,
+                "\nA peer rank has probably died, stalled, or runs a different model or "
+                "execution order; its own log names the cause.");
   }
 
   // Every rank issues the same sequence of collectives, so equal counters pair sends with

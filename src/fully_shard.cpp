@@ -84,12 +84,13 @@ ModelDescription describe(const std::vector<UnitPlan>& plans) {
   return description;
 }
 
-void sync_buffers(const std::shared_ptr<torch::nn::Module>& root, ProcessGroup& world) {
+// Makes every rank's tensors equal to rank 0's.
+void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& world) {
   torch::NoGradGuard no_grad;
-  for (auto& buffer : root->buffers()) {
-    at::Tensor contiguous = buffer.contiguous();
+  for (const auto& tensor : tensors) {
+    at::Tensor contiguous = tensor.contiguous();
     broadcast(world, contiguous, /*root=*/0);
-    if (!contiguous.is_same(buffer)) buffer.copy_(contiguous);
+    if (!contiguous.is_same(tensor)) const_cast<at::Tensor&>(tensor).copy_(contiguous);
   }
 }
 
@@ -114,7 +115,8 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   if (options.verify_model()) check_same_model_on_all_ranks(group, describe(plans));
 
   auto state = std::make_shared<FsdpState>(group, options);
-  if (options.sync_buffers()) sync_buffers(root, group);
+  if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
+  if (options.sync_module_states()) broadcast_from_rank0(root->parameters(), group);
   ProcessGroup& shard_group = state->shard_group();
   for (size_t i = 0; i < plans.size(); ++i) {
     const bool is_root = i == 0;

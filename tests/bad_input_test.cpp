@@ -92,5 +92,15 @@ TEST(BadInput, BuffersAreTakenFromRankZero) {
   EXPECT_TRUE(torch::equal(net->shift_unit->shift, expected));
 }
 
+TEST(BadInput, SyncModuleStatesTakesRankZerosInitialisation) {
+  OddNet reference = make_odd_net(1);  // what rank 0 builds
+  OddNet net = make_odd_net(1 + dist().rank());  // every rank seeds differently
+  auto model = fsdp::fully_shard(net, *dist().world,
+                                 fsdp::FullyShardOptions().sync_module_states(true));
+  for (const auto& [name, tensor] : fsdp::gather_full_params(model)) {
+    EXPECT_TRUE(torch::equal(tensor, reference->named_parameters()[name])) << name;
+  }
+}
+
 }  // namespace
 }  // namespace fsdp_test

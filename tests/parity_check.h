@@ -1,6 +1,9 @@
 #pragma once
 // Comparing a sharded run with the unsharded reference: the tolerances and why.
 
+#include "dist_env.h"
+#include "trainer.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +14,22 @@
 #include <vector>
 
 namespace fsdp_test {
+
+/// A small GPT run on this project's sources (lr 3e-3, at most 1 MiB of text).
+inline gpt::TrainOptions tiny_gpt_run(int64_t layers, int64_t dim, int64_t heads, int64_t seq,
+                                      int64_t batch, int64_t steps) {
+  gpt::TrainOptions o;
+  o.model.layers = layers;
+  o.model.dim = dim;
+  o.model.heads = heads;
+  o.model.max_seq = seq;
+  o.batch = batch;
+  o.steps = steps;
+  o.lr = 3e-3;
+  o.data = corpus_dir();
+  o.max_data_bytes = 1 << 20;
+  return o;
+}
 
 // Tolerances for fp32. The sharded run sums W per-rank gradients (ring order) where the reference
 // reduces one batch of W·B rows inside one kernel, and matmuls over B rows block differently from

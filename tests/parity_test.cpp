@@ -14,16 +14,7 @@ namespace fsdp_test {
 namespace {
 
 TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
-  gpt::TrainOptions o;
-  o.model.layers = 3;
-  o.model.dim = 48;
-  o.model.heads = 4;
-  o.model.max_seq = 32;
-  o.batch = 3;
-  o.steps = 8;
-  o.lr = 3e-3;
-  o.data = corpus_dir();
-  o.max_data_bytes = 1 << 20;
+  auto o = tiny_gpt_run(/*layers=*/3, /*dim=*/48, /*heads=*/4, /*seq=*/32, /*batch=*/3, /*steps=*/8);
   auto sharded = gpt::train(o, &dist());
   o.reference_world_size = dist().world_size();
   auto reference = gpt::train(o, nullptr);
@@ -35,15 +26,7 @@ TEST(Parity, GptMatchesUnshardedReferenceStepByStep) {
 }
 
 TEST(Parity, PrefetchAndRateLimiterChangeNothingNumerically) {
-  gpt::TrainOptions o;
-  o.model.layers = 4;
-  o.model.dim = 32;
-  o.model.heads = 2;
-  o.model.max_seq = 16;
-  o.batch = 2;
-  o.steps = 3;
-  o.data = corpus_dir();
-  o.max_data_bytes = 1 << 20;
+  auto o = tiny_gpt_run(/*layers=*/4, /*dim=*/32, /*heads=*/2, /*seq=*/16, /*batch=*/2, /*steps=*/3);
   o.fsdp.backward_prefetch(fsdp::BackwardPrefetch::None).limit_all_gathers(0);
   const auto baseline = gpt::train(o, &dist());
   for (auto prefetch : {fsdp::BackwardPrefetch::BackwardPre, fsdp::BackwardPrefetch::BackwardPost}) {

@@ -32,17 +32,7 @@ std::vector<fsdp::FullyShardOptions> strategies_for(int world) {
 }
 
 gpt::TrainOptions tiny_run() {
-  gpt::TrainOptions o;
-  o.model.layers = 3;
-  o.model.dim = 32;
-  o.model.heads = 2;
-  o.model.max_seq = 16;
-  o.batch = 2;
-  o.steps = 4;
-  o.lr = 3e-3;
-  o.data = corpus_dir();
-  o.max_data_bytes = 1 << 20;
-  return o;
+  return tiny_gpt_run(/*layers=*/3, /*dim=*/32, /*heads=*/2, /*seq=*/16, /*batch=*/2, /*steps=*/4);
 }
 
 TEST(Strategy, EveryStrategyMatchesTheUnshardedReference) {

@@ -12,17 +12,7 @@ namespace fsdp_test {
 namespace {
 
 gpt::TrainOptions small_run() {
-  gpt::TrainOptions o;
-  o.model.layers = 2;
-  o.model.dim = 32;
-  o.model.heads = 2;
-  o.model.max_seq = 16;
-  o.batch = 2;
-  o.steps = 3;
-  o.lr = 3e-3;
-  o.data = corpus_dir();
-  o.max_data_bytes = 1 << 20;
-  return o;
+  return tiny_gpt_run(/*layers=*/2, /*dim=*/32, /*heads=*/2, /*seq=*/16, /*batch=*/2, /*steps=*/3);
 }
 
 // Two micro-batches of B rows per rank equal one step on the large batch of 2·W·B rows.

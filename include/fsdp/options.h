@@ -48,6 +48,9 @@ struct FullyShardOptions {
   TORCH_ARG(int, shard_group_size) = 0;
   /// Broadcast every buffer (running statistics, masks) from rank 0 when sharding, so ranks agree.
   TORCH_ARG(bool, sync_buffers) = true;
+  /// Broadcast every parameter from rank 0 before sharding: ranks may initialise differently
+  /// (other seeds, or only rank 0 loads weights) and still train one model.
+  TORCH_ARG(bool, sync_module_states) = false;
   /// Check that every rank built the same model (names, shapes, dtypes) before any collective.
   TORCH_ARG(bool, verify_model) = true;
   /// Backward prefetch policy; the order is the reverse of this iteration's forward order.
