@@ -86,13 +86,16 @@ def main(bin_dir, corpus):
         assert two["digest"]["after_load"] == three["digest"]["at_save"], "3 -> 2 changed the state"
         one = run(bin_dir, corpus, 1, "--load", a)  # 2 -> 1
         assert one["digest"]["after_load"] == saved_a, "2 -> 1 changed the state"
+        hybrid = run(bin_dir, corpus, 4, "--load", a, "--strategy", "hybrid",
+                     "--shard-group-size", "2")  # FULL_SHARD at 2 -> HYBRID_SHARD 2 x 2
+        assert hybrid["digest"]["after_load"] == saved_a, "full -> hybrid changed the state"
 
         kill_during_save(bin_dir, corpus, a)
         after_kill = run(bin_dir, corpus, 2, "--load", a)
         assert after_kill["resumed_step"] == ["10"] and after_kill["digest"]["after_load"] == saved_a
 
     print(f"checkpoint end to end: resume bitwise at W=2; 2->3 losses within {worst:.2g} "
-          "relative; 2->3, 3->2, 2->1 load the saved state bitwise; a killed save leaves the "
+          "relative; 2->3, 3->2, 2->1 and FULL_SHARD(2)->HYBRID(2x2) load the saved state bitwise; a killed save leaves the "
           "previous checkpoint loadable")
 
 

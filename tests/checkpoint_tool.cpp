@@ -70,6 +70,10 @@ int main(int argc, char** argv) {
   app.add_option("--data-seed", data_seed, "batches");
   app.add_option("--load", load_dir, "resume from the latest checkpoint in this directory");
   app.add_option("--save", save_dir, "save a checkpoint into this directory at the end");
+  std::string strategy = "full";
+  int shard_group_size = 0;
+  app.add_option("--strategy", strategy, "full | grad_op | none | hybrid | hybrid_grad_op");
+  app.add_option("--shard-group-size", shard_group_size, "hybrid: ranks per shard group");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -78,7 +82,10 @@ int main(int argc, char** argv) {
     const auto corpus = gpt::ByteCorpus::load(data, 1 << 20, config.max_seq + 2);
     auto gpt_model = gpt::make_gpt(config, init_seed);
     auto optim = gpt::make_optimizer(gpt_model, 3e-3, 0.1);
-    auto model = fsdp::fully_shard(gpt_model, *dist->world);
+    auto model = fsdp::fully_shard(gpt_model, *dist->world,
+                                   fsdp::FullyShardOptions()
+                                       .strategy(fsdp::parse_sharding_strategy(strategy))
+                                       .shard_group_size(shard_group_size));
     auto report = [&](const char* when) {
       const auto params = digest(fsdp::gather_full_params(model));
       const auto state = digest(fsdp::gather_full_optimizer_state(model, *optim));
