@@ -34,9 +34,4 @@ void RateLimiter::reduction_finished() {
   freed_.notify_all();
 }
 
-int RateLimiter::held() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return held_;
-}
-
 }  // namespace fsdp

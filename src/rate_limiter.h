@@ -23,13 +23,12 @@ class RateLimiter {
   void reduction_issued();
   void reduction_finished();
 
-  int held() const;
 
  private:
   bool over_limit() const { return limit_ > 0 && held_ >= limit_; }
 
   const int limit_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::condition_variable freed_;
   int held_ = 0;
   int pending_reductions_ = 0;

@@ -43,8 +43,6 @@ void start_trace() {
   recorder().on = true;
 }
 
-bool tracing() { return recorder().on; }
-
 void record_span(const std::string& name, TraceLane lane, Clock::time_point start) {
   if (!recorder().on) return;
   const auto end = Clock::now();

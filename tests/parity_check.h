@@ -36,11 +36,13 @@ inline gpt::TrainOptions tiny_gpt_run(int64_t layers, int64_t dim, int64_t heads
 // matmuls over W·B rows: each step differs by float reassociation, ~1e-7 relative (the losses).
 // AdamW divides each gradient element by its own RMS, so an element whose exact gradient is zero
 // but whose computed one is rounding noise (GPT's key bias: softmax ignores a per-row constant)
-// moves by noise/noise, up to ~lr per step, differently in each run. Such elements are rare;
-// every other parameter element must agree to 1e-6.
+// moves by noise/noise, up to ~lr per step, differently in each run. Such elements are few
+// (measured 0.02-0.6% of a GPT after 8 steps; which ones depends on the build's memory layout,
+// as blocked kernels round differently on differently aligned buffers); every other parameter
+// element must agree to 1e-6. A real error (a missed reduction, a wrong scale) moves nearly all.
 constexpr double kLossRelTol = 2e-5;
 constexpr double kParamAbsTol = 1e-6;
-constexpr double kNoiseElementsMaxFraction = 0.005;
+constexpr double kNoiseElementsMaxFraction = 0.02;
 
 inline std::map<std::string, torch::Tensor> as_map(
     const std::vector<std::pair<std::string, torch::Tensor>>& params) {

@@ -10,7 +10,5 @@ namespace fsdp {
 void start_trace();
 /// Stops recording and writes the spans recorded since start_trace() to `path`.
 void write_trace(const std::string& path, int rank);
-/// True while recording.
-bool tracing();
 
 }  // namespace fsdp
