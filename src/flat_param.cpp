@@ -39,7 +39,7 @@ void point_data(at::Tensor& param, const at::Tensor& data) {
 }  // namespace
 
 FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank,
-                     int world_size)
+                     int world_size, std::optional<c10::ScalarType> compute_dtype)
     : rank_(rank), world_size_(world_size) {
   TORCH_INTERNAL_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size);
   for (auto& [name, param] : params) {
@@ -56,14 +56,12 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
     entry.numel = param.numel();
     entry.offset = numel_;
     numel_ += entry.numel;
-    if (param.requires_grad()) {
-      ++requires_grad_count_;
-      // Created now, while the parameter has its full shape: autograd checks incoming
-      // gradients against the shape the accumulator was made with.
-      entry.grad_accumulator = torch::autograd::impl::grad_accumulator(param);
-    }
+    if (param.requires_grad()) ++requires_grad_count_;
     entries_.push_back(std::move(entry));
   }
+  // Created now, while the parameters have their full shapes: autograd checks incoming
+  // gradients against the shape an accumulator was made with.
+  refresh_grad_accumulators();
   shard_numel_ = (numel_ + world_size - 1) / world_size;
   const int64_t shard_offset = rank * shard_numel_;
   for (auto& e : entries_) {
@@ -73,19 +71,32 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
 
   auto options = params.empty() ? at::TensorOptions(at::kFloat)
                                  : params.front().second.options().requires_grad(false);
-  full_ = at::zeros({padded_numel()}, options);
+  compute_dtype_ = compute_dtype.value_or(c10::typeMetaToScalarType(options.dtype()));
+  // Only this rank's part is copied: building a unit never holds more than its parameters plus
+  // one shard (deferred initialisation relies on it).
+  shard_ = at::zeros({shard_numel_}, options);
   {
     torch::NoGradGuard no_grad;
-    for (auto& e : entries_) full_.narrow(0, e.offset, e.numel).copy_(e.param.reshape({-1}));
+    for (auto& e : entries_) {
+      if (e.shard_end == e.shard_begin) continue;
+      shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
+          .copy_(e.param.reshape({-1}).narrow(0, e.shard_begin + shard_offset - e.offset,
+                                              e.shard_end - e.shard_begin));
+    }
   }
-  shard_ = sharded() ? full_.narrow(0, shard_offset, shard_numel_).clone() : full_;
+  full_ = needs_unshard() ? at::empty({padded_numel()}, options.dtype(compute_dtype_)) : shard_;
   use_sharded_params();  // releases the parameters' original storage
   free_full();
-  full_grad_ = at::empty({padded_numel()}, options);
+  full_grad_ = at::empty({padded_numel()}, options.dtype(compute_dtype_));
   free_full_grad();
 }
 
 int64_t FlatParam::element_size() const { return static_cast<int64_t>(shard_.element_size()); }
+int64_t FlatParam::compute_element_size() const {
+  return static_cast<int64_t>(full_.element_size());
+}
+
+at::Tensor FlatParam::local_chunk() const { return full_.narrow(0, rank_ * shard_numel_, shard_numel_); }
 
 at::Tensor& FlatParam::grad_shard() {
   if (!grad_shard_.defined()) grad_shard_ = at::zeros_like(shard_);
@@ -93,10 +104,10 @@ at::Tensor& FlatParam::grad_shard() {
 }
 
 void FlatParam::allocate_full() {
-  if (sharded()) refill_storage(full_);
+  if (needs_unshard()) refill_storage(full_);
 }
 void FlatParam::free_full() {
-  if (sharded()) release_storage(full_);
+  if (needs_unshard()) release_storage(full_);
 }
 
 void FlatParam::allocate_full_grad() {
@@ -110,9 +121,10 @@ void FlatParam::use_full_params() {
 }
 
 void FlatParam::use_sharded_params() {
-  if (!sharded()) return use_full_params();
   for (auto& e : entries_) {
-    point_data(e.param, shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin));
+    // A shard group of one keeps the shapes (the shard is the whole unit).
+    point_data(e.param, sharded() ? shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
+                                  : shard_.narrow(0, e.offset, e.numel).view(e.shape));
   }
 }
 
@@ -139,6 +151,18 @@ bool FlatParam::has_sharded_grads() const {
     if (e.param.requires_grad() && !e.param.grad().defined()) return false;
   }
   return true;
+}
+
+std::vector<torch::autograd::Node*> FlatParam::refresh_grad_accumulators() {
+  std::vector<torch::autograd::Node*> fresh;
+  for (auto& e : entries_) {
+    if (!e.param.requires_grad()) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(e.param);
+    if (accumulator == e.grad_accumulator) continue;
+    e.grad_accumulator = std::move(accumulator);
+    fresh.push_back(e.grad_accumulator.get());
+  }
+  return fresh;
 }
 
 }  // namespace fsdp

@@ -9,10 +9,16 @@
 // backward (a Linear saves weight.t()) keep its storage alive. So the storage is freed *in place*
 // (its bytes released, the StorageImpl kept) and refilled by all-gather before backward, which
 // makes every saved view valid again. The same holds for the unsharded gradient buffer.
+//
+// Mixed precision: the shard (and the gradient shard) stay in the parameters' dtype; the
+// unsharded buffer and its gradient are in the compute dtype. A parameter's dtype then changes
+// with every unshard/reshard, and autograd drops a leaf's gradient accumulator when its dtype
+// changes: see refresh_grad_accumulators().
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,17 +39,25 @@ struct FlatEntry {
 
 class FlatParam {
  public:
-  /// Copies `params` (same dtype and device) into the flat layout and keeps this rank's shard.
-  /// The parameters' own storage is released once they point into the shard.
-  FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank, int world_size);
+  /// Copies this rank's part of `params` (same dtype and device) into its shard; the parameters'
+  /// own storage is released once they point into it. The unsharded buffer is in
+  /// `compute_dtype` (the parameters' dtype if unset).
+  FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank, int world_size,
+            std::optional<c10::ScalarType> compute_dtype = std::nullopt);
 
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_size_; }
   int64_t shard_numel() const { return shard_numel_; }
-  int64_t element_size() const;
-  /// False for a shard group of one rank (NO_SHARD): the shard is the whole flat buffer, the
-  /// parameters keep their shapes, and there is nothing to gather or free.
+  int64_t element_size() const;          // of the shard
+  int64_t compute_element_size() const;  // of the unsharded buffer (what the all-gather moves)
+  /// False for a shard group of one rank (NO_SHARD): the shard is the whole flat buffer and the
+  /// parameters keep their shapes.
   bool sharded() const { return world_size_ > 1; }
+  /// Whether forward needs a separate unsharded buffer: the shard is partial, or in another dtype.
+  bool needs_unshard() const { return sharded() || mixed_precision(); }
+  bool mixed_precision() const { return compute_dtype_ != shard_.scalar_type(); }
+  /// This rank's chunk of the unsharded buffer, where its shard goes before the all-gather.
+  at::Tensor local_chunk() const;
   std::vector<FlatEntry>& entries() { return entries_; }
   const std::vector<FlatEntry>& entries() const { return entries_; }
   bool requires_grad() const { return requires_grad_count_ > 0; }
@@ -72,6 +86,9 @@ class FlatParam {
   void use_sharded_grads();
   /// True when every trainable parameter still has a gradient (the optimizer did not clear it).
   bool has_sharded_grads() const;
+  /// Records each trainable parameter's current gradient accumulator (autograd makes a new one
+  /// after a dtype change) and returns those that are new, to be hooked.
+  std::vector<torch::autograd::Node*> refresh_grad_accumulators();
 
  private:
   std::vector<FlatEntry> entries_;
@@ -80,6 +97,7 @@ class FlatParam {
   int64_t numel_ = 0;
   int64_t shard_numel_ = 0;
   int requires_grad_count_ = 0;
+  c10::ScalarType compute_dtype_;
   at::Tensor shard_;       // 1-D [S], this rank's shard: the master copy the optimizer updates
   at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward

@@ -49,6 +49,18 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options)
 
 FsdpState::~FsdpState() { comm_.reset(); }
 
+c10::ScalarType FsdpState::reduce_dtype(c10::ScalarType grad_dtype) const {
+  return options_.mixed_precision().reduce_dtype().value_or(grad_dtype);
+}
+
+std::pair<double, double> FsdpState::gradient_divide_factors() const {
+  // PyTorch FSDP's choice: double p while it divides W and p < W / p (W = 4: 2 and 2).
+  const int w = world_.size();
+  int pre = 1;
+  while (w % pre == 0 && w / pre > pre) pre *= 2;
+  return {static_cast<double>(pre), static_cast<double>(w) / pre};
+}
+
 void FsdpState::before_unit_forward(ParamGroup& group) {
   if (group.is_root()) {
     if (!forward_order_.empty()) previous_forward_order_ = forward_order_;

@@ -94,6 +94,13 @@ void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& 
   }
 }
 
+void cast_floating_buffers(torch::nn::Module& root, c10::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  for (auto& buffer : root.buffers()) {
+    if (buffer.is_floating_point()) buffer.set_data(buffer.to(dtype));
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
@@ -117,12 +124,15 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   auto state = std::make_shared<FsdpState>(group, options);
   if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
   if (options.sync_module_states()) broadcast_from_rank0(root->parameters(), group);
+  if (auto dtype = options.mixed_precision().buffer_dtype()) cast_floating_buffers(*root, *dtype);
   ProcessGroup& shard_group = state->shard_group();
   for (size_t i = 0; i < plans.size(); ++i) {
     const bool is_root = i == 0;
     auto param_group = std::make_shared<ParamGroup>(
         plans[i].name,
-        FlatParam(std::move(plans[i].params), shard_group.rank(), shard_group.size()), *state,
+        FlatParam(std::move(plans[i].params), shard_group.rank(), shard_group.size(),
+                  options.mixed_precision().param_dtype()),
+        *state,
         is_root);
     param_group->install_grad_hooks();
     state->groups().push_back(param_group);
@@ -138,6 +148,16 @@ std::vector<UnitInfo> unit_infos(const FsdpState& state) {
 }
 
 void set_no_sync(FsdpState& state, bool no_sync) { state.set_no_sync(no_sync); }
+
+const std::string& unit_name(const ParamGroup& group) { return group.name(); }
+
+std::optional<c10::ScalarType> input_dtype(const ParamGroup& group) {
+  return group.state().options().mixed_precision().param_dtype();
+}
+
+bool checkpoints_activations(const ParamGroup& group) {
+  return group.state().options().activation_checkpointing() && !group.is_root();
+}
 
 void pre_forward(ParamGroup& group) { group.pre_forward(); }
 

@@ -1,5 +1,6 @@
 #include <fsdp/options.h>
 
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -70,7 +71,30 @@ int FullyShardOptions::shard_group_size_for(int world_size) const {
   return local ? std::atoi(local) : world_size;
 }
 
+c10::ScalarType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "float32" || name == "float") return at::kFloat;
+  if (name == "bf16" || name == "bfloat16") return at::kBFloat16;
+  if (name == "fp16" || name == "float16" || name == "half") return at::kHalf;
+  TORCH_CHECK(false, "unknown dtype '", name, "': use 'fp32', 'bf16' or 'fp16'");
+}
+
+void MixedPrecision::validate() const {
+  const std::pair<const char*, std::optional<c10::ScalarType>> dtypes[] = {
+      {"param_dtype", param_dtype()}, {"reduce_dtype", reduce_dtype()}, {"buffer_dtype", buffer_dtype()}};
+  for (const auto& [what, dtype] : dtypes) {
+    if (!dtype) continue;
+    // Gradients are summed by the collectives' own additions, in ATen: integer, boolean and
+    // complex dtypes cannot hold real gradients, and the float8 dtypes have no addition.
+    const bool reducible = *dtype == at::kFloat || *dtype == at::kDouble ||
+                           *dtype == at::kBFloat16 || *dtype == at::kHalf;
+    TORCH_CHECK(reducible, "MixedPrecision::", what, "(", c10::toString(*dtype),
+                "): gradients and parameters cannot be computed or reduced in this dtype; use "
+                "at::kBFloat16, at::kHalf, at::kFloat or at::kDouble");
+  }
+}
+
 void FullyShardOptions::validate(int world_size) const {
+  mixed_precision().validate();
   TORCH_CHECK(limit_all_gathers() >= 0, "FullyShardOptions::limit_all_gathers(",
               limit_all_gathers(), "): must be >= 0 (0 turns the rate limiter off; 2 is the default)");
   TORCH_CHECK(shard_group_size() >= 0, "FullyShardOptions::shard_group_size(", shard_group_size(),

@@ -37,17 +37,18 @@ ParamGroup::ParamGroup(std::string name, FlatParam flat, FsdpState& state, bool 
       is_root_(is_root) {}
 
 void ParamGroup::install_grad_hooks() {
-  std::weak_ptr<ParamGroup> self = weak_from_this();
   for (auto& entry : flat_.entries()) {
-    if (entry.grad_accumulator) {
-      entry.grad_accumulator->add_post_hook(std::make_unique<GradAccumulatedHook>(self));
-    }
+    if (entry.grad_accumulator) hook(*entry.grad_accumulator);
   }
+}
+
+void ParamGroup::hook(torch::autograd::Node& grad_accumulator) {
+  grad_accumulator.add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this()));
 }
 
 bool ParamGroup::issue_unshard(bool optional) {
   if (sharded_state_ != ShardedState::Sharded) return true;
-  if (!flat_.sharded()) {  // a shard group of one: the shard is the whole unit
+  if (!flat_.needs_unshard()) {  // a shard group of one in full precision: the shard is the unit
     sharded_state_ = ShardedState::Unsharded;
     return true;
   }
@@ -59,7 +60,10 @@ bool ParamGroup::issue_unshard(bool optional) {
   const std::string span = "all_gather " + label_;
   all_gather_ = state_.comm().submit([this, span] {
     TraceSpan trace(span, TraceLane::Communication);
-    state_.collectives().all_gather(flat_.full(), flat_.shard());
+    // Cast first (mixed precision): the all-gather then moves compute-dtype bytes.
+    at::Tensor local = flat_.local_chunk();
+    local.copy_(flat_.shard());
+    if (flat_.sharded()) state_.collectives().all_gather(flat_.full(), local);
   });
   sharded_state_ = ShardedState::Unsharding;
   return true;
@@ -70,6 +74,7 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::Unsharded) return;
   all_gather_.wait();
   flat_.use_full_params();
+  for (torch::autograd::Node* accumulator : flat_.refresh_grad_accumulators()) hook(*accumulator);
   sharded_state_ = ShardedState::Unsharded;
 }
 
@@ -163,23 +168,35 @@ void ParamGroup::issue_reduce_scatter() {
   reduce_scatter_ = state_.comm().submit([this, span, release_slot] {
     TraceSpan trace(span, TraceLane::Communication);
     at::NoGradGuard no_grad;
-    at::Tensor& grad_shard = flat_.grad_shard();
-    at::Tensor reduced = accumulate_into_shard_ ? at::empty_like(grad_shard) : grad_shard;
-    // Sum inside the shard group, then across the replicas of this shard (hybrid, no-shard).
-    state_.collectives().reduce_scatter_sum(reduced, flat_.full_grad());
-    if (Collectives* replicas = state_.replicate_collectives()) replicas->all_reduce_sum(reduced);
-    const double mean = 1.0 / state_.world().size();
-    if (accumulate_into_shard_) {
-      grad_shard.add_(reduced, mean);
-    } else {
-      grad_shard.mul_(mean);
-    }
+    reduce_gradient();
     flat_.free_full_grad();
     if (release_slot) {
       state_.limiter().release();
       state_.limiter().reduction_finished();
     }
   });
+}
+
+void ParamGroup::reduce_gradient() {
+  at::Tensor& grad_shard = flat_.grad_shard();
+  const c10::ScalarType dtype = state_.reduce_dtype(flat_.full_grad().scalar_type());
+  at::Tensor full_grad = flat_.full_grad().to(dtype);  // no copy when the dtypes agree
+  const bool into_shard = !accumulate_into_shard_ && grad_shard.scalar_type() == dtype;
+  at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
+  // The mean over W ranks as a division before the sum and one after, each about sqrt(W): a
+  // low-precision sum of W undivided gradients could overflow, a sum of fully divided ones
+  // underflow (paper, section 4.3).
+  const auto [pre, post] = state_.gradient_divide_factors();
+  if (pre != 1.0) full_grad.div_(pre);
+  // Sum inside the shard group, then across the replicas of this shard (hybrid, no-shard).
+  state_.collectives().reduce_scatter_sum(reduced, full_grad);
+  if (Collectives* replicas = state_.replicate_collectives()) replicas->all_reduce_sum(reduced);
+  if (post != 1.0) reduced.div_(post);
+  if (accumulate_into_shard_) {
+    grad_shard.add_(reduced);
+  } else if (!into_shard) {
+    grad_shard.copy_(reduced);
+  }
 }
 
 void ParamGroup::finish_backward() {
@@ -200,6 +217,7 @@ UnitInfo ParamGroup::info() const {
   info.padded_numel = flat_.padded_numel();
   info.shard_numel = flat_.shard_numel();
   info.element_size = flat_.element_size();
+  info.compute_element_size = flat_.compute_element_size();
   info.is_root = is_root_;
   return info;
 }

@@ -56,12 +56,16 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   ShardedState sharded_state() const { return sharded_state_; }
   bool is_root() const { return is_root_; }
   FlatParam& flat() { return flat_; }
+  const FsdpState& state() const { return state_; }
 
  private:
   void wait_unshard();
   void reshard();
   void post_backward();
   void issue_reduce_scatter();
+  /// On the communication thread: the unsharded gradient, reduced into this rank's gradient shard.
+  void reduce_gradient();
+  void hook(torch::autograd::Node& grad_accumulator);
 
   std::string name_;
   std::string label_;  // name_, or "root": for traces

@@ -95,7 +95,9 @@ GPT make_gpt(const GPTConfig& config, uint64_t seed) {
 }
 
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+  // In fp32 even when the model computes in bf16/fp16 (mixed precision): a low-precision
+  // log-softmax over the vocabulary would round the loss and its gradient needlessly.
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
                                               targets.reshape({-1}));
 }
 

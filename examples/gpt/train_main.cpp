@@ -53,6 +53,18 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--check-order", check_order,
                "debug: check in the first step that all ranks run units in the same order");
+  std::string param_dtype, reduce_dtype;
+  bool activation_checkpointing = false;
+  const auto dtypes = CLI::IsMember({"fp32", "bf16", "fp16"});
+  app.add_option("--param-dtype", param_dtype,
+                 "mixed precision: compute dtype of forward/backward and the all-gathers "
+                 "(fp32 masters stay sharded; fp16 adds a sharded gradient scaler)")
+      ->check(dtypes);
+  app.add_option("--reduce-dtype", reduce_dtype,
+                 "mixed precision: dtype of the gradient reductions (default: --param-dtype)")
+      ->check(dtypes);
+  app.add_flag("--activation-checkpointing", activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");
   app.add_option("--world-size", o.reference_world_size,
                  "with --reference: the world size whose global batch to train on")
@@ -74,7 +86,11 @@ int main(int argc, char** argv) {
       .backward_prefetch(fsdp::parse_backward_prefetch(backward_prefetch))
       .forward_prefetch(forward_prefetch)
       .limit_all_gathers(limit_all_gathers)
-      .check_execution_order(check_order);
+      .check_execution_order(check_order)
+      .activation_checkpointing(activation_checkpointing);
+  auto& precision = o.fsdp.mixed_precision();
+  if (!param_dtype.empty()) precision.param_dtype(fsdp::parse_dtype(param_dtype));
+  if (!reduce_dtype.empty()) precision.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
 
   try {
     std::shared_ptr<fsdp::Distributed> dist;

@@ -2,9 +2,11 @@
 
 #include "checkpointing.h"
 #include "data.h"
+#include "reference_precision.h"
 
 #include <fsdp/clip.h>
 #include <fsdp/comm_stats.h>
+#include <fsdp/grad_scaler.h>
 #include <fsdp/memory.h>
 #include <fsdp/state_dict.h>
 #include <fsdp/trace.h>
@@ -28,6 +30,15 @@ struct StepRecord {
   double loss = 0, step_ms = 0, tokens_per_s = 0;
   fsdp::MemoryStats memory;
   fsdp::CommStats comm;  // bytes of this step
+  double loss_scale = 0;  // fp16: the gradient scaler's scale after the step (0: no scaler)
+  bool skipped = false;   // fp16: the step was skipped because some rank's gradients overflowed
+};
+
+// What a step needs besides the model: the optimizer, and the mixed-precision helpers.
+struct StepContext {
+  torch::optim::Optimizer& optimizer;
+  fsdp::ShardedGradScaler* scaler;        // fp16 only
+  ReferencePrecision* reference_precision;  // the reference run with a mixed-precision policy
 };
 
 std::string metrics_file(std::string path, int rank) {
@@ -47,7 +58,9 @@ nlohmann::json to_json(const StepRecord& r) {
           {"mem_peak_bytes", r.memory.peak_bytes},
           {"bytes_all_gather", r.comm.all_gather_bytes},
           {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
-          {"bytes_all_reduce", r.comm.all_reduce_bytes}};
+          {"bytes_all_reduce", r.comm.all_reduce_bytes},
+          {"loss_scale", r.loss_scale},
+          {"skipped", r.skipped}};
 }
 
 fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
@@ -130,25 +143,29 @@ void dump_batches(const TrainOptions& o, const ByteCorpus& corpus, int world) {
 
 // One optimizer step over o.grad_accum micro-batches; returns this rank's mean loss. Micro-batch m
 // covers global rows [m·W·B, (m+1)·W·B): rank r trains on its B of them, the reference on all.
-torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt,
-                         torch::optim::Optimizer& optimizer, const ByteCorpus& corpus,
-                         int64_t step, int world, int rank, bool sharded) {
-  optimizer.zero_grad();
+torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt, StepContext& ctx,
+                         const ByteCorpus& corpus, int64_t step, int world, int rank, bool sharded,
+                         bool* skipped) {
+  ctx.optimizer.zero_grad();
   auto loss_sum = torch::zeros({});
   for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
     const int64_t first_row = micro * world * o.batch + (sharded ? rank * o.batch : 0);
     const int64_t rows = sharded ? o.batch : world * o.batch;
     auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
+    if (ctx.reference_precision) ctx.reference_precision->cast_parameters();
     auto loss = lm_loss(model(inputs), targets) / static_cast<double>(o.grad_accum);
+    auto scaled = ctx.scaler ? ctx.scaler->scale(loss) : loss;
     const bool last = micro + 1 == o.grad_accum;
     if (sharded && o.no_sync && !last) {
       fsdp::NoSyncGuard no_sync(model);  // keep unsharded gradients; reduce once, at the end
-      loss.backward();
+      scaled.backward();
     } else {
-      loss.backward();
+      scaled.backward();
     }
+    if (ctx.reference_precision) ctx.reference_precision->restore_masters();
     loss_sum += loss.detach();
   }
+  if (ctx.scaler) ctx.scaler->unscale_(ctx.optimizer);  // before clipping sees the gradients
   if (o.clip > 0) {
     if (sharded) {
       fsdp::clip_grad_norm_(model, o.clip);
@@ -156,7 +173,13 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
       torch::nn::utils::clip_grad_norm_(gpt->parameters(), o.clip);
     }
   }
-  optimizer.step();
+  *skipped = false;
+  if (ctx.scaler) {
+    *skipped = !ctx.scaler->step(ctx.optimizer);
+    ctx.scaler->update();
+  } else {
+    ctx.optimizer.step();
+  }
   return loss_sum;
 }
 
@@ -189,6 +212,19 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const double global_tokens =
       static_cast<double>(o.grad_accum * world * o.batch * o.model.max_seq);
 
+  // fp16 needs loss scaling; the reference keeps its own (one process: nobody to agree with).
+  std::unique_ptr<fsdp::ShardedGradScaler> scaler;
+  if (o.fsdp.mixed_precision().param_dtype() == torch::kHalf) {
+    scaler = dist ? std::make_unique<fsdp::ShardedGradScaler>(*dist->world)
+                  : std::make_unique<fsdp::ShardedGradScaler>();
+  }
+  std::unique_ptr<ReferencePrecision> reference_precision;
+  const auto& policy = o.fsdp.mixed_precision();
+  if (!dist && (policy.param_dtype() || policy.reduce_dtype())) {
+    reference_precision = std::make_unique<ReferencePrecision>(*gpt, policy);
+  }
+  StepContext ctx{*optimizer, scaler.get(), reference_precision.get()};
+
   TrainResult result;
   const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
   for (int64_t step = first_step; step < o.steps; ++step) {
@@ -198,7 +234,8 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     const auto start = Clock::now();
 
     set_learning_rate(*optimizer, learning_rate(o, step));
-    auto loss = train_step(o, model, gpt, *optimizer, corpus, step, world, rank, dist != nullptr);
+    bool skipped = false;
+    auto loss = train_step(o, model, gpt, ctx, corpus, step, world, rank, dist != nullptr, &skipped);
     if (!o.trace.empty() && step == traced_step) fsdp::write_trace(metrics_file(o.trace, rank), rank);
 
     auto global_loss = loss.detach().clone();
@@ -210,6 +247,8 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     record.tokens_per_s = global_tokens / (record.step_ms / 1000.0);
     record.memory = fsdp::memory_stats();
     record.comm = minus(fsdp::comm_stats(), comm_before);
+    record.loss_scale = scaler ? scaler->get_scale() : 0;
+    record.skipped = skipped;
     result.losses.push_back(record.loss);
     if (metrics.is_open()) metrics << to_json(record).dump() << "\n" << std::flush;
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {

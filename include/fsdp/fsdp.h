@@ -7,6 +7,7 @@
 #include <fsdp/comm_stats.h>
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/grad_scaler.h>
 #include <fsdp/memory.h>
 #include <fsdp/options.h>
 #include <fsdp/state_dict.h>

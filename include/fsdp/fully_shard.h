@@ -35,9 +35,13 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace fsdp {
@@ -52,7 +56,8 @@ struct UnitInfo {
   int64_t numel = 0;         ///< elements of those parameters
   int64_t padded_numel = 0;  ///< numel rounded up to a multiple of the shard group size
   int64_t shard_numel = 0;   ///< elements this rank keeps
-  int64_t element_size = 0;  ///< bytes per element
+  int64_t element_size = 0;  ///< bytes per element of the shard (the parameters' dtype)
+  int64_t compute_element_size = 0;  ///< bytes per element unsharded (mixed precision's param_dtype)
   bool is_root = false;
 };
 
@@ -75,6 +80,24 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
                                        const FullyShardOptions& options);
 std::vector<UnitInfo> unit_infos(const FsdpState& state);
 void set_no_sync(FsdpState& state, bool no_sync);
+const std::string& unit_name(const ParamGroup& group);
+
+/// Mixed precision: the dtype a unit's floating-point inputs are cast to (none: unchanged).
+std::optional<c10::ScalarType> input_dtype(const ParamGroup& group);
+inline at::Tensor cast_input(std::optional<c10::ScalarType> dtype, const at::Tensor& t) {
+  return dtype && t.defined() && t.is_floating_point() ? t.to(*dtype) : t;
+}
+template <class T, class = std::enable_if_t<!std::is_convertible_v<T, const at::Tensor&>>>
+T&& cast_input(std::optional<c10::ScalarType>, T&& arg) {
+  return std::forward<T>(arg);
+}
+
+/// Whether the unit's forward is recomputed in backward (activation checkpointing).
+bool checkpoints_activations(const ParamGroup& group);
+/// Runs `forward(inputs)` keeping only `inputs` for backward, which runs it again with gradients
+/// (and the same random numbers) and backpropagates through the recomputed graph.
+at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> forward,
+                            std::vector<at::Tensor> inputs);
 
 // The tensors of a forward's output, to hook the pre-backward unshard onto them.
 inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
@@ -100,14 +123,11 @@ class Unit {
       : module_(std::move(module)), slot_(detail::register_unit(module_.ptr().get())) {}
 
   template <class... Args>
-  decltype(auto) operator()(Args&&... args) {
+  auto operator()(Args&&... args) {
     if (!slot_ || !slot_->group) return module_->forward(std::forward<Args>(args)...);
-    detail::pre_forward(*slot_->group);
-    auto output = module_->forward(std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
-    detail::post_forward(*slot_->group, tensors);
-    return output;
+    ParamGroup& group = *slot_->group;
+    const auto dtype = detail::input_dtype(group);
+    return sharded_call(group, detail::cast_input(dtype, std::forward<Args>(args))...);
   }
 
   M& module() { return module_; }
@@ -125,6 +145,45 @@ class Unit {
   detail::UnitSlot& slot() { return *slot_; }
 
  private:
+  // Unshard, forward, reshard; the pre-backward hook goes on the outputs.
+  template <class... Args>
+  auto sharded_call(ParamGroup& group, Args&&... args) {
+    detail::pre_forward(group);
+    auto output = forward_maybe_checkpointed(group, std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(output, tensors);
+    detail::post_forward(group, tensors);
+    return output;
+  }
+
+  template <class... Args>
+  auto forward_maybe_checkpointed(ParamGroup& group, Args&&... args) {
+    using Output = std::decay_t<decltype(module_->forward(std::forward<Args>(args)...))>;
+    constexpr bool checkpointable = std::is_same_v<Output, at::Tensor> &&
+                                    (std::is_convertible_v<Args, const at::Tensor&> && ...);
+    if constexpr (checkpointable) {
+      if (detail::checkpoints_activations(group)) {
+        M module = module_;
+        return detail::run_checkpointed(
+            [module](const std::vector<at::Tensor>& inputs) {
+              return forward_unpacked(module, inputs, std::index_sequence_for<Args...>{});
+            },
+            {at::Tensor(args)...});
+      }
+    } else {
+      TORCH_CHECK(!detail::checkpoints_activations(group), "activation_checkpointing: the forward "
+                  "of unit '", detail::unit_name(group), "' must take only tensors and return one "
+                  "tensor to be recomputed; turn the option off or change the unit's forward");
+    }
+    return module_->forward(std::forward<Args>(args)...);
+  }
+
+  template <size_t... I>
+  static at::Tensor forward_unpacked(const M& module, const std::vector<at::Tensor>& inputs,
+                                     std::index_sequence<I...>) {
+    return module.ptr()->forward(inputs[I]...);
+  }
+
   M module_{nullptr};
   std::shared_ptr<detail::UnitSlot> slot_;
 };

@@ -1,9 +1,11 @@
 #pragma once
 /// Options of fully_shard(): how a model is sharded and scheduled.
 
+#include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace fsdp {
@@ -36,6 +38,31 @@ const char* to_string(ShardingStrategy strategy);
 BackwardPrefetch parse_backward_prefetch(const std::string& name);
 const char* to_string(BackwardPrefetch prefetch);
 
+/// Mixed precision (paper, section 4.3): the sharded parameters, their gradients and the optimizer
+/// state stay in the model's dtype (fp32 master copies); only the unsharded copies used by forward
+/// and backward, and the gradient reductions, run in lower precision.
+///
+/// Example:
+///   auto mp = fsdp::MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+struct MixedPrecision {
+  /// Dtype of the unsharded parameters: each shard is cast before its all-gather (fewer bytes on
+  /// the wire), forward and backward compute in it, and floating-point inputs of a unit are cast
+  /// to it. Unset: the parameters' own dtype.
+  TORCH_ARG(std::optional<c10::ScalarType>, param_dtype) = std::nullopt;
+  /// Dtype in which gradients are reduced (reduce-scatter, all-reduce). Unset: param_dtype.
+  TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
+  /// Dtype the module's floating-point buffers are cast to when it is sharded. Unset: unchanged.
+  TORCH_ARG(std::optional<c10::ScalarType>, buffer_dtype) = std::nullopt;
+
+ public:
+  /// Throws naming the bad dtype: only floating-point dtypes can hold parameters and be reduced.
+  void validate() const;
+};
+
+/// Parses "fp32", "bf16", "fp16" (also "float32", "bfloat16", "float16", "half"); throws naming the
+/// value and the accepted names.
+c10::ScalarType parse_dtype(const std::string& name);
+
 /// Everything fully_shard() takes besides the model and the process group.
 ///
 /// Example:
@@ -64,7 +91,12 @@ struct FullyShardOptions {
   /// Debug: in the first iteration, check that every rank runs the units in the same order
   /// (a store round trip per unit) and fail naming the units instead of hanging.
   TORCH_ARG(bool, check_execution_order) = false;
-
+  /// Mixed precision policy; the default computes and reduces in the parameters' dtype.
+  TORCH_ARG(MixedPrecision, mixed_precision) = {};
+  /// Activation checkpointing of every unit but the root: forward keeps only each unit's inputs
+  /// and backward recomputes its forward (one more forward's compute, far less activation memory).
+  /// Every argument of the unit's forward must be a tensor, and it must return one tensor.
+  TORCH_ARG(bool, activation_checkpointing) = false;
 
  public:
   /// Throws with a message naming the bad value and the fix; `world_size` is the process

@@ -1,0 +1,65 @@
+#include <fsdp/grad_scaler.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace fsdp {
+
+ShardedGradScaler::ShardedGradScaler(ProcessGroup& group, GradScalerOptions options)
+    : ShardedGradScaler(options) {
+  group_ = &group;
+}
+
+ShardedGradScaler::ShardedGradScaler(GradScalerOptions options)
+    : group_(nullptr), options_(options), scale_(options.init_scale()) {
+  TORCH_CHECK(options.init_scale() > 0 && options.growth_factor() > 1 &&
+                  options.backoff_factor() > 0 && options.backoff_factor() < 1 &&
+                  options.growth_interval() >= 1,
+              "GradScalerOptions: need init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 "
+              "and growth_interval >= 1; got ", options.init_scale(), ", ", options.growth_factor(),
+              ", ", options.backoff_factor(), ", ", options.growth_interval());
+}
+
+at::Tensor ShardedGradScaler::scale(const at::Tensor& loss) const { return loss * scale_; }
+
+void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  TORCH_CHECK(!unscaled_, "ShardedGradScaler::unscale_ was already called this step; call "
+              "update() after step() to start the next one");
+  torch::NoGradGuard no_grad;
+  bool local_inf = false;
+  for (auto& param_group : optimizer.param_groups()) {
+    for (auto& param : param_group.params()) {
+      at::Tensor grad = param.grad();
+      if (!grad.defined()) continue;
+      grad.mul_(1.0 / scale_);
+      local_inf = local_inf || !grad.isfinite().all().item<bool>();
+    }
+  }
+  // Every rank sees only its shard: agree, or some ranks would step and others not.
+  auto overflowed = at::full({1}, local_inf ? 1.0f : 0.0f);
+  if (group_) all_reduce_sum(*group_, overflowed);
+  found_inf_ = overflowed.item<float>() > 0;
+  unscaled_ = true;
+}
+
+bool ShardedGradScaler::step(torch::optim::Optimizer& optimizer) {
+  if (!unscaled_) unscale_(optimizer);
+  if (found_inf_) return false;
+  optimizer.step();
+  return true;
+}
+
+void ShardedGradScaler::update() {
+  TORCH_CHECK(unscaled_, "ShardedGradScaler::update: call step() (or unscale_()) first");
+  if (found_inf_) {
+    scale_ *= options_.backoff_factor();
+    good_steps_ = 0;
+  } else if (++good_steps_ == options_.growth_interval()) {
+    scale_ *= options_.growth_factor();
+    good_steps_ = 0;
+  }
+  unscaled_ = false;
+}
+
+}  // namespace fsdp
