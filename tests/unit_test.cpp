@@ -109,6 +109,28 @@ TEST(Options, BadShardingOptionsNameTheValueAndTheFix) {
   }
 }
 
+TEST(Options, DtypesThatCannotBeReducedAreRejectedNamingThem) {
+  auto with = [](fsdp::MixedPrecision mp) { return fsdp::FullyShardOptions().mixed_precision(mp); };
+  std::string message =
+      error_of([&] { with(fsdp::MixedPrecision().param_dtype(at::kInt)).validate(2); });
+  EXPECT_NE(message.find("param_dtype(Int)"), std::string::npos) << message;
+  EXPECT_NE(message.find("at::kBFloat16"), std::string::npos) << message;
+  message = error_of(
+      [&] { with(fsdp::MixedPrecision().reduce_dtype(at::kFloat8_e4m3fn)).validate(2); });
+  EXPECT_NE(message.find("reduce_dtype(Float8_e4m3fn)"), std::string::npos) << message;
+  message = error_of([&] { with(fsdp::MixedPrecision().buffer_dtype(at::kBool)).validate(2); });
+  EXPECT_NE(message.find("buffer_dtype(Bool)"), std::string::npos) << message;
+  EXPECT_EQ(error_of([&] {
+              with(fsdp::MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat))
+                  .validate(2);
+            }),
+            "");
+  message = error_of([] { fsdp::parse_dtype("bfloat"); });
+  EXPECT_NE(message.find("'bfloat'"), std::string::npos) << message;
+  EXPECT_EQ(fsdp::parse_dtype("bf16"), at::kBFloat16);
+  EXPECT_EQ(fsdp::parse_dtype("fp16"), at::kHalf);
+}
+
 TEST(FlatParam, ShardsPartitionEveryParameterForAnyWorldSize) {
   for (int world : {1, 2, 3, 5}) {
     std::vector<int64_t> covered(4, 0);

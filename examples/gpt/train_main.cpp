@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
   app.add_option("--reduce-dtype", reduce_dtype,
                  "mixed precision: dtype of the gradient reductions (default: --param-dtype)")
       ->check(dtypes);
+  app.add_option("--loss-scale", o.loss_scale, "fp16: initial scale of the sharded gradient scaler")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--activation-checkpointing", activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");

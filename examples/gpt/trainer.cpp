@@ -215,8 +215,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   // fp16 needs loss scaling; the reference keeps its own (one process: nobody to agree with).
   std::unique_ptr<fsdp::ShardedGradScaler> scaler;
   if (o.fsdp.mixed_precision().param_dtype() == torch::kHalf) {
-    scaler = dist ? std::make_unique<fsdp::ShardedGradScaler>(*dist->world)
-                  : std::make_unique<fsdp::ShardedGradScaler>();
+    const auto scaling = fsdp::GradScalerOptions().init_scale(o.loss_scale);
+    scaler = dist ? std::make_unique<fsdp::ShardedGradScaler>(*dist->world, scaling)
+                  : std::make_unique<fsdp::ShardedGradScaler>(scaling);
   }
   std::unique_ptr<ReferencePrecision> reference_precision;
   const auto& policy = o.fsdp.mixed_precision();

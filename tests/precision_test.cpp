@@ -1,0 +1,234 @@
+// Mixed precision and the sharded gradient scaler, against unsharded training with the same
+// precision policy (tests/../examples/gpt/reference_precision.h) and against fp32.
+#include "dist_env.h"
+#include "parity_check.h"
+#include "test_models.h"
+
+#include "trainer.h"
+
+#include <gtest/gtest.h>
+
+namespace fsdp_test {
+namespace {
+
+gpt::TrainOptions small_run() {
+  return tiny_gpt_run(/*layers=*/2, /*dim=*/32, /*heads=*/2, /*seq=*/16, /*batch=*/2, /*steps=*/4);
+}
+
+// Low-precision tolerances. The sharded run and the reference compute the same forward (each row
+// of a matmul is the same dot products, rounded once to the compute dtype), but the weight
+// gradient of a rank sums B rows where the reference sums W·B, and each sum is rounded to the
+// compute dtype: a relative difference of about one unit roundoff u per gradient element
+// (bf16 u = 2^-8 = 3.9e-3, fp16 u = 2^-11 = 4.9e-4). AdamW turns a gradient perturbed by u into
+// an update perturbed by about u·lr, so after n steps parameters differ by about n·u·lr on
+// average, by at most n·lr (an element whose gradient is all rounding noise), and the loss by
+// about u times the loss' sensitivity, well below u. The tolerances are these bounds, with room.
+struct LowPrecisionTolerance {
+  double unit_roundoff;
+  double loss_rel() const { return unit_roundoff; }
+  double mean_param_diff(const gpt::TrainOptions& o) const { return 2 * o.steps * unit_roundoff * o.lr; }
+};
+
+// Every parameter within n·lr, and on average within mean_param_diff.
+void expect_params_within(const std::vector<std::pair<std::string, torch::Tensor>>& sharded,
+                          const std::map<std::string, torch::Tensor>& reference,
+                          double max_diff, double mean_diff) {
+  double sum = 0, worst = 0;
+  int64_t total = 0;
+  for (const auto& [name, tensor] : sharded) {
+    const auto diff = (tensor - reference.at(name)).abs();
+    worst = std::max(worst, diff.max().item<double>());
+    sum += diff.sum().item<double>();
+    total += tensor.numel();
+  }
+  std::printf("parameters: mean |diff| %.3g (bound %.3g), max %.3g (bound %.3g)\n", sum / total,
+              mean_diff, worst, max_diff);
+  EXPECT_LE(worst, max_diff);
+  EXPECT_LE(sum / total, mean_diff);
+}
+
+void expect_losses_within(const std::vector<double>& a, const std::vector<double>& b, double rel,
+                          const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / b[i]);
+  std::printf("%s: max relative loss difference %.3g (tolerance %.3g)\n", what, worst, rel);
+  EXPECT_LE(worst, rel) << what;
+}
+
+void expect_matches_reference_policy(fsdp::MixedPrecision policy, double unit_roundoff) {
+  auto o = small_run();
+  o.fsdp.mixed_precision(policy);
+  // fp16: a scale at which neither run overflows. (A rank's local gradient is W times the
+  // reference's, so at a scale near the limit the runs would skip different steps.)
+  o.loss_scale = 1024;
+  const auto sharded = gpt::train(o, &dist());
+  o.reference_world_size = dist().world_size();
+  const auto reference = gpt::train(o, nullptr);
+  const LowPrecisionTolerance tol{unit_roundoff};
+  expect_losses_within(sharded.losses, reference.losses, tol.loss_rel(), "vs reference, same policy");
+  // AdamW's first step moves every element by lr·sign(gradient): a noise element can move by
+  // +lr in one run and -lr in the other, so 2·lr per step bounds any single element.
+  expect_params_within(sharded.final_params, as_map(reference.final_params), 2 * o.lr * o.steps,
+                       tol.mean_param_diff(o));
+
+  // And low-precision training tracks full precision (the masters are fp32): the losses differ
+  // by the forward's rounding, a few unit roundoffs of the logits.
+  auto fp32 = small_run();
+  fp32.reference_world_size = dist().world_size();
+  expect_losses_within(sharded.losses, gpt::train(fp32, nullptr).losses, 4 * unit_roundoff,
+                       "vs fp32 reference");
+}
+
+TEST(MixedPrecision, Bf16TrainingMatchesTheUnshardedBf16Reference) {
+  expect_matches_reference_policy(fsdp::MixedPrecision().param_dtype(at::kBFloat16), 1.0 / 256);
+}
+
+TEST(MixedPrecision, Bf16ComputeWithFp32ReductionMatchesTheReference) {
+  expect_matches_reference_policy(
+      fsdp::MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat), 1.0 / 256);
+}
+
+TEST(MixedPrecision, Fp16TrainingWithTheShardedScalerMatchesTheFp16Reference) {
+  // gpt::train adds a ShardedGradScaler for fp16 (a plain one for the reference).
+  expect_matches_reference_policy(fsdp::MixedPrecision().param_dtype(at::kHalf), 1.0 / 2048);
+}
+
+// One forward and backward of the awkward model; returns the bytes each collective moved.
+fsdp::CommStats one_step_bytes(fsdp::MixedPrecision policy) {
+  auto model = fsdp::fully_shard(make_odd_net(3), *dist().world,
+                                 fsdp::FullyShardOptions().mixed_precision(policy));
+  const auto before = fsdp::comm_stats();
+  auto [x, y] = odd_batch(0, 4);
+  torch::mse_loss(model(x).to(torch::kFloat), y).backward();
+  const auto after = fsdp::comm_stats();
+  return {after.all_gather_bytes - before.all_gather_bytes,
+          after.reduce_scatter_bytes - before.reduce_scatter_bytes,
+          after.all_reduce_bytes - before.all_reduce_bytes, 0};
+}
+
+TEST(MixedPrecision, AllGatherMovesParamDtypeBytesAndReductionsReduceDtypeBytes) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "no communication with one rank";
+  const auto fp32 = one_step_bytes({});
+  const auto bf16 = one_step_bytes(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+  const auto bf16_fp32 = one_step_bytes(
+      fsdp::MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat));
+  std::printf("all-gather bytes fp32 %lld bf16 %lld; reduce-scatter fp32 %lld bf16 %lld\n",
+              (long long)fp32.all_gather_bytes, (long long)bf16.all_gather_bytes,
+              (long long)fp32.reduce_scatter_bytes, (long long)bf16.reduce_scatter_bytes);
+  ASSERT_GT(fp32.all_gather_bytes, 0);
+  EXPECT_EQ(bf16.all_gather_bytes * 2, fp32.all_gather_bytes);
+  EXPECT_EQ(bf16.reduce_scatter_bytes * 2, fp32.reduce_scatter_bytes);
+  EXPECT_EQ(bf16_fp32.all_gather_bytes * 2, fp32.all_gather_bytes);
+  EXPECT_EQ(bf16_fp32.reduce_scatter_bytes, fp32.reduce_scatter_bytes);
+}
+
+// A unit that records the weight its forward computes with.
+struct ProbeImpl : torch::nn::Module {
+  ProbeImpl() {
+    fc = register_module("fc", torch::nn::Linear(5, 6));
+    offset = register_buffer("offset", torch::full({6}, 0.25));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen_input_dtype = x.scalar_type();
+    seen_weight = fc->weight.detach().clone();
+    return fc(x) + offset;
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor offset, seen_weight;
+  c10::ScalarType seen_input_dtype = at::kFloat;
+};
+TORCH_MODULE(Probe);
+
+struct ProbeNetImpl : torch::nn::Module {
+  ProbeNetImpl() {
+    probe = register_module("probe", Probe());
+    head = register_module("head", torch::nn::Linear(6, 2));
+    probe_unit = probe;
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(probe_unit(x)); }
+  Probe probe{nullptr};
+  torch::nn::Linear head{nullptr};
+  fsdp::Unit<Probe> probe_unit;
+};
+TORCH_MODULE(ProbeNet);
+
+TEST(MixedPrecision, ForwardComputesInParamDtypeWhileShardsGradsAndOptimizerStayFp32) {
+  torch::manual_seed(5);
+  ProbeNet net;
+  auto policy = fsdp::MixedPrecision().param_dtype(at::kBFloat16).buffer_dtype(at::kBFloat16);
+  auto model = fsdp::fully_shard(net, *dist().world, fsdp::FullyShardOptions().mixed_precision(policy));
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto out = model(torch::randn({4, 5}));  // fp32 input: cast to bf16 by the unit
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(net->probe->seen_input_dtype, at::kBFloat16);
+  EXPECT_EQ(net->probe->offset.scalar_type(), at::kBFloat16);  // buffer_dtype
+  // The unsharded weight is exactly the fp32 master rounded to bf16.
+  const auto full = as_map(fsdp::gather_full_params(model));
+  ASSERT_EQ(net->probe->seen_weight.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(torch::equal(net->probe->seen_weight, full.at("probe.fc.weight").to(at::kBFloat16)));
+
+  out.to(torch::kFloat).pow(2).mean().backward();
+  optimizer.step();
+  for (const auto& param : model->parameters()) {
+    EXPECT_EQ(param.scalar_type(), at::kFloat);
+    EXPECT_EQ(param.dim(), dist().world_size() > 1 ? 1 : param.dim());  // still sharded
+    ASSERT_TRUE(param.grad().defined());
+    EXPECT_EQ(param.grad().scalar_type(), at::kFloat);
+  }
+  for (const auto& state : optimizer.state()) {
+    const auto& adam = static_cast<const torch::optim::AdamWParamState&>(*state.second);
+    EXPECT_EQ(adam.exp_avg().scalar_type(), at::kFloat);
+    EXPECT_EQ(adam.exp_avg_sq().scalar_type(), at::kFloat);
+  }
+}
+
+TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+  const int world = dist().world_size(), rank = dist().rank();
+  auto model = fsdp::fully_shard(
+      make_odd_net(4), *dist().world,
+      fsdp::FullyShardOptions().mixed_precision(fsdp::MixedPrecision().param_dtype(at::kHalf)));
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  fsdp::ShardedGradScaler scaler(*dist().world, fsdp::GradScalerOptions().init_scale(1024));
+  auto snapshot = [&] {
+    std::vector<torch::Tensor> copies;
+    for (const auto& p : model->parameters()) copies.push_back(p.detach().clone());
+    return copies;
+  };
+  auto step = [&](bool poison) {
+    optimizer.zero_grad();
+    auto [x, y] = odd_batch(0, 2 * world);
+    auto loss = torch::mse_loss(model(x.narrow(0, 2 * rank, 2)).to(torch::kFloat),
+                                y.narrow(0, 2 * rank, 2));
+    scaler.scale(loss).backward();
+    // The last rank's shard alone overflows, as an fp16 reduction can make it.
+    if (poison && rank == world - 1) {
+      for (auto& p : model->parameters()) {
+        if (p.grad().defined() && p.grad().numel() > 0) {
+          p.grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+          break;
+        }
+      }
+    }
+    const bool stepped = scaler.step(optimizer);
+    scaler.update();
+    return stepped;
+  };
+
+  const auto before = snapshot();
+  EXPECT_FALSE(step(/*poison=*/true));
+  EXPECT_TRUE(scaler.found_inf());
+  EXPECT_EQ(scaler.get_scale(), 512);  // backed off on every rank
+  const auto after = snapshot();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i]));
+
+  EXPECT_TRUE(step(/*poison=*/false));
+  EXPECT_EQ(scaler.get_scale(), 512);
+  bool changed = false;
+  const auto stepped = snapshot();
+  for (size_t i = 0; i < before.size(); ++i) changed |= !torch::equal(before[i], stepped[i]);
+  EXPECT_TRUE(changed);
+}
+
+}  // namespace
+}  // namespace fsdp_test
