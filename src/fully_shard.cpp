@@ -37,11 +37,32 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
   return it == registry().slots.end() ? nullptr : it->second.lock();
 }
 
+using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
+
 struct UnitPlan {
   std::string name;                  // module path; "" for the root
   std::shared_ptr<UnitSlot> slot;
-  std::vector<std::pair<std::string, at::Tensor>> params;
+  NamedParams params;
 };
+
+// The innermost unit whose module path is a prefix of the parameter's name ("" for the root).
+const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::string& param) {
+  const std::string* best = &plans[0].name;
+  for (const auto& plan : plans) {
+    const bool inside = !plan.name.empty() && param.size() > plan.name.size() &&
+                        param.compare(0, plan.name.size(), plan.name) == 0 &&
+                        param[plan.name.size()] == '.';
+    if (inside && plan.name.size() > best->size()) best = &plan.name;
+  }
+  return *best;
+}
+
+// A unit's trainable parameters, and its frozen ones (requires_grad false).
+std::pair<NamedParams, NamedParams> split_frozen(NamedParams params) {
+  NamedParams trainable, frozen;
+  for (auto& item : params) (item.second.requires_grad() ? trainable : frozen).push_back(std::move(item));
+  return {std::move(trainable), std::move(frozen)};
+}
 
 // Assigns every parameter to the innermost unit that holds it, the root taking the rest.
 // named_modules() lists parents before children, so an inner unit overrides its parent.
@@ -56,12 +77,26 @@ std::vector<UnitPlan> plan_units(const std::shared_ptr<torch::nn::Module>& root)
     plans.push_back(UnitPlan{item.key(), slot, {}});
     for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
   }
+  // A parameter registered under two names (tied weights) is sharded once, under its first
+  // name; ties across units cannot be: each unit gathers and frees its own flat buffer.
   std::unordered_map<const c10::TensorImpl*, std::string> first_name;
   for (const auto& item : root->named_parameters()) {
     const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    auto [first, inserted] = first_name.emplace(impl, item.key());
+    if (!inserted) {
+      const std::string& unit_a = unit_holding(plans, first->second);
+      const std::string& unit_b = unit_holding(plans, item.key());
+      TORCH_CHECK(unit_a == unit_b, "fully_shard: parameters '", first->second, "' (unit '",
+                  unit_a.empty() ? "<root>" : unit_a, "') and '", item.key(), "' (unit '",
+                  unit_b.empty() ? "<root>" : unit_b, "') are the same tensor (tied), but sit in "
+                  "different units, which gather and free their parameters separately. Put both "
+                  "modules in one unit (wrap their common parent, or leave them to the root), or "
+                  "tie them in forward (e.g. F::linear(x, wte->weight)) instead of registering "
+                  "the tensor twice.");
+      continue;
+    }
     auto it = owner.find(impl);
     plans[it == owner.end() ? 0 : it->second].params.emplace_back(item.key(), item.value());
-    first_name.emplace(impl, item.key());
   }
   return plans;
 }
@@ -126,17 +161,24 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   if (options.sync_module_states()) broadcast_from_rank0(root->parameters(), group);
   if (auto dtype = options.mixed_precision().buffer_dtype()) cast_floating_buffers(*root, *dtype);
   ProcessGroup& shard_group = state->shard_group();
+  auto make_group = [&](const std::string& name, NamedParams params, bool is_root) {
+    auto group = std::make_shared<ParamGroup>(
+        name,
+        FlatParam(std::move(params), shard_group.rank(), shard_group.size(),
+                  options.mixed_precision().param_dtype()),
+        *state, is_root);
+    group->install_grad_hooks();
+    state->groups().push_back(group);
+    return group;
+  };
   for (size_t i = 0; i < plans.size(); ++i) {
     const bool is_root = i == 0;
-    auto param_group = std::make_shared<ParamGroup>(
-        plans[i].name,
-        FlatParam(std::move(plans[i].params), shard_group.rank(), shard_group.size(),
-                  options.mixed_precision().param_dtype()),
-        *state,
-        is_root);
-    param_group->install_grad_hooks();
-    state->groups().push_back(param_group);
-    (is_root ? root_slot : *plans[i].slot).group = param_group;
+    auto [trainable, frozen] = split_frozen(std::move(plans[i].params));
+    const bool both = !trainable.empty() && !frozen.empty();
+    auto group = make_group(plans[i].name, trainable.empty() ? std::move(frozen) : std::move(trainable),
+                            is_root);
+    if (both) group->attach_frozen(make_group(plans[i].name, std::move(frozen), /*is_root=*/false));
+    (is_root ? root_slot : *plans[i].slot).group = group;
   }
   return state;
 }
@@ -161,8 +203,9 @@ bool checkpoints_activations(const ParamGroup& group) {
 
 void pre_forward(ParamGroup& group) { group.pre_forward(); }
 
-void post_forward(ParamGroup& group, const std::vector<at::Tensor>& outputs) {
-  group.post_forward(outputs);
+void post_forward(ParamGroup& group, const std::vector<at::Tensor>& inputs,
+                  const std::vector<at::Tensor>& outputs) {
+  group.post_forward(inputs, outputs);
 }
 
 }  // namespace detail

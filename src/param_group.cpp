@@ -46,16 +46,23 @@ void ParamGroup::hook(torch::autograd::Node& grad_accumulator) {
   grad_accumulator.add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this()));
 }
 
+void ParamGroup::attach_frozen(std::shared_ptr<ParamGroup> frozen) {
+  frozen->is_frozen_part_ = true;
+  frozen_ = std::move(frozen);
+}
+
 bool ParamGroup::issue_unshard(bool optional) {
   if (sharded_state_ != ShardedState::Sharded) return true;
   if (!flat_.needs_unshard()) {  // a shard group of one in full precision: the shard is the unit
+    if (frozen_) frozen_->issue_unshard(optional);
     sharded_state_ = ShardedState::Unsharded;
     return true;
   }
-  if (!is_root_) {
+  if (!is_root_ && !is_frozen_part_) {
     if (!state_.limiter().acquire(optional)) return false;
     holds_limiter_slot_ = true;
   }
+  if (frozen_) frozen_->issue_unshard(optional);
   flat_.allocate_full();
   const std::string span = "all_gather " + label_;
   all_gather_ = state_.comm().submit([this, span] {
@@ -71,6 +78,7 @@ bool ParamGroup::issue_unshard(bool optional) {
 
 void ParamGroup::wait_unshard() {
   issue_unshard(/*optional=*/false);
+  if (frozen_) frozen_->wait_unshard();
   if (sharded_state_ == ShardedState::Unsharded) return;
   all_gather_.wait();
   flat_.use_full_params();
@@ -78,7 +86,8 @@ void ParamGroup::wait_unshard() {
   sharded_state_ = ShardedState::Unsharded;
 }
 
-void ParamGroup::reshard() {
+void ParamGroup::reshard(bool with_frozen) {
+  if (frozen_ && with_frozen) frozen_->reshard();
   if (sharded_state_ == ShardedState::Sharded) return;
   if (sharded_state_ == ShardedState::Unsharding) all_gather_.wait();  // never free under a collective
   flat_.use_sharded_params();
@@ -99,16 +108,32 @@ void ParamGroup::pre_forward() {
   wait_unshard();
 }
 
-void ParamGroup::post_forward(const std::vector<at::Tensor>& outputs) {
-  // The root hooks its output even without parameters of its own: its pre-backward queues the
-  // end-of-backward callback that completes every unit's reduction.
-  const bool will_backward = at::GradMode::is_enabled() && (flat_.requires_grad() || is_root_);
-  if (will_backward) {
+void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
+                              const std::vector<at::Tensor>& outputs) {
+  // A unit with parameters (frozen ones too: backward needs them to reach earlier units) is
+  // unsharded again for backward. The root hooks its output even without parameters of its
+  // own: its pre-backward queues the end-of-backward callback that completes every reduction.
+  const bool has_params = is_root_ || flat_.numel() > 0 || frozen_;
+  bool will_backward = false;
+  if (at::GradMode::is_enabled() && has_params) {
     std::weak_ptr<ParamGroup> self = weak_from_this();
     for (const auto& output : outputs) {
       if (!output.defined() || !output.requires_grad()) continue;
       const_cast<at::Tensor&>(output).register_hook([self](const at::Tensor&) {
         if (auto group = self.lock()) group->pre_backward();
+      });
+      will_backward = true;
+    }
+  }
+  if (will_backward && (!flat_.requires_grad() || frozen_)) {
+    // The gradient accumulators say when the trainable parameters are done, not when the frozen
+    // ones are (a frozen layer's input gradient may come after every trainable layer's): the
+    // gradient of the unit's inputs does.
+    std::weak_ptr<ParamGroup> self = weak_from_this();
+    for (const auto& input : inputs) {
+      if (!input.defined() || !input.requires_grad()) continue;
+      const_cast<at::Tensor&>(input).register_hook([self](const at::Tensor&) {
+        if (auto group = self.lock()) group->on_input_grad();
       });
     }
   }
@@ -128,11 +153,13 @@ void ParamGroup::pre_backward() {
     state_.prefetch_backward_after(*this);
   }
   wait_unshard();
-  if (!full_grad_kept_) {  // else no_sync kept the sum so far: keep adding to it
-    accumulate_into_shard_ = flat_.has_sharded_grads();
-    flat_.allocate_full_grad();
+  if (flat_.requires_grad()) {
+    if (!full_grad_kept_) {  // else no_sync kept the sum so far: keep adding to it
+      accumulate_into_shard_ = flat_.has_sharded_grads();
+      flat_.allocate_full_grad();
+    }
+    flat_.use_full_grads();
   }
-  flat_.use_full_grads();
   grads_pending_ = flat_.requires_grad_count();
   backward_state_ = BackwardState::Accumulating;
 }
@@ -142,19 +169,31 @@ void ParamGroup::on_grad_accumulated() {
   if (--grads_pending_ == 0) post_backward();
 }
 
+void ParamGroup::on_input_grad() {
+  if (frozen_) frozen_->reshard();
+  if (!flat_.requires_grad() && backward_state_ == BackwardState::Accumulating) post_backward();
+}
+
 void ParamGroup::post_backward() {
   record_span("backward " + label_, TraceLane::Compute, span_start_);
+  if (!flat_.requires_grad()) {  // nothing to reduce: only free the parameters
+    backward_state_ = BackwardState::Idle;
+    reshard();
+    return;
+  }
   if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost) {
     state_.prefetch_backward_after(*this);
   }
   if (state_.no_sync()) {  // keep the unsharded gradient for the next backward
     full_grad_kept_ = true;
     backward_state_ = BackwardState::Idle;
-    reshard();
+    reshard(/*with_frozen=*/false);
     return;
   }
   backward_state_ = BackwardState::Reducing;
-  reshard();  // the gradients are complete: autograd needs the parameters no more
+  // The gradients are complete: autograd needs the trainable parameters no more (the frozen
+  // part waits for the unit's input gradient: on_input_grad).
+  reshard(/*with_frozen=*/false);
   issue_reduce_scatter();
 }
 
@@ -219,6 +258,7 @@ UnitInfo ParamGroup::info() const {
   info.element_size = flat_.element_size();
   info.compute_element_size = flat_.compute_element_size();
   info.is_root = is_root_;
+  info.trainable = flat_.requires_grad();
   return info;
 }
 

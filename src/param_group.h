@@ -37,8 +37,15 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
 
+  /// Frozen parameters (requires_grad false) of the same unit live in a separate flat parameter,
+  /// so that they get no gradient buffer and no reduction: `frozen` is gathered and freed
+  /// together with this group and counts as part of it for the rate limiter.
+  void attach_frozen(std::shared_ptr<ParamGroup> frozen);
+
   void pre_forward();
-  void post_forward(const std::vector<at::Tensor>& outputs);
+  /// `inputs`: the unit's input tensors; a unit without trainable parameters learns from their
+  /// gradients that its backward is over.
+  void post_forward(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   /// First gradient reached one of this unit's outputs: its backward is next.
   void pre_backward();
   /// Autograd has accumulated one more of this unit's parameter gradients.
@@ -60,8 +67,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
  private:
   void wait_unshard();
-  void reshard();
+  void reshard(bool with_frozen = true);
   void post_backward();
+  /// A unit without trainable parameters: the gradient of its inputs is complete.
+  void on_input_grad();
   void issue_reduce_scatter();
   /// On the communication thread: the unsharded gradient, reduced into this rank's gradient shard.
   void reduce_gradient();
@@ -72,6 +81,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   FlatParam flat_;
   FsdpState& state_;
   bool is_root_;
+  std::shared_ptr<ParamGroup> frozen_;  // this unit's frozen parameters, if it has both kinds
+  bool is_frozen_part_ = false;         // this group is another unit's frozen_
   ShardedState sharded_state_ = ShardedState::Sharded;
   BackwardState backward_state_ = BackwardState::Idle;
   CommHandle all_gather_;

@@ -59,6 +59,9 @@ struct UnitInfo {
   int64_t element_size = 0;  ///< bytes per element of the shard (the parameters' dtype)
   int64_t compute_element_size = 0;  ///< bytes per element unsharded (mixed precision's param_dtype)
   bool is_root = false;
+  /// False for the flat parameter holding a unit's frozen parameters (requires_grad false): a
+  /// unit with both kinds is listed twice, its frozen part second, which has no gradient.
+  bool trainable = true;
 };
 
 namespace detail {
@@ -73,7 +76,8 @@ struct UnitSlot {
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
 
 void pre_forward(ParamGroup& group);
-void post_forward(ParamGroup& group, const std::vector<at::Tensor>& outputs);
+void post_forward(ParamGroup& group, const std::vector<at::Tensor>& inputs,
+                  const std::vector<at::Tensor>& outputs);
 
 std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
                                        UnitSlot& root_slot, ProcessGroup& group,
@@ -148,11 +152,12 @@ class Unit {
   // Unshard, forward, reshard; the pre-backward hook goes on the outputs.
   template <class... Args>
   auto sharded_call(ParamGroup& group, Args&&... args) {
+    std::vector<at::Tensor> inputs, outputs;
+    (detail::collect_tensors(args, inputs), ...);
     detail::pre_forward(group);
     auto output = forward_maybe_checkpointed(group, std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
-    detail::post_forward(group, tensors);
+    detail::collect_tensors(output, outputs);
+    detail::post_forward(group, inputs, outputs);
     return output;
   }
 
