@@ -1,6 +1,7 @@
 #include "flat_param.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
@@ -21,6 +22,17 @@ void refill_storage(const at::Tensor& t) {
   if (storage->nbytes() == nbytes) return;
   storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
   storage->set_nbytes(nbytes);
+}
+
+// A 1-D tensor of `numel` elements whose storage holds no bytes yet (refill_storage gives them):
+// creating the unsharded buffers must not allocate them, even for a moment.
+at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, options.device()),
+                       c10::GetAllocator(options.device().type()), /*resizable=*/true);
+  at::Tensor tensor = at::empty({0}, options).set_(storage, 0, {numel}, {1});
+  release_storage(tensor);
+  return tensor;
 }
 
 // A tensor sharing `base`'s storage at [offset, offset + numel) with `shape`, that autograd does
@@ -84,11 +96,9 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
                                               e.shard_end - e.shard_begin));
     }
   }
-  full_ = needs_unshard() ? at::empty({padded_numel()}, options.dtype(compute_dtype_)) : shard_;
+  full_ = needs_unshard() ? unallocated(padded_numel(), options.dtype(compute_dtype_)) : shard_;
   use_sharded_params();  // releases the parameters' original storage
-  free_full();
-  full_grad_ = at::empty({padded_numel()}, options.dtype(compute_dtype_));
-  free_full_grad();
+  full_grad_ = unallocated(padded_numel(), options.dtype(compute_dtype_));
 }
 
 int64_t FlatParam::element_size() const { return static_cast<int64_t>(shard_.element_size()); }

@@ -4,11 +4,13 @@
 
 #include "fsdp_state.h"
 #include "model_check.h"
+#include "unit_groups.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -37,13 +39,22 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
   return it == registry().slots.end() ? nullptr : it->second.lock();
 }
 
-using NamedParams = std::vector<std::pair<std::string, at::Tensor>>;
-
 struct UnitPlan {
   std::string name;                  // module path; "" for the root
   std::shared_ptr<UnitSlot> slot;
   NamedParams params;
+  bool presharded = false;  // built and sharded by fully_shard_deferred
 };
+
+// The entries of a unit's flat parameters: its trainable group's and its frozen part's.
+std::vector<FlatEntry*> unit_entries(ParamGroup& group) {
+  std::vector<FlatEntry*> entries;
+  for (ParamGroup* g : {&group, group.frozen_part()}) {
+    if (!g) continue;
+    for (auto& entry : g->flat().entries()) entries.push_back(&entry);
+  }
+  return entries;
+}
 
 // The innermost unit whose module path is a prefix of the parameter's name ("" for the root).
 const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::string& param) {
@@ -57,24 +68,19 @@ const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::s
   return *best;
 }
 
-// A unit's trainable parameters, and its frozen ones (requires_grad false).
-std::pair<NamedParams, NamedParams> split_frozen(NamedParams params) {
-  NamedParams trainable, frozen;
-  for (auto& item : params) (item.second.requires_grad() ? trainable : frozen).push_back(std::move(item));
-  return {std::move(trainable), std::move(frozen)};
-}
-
 // Assigns every parameter to the innermost unit that holds it, the root taking the rest.
 // named_modules() lists parents before children, so an inner unit overrides its parent.
-std::vector<UnitPlan> plan_units(const std::shared_ptr<torch::nn::Module>& root) {
+std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
+                               const FsdpState* deferred) {
   std::vector<UnitPlan> plans(1);  // plans[0]: the root
   std::unordered_map<const c10::TensorImpl*, size_t> owner;
   for (const auto& item : root->named_modules("", /*include_self=*/false)) {
     auto slot = find_unit(item.value().get());
     if (!slot) continue;
-    TORCH_CHECK(!slot->group, "fully_shard: module '", item.key(),
+    const bool presharded = slot->group && deferred && &slot->group->state() == deferred;
+    TORCH_CHECK(!slot->group || presharded, "fully_shard: module '", item.key(),
                 "' is already a unit of another sharded model");
-    plans.push_back(UnitPlan{item.key(), slot, {}});
+    plans.push_back(UnitPlan{item.key(), slot, {}, presharded});
     for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
   }
   // A parameter registered under two names (tied weights) is sharded once, under its first
@@ -101,39 +107,32 @@ std::vector<UnitPlan> plan_units(const std::shared_ptr<torch::nn::Module>& root)
   return plans;
 }
 
-std::string describe(const std::string& unit, const std::string& name, const at::Tensor& p) {
-  std::ostringstream line;
-  line << name << " " << p.dtype() << " " << p.sizes() << (p.requires_grad() ? "" : " frozen")
-       << " unit=" << (unit.empty() ? "<root>" : unit);
-  return line.str();
-}
-
+// Every rank's description of the model, in plan order. Units built by fully_shard_deferred are
+// sharded already: their shapes come from their flat parameters' entries.
 ModelDescription describe(const std::vector<UnitPlan>& plans) {
   ModelDescription description;
   for (const auto& plan : plans) {
-    for (const auto& [name, p] : plan.params) {
-      description.names.push_back(name);
-      description.lines.push_back(describe(plan.name, name, p));
+    if (!plan.presharded) {
+      add_description(description, plan.name, plan.params);
+      continue;
+    }
+    for (const FlatEntry* entry : unit_entries(*plan.slot->group)) {
+      description.names.push_back(entry->name);
+      description.lines.push_back(describe_param(plan.name, entry->name, entry->param, entry->shape,
+                                                 entry->param.requires_grad()));
     }
   }
   return description;
 }
 
-// Makes every rank's tensors equal to rank 0's.
-void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& world) {
-  torch::NoGradGuard no_grad;
-  for (const auto& tensor : tensors) {
-    at::Tensor contiguous = tensor.contiguous();
-    broadcast(world, contiguous, /*root=*/0);
-    if (!contiguous.is_same(tensor)) const_cast<at::Tensor&>(tensor).copy_(contiguous);
+// A deferred unit was sharded before its place in the model was known: give it its path.
+void name_presharded_unit(const UnitPlan& plan) {
+  std::unordered_map<const c10::TensorImpl*, std::string> full_names;
+  for (const auto& [name, p] : plan.params) full_names.emplace(p.unsafeGetTensorImpl(), name);
+  for (FlatEntry* entry : unit_entries(*plan.slot->group)) {
+    entry->name = full_names.at(entry->param.unsafeGetTensorImpl());
   }
-}
-
-void cast_floating_buffers(torch::nn::Module& root, c10::ScalarType dtype) {
-  torch::NoGradGuard no_grad;
-  for (auto& buffer : root.buffers()) {
-    if (buffer.is_floating_point()) buffer.set_data(buffer.to(dtype));
-  }
+  plan.slot->group->set_name(plan.name);
 }
 
 }  // namespace
@@ -150,36 +149,44 @@ std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
 
 std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
                                        UnitSlot& root_slot, ProcessGroup& group,
-                                       const FullyShardOptions& options) {
+                                       const FullyShardOptions& options,
+                                       std::shared_ptr<FsdpState> deferred, const ParamInit& init) {
   options.validate(group.size());
   TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
-  std::vector<UnitPlan> plans = plan_units(root);
+  std::vector<UnitPlan> plans = plans_of(root, deferred.get());
+  for (auto& plan : plans) {
+    if (plan.presharded) name_presharded_unit(plan);
+    if (!plan.presharded && init) initialise(plan.params, init);
+  }
   if (options.verify_model()) check_same_model_on_all_ranks(group, describe(plans));
 
-  auto state = std::make_shared<FsdpState>(group, options);
+  auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options);
   if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
-  if (options.sync_module_states()) broadcast_from_rank0(root->parameters(), group);
-  if (auto dtype = options.mixed_precision().buffer_dtype()) cast_floating_buffers(*root, *dtype);
-  ProcessGroup& shard_group = state->shard_group();
-  auto make_group = [&](const std::string& name, NamedParams params, bool is_root) {
-    auto group = std::make_shared<ParamGroup>(
-        name,
-        FlatParam(std::move(params), shard_group.rank(), shard_group.size(),
-                  options.mixed_precision().param_dtype()),
-        *state, is_root);
-    group->install_grad_hooks();
-    state->groups().push_back(group);
-    return group;
-  };
-  for (size_t i = 0; i < plans.size(); ++i) {
-    const bool is_root = i == 0;
-    auto [trainable, frozen] = split_frozen(std::move(plans[i].params));
-    const bool both = !trainable.empty() && !frozen.empty();
-    auto group = make_group(plans[i].name, trainable.empty() ? std::move(frozen) : std::move(trainable),
-                            is_root);
-    if (both) group->attach_frozen(make_group(plans[i].name, std::move(frozen), /*is_root=*/false));
-    (is_root ? root_slot : *plans[i].slot).group = group;
+  if (options.sync_module_states()) {
+    for (auto& plan : plans) {
+      if (!plan.presharded) broadcast_from_rank0(tensors_of(plan.params), group);
+    }
   }
+  if (auto dtype = options.mixed_precision().buffer_dtype()) cast_floating_buffers(*root, *dtype);
+
+  auto& groups = state->groups();
+  const size_t presharded_groups = groups.size();
+  size_t claimed = 0;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].presharded) {
+      claimed += plans[i].slot->group->frozen_part() ? 2 : 1;
+      continue;
+    }
+    const bool is_root = i == 0;
+    auto unit = add_unit_groups(*state, plans[i].name, std::move(plans[i].params), is_root);
+    (is_root ? root_slot : *plans[i].slot).group = unit;
+    // groups[0] must be the root: move its group(s) before the deferred units'.
+    if (is_root) std::rotate(groups.begin(), groups.begin() + presharded_groups, groups.end());
+  }
+  TORCH_CHECK(claimed == presharded_groups, "fully_shard_deferred: ",
+              presharded_groups - claimed, " flat parameter group(s) of units built inside the "
+              "factory are not part of the model it returned; construct fsdp::Unit holders only "
+              "for modules the model registers");
   return state;
 }
 

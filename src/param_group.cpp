@@ -46,6 +46,12 @@ void ParamGroup::hook(torch::autograd::Node& grad_accumulator) {
   grad_accumulator.add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this()));
 }
 
+void ParamGroup::set_name(const std::string& name) {
+  name_ = name;
+  label_ = is_root_ ? "root" : name;
+  if (frozen_) frozen_->set_name(name);
+}
+
 void ParamGroup::attach_frozen(std::shared_ptr<ParamGroup> frozen) {
   frozen->is_frozen_part_ = true;
   frozen_ = std::move(frozen);

@@ -59,6 +59,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool issue_unshard(bool optional);
 
   const std::string& name() const { return name_; }
+  /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
+  void set_name(const std::string& name);
+  ParamGroup* frozen_part() { return frozen_.get(); }
   UnitInfo info() const;
   ShardedState sharded_state() const { return sharded_state_; }
   bool is_root() const { return is_root_; }

@@ -64,6 +64,10 @@ struct UnitInfo {
   bool trainable = true;
 };
 
+/// Initialises one parameter (`name` relative to its unit) before it is sharded: see
+/// fully_shard_deferred.
+using ParamInit = std::function<void(const std::string& name, torch::Tensor& param)>;
+
 namespace detail {
 
 /// Where a Unit holder finds its runtime once fully_shard() has run; empty before.
@@ -79,9 +83,30 @@ void pre_forward(ParamGroup& group);
 void post_forward(ParamGroup& group, const std::vector<at::Tensor>& inputs,
                   const std::vector<at::Tensor>& outputs);
 
+/// Shards the model; `deferred` holds the units fully_shard_deferred has sharded already.
 std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
                                        UnitSlot& root_slot, ProcessGroup& group,
-                                       const FullyShardOptions& options);
+                                       const FullyShardOptions& options,
+                                       std::shared_ptr<FsdpState> deferred = nullptr,
+                                       const ParamInit& init = nullptr);
+
+/// While a fully_shard_deferred factory runs on this thread: shards the unit `module` at once.
+void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>& module);
+
+struct DeferredSharding;
+/// The sharding of one fully_shard_deferred call, active on this thread while the factory runs.
+class DeferredScope {
+ public:
+  DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init);
+  ~DeferredScope();
+  /// The factory has returned: Unit holders built from now on are ordinary.
+  void close();
+  std::shared_ptr<FsdpState> state() const;
+  const ParamInit& init() const;
+
+ private:
+  std::unique_ptr<DeferredSharding> sharding_;
+};
 std::vector<UnitInfo> unit_infos(const FsdpState& state);
 void set_no_sync(FsdpState& state, bool no_sync);
 const std::string& unit_name(const ParamGroup& group);
@@ -124,7 +149,9 @@ class Unit {
  public:
   Unit() = default;
   /* implicit */ Unit(M module)
-      : module_(std::move(module)), slot_(detail::register_unit(module_.ptr().get())) {}
+      : module_(std::move(module)), slot_(detail::register_unit(module_.ptr().get())) {
+    detail::shard_if_deferred(*slot_, module_.ptr());
+  }
 
   template <class... Args>
   auto operator()(Args&&... args) {
@@ -228,6 +255,29 @@ template <class M>
 Unit<M> fully_shard(M model, ProcessGroup& group, FullyShardOptions options = {}) {
   Unit<M> root(std::move(model));
   root.slot().state = detail::shard_model(root.module().ptr(), root.slot(), group, options);
+  return root;
+}
+
+/// Deferred initialisation: builds the model with `factory` and shards every unit the moment
+/// its fsdp::Unit holder is constructed, so that no rank ever holds more than the sharded model,
+/// the root's own parameters and one unit being built. `init` (optional) initialises each
+/// parameter of a unit just before it is sharded (names relative to the unit, e.g.
+/// "attn.c_proj.weight"), then the root's. Every rank must run the same factory: each builds
+/// every unit whole, with the same random numbers, and keeps its shard (or set
+/// sync_module_states to take rank 0's values unit by unit).
+///
+/// Example:
+///   auto model = fsdp::fully_shard_deferred([&] { torch::manual_seed(0); return GPT(config); },
+///                                           *dist->world);
+template <class Factory>
+auto fully_shard_deferred(Factory&& factory, ProcessGroup& group, FullyShardOptions options = {},
+                          ParamInit init = nullptr) {
+  detail::DeferredScope scope(group, options, std::move(init));
+  auto model = factory();
+  scope.close();
+  Unit<decltype(model)> root(std::move(model));
+  root.slot().state = detail::shard_model(root.module().ptr(), root.slot(), group, options,
+                                          scope.state(), scope.init());
   return root;
 }
 
