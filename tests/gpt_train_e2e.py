@@ -1,5 +1,7 @@
 """End to end: gpt_train under fsdprun (W=2) writes per-rank metrics whose losses equal the
-unsharded reference's (gpt_train --reference --world-size 2) on the same global batches."""
+unsharded reference's (gpt_train --reference --world-size 2) on the same global batches; with
+mixed precision, activation checkpointing and frozen parameters too; fp16 with deferred
+initialisation trains, its loss scale in the metrics."""
 import json
 import subprocess
 import sys
@@ -35,6 +37,41 @@ def main(bin_dir, corpus):
     assert rank0[-1]["loss"] < rank0[0]["loss"]
     print("gpt_train end to end: 6 steps, losses match the reference:",
           [round(x["loss"], 5) for x in rank0])
+    features(bin_dir, args, rank0)
+
+
+def run_pair(bin_dir, args, flags, tmp):
+    """The sharded run (rank 0's metrics) and the reference with the same flags."""
+    subprocess.run([f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/gpt_train", *args,
+                    *flags, "--metrics", f"{tmp}/f-{{rank}}.jsonl"], check=True)
+    subprocess.run([f"{bin_dir}/gpt_train", *args, *flags, "--reference", "--world-size", "2",
+                    "--metrics", f"{tmp}/r.jsonl"], check=True)
+    return read(f"{tmp}/f-0.jsonl"), read(f"{tmp}/r.jsonl")
+
+
+def features(bin_dir, args, fp32):
+    flags = ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--activation-checkpointing",
+             "--freeze", "wpe"]
+    with tempfile.TemporaryDirectory() as tmp:
+        sharded, reference = run_pair(bin_dir, args, flags, tmp)
+    # bf16: within bf16's unit roundoff of the same-policy reference (tests/precision_test.cpp).
+    for a, r in zip(sharded, reference):
+        assert abs(a["loss"] - r["loss"]) <= 2 ** -8 * r["loss"], f"{flags}: {a['loss']} vs {r['loss']}"
+    # bf16 all-gathers move half the bytes (wpe, frozen, is still gathered: same set of tensors).
+    assert sharded[0]["bytes_all_gather"] * 2 == fp32[0]["bytes_all_gather"], (sharded[0], fp32[0])
+    # wpe's gradient is neither kept nor reduced.
+    assert sharded[0]["bytes_reduce_scatter"] < fp32[0]["bytes_reduce_scatter"]
+    print("bf16 + activation checkpointing + frozen wpe: losses match the reference:",
+          [round(x["loss"], 5) for x in sharded])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/gpt_train", *args,
+                        "--param-dtype", "fp16", "--deferred-init", "--metrics",
+                        f"{tmp}/h-{{rank}}.jsonl"], check=True)
+        half = read(f"{tmp}/h-0.jsonl")
+    assert all(x["loss_scale"] > 0 for x in half)
+    assert half[-1]["loss"] < half[0]["loss"], [x["loss"] for x in half]
+    print("fp16 + sharded gradient scaler + deferred init:", [round(x["loss"], 4) for x in half])
 
 
 if __name__ == "__main__":

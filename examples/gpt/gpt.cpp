@@ -72,25 +72,25 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   return torch::matmul(ln_f(x), wte->weight.t());  // head tied to wte
 }
 
+void init_parameter(const GPTConfig& config, const std::string& name, torch::Tensor& p) {
+  torch::NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * config.layers);
+  const bool is_layer_norm = name.find("ln_") != std::string::npos;
+  if (is_layer_norm) {
+    p.fill_(name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? 1.0 : 0.0);
+  } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+    p.zero_();
+  } else if (name.find("c_proj.weight") != std::string::npos) {
+    p.normal_(0.0, residual_std);
+  } else {
+    p.normal_(0.0, 0.02);
+  }
+}
+
 GPT make_gpt(const GPTConfig& config, uint64_t seed) {
   torch::manual_seed(seed);
   GPT model(config);
-  torch::NoGradGuard no_grad;
-  const double residual_std = 0.02 / std::sqrt(2.0 * config.layers);
-  for (auto& item : model->named_parameters()) {
-    const std::string& name = item.key();
-    auto& p = item.value();
-    const bool is_layer_norm = name.find("ln_") != std::string::npos;
-    if (is_layer_norm) {
-      p.fill_(name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0 ? 1.0 : 0.0);
-    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
-      p.zero_();
-    } else if (name.find("c_proj.weight") != std::string::npos) {
-      p.normal_(0.0, residual_std);
-    } else {
-      p.normal_(0.0, 0.02);
-    }
-  }
+  for (auto& item : model->named_parameters()) init_parameter(config, item.key(), item.value());
   return model;
 }
 

@@ -66,6 +66,8 @@ TORCH_MODULE(GPT);
 /// GPT-2's initialisation from `seed`: normal(0, 0.02) weights, residual projections scaled by
 /// 1/sqrt(2·layers), zero biases, unit LayerNorms. The same seed gives the same model anywhere.
 GPT make_gpt(const GPTConfig& config, uint64_t seed);
+/// GPT-2's initialisation of one parameter, by name (a path from the model or from its block).
+void init_parameter(const GPTConfig& config, const std::string& name, torch::Tensor& p);
 
 /// Mean cross-entropy of next-byte prediction.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

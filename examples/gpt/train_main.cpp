@@ -65,6 +65,12 @@ int main(int argc, char** argv) {
       ->check(dtypes);
   app.add_option("--loss-scale", o.loss_scale, "fp16: initial scale of the sharded gradient scaler")
       ->check(CLI::PositiveNumber);
+  app.add_flag("--deferred-init", o.deferred_init,
+               "build, initialise and shard one block at a time (set-up memory: sharded model + one "
+               "block); initial values differ from the eager build's (other random order)");
+  app.add_option("--freeze", o.freeze,
+                 "parameters whose name contains this do not train (repeatable; with "
+                 "--deferred-init a block's names lack the 'h.N.' prefix)");
   app.add_flag("--activation-checkpointing", activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");

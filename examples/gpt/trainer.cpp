@@ -183,6 +183,34 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
   return loss_sum;
 }
 
+bool frozen(const TrainOptions& o, const std::string& name) {
+  for (const auto& pattern : o.freeze) {
+    if (name.find(pattern) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The GPT, sharded unless this is the reference. Deferred: built and sharded block by block,
+// each block initialised (and frozen) by its own parameter names just before it is sharded.
+fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
+  if (dist && o.deferred_init) {
+    return fsdp::fully_shard_deferred(
+        [&] {
+          torch::manual_seed(o.seed);
+          return GPT(o.model);
+        },
+        *dist->world, o.fsdp, [&](const std::string& name, torch::Tensor& p) {
+          init_parameter(o.model, name, p);
+          if (frozen(o, name)) p.set_requires_grad(false);
+        });
+  }
+  GPT gpt = make_gpt(o.model, o.seed);
+  for (auto& item : gpt->named_parameters()) {
+    if (frozen(o, item.key())) item.value().set_requires_grad(false);
+  }
+  return dist ? fsdp::fully_shard(gpt, *dist->world, o.fsdp) : fsdp::Unit<GPT>(gpt);
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
@@ -191,9 +219,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   fsdp::install_memory_counter();
   const ByteCorpus corpus = ByteCorpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
 
-  GPT gpt = make_gpt(o.model, o.seed);
+  fsdp::Unit<GPT> model = build_model(o, dist);
+  GPT gpt = model.module();
   auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay);
-  fsdp::Unit<GPT> model = dist ? fsdp::fully_shard(gpt, *dist->world, o.fsdp) : fsdp::Unit<GPT>(gpt);
   if (!o.init_from.empty()) {
     fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);
   }

@@ -37,6 +37,8 @@ struct TrainOptions {
   bool no_sync = false;      // accumulate without communication (one reduction per step)
   double clip = 0;           // clip the global gradient norm to this (0: off)
   double loss_scale = 65536;  // fp16: the gradient scaler's initial scale
+  bool deferred_init = false;  // build and shard block by block (fsdp::fully_shard_deferred)
+  std::vector<std::string> freeze;  // parameters whose name contains one of these do not train
   std::string checkpoint_dir;  // sharded checkpoints: DIR/step-NNNNNNNN, DIR/latest
   int64_t save_every = 0;      // save every N steps and after the last (0: never)
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir, if any
