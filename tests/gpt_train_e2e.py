@@ -1,6 +1,7 @@
 """End to end: gpt_train under fsdprun (W=2) writes per-rank metrics whose losses equal the
 unsharded reference's (gpt_train --reference --world-size 2) on the same global batches; with
-mixed precision, activation checkpointing and frozen parameters too; fp16 with deferred
+mixed precision, activation checkpointing and frozen parameters too (and a sharded checkpoint
+resumed bitwise); fp16 with deferred
 initialisation trains, its loss scale in the metrics."""
 import json
 import subprocess
@@ -49,6 +50,27 @@ def run_pair(bin_dir, args, flags, tmp):
     return read(f"{tmp}/f-0.jsonl"), read(f"{tmp}/r.jsonl")
 
 
+def with_steps(args, steps):
+    out = list(args)
+    out[out.index("--steps") + 1] = str(steps)
+    return out
+
+
+def resume_matches(bin_dir, args, flags, uninterrupted):
+    """Save a sharded checkpoint at step 3 (frozen and bf16 flat parameters), resume to step 6:
+    bitwise the losses of the uninterrupted run."""
+    launch = [f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/gpt_train"]
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([*launch, *with_steps(args, 3), *flags, "--save-every", "3",
+                        "--checkpoint-dir", f"{tmp}/ckpt"], check=True)
+        subprocess.run([*launch, *args, *flags, "--checkpoint-dir", f"{tmp}/ckpt", "--resume",
+                        "--metrics", f"{tmp}/resumed-{{rank}}.jsonl"], check=True)
+        resumed = read(f"{tmp}/resumed-0.jsonl")
+    assert [x["step"] for x in resumed] == [3, 4, 5], resumed
+    assert [x["loss"] for x in resumed] == [x["loss"] for x in uninterrupted[3:]], (resumed, uninterrupted)
+    print("resumed at step 3 with frozen and bf16 flat parameters: bitwise the same losses")
+
+
 def features(bin_dir, args, fp32):
     flags = ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--activation-checkpointing",
              "--freeze", "wpe"]
@@ -63,6 +85,7 @@ def features(bin_dir, args, fp32):
     assert sharded[0]["bytes_reduce_scatter"] < fp32[0]["bytes_reduce_scatter"]
     print("bf16 + activation checkpointing + frozen wpe: losses match the reference:",
           [round(x["loss"], 5) for x in sharded])
+    resume_matches(bin_dir, args, flags, sharded)
 
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/gpt_train", *args,
