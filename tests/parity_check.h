@@ -84,4 +84,49 @@ inline void expect_same_losses(const std::vector<double>& sharded, const std::ve
   std::printf("max relative loss difference = %.3g\n", worst);
 }
 
+// Low-precision tolerances. The sharded run and the reference compute the same forward (each row
+// of a matmul is the same dot products, rounded once to the compute dtype), but the weight
+// gradient of a rank sums B rows where the reference sums W·B, and each sum is rounded to the
+// compute dtype: a relative difference of about one unit roundoff u per gradient element
+// (bf16 u = 2^-8 = 3.9e-3, fp16 u = 2^-11 = 4.9e-4). AdamW turns a gradient perturbed by u into
+// an update perturbed by about u·lr; an element whose gradient is all rounding noise (see
+// parity_check.h; at most kNoiseElementsMaxFraction of them) moves by up to 2·lr per step
+// differently. So after n steps the mean parameter difference stays below 2·n·lr·(u + fraction),
+// where a real error (a missed reduction, a wrong scale) moves nearly every element by ~lr per
+// step; the loss differs by about u times its sensitivity, below u.
+struct LowPrecisionTolerance {
+  double unit_roundoff;
+  double loss_rel() const { return unit_roundoff; }
+  double mean_param_diff(const gpt::TrainOptions& o) const {
+    return 2 * o.steps * o.lr * (unit_roundoff + kNoiseElementsMaxFraction);
+  }
+};
+
+// Every parameter within n·lr, and on average within mean_param_diff.
+inline void expect_params_within(const std::vector<std::pair<std::string, torch::Tensor>>& sharded,
+                          const std::map<std::string, torch::Tensor>& reference,
+                          double max_diff, double mean_diff) {
+  double sum = 0, worst = 0;
+  int64_t total = 0;
+  for (const auto& [name, tensor] : sharded) {
+    const auto diff = (tensor - reference.at(name)).abs();
+    worst = std::max(worst, diff.max().item<double>());
+    sum += diff.sum().item<double>();
+    total += tensor.numel();
+  }
+  std::printf("parameters: mean |diff| %.3g (bound %.3g), max %.3g (bound %.3g)\n", sum / total,
+              mean_diff, worst, max_diff);
+  EXPECT_LE(worst, max_diff);
+  EXPECT_LE(sum / total, mean_diff);
+}
+
+inline void expect_losses_within(const std::vector<double>& a, const std::vector<double>& b, double rel,
+                          const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / b[i]);
+  std::printf("%s: max relative loss difference %.3g (tolerance %.3g)\n", what, worst, rel);
+  EXPECT_LE(worst, rel) << what;
+}
+
 }  // namespace fsdp_test

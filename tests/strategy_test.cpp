@@ -48,6 +48,24 @@ TEST(Strategy, EveryStrategyMatchesTheUnshardedReference) {
   }
 }
 
+// Mixed precision under every strategy (NO_SHARD's unshard is a cast without a collective;
+// hybrid reduces in bf16 across the replicas too), against the bf16 reference: bf16 tolerances.
+TEST(Strategy, EveryStrategyInBf16MatchesTheBf16Reference) {
+  auto o = tiny_run();
+  o.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+  o.reference_world_size = dist().world_size();
+  const auto reference = gpt::train(o, nullptr);
+  const LowPrecisionTolerance tol{1.0 / 256};
+  for (auto options : strategies_for(dist().world_size())) {
+    SCOPED_TRACE(fsdp::to_string(options.strategy()));
+    o.fsdp = options.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+    const auto sharded = gpt::train(o, &dist());
+    expect_losses_within(sharded.losses, reference.losses, tol.loss_rel(), fsdp::to_string(options.strategy()));
+    expect_params_within(sharded.final_params, as_map(reference.final_params), 2 * o.lr * o.steps,
+                         tol.mean_param_diff(o));
+  }
+}
+
 TEST(Strategy, BytesPerCollectiveMatchTheFormulas) {
   const int w = dist().world_size();
   static const auto corpus = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
