@@ -53,9 +53,11 @@ c10::ScalarType FsdpState::reduce_dtype(c10::ScalarType grad_dtype) const {
   return options_.mixed_precision().reduce_dtype().value_or(grad_dtype);
 }
 
-std::pair<double, double> FsdpState::gradient_divide_factors() const {
-  // PyTorch FSDP's choice: double p while it divides W and p < W / p (W = 4: 2 and 2).
+std::pair<double, double> FsdpState::gradient_divide_factors(c10::ScalarType dtype) const {
   const int w = world_.size();
+  // fp32/fp64 sums of W gradients cannot overflow: one division of the (W times smaller) shard.
+  if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w)};
+  // PyTorch FSDP's choice: double p while it divides W and p < W / p (W = 4: 2 and 2).
   int pre = 1;
   while (w % pre == 0 && w / pre > pre) pre *= 2;
   return {static_cast<double>(pre), static_cast<double>(w) / pre};

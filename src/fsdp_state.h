@@ -33,8 +33,9 @@ class FsdpState {
   void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
   /// The dtype gradients are reduced in, for a unit whose unsharded gradient is in `grad_dtype`.
   c10::ScalarType reduce_dtype(c10::ScalarType grad_dtype) const;
-  /// (pre, post): gradients are divided by `pre` before the sum and by `post` after; pre*post = W.
-  std::pair<double, double> gradient_divide_factors() const;
+  /// (pre, post): gradients reduced in `dtype` are divided by `pre` before the sum and by `post`
+  /// after; pre*post = W.
+  std::pair<double, double> gradient_divide_factors(c10::ScalarType dtype) const;
   std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
   const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
 

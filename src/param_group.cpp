@@ -228,10 +228,10 @@ void ParamGroup::reduce_gradient() {
   at::Tensor full_grad = flat_.full_grad().to(dtype);  // no copy when the dtypes agree
   const bool into_shard = !accumulate_into_shard_ && grad_shard.scalar_type() == dtype;
   at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
-  // The mean over W ranks as a division before the sum and one after, each about sqrt(W): a
-  // low-precision sum of W undivided gradients could overflow, a sum of fully divided ones
+  // In low precision, the mean over W ranks as a division before the sum and one after, each
+  // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones
   // underflow (paper, section 4.3).
-  const auto [pre, post] = state_.gradient_divide_factors();
+  const auto [pre, post] = state_.gradient_divide_factors(dtype);
   if (pre != 1.0) full_grad.div_(pre);
   // Sum inside the shard group, then across the replicas of this shard (hybrid, no-shard).
   state_.collectives().reduce_scatter_sum(reduced, full_grad);

@@ -11,12 +11,7 @@ namespace fsdp_test {
 namespace {
 
 gpt::GPTConfig small_gpt() {
-  gpt::GPTConfig config;
-  config.layers = 4;
-  config.dim = 64;
-  config.heads = 4;
-  config.max_seq = 32;
-  return config;
+  return gpt::GPTConfig::sized(/*layers=*/4, /*dim=*/64, /*heads=*/4, /*max_seq=*/32);
 }
 
 const gpt::ByteCorpus& corpus() {

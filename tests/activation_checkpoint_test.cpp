@@ -33,11 +33,7 @@ TEST(ActivationCheckpointing, TrainsBitwiseTheSameAndMovesTheSameBytes) {
 
 // Peak tensor memory of one training step, above what is allocated before it.
 int64_t step_peak_bytes(bool checkpointing) {
-  gpt::GPTConfig config;
-  config.layers = 4;
-  config.dim = 64;
-  config.heads = 4;
-  config.max_seq = 128;
+  const auto config = gpt::GPTConfig::sized(/*layers=*/4, /*dim=*/64, /*heads=*/4, /*max_seq=*/128);
   auto model = fsdp::fully_shard(gpt::make_gpt(config, 7), *dist().world,
                                  fsdp::FullyShardOptions().activation_checkpointing(checkpointing));
   auto tokens = torch::randint(0, 256, {8, config.max_seq + 1}, torch::kLong);

@@ -13,11 +13,7 @@ namespace {
 
 TEST(BadInput, DifferentModelsFailOnEveryRankNamingTheParameter) {
   if (dist().world_size() < 2) GTEST_SKIP() << "needs two ranks";
-  gpt::GPTConfig config;
-  config.layers = 2;
-  config.dim = 32;
-  config.heads = 2;
-  config.max_seq = 16;
+  auto config = gpt::GPTConfig::sized(/*layers=*/2, /*dim=*/32, /*heads=*/2, /*max_seq=*/16);
   if (dist().rank() == 1) config.dim = 48;  // rank 1 was started with another configuration
   auto model = gpt::make_gpt(config, 1);
   const auto start = std::chrono::steady_clock::now();

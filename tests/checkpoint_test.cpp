@@ -59,12 +59,7 @@ std::string shard_name(int shard, int shards) {
 }
 
 gpt::GPTConfig small_config() {
-  gpt::GPTConfig config;
-  config.layers = 2;
-  config.dim = 32;
-  config.heads = 2;
-  config.max_seq = 16;
-  return config;
+  return gpt::GPTConfig::sized(/*layers=*/2, /*dim=*/32, /*heads=*/2, /*max_seq=*/16);
 }
 
 constexpr int64_t kBatch = 2;  // rows per rank

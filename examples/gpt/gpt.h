@@ -20,6 +20,15 @@ struct GPTConfig {
 
   /// Throws naming the bad value (e.g. dim not divisible by heads).
   void validate() const;
+  /// A configuration of the given size (byte vocabulary).
+  static GPTConfig sized(int64_t layers, int64_t dim, int64_t heads, int64_t max_seq) {
+    GPTConfig config;
+    config.layers = layers;
+    config.dim = dim;
+    config.heads = heads;
+    config.max_seq = max_seq;
+    return config;
+  }
 };
 
 struct CausalSelfAttentionImpl : torch::nn::Module {
