@@ -11,6 +11,11 @@ tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/trainer
 forward, cross-entropy, backward, AdamW step, all-reduce of the loss for the global mean), and it is
 timed over the same span.
 
+`--param-dtype bf16 --reduce-dtype fp32` is gpt_train's mixed precision policy of the same flags:
+`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)` on every unit (fp32 sharded masters and
+optimizer, bf16 all-gather and compute, fp32 reduce-scatter); the loss is computed in fp32 from the
+bf16 logits, as gpt_train's.
+
 Metrics are JSON lines with gpt_train's keys where the meaning is the same (step, loss, step_ms,
 tokens_per_s, bytes_all_gather, bytes_reduce_scatter, bytes_all_reduce) and differently named keys
 where it is not: PyTorch exposes no exact tensor-byte counter on CPU (gpt_train's mem_peak_bytes
@@ -33,7 +38,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # fp16 would need gpt_train's gradient scaler
 
 
 class CausalSelfAttention(nn.Module):
@@ -91,7 +98,8 @@ class GPT(nn.Module):
 
 
 def lm_loss(logits, targets):
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+    # In fp32 even when the model computes in bf16, as gpt_train's lm_loss (a no-op in fp32).
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
 def make_optimizer(model, lr, weight_decay):
@@ -150,6 +158,9 @@ def main():
     ap.add_argument("--steps", type=int, default=None, help="default: every dumped step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--param-dtype", choices=DTYPES, default="fp32", help="mixed precision: compute dtype")
+    ap.add_argument("--reduce-dtype", choices=DTYPES, default=None,
+                    help="mixed precision: gradient reduction dtype (default: --param-dtype)")
     ap.add_argument("--init-from", required=True, help="full params (gpt_train --save-full)")
     ap.add_argument("--batches", required=True, help="gpt_train --dump-batches output")
     ap.add_argument("--metrics", default="", help="JSON lines per step; {rank} becomes the rank")
@@ -172,9 +183,12 @@ def main():
 
     model = GPT(args.layers, args.dim, args.heads, args.seq)
     model.load_state_dict(torch.load(args.init_from), strict=True)
+    param_dtype = DTYPES[args.param_dtype]
+    reduce_dtype = DTYPES[args.reduce_dtype or args.param_dtype]
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.h:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
 
     metrics = None
