@@ -62,10 +62,10 @@ IDLE_WAIT_S = 5
 # one should expect early on. A peer with a deliberate architectural or optimizer difference (erf
 # GELU, LayerNorm eps 1e-6, weight decay on every parameter, betas (0.9, 0.999)) departs by
 # 4e-5..6e-4 within the small run's 14 steps, so the tolerances sit 5-10x above the expected noise
-# and below those departures. bf16: a reassociated sum is rounded to bf16 (unit roundoff
-# u = 2^-8 = 3.9e-3) before it reaches the loss, so one u bounds the loss difference (the bound
-# tests/parity_check.h uses against the unsharded reference).
-LOSS_TOLERANCE = {"fp32": (5e-5, 1e-4), "bf16": (3.9e-3, 3.9e-3)}
+# and below those departures. bf16: same kernels on the same bf16 values, but a reassociated fp32
+# sum can flip a bf16 rounding: measured step 0 bitwise equal, ≤ 1.5e-5 over 6 steps; a peer that
+# computes in fp32 instead departs by 2.6e-4 at step 2 and 6.4e-4 at step 4.
+LOSS_TOLERANCE = {"fp32": (5e-5, 1e-4), "bf16": (5e-5, 2e-4)}
 
 GOALS = {"ratio_vs_peer": {"small": 0.80, "medium": 0.95}, "ratio_vs_floor": 1.10,
          "peak_vs_bound": 1.05}
@@ -247,7 +247,8 @@ def run_kind(kind, r, c, d, world, data, timeout):
     complete = all(len(m) == c["steps"] for m in ranks)
     failed = [(code, log_path) for code, log_path in zip(res["exit_codes"], logs) if code != 0]
     if (failed and not (kind == "peer" and complete)) or not complete:
-        detail = "".join(f"exit {code}, log {path}:\n{tail(path)}" for code, path in failed)
+        shown = failed or list(zip(res["exit_codes"], logs))
+        detail = "".join(f"exit {code}, log {path}:\n{tail(path)}" for code, path in shown)
         raise SystemExit(f"[bench] FAILED: {kind} round {r}: metric lines per rank "
                          f"{[len(m) for m in ranks]} (expected {c['steps']}); {' '.join(cmds[0])}\n{detail}")
     med = statistics.median(max(m[s]["step_ms"] for m in ranks) for s in range(c["warmup"], c["steps"]))
@@ -257,7 +258,7 @@ def run_kind(kind, r, c, d, world, data, timeout):
     if kind == "peer":  # the ranks' own getrusage (wait4 on torchrun also sees its agent)
         record["rss_peak_bytes"] = max(m[-1]["rss_peak_bytes"] for m in ranks)
     if failed:
-        record["teardown_failure"] = {"exit_code": failed[0][0], "log_tail": tail(failed[0][1], 5)}
+        record["teardown_failure"] = {"exit_code": failed[0][0], "log_tail": tail(failed[0][1])}
         log(f"NOTE: peer round {r} exited {failed[0][0]} after writing all {c['steps']} steps' "
             f"metrics (teardown); the round is kept. Log: {failed[0][1]}")
     return ranks, record
