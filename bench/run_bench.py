@@ -183,7 +183,8 @@ def launch(cmds, logs, timeout):
             out.close()
     wall = time.perf_counter() - start
     others = max(0.0, (cpu_busy_seconds() - busy - cpu_s) / wall)
-    return {"exit_codes": [p.returncode for p in procs], "wall_s": wall, "maxrss": maxrss, "cpu_s": cpu_s, "others": others}
+    return {"exit_codes": [p.returncode for p in procs], "wall_s": wall, "maxrss": maxrss, "cpu_s": cpu_s,
+            "others": others}
 
 
 def read_jsonl(path):
@@ -359,7 +360,8 @@ def summarize(c, world, init, metrics):
     summary.update(loss_agreement(c, metrics))
     summary.update(collective_bytes(world, padded, metrics))
     if c["dtype"] == "fp32":  # the bound is specified for fp32 parameters, gradients and state
-        summary.update(memory_bound(world, psi, padded, metrics, summary["cpp_peak_bytes"]))
+        summary.update(memory_bound(world, psi, padded, metrics, summary["cpp_peak_bytes"],
+                                    summary["floor_peak_bytes"]))
     return summary
 
 
@@ -392,9 +394,8 @@ def collective_bytes(world, padded, metrics):
                                              "reduce_scatter": 4 * ring * sum(padded.values())}}
 
 
-def memory_bound(world, psi, padded, metrics, cpp_peak):
+def memory_bound(world, psi, padded, metrics, cpp_peak, floor_peak):
     """The bound of bench/README.md ("Bound") for the C++ peak tensor bytes per rank, fp32."""
-    floor_peak = max(m["mem_peak_bytes"] for ranks in metrics["floor"] for r in ranks for m in r)
     floor_current = metrics["floor"][0][0][-1]["mem_current_bytes"]  # after a step: 16Ψ + corpus
     blocks = sorted((n for u, n in padded.items() if u != "root"), reverse=True)
     persistent = 16 * sum(padded.values()) // world
