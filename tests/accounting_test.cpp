@@ -1,6 +1,7 @@
 // Memory and communication per rank, measured with the counting allocator and the byte counters,
 // against the formulas of DESIGN.md computed from the units' sizes.
 #include "dist_env.h"
+#include "model_sizes.h"
 
 #include "data.h"
 #include "gpt.h"
@@ -136,10 +137,13 @@ TEST(Accounting, BytesPerStepMatchTheRingFormulas) {
   const auto config = small_gpt();
   auto model = fsdp::fully_shard(gpt::make_gpt(config, 3), *dist().world);
   const int64_t w = dist().world_size();
+  // From the model's parameter counts (padded to a multiple of W), not the library's unit sizes.
+  const auto numels = gpt_unit_numels(config);
+  ASSERT_EQ(model.units().size(), numels.size());
   int64_t expected_all_gather = 0, expected_reduce_scatter = 0;
-  for (const auto& unit : model.units()) {
-    const int64_t ring = (w - 1) * bytes_of(unit, unit.shard_numel);  // Ψ_i (W-1)/W per pass
-    expected_all_gather += unit.is_root ? ring : 2 * ring;  // blocks: forward and backward
+  for (const auto& [unit, numel] : numels) {
+    const int64_t ring = (w - 1) * 4 * shard_elements(numel, w);  // W-1 fp32 shards sent per pass
+    expected_all_gather += unit.empty() ? ring : 2 * ring;  // blocks: forward and backward
     expected_reduce_scatter += ring;
   }
   auto [x, y] = local_batch(2, 2, config.max_seq);

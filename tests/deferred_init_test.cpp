@@ -79,12 +79,15 @@ TEST(DeferredInit, InitialisesEachParameterBeforeShardingAndCanTakeRankZerosValu
       p.normal_(0.0, 0.02);
     }
   };
-  auto model = fsdp::fully_shard_deferred(
-      [] {
-        torch::manual_seed(100 + dist().rank());
-        return Tower();
-      },
-      *dist().world, fsdp::FullyShardOptions().sync_module_states(true), init);
+  auto build_with_seed = [&](uint64_t seed, bool sync) {
+    return fsdp::fully_shard_deferred(
+        [seed] {
+          torch::manual_seed(seed);
+          return Tower();
+        },
+        *dist().world, fsdp::FullyShardOptions().sync_module_states(sync), init);
+  };
+  auto model = build_with_seed(100 + dist().rank(), /*sync=*/true);
   const auto params = fsdp::gather_full_params(model);
   ASSERT_EQ(params.size(), static_cast<size_t>(2 * kSlabs + 2));
   EXPECT_EQ(params.front().first, "head.weight");  // the root unit comes first
@@ -96,12 +99,19 @@ TEST(DeferredInit, InitialisesEachParameterBeforeShardingAndCanTakeRankZerosValu
       EXPECT_LT(tensor.std().item<double>(), 0.03) << name;
     }
   }
-  // Rank 0's values everywhere: every rank's full copy is identical.
-  auto checksum = torch::zeros({1}, torch::kDouble);
-  for (const auto& item : params) checksum += item.second.to(torch::kDouble).sum();
-  auto total = checksum.clone();
-  fsdp::all_reduce_sum(*dist().world, total);
-  EXPECT_NEAR(total.item<double>(), checksum.item<double>() * dist().world_size(), 1e-6);
+  // Rank 0's values everywhere, bitwise: the model every rank builds from rank 0's seed. (Each
+  // rank's own shard is what it holds; without the broadcast, rank r > 0's shards would be those
+  // of seed 100 + r, and the gathered model a mixture.)
+  auto from_rank0_seed = build_with_seed(100, /*sync=*/false);
+  const auto expected = fsdp::gather_full_params(from_rank0_seed);
+  ASSERT_EQ(params.size(), expected.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_EQ(params[i].first, expected[i].first);
+    EXPECT_TRUE(torch::equal(params[i].second, expected[i].second)) << expected[i].first;
+  }
+  // And the sharded model computes what rank 0's model computes.
+  auto x = torch::randn({2, kWidth}, at::detail::createCPUGenerator(7));
+  EXPECT_TRUE(torch::equal(model(x), from_rank0_seed(x)));
 }
 
 }  // namespace

@@ -37,4 +37,35 @@ void ReferencePrecision::restore_masters() {
   }
 }
 
+ReferenceLossScaler::ReferenceLossScaler(double init_scale, double growth, double backoff,
+                                         int64_t growth_interval)
+    : scale_(init_scale), growth_(growth), backoff_(backoff), growth_interval_(growth_interval) {}
+
+torch::Tensor ReferenceLossScaler::scale(const torch::Tensor& loss) const { return loss * scale_; }
+
+bool ReferenceLossScaler::unscale_step_update(torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  // torch.amp: the reciprocal of the scale, in fp32, multiplies every gradient.
+  const float inverse = static_cast<float>(1.0 / scale_);
+  bool finite = true;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      param.mutable_grad().mul_(inverse);
+      finite = finite && torch::isfinite(param.grad()).all().item<bool>();
+    }
+  }
+  if (finite) {
+    optimizer.step();
+    if (++finite_steps_ == growth_interval_) {
+      scale_ *= growth_;
+      finite_steps_ = 0;
+    }
+  } else {
+    scale_ *= backoff_;
+    finite_steps_ = 0;
+  }
+  return finite;
+}
+
 }  // namespace gpt

@@ -7,6 +7,7 @@
 #include <fsdp/options.h>
 
 #include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
 
 #include <vector>
 
@@ -26,6 +27,27 @@ class ReferencePrecision {
   std::vector<torch::Tensor> masters_;      // the fp32 data while the parameters are cast
   std::vector<torch::Tensor> master_grads_;  // gradients of earlier micro-batches
   fsdp::MixedPrecision policy_;
+};
+
+/// Dynamic loss scaling for the unsharded reference, written apart from the library's
+/// fsdp::ShardedGradScaler (so that a bug there cannot show on both sides of a comparison), with
+/// torch.amp.GradScaler's rules: gradients divided by the scale; a step with an inf or NaN
+/// gradient is skipped and the scale multiplied by `backoff`; after `growth_interval` finite
+/// steps in a row it is multiplied by `growth`.
+class ReferenceLossScaler {
+ public:
+  explicit ReferenceLossScaler(double init_scale, double growth = 2.0, double backoff = 0.5,
+                               int64_t growth_interval = 2000);
+
+  torch::Tensor scale(const torch::Tensor& loss) const;
+  /// Unscales the gradients of the optimizer's parameters, steps unless one is not finite,
+  /// updates the scale. Returns whether it stepped.
+  bool unscale_step_update(torch::optim::Optimizer& optimizer);
+  double current_scale() const { return scale_; }
+
+ private:
+  double scale_, growth_, backoff_;
+  int64_t growth_interval_, finite_steps_ = 0;
 };
 
 }  // namespace gpt
