@@ -1,8 +1,8 @@
 """End to end: gpt_train under fsdprun (W=2) writes per-rank metrics whose losses equal the
 unsharded reference's (gpt_train --reference --world-size 2) on the same global batches; with
 mixed precision, activation checkpointing and frozen parameters too (and a sharded checkpoint
-resumed bitwise); fp16 with deferred
-initialisation trains, its loss scale in the metrics."""
+resumed bitwise); fp16 with the sharded scaler matches the fp16 reference, its loss scale
+following GradScaler's rule (checked here), overflowing steps skipped on both ranks."""
 import json
 import subprocess
 import sys
@@ -87,15 +87,53 @@ def features(bin_dir, args, fp32):
           [round(x["loss"], 5) for x in sharded])
     resume_matches(bin_dir, args, flags, sharded)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/gpt_train", *args,
-                        "--param-dtype", "fp16", "--deferred-init", "--metrics",
-                        f"{tmp}/h-{{rank}}.jsonl"], check=True)
-        half = read(f"{tmp}/h-0.jsonl")
-    assert all(x["loss_scale"] > 0 for x in half)
-    assert half[-1]["loss"] < half[0]["loss"], [x["loss"] for x in half]
-    print("fp16 + sharded gradient scaler + deferred init:", [round(x["loss"], 4) for x in half])
+    fp16(bin_dir, args)
 
+
+def expected_scales(init, skipped, growth=2.0, backoff=0.5, interval=2000):
+    """torch.amp.GradScaler's rule, written here and not taken from the library: the scale after
+    each step, given which steps were skipped."""
+    scale, good, out = init, 0, []
+    for skip in skipped:
+        if skip:
+            scale, good = scale * backoff, 0
+        else:
+            good += 1
+            if good == interval:
+                scale, good = scale * growth, 0
+        out.append(scale)
+    return out
+
+
+def fp16(bin_dir, args):
+    """fp16 + the sharded gradient scaler against the unsharded fp16 reference; the loss scale
+    follows GradScaler's rule, and (with deferred init, whose model is initialised in another
+    order than the reference's) a scale that overflows skips steps."""
+    with tempfile.TemporaryDirectory() as tmp:
+        half, reference = run_pair(bin_dir, args, ["--param-dtype", "fp16"], tmp)
+    # fp16 unit roundoff 2^-11 (tests/precision_test.cpp); 65536 overflows neither run here.
+    for a, r in zip(half, reference):
+        assert not a["skipped"] and not r["skipped"], (a, r)
+        assert abs(a["loss"] - r["loss"]) <= 2 ** -11 * r["loss"], f"fp16: {a['loss']} vs {r['loss']}"
+    assert [x["loss_scale"] for x in half] == expected_scales(65536.0, [False] * len(half)), half
+    assert half[-1]["loss"] < half[0]["loss"], [x["loss"] for x in half]
+    print("fp16 + sharded gradient scaler: losses match the fp16 reference:",
+          [round(x["loss"], 4) for x in half])
+
+    # 2^22: the logits' gradient alone (scale / 64 tokens per rank, up to 2^16) overflows fp16's
+    # 65504, so step 0 is skipped on both ranks and the scale halved; by 65536 (the run above)
+    # steps go through again: at most 6 skips, so the last of 10 steps is taken.
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/gpt_train",
+                        *with_steps(args, 10), "--param-dtype", "fp16", "--deferred-init",
+                        "--loss-scale", str(2 ** 22), "--metrics", f"{tmp}/s-{{rank}}.jsonl"],
+                       check=True)
+        rank0, rank1 = read(f"{tmp}/s-0.jsonl"), read(f"{tmp}/s-1.jsonl")
+    skipped = [x["skipped"] for x in rank0]
+    assert skipped == [x["skipped"] for x in rank1], (rank0, rank1)
+    assert skipped[0] and not skipped[-1], skipped
+    assert [x["loss_scale"] for x in rank0] == expected_scales(2.0 ** 22, skipped), rank0
+    print("fp16 from scale 2^22: skipped", skipped, "scales", [x["loss_scale"] for x in rank0])
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])

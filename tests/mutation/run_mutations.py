@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Mutation testing of the engine: each mutation changes one line of src/ in a separate worktree
+(never the shared checkout), rebuilds fsdp_dist_tests, runs the tests meant to catch it (with a
+timeout, stopping at the first that fails) and restores the file with git checkout.
+
+    python3 tests/mutation/run_mutations.py /work/mut [--only ID,...] [--out table.md]
+
+The worktree must be built (build/bin/fsdp_dist_tests, fsdprun). Prints a Markdown table:
+mutation -> the failing test(s), or "survived"."""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+D = "fsdp_dist_tests"
+
+# (id, file, exact original line (stripped), mutated line, [(world size, gtest filter), ...])
+# A run is red when fsdprun exits non-zero (a failed assertion, a crash, a timeout).
+MUTATIONS = [
+    ("pre-division-removed", "src/param_group.cpp",
+     "if (pre != 1.0) full_grad.div_(pre);",
+     "(void)pre;",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (2, "MixedPrecision.*")]),
+    ("post-division-removed", "src/param_group.cpp",
+     "if (post != 1.0) reduced.div_(post);",
+     "(void)post;",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm")]),
+    ("16-bit-factors-swapped", "src/fsdp_state.cpp",
+     "return {static_cast<double>(pre), static_cast<double>(w) / pre};",
+     "return {static_cast<double>(w) / pre, static_cast<double>(w) / pre};",
+     [(3, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (4, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm")]),
+    ("fp32-divides-by-w-minus-1", "src/fsdp_state.cpp",
+     "if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w)};",
+     "if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w > 1 ? w - 1 : 1)};",
+     [(3, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm")]),
+    ("shard-offset-reversed", "src/flat_param.cpp",
+     "const int64_t shard_offset = rank * shard_numel_;",
+     "const int64_t shard_offset = (world_size - 1 - rank) * shard_numel_;",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (2, "Parity.AwkwardModelMatchesReference")]),
+    ("no-padding", "src/flat_param.cpp",
+     "shard_numel_ = (numel_ + world_size - 1) / world_size;",
+     "shard_numel_ = numel_ / world_size;",
+     [(3, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (3, "Parity.AwkwardModelMatchesReference")]),
+    ("backward-prefetch-wrong-unit", "src/fsdp_state.cpp",
+     "if (it != order.rend() && ++it != order.rend()) (*it)->issue_unshard(/*optional=*/true);",
+     "if (it != order.rend() && it != order.rbegin()) (*--it)->issue_unshard(/*optional=*/true);",
+     [(2, "Accounting.BytesPerStepMatchTheRingFormulas"),
+      (2, "Strategy.BytesPerCollectiveMatchTheFormulas"), (2, "Accounting.*")]),
+    ("root-prefetches-first-unit", "src/fsdp_state.cpp",
+     "if (!order.empty()) order.back()->issue_unshard(/*optional=*/true);",
+     "if (!order.empty()) order.front()->issue_unshard(/*optional=*/true);",
+     [(2, "Accounting.*"), (2, "Strategy.BytesPerCollectiveMatchTheFormulas"),
+      (2, "Parity.PrefetchAndRateLimiterChangeNothingNumerically")]),
+    ("no-reshard-after-forward", "src/param_group.cpp",
+     "const bool keep = will_backward && (is_root_ || !reshards_after_forward(state_.options().strategy()));",
+     "const bool keep = will_backward;",
+     [(2, "Accounting.ForwardHoldsNoUnshardedUnitBeyondTheBound"),
+      (2, "Strategy.BytesPerCollectiveMatchTheFormulas")]),
+    ("no-sync-ignored", "src/param_group.cpp",
+     "if (state_.no_sync()) {  // keep the unsharded gradient for the next backward",
+     "if (false) {  // keep the unsharded gradient for the next backward",
+     [(2, "Training.GradientAccumulationWithoutCommunicationEqualsTheLargeBatch")]),
+    ("no-sync-sum-dropped", "src/param_group.cpp",
+     "if (!full_grad_kept_) {  // else no_sync kept the sum so far: keep adding to it",
+     "if (true) {  // else no_sync kept the sum so far: keep adding to it",
+     [(2, "Training.GradientAccumulationWithoutCommunicationEqualsTheLargeBatch")]),
+    ("accumulation-overwrites", "src/param_group.cpp",
+     "grad_shard.add_(reduced);",
+     "grad_shard.copy_(reduced);",
+     [(2, "Training.GradientAccumulationWithCommunicationEqualsTheLargeBatch")]),
+    ("clip-norm-local-only", "src/clip.cpp",
+     "state.collectives().all_reduce_sum(sum_of_squares);",
+     "(void)state;",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (2, "Training.GlobalGradientNormEqualsTheUnshardedNormForEveryStrategy")]),
+    ("clip-never-scales", "src/clip.cpp",
+     "if (scale < 1.0) {",
+     "if (scale > 1.0) {",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (2, "Training.ClippedTrainingMatchesTheReference")]),
+    ("checkpoint-piece-offset", "src/checkpoint.cpp",
+     "const int64_t begin = shard_rank * flat.shard_numel() + e.shard_begin - e.offset;",
+     "const int64_t begin = shard_rank * flat.shard_numel() + e.shard_begin - e.offset + (shard_rank > 0 ? 1 : 0);",
+     [(2, "Checkpoint.*"), (3, "Checkpoint.*")]),
+    ("hybrid-replica-reduction-removed", "src/param_group.cpp",
+     "if (Collectives* replicas = state_.replicate_collectives()) replicas->all_reduce_sum(reduced);",
+     "(void)0;",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (4, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm")]),
+    ("frozen-grouped-with-trainable", "src/unit_groups.cpp",
+     "const size_t kind = (item.second.requires_grad() ? 0 : 2) + (keep ? 1 : 0);",
+     "const size_t kind = (keep ? 1 : 0);",
+     [(2, "FrozenParams.*")]),
+    ("scaler-unscale-skipped", "src/grad_scaler.cpp",
+     "grad.mul_(1.0 / scale_);",
+     "grad.mul_(1.0);",
+     [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
+      (2, "MixedPrecision.*:GradScaler.*")]),
+    ("scaler-overflow-not-agreed", "src/grad_scaler.cpp",
+     "if (group_) all_reduce_sum(*group_, overflowed);",
+     "(void)group_;",
+     [(2, "GradScaler.*")]),
+    ("sync-module-states-broadcast-removed", "src/deferred_init.cpp",
+     "if (state.options().sync_module_states()) broadcast_from_rank0(tensors_of(params), state.world());",
+     "(void)state;",
+     [(2, "DeferredInit.*")]),
+]
+
+
+def sh(cmd, cwd, timeout):
+    start = time.time()
+    try:
+        p = subprocess.run(cmd, cwd=cwd, shell=True, capture_output=True, text=True, timeout=timeout,
+                           env=dict(os.environ, FSDP_TIMEOUT_SECONDS="60", OMP_NUM_THREADS="1"))
+        return p.returncode, p.stdout + p.stderr, time.time() - start
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return 124, out, time.time() - start
+
+
+def run_one(tree, mid, path, original, mutated, tests, jobs, timeout):
+    full = os.path.join(tree, path)
+    text = open(full).read()
+    lines = text.split("\n")
+    hits = [i for i, l in enumerate(lines) if l.strip() == original]
+    if len(hits) != 1:
+        return f"not applied: the original line occurs {len(hits)} times in {path}"
+    i = hits[0]
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines[i] = indent + mutated
+    open(full, "w").write("\n".join(lines))
+    try:
+        rc, out, secs = sh(f"cmake --build build -j{jobs} --target {D}", tree, 1800)
+        if rc != 0:
+            return "red: does not compile\n" + out[-2000:]
+        for world, filt in tests:
+            rc, out, secs = sh(f"build/bin/fsdprun --nproc-per-node {world} build/bin/{D} "
+                               f"--gtest_filter='{filt}'", tree, timeout)
+            failed = sorted(set(re.findall(r"\[  FAILED  \] (\w+\.\w+)", out)))
+            sys.stderr.write(f"  {mid}: W={world} {filt}: rc {rc} in {secs:.0f}s {failed}\n")
+            if rc != 0:
+                what = ", ".join(failed) if failed else ("timeout" if rc == 124 else f"crash/exit {rc}")
+                return f"red: {what} (W={world})"
+        return "survived"
+    finally:
+        subprocess.run(["git", "checkout", "--", path], cwd=tree, check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("tree")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=600)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+    only = set(filter(None, a.only.split(",")))
+    rows = []
+    for mid, path, original, mutated, tests in MUTATIONS:
+        if only and mid not in only:
+            continue
+        sys.stderr.write(f"{mid}: {path}: {original}\n")
+        result = run_one(a.tree, mid, path, original, mutated, tests, a.jobs, a.timeout)
+        rows.append((mid, path, original, result.split("\n")[0]))
+        sys.stderr.write(f"  -> {result.splitlines()[0]}\n")
+        if a.out:
+            write(a.out, rows)
+    write(a.out, rows) if a.out else None
+    for r in rows:
+        print(" | ".join(r))
+
+
+def write(out, rows):
+    with open(out, "w") as f:
+        f.write("| mutation | file | original line | result |\n|---|---|---|---|\n")
+        for mid, path, original, result in rows:
+            f.write(f"| {mid} | {path} | `{original}` | {result} |\n")
+
+
+if __name__ == "__main__":
+    main()
