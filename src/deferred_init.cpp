@@ -63,7 +63,8 @@ void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>&
   }
   if (state.options().sync_module_states()) broadcast_from_rank0(tensors_of(params), state.world());
   for (const auto& item : params) sharding.sharded.insert(item.second.unsafeGetTensorImpl());
-  slot.group = add_unit_groups(state, label, std::move(params), /*is_root=*/false);
+  slot.group = add_unit_groups(state, label, std::move(params), /*is_root=*/false,
+                               full_precision_params(*module, state.options().mixed_precision()));
 }
 
 }  // namespace fsdp::detail

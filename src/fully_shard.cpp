@@ -46,12 +46,12 @@ struct UnitPlan {
   bool presharded = false;  // built and sharded by fully_shard_deferred
 };
 
-// The entries of a unit's flat parameters: its trainable group's and its frozen part's.
+// The entries of all of a unit's flat parameters: its leading group's and its parts'.
 std::vector<FlatEntry*> unit_entries(ParamGroup& group) {
   std::vector<FlatEntry*> entries;
-  for (ParamGroup* g : {&group, group.frozen_part()}) {
-    if (!g) continue;
-    for (auto& entry : g->flat().entries()) entries.push_back(&entry);
+  for (auto& entry : group.flat().entries()) entries.push_back(&entry);
+  for (const auto& part : group.parts()) {
+    for (auto& entry : part->flat().entries()) entries.push_back(&entry);
   }
   return entries;
 }
@@ -167,18 +167,20 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
       if (!plan.presharded) broadcast_from_rank0(tensors_of(plan.params), group);
     }
   }
-  if (auto dtype = options.mixed_precision().buffer_dtype()) cast_floating_buffers(*root, *dtype);
+  cast_floating_buffers(*root, options.mixed_precision());
+  const TensorSet full_precision = full_precision_params(*root, options.mixed_precision());
 
   auto& groups = state->groups();
   const size_t presharded_groups = groups.size();
   size_t claimed = 0;
   for (size_t i = 0; i < plans.size(); ++i) {
     if (plans[i].presharded) {
-      claimed += plans[i].slot->group->frozen_part() ? 2 : 1;
+      claimed += 1 + plans[i].slot->group->parts().size();
       continue;
     }
     const bool is_root = i == 0;
-    auto unit = add_unit_groups(*state, plans[i].name, std::move(plans[i].params), is_root);
+    auto unit = add_unit_groups(*state, plans[i].name, std::move(plans[i].params), is_root,
+                                full_precision);
     (is_root ? root_slot : *plans[i].slot).group = unit;
     // groups[0] must be the root: move its group(s) before the deferred units'.
     if (is_root) std::rotate(groups.begin(), groups.begin() + presharded_groups, groups.end());

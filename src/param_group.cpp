@@ -8,6 +8,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <algorithm>
+
 namespace fsdp {
 
 namespace {
@@ -49,26 +51,31 @@ void ParamGroup::hook(torch::autograd::Node& grad_accumulator) {
 void ParamGroup::set_name(const std::string& name) {
   name_ = name;
   label_ = is_root_ ? "root" : name;
-  if (frozen_) frozen_->set_name(name);
+  for (auto& part : parts_) part->set_name(name);
 }
 
-void ParamGroup::attach_frozen(std::shared_ptr<ParamGroup> frozen) {
-  frozen->is_frozen_part_ = true;
-  frozen_ = std::move(frozen);
+void ParamGroup::attach_part(std::shared_ptr<ParamGroup> part) {
+  part->is_part_ = true;
+  parts_.push_back(std::move(part));
+}
+
+bool ParamGroup::has_frozen_part() const {
+  return std::any_of(parts_.begin(), parts_.end(),
+                     [](const auto& part) { return !part->flat_.requires_grad(); });
 }
 
 bool ParamGroup::issue_unshard(bool optional) {
   if (sharded_state_ != ShardedState::Sharded) return true;
   if (!flat_.needs_unshard()) {  // a shard group of one in full precision: the shard is the unit
-    if (frozen_) frozen_->issue_unshard(optional);
+    for (auto& part : parts_) part->issue_unshard(optional);
     sharded_state_ = ShardedState::Unsharded;
     return true;
   }
-  if (!is_root_ && !is_frozen_part_) {
+  if (!is_root_ && !is_part_) {
     if (!state_.limiter().acquire(optional)) return false;
     holds_limiter_slot_ = true;
   }
-  if (frozen_) frozen_->issue_unshard(optional);
+  for (auto& part : parts_) part->issue_unshard(optional);
   flat_.allocate_full();
   const std::string span = "all_gather " + label_;
   all_gather_ = state_.comm().submit([this, span] {
@@ -84,7 +91,7 @@ bool ParamGroup::issue_unshard(bool optional) {
 
 void ParamGroup::wait_unshard() {
   issue_unshard(/*optional=*/false);
-  if (frozen_) frozen_->wait_unshard();
+  for (auto& part : parts_) part->wait_unshard();
   if (sharded_state_ == ShardedState::Unsharded) return;
   all_gather_.wait();
   flat_.use_full_params();
@@ -92,8 +99,10 @@ void ParamGroup::wait_unshard() {
   sharded_state_ = ShardedState::Unsharded;
 }
 
-void ParamGroup::reshard(bool with_frozen) {
-  if (frozen_ && with_frozen) frozen_->reshard();
+void ParamGroup::reshard(bool with_parts) {
+  if (with_parts) {
+    for (auto& part : parts_) part->reshard();
+  }
   if (sharded_state_ == ShardedState::Sharded) return;
   if (sharded_state_ == ShardedState::Unsharding) all_gather_.wait();  // never free under a collective
   flat_.use_sharded_params();
@@ -119,7 +128,7 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
   // A unit with parameters (frozen ones too: backward needs them to reach earlier units) is
   // unsharded again for backward. The root hooks its output even without parameters of its
   // own: its pre-backward queues the end-of-backward callback that completes every reduction.
-  const bool has_params = is_root_ || flat_.numel() > 0 || frozen_;
+  const bool has_params = is_root_ || flat_.numel() > 0 || !parts_.empty();
   bool will_backward = false;
   if (at::GradMode::is_enabled() && has_params) {
     std::weak_ptr<ParamGroup> self = weak_from_this();
@@ -131,7 +140,7 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
       will_backward = true;
     }
   }
-  if (will_backward && (!flat_.requires_grad() || frozen_)) {
+  if (will_backward && (!flat_.requires_grad() || has_frozen_part())) {
     // The gradient accumulators say when the trainable parameters are done, not when the frozen
     // ones are (a frozen layer's input gradient may come after every trainable layer's): the
     // gradient of the unit's inputs does.
@@ -159,6 +168,13 @@ void ParamGroup::pre_backward() {
     state_.prefetch_backward_after(*this);
   }
   wait_unshard();
+  begin_accumulating();
+  for (auto& part : parts_) {
+    if (part->flat_.requires_grad()) part->begin_accumulating();
+  }
+}
+
+void ParamGroup::begin_accumulating() {
   if (flat_.requires_grad()) {
     if (!full_grad_kept_) {  // else no_sync kept the sum so far: keep adding to it
       accumulate_into_shard_ = flat_.has_sharded_grads();
@@ -176,7 +192,9 @@ void ParamGroup::on_grad_accumulated() {
 }
 
 void ParamGroup::on_input_grad() {
-  if (frozen_) frozen_->reshard();
+  for (auto& part : parts_) {
+    if (!part->flat_.requires_grad()) part->reshard();
+  }
   if (!flat_.requires_grad() && backward_state_ == BackwardState::Accumulating) post_backward();
 }
 
@@ -187,19 +205,19 @@ void ParamGroup::post_backward() {
     reshard();
     return;
   }
-  if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost) {
+  if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost && !is_part_) {
     state_.prefetch_backward_after(*this);
   }
   if (state_.no_sync()) {  // keep the unsharded gradient for the next backward
     full_grad_kept_ = true;
     backward_state_ = BackwardState::Idle;
-    reshard(/*with_frozen=*/false);
+    reshard(/*with_parts=*/false);
     return;
   }
   backward_state_ = BackwardState::Reducing;
-  // The gradients are complete: autograd needs the trainable parameters no more (the frozen
-  // part waits for the unit's input gradient: on_input_grad).
-  reshard(/*with_frozen=*/false);
+  // The gradients are complete: autograd needs these parameters no more (a frozen part waits for
+  // the unit's input gradient, on_input_grad; a full-precision part for its own gradients).
+  reshard(/*with_parts=*/false);
   issue_reduce_scatter();
 }
 
@@ -224,7 +242,8 @@ void ParamGroup::issue_reduce_scatter() {
 
 void ParamGroup::reduce_gradient() {
   at::Tensor& grad_shard = flat_.grad_shard();
-  const c10::ScalarType dtype = state_.reduce_dtype(flat_.full_grad().scalar_type());
+  const c10::ScalarType grad_dtype = flat_.full_grad().scalar_type();
+  const c10::ScalarType dtype = full_precision_ ? grad_dtype : state_.reduce_dtype(grad_dtype);
   at::Tensor full_grad = flat_.full_grad().to(dtype);  // no copy when the dtypes agree
   const bool into_shard = !accumulate_into_shard_ && grad_shard.scalar_type() == dtype;
   at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());

@@ -37,10 +37,15 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
 
-  /// Frozen parameters (requires_grad false) of the same unit live in a separate flat parameter,
-  /// so that they get no gradient buffer and no reduction: `frozen` is gathered and freed
-  /// together with this group and counts as part of it for the rate limiter.
-  void attach_frozen(std::shared_ptr<ParamGroup> frozen);
+  /// The other flat parameters of the same unit, gathered together with this one and counted as
+  /// part of it by the rate limiter: its frozen parameters (requires_grad false: no gradient
+  /// buffer, no reduction, freed when the unit's input gradient is complete), and, under mixed
+  /// precision, those kept in full precision (BatchNorm: see [Note: full-precision modules]),
+  /// which get their gradients, reduce them in their own dtype and reshard by themselves.
+  void attach_part(std::shared_ptr<ParamGroup> part);
+  const std::vector<std::shared_ptr<ParamGroup>>& parts() const { return parts_; }
+  /// This group's parameters stay in their own dtype under mixed precision, reductions included.
+  void keep_full_precision() { full_precision_ = true; }
 
   void pre_forward();
   /// `inputs`: the unit's input tensors; a unit without trainable parameters learns from their
@@ -61,7 +66,6 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const std::string& name() const { return name_; }
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
   void set_name(const std::string& name);
-  ParamGroup* frozen_part() { return frozen_.get(); }
   UnitInfo info() const;
   ShardedState sharded_state() const { return sharded_state_; }
   bool is_root() const { return is_root_; }
@@ -70,7 +74,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
  private:
   void wait_unshard();
-  void reshard(bool with_frozen = true);
+  void reshard(bool with_parts = true);
+  /// Allocates (or keeps, under no_sync) the unsharded gradient and waits for autograd's.
+  void begin_accumulating();
+  bool has_frozen_part() const;
   void post_backward();
   /// A unit without trainable parameters: the gradient of its inputs is complete.
   void on_input_grad();
@@ -84,8 +91,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   FlatParam flat_;
   FsdpState& state_;
   bool is_root_;
-  std::shared_ptr<ParamGroup> frozen_;  // this unit's frozen parameters, if it has both kinds
-  bool is_frozen_part_ = false;         // this group is another unit's frozen_
+  std::vector<std::shared_ptr<ParamGroup>> parts_;  // this unit's other flat parameters
+  bool is_part_ = false;         // this group is one of another group's parts_
+  bool full_precision_ = false;  // mixed precision leaves this group in its own dtype
   ShardedState sharded_state_ = ShardedState::Sharded;
   BackwardState backward_state_ = BackwardState::Idle;
   CommHandle all_gather_;

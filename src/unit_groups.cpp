@@ -3,42 +3,91 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <torch/nn/modules/batchnorm.h>
+
+#include <algorithm>
 #include <sstream>
+#include <unordered_set>
 
 namespace fsdp::detail {
 
 namespace {
 
-// A unit's trainable parameters, and its frozen ones (requires_grad false).
-std::pair<NamedParams, NamedParams> split_frozen(NamedParams params) {
-  NamedParams trainable, frozen;
-  for (auto& item : params) (item.second.requires_grad() ? trainable : frozen).push_back(std::move(item));
-  return {std::move(trainable), std::move(frozen)};
+// One flat parameter of a unit: parameters that are all trainable or all frozen, and all
+// computed in param_dtype or all kept in full precision.
+struct GroupPlan {
+  bool trainable;
+  bool full_precision;
+  NamedParams params;
+};
+
+// A unit's parameters by kind, in the order that makes the first non-empty one the unit's leading
+// group: trainable before frozen (a frozen leader would learn of the end of backward only from
+// the unit's input gradient).
+std::vector<GroupPlan> split_by_kind(NamedParams params, const TensorSet& full_precision) {
+  std::vector<GroupPlan> plans = {{true, false, {}}, {true, true, {}}, {false, false, {}}, {false, true, {}}};
+  for (auto& item : params) {
+    const bool keep = full_precision.count(item.second.unsafeGetTensorImpl()) > 0;
+    const size_t kind = (item.second.requires_grad() ? 0 : 2) + (keep ? 1 : 0);
+    plans[kind].params.push_back(std::move(item));
+  }
+  plans.erase(std::remove_if(plans.begin(), plans.end(), [](const GroupPlan& p) { return p.params.empty(); }),
+              plans.end());
+  return plans;
 }
 
-std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name, NamedParams params,
+std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name, GroupPlan plan,
                                        bool is_root) {
   ProcessGroup& shard_group = state.shard_group();
+  const auto compute_dtype =
+      plan.full_precision ? std::nullopt : state.options().mixed_precision().param_dtype();
   auto group = std::make_shared<ParamGroup>(
-      name,
-      FlatParam(std::move(params), shard_group.rank(), shard_group.size(),
-                state.options().mixed_precision().param_dtype()),
+      name, FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype),
       state, is_root);
+  if (plan.full_precision) group->keep_full_precision();
   group->install_grad_hooks();
   state.groups().push_back(group);
   return group;
 }
 
+bool is_batch_norm(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module) ||
+         dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module) ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module);
+}
+
+// The modules mixed precision leaves in full precision: see [Note: full-precision modules].
+std::vector<const torch::nn::Module*> full_precision_modules(const torch::nn::Module& root,
+                                                             const MixedPrecision& policy) {
+  std::vector<const torch::nn::Module*> modules;
+  if (!policy.param_dtype() || !policy.keep_batch_norm_in_full_precision()) return modules;
+  if (is_batch_norm(root)) modules.push_back(&root);
+  for (const auto& child : root.modules(/*include_self=*/false)) {
+    if (is_batch_norm(*child)) modules.push_back(child.get());
+  }
+  return modules;
+}
+
 }  // namespace
 
+TensorSet full_precision_params(const torch::nn::Module& root, const MixedPrecision& policy) {
+  TensorSet params;
+  for (const torch::nn::Module* module : full_precision_modules(root, policy)) {
+    for (const auto& p : module->parameters(/*recurse=*/false)) params.insert(p.unsafeGetTensorImpl());
+  }
+  return params;
+}
+
 std::shared_ptr<ParamGroup> add_unit_groups(FsdpState& state, const std::string& name,
-                                            NamedParams params, bool is_root) {
-  auto [trainable, frozen] = split_frozen(std::move(params));
-  const bool both = !trainable.empty() && !frozen.empty();
-  auto group = make_group(state, name, trainable.empty() ? std::move(frozen) : std::move(trainable),
-                          is_root);
-  if (both) group->attach_frozen(make_group(state, name, std::move(frozen), /*is_root=*/false));
-  return group;
+                                            NamedParams params, bool is_root,
+                                            const TensorSet& full_precision) {
+  std::vector<GroupPlan> plans = split_by_kind(std::move(params), full_precision);
+  if (plans.empty()) plans.push_back({true, false, {}});  // a unit without parameters
+  auto leader = make_group(state, name, std::move(plans[0]), is_root);
+  for (size_t i = 1; i < plans.size(); ++i) {
+    leader->attach_part(make_group(state, name, std::move(plans[i]), /*is_root=*/false));
+  }
+  return leader;
 }
 
 std::string describe_param(const std::string& unit, const std::string& name, const at::Tensor& dtype_of,
@@ -76,10 +125,17 @@ void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& 
   }
 }
 
-void cast_floating_buffers(torch::nn::Module& root, c10::ScalarType dtype) {
+void cast_floating_buffers(torch::nn::Module& root, const MixedPrecision& policy) {
+  if (!policy.buffer_dtype()) return;
   torch::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> kept;
+  for (const torch::nn::Module* module : full_precision_modules(root, policy)) {
+    for (const auto& b : module->buffers(/*recurse=*/false)) kept.insert(b.unsafeGetTensorImpl());
+  }
   for (auto& buffer : root.buffers()) {
-    if (buffer.is_floating_point()) buffer.set_data(buffer.to(dtype));
+    if (buffer.is_floating_point() && !kept.count(buffer.unsafeGetTensorImpl())) {
+      buffer.set_data(buffer.to(*policy.buffer_dtype()));
+    }
   }
 }
 

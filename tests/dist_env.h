@@ -11,7 +11,7 @@ namespace fsdp_test {
 /// The job this test process belongs to (set up once in dist_main.cpp).
 fsdp::Distributed& dist();
 
-/// A small text corpus every checkout has: this project's own sources.
+/// A small text corpus generated from a fixed seed at configure time (tests/data/make_corpus.py).
 std::string corpus_dir();
 
 }  // namespace fsdp_test

@@ -17,6 +17,7 @@ std::string corpus_dir() { return FSDP_TEST_CORPUS_DIR; }
 }  // namespace fsdp_test
 
 int main(int argc, char** argv) {
+  fsdp::install_memory_counter();  // the tests measure exact tensor bytes
   ::testing::InitGoogleTest(&argc, argv);
   try {
     fsdp_test::g_dist = fsdp::init_distributed();

@@ -30,6 +30,7 @@ struct NetImpl : torch::nn::Module {
 TORCH_MODULE(Net);
 
 int main() {
+  fsdp::install_memory_counter();                  // opt-in: exact tensor bytes (memory_stats)
   auto dist = fsdp::init_distributed();            // RANK, WORLD_SIZE, MASTER_ADDR, ... ; Gloo
   torch::manual_seed(0);                           // the same initial model on every rank
   auto model = fsdp::fully_shard(Net(), *dist->world);

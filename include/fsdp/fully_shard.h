@@ -59,8 +59,9 @@ struct UnitInfo {
   int64_t element_size = 0;  ///< bytes per element of the shard (the parameters' dtype)
   int64_t compute_element_size = 0;  ///< bytes per element unsharded (mixed precision's param_dtype)
   bool is_root = false;
-  /// False for the flat parameter holding a unit's frozen parameters (requires_grad false): a
-  /// unit with both kinds is listed twice, its frozen part second, which has no gradient.
+  /// False for the flat parameter holding a unit's frozen parameters (requires_grad false). A
+  /// unit is listed once per flat parameter: trainable ones first, then frozen, each split into
+  /// param_dtype and full precision (BatchNorm under mixed precision) where it has both.
   bool trainable = true;
 };
 

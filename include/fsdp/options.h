@@ -53,6 +53,11 @@ struct MixedPrecision {
   TORCH_ARG(std::optional<c10::ScalarType>, reduce_dtype) = std::nullopt;
   /// Dtype the module's floating-point buffers are cast to when it is sharded. Unset: unchanged.
   TORCH_ARG(std::optional<c10::ScalarType>, buffer_dtype) = std::nullopt;
+  /// BatchNorm1d/2d/3d keep their parameters and running statistics in full precision (gathered
+  /// and reduced in the model's dtype) and run on low-precision inputs, as PyTorch FSDP1 does by
+  /// default: BatchNorm cannot mix low-precision weights with full-precision statistics, and its
+  /// statistics lose their meaning in bf16. false casts them like every other parameter.
+  TORCH_ARG(bool, keep_batch_norm_in_full_precision) = true;
 
  public:
   /// Throws naming the bad dtype: only floating-point dtypes can hold parameters and be reduced.
