@@ -1,5 +1,7 @@
 #include <fsdp/tensor_file.h>
 
+#include "checkpoint_format.h"
+
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
 #include <c10/util/Exception.h>
@@ -18,6 +20,73 @@
 namespace fsdp {
 
 namespace {
+
+uint64_t little_endian(const std::vector<char>& bytes, size_t at, int width) {
+  uint64_t value = 0;
+  for (int i = width - 1; i >= 0; --i) value = value << 8 | static_cast<unsigned char>(bytes[at + i]);
+  return value;
+}
+
+// torch.save files are zip archives whose records carry a CRC-32 that the reader does not check:
+// a damaged tensor would load and train to NaN. Checks every stored record's CRC-32 against the
+// central directory (ZIP64 included); throws naming the record. A file that is not a zip at all
+// is left to the reader, which says so.
+void check_zip_crcs(const std::vector<char>& bytes, const std::string& path) {
+  const size_t n = bytes.size();
+  auto u = [&](size_t at, int width) -> uint64_t {
+    TORCH_CHECK(at + width <= n, path, " is truncated or corrupt (a zip record runs past the end "
+                "of the file); re-create it with torch.save");
+    return little_endian(bytes, at, width);
+  };
+  // End of central directory: the last 22+ bytes (a comment may follow it).
+  size_t eocd = std::string::npos;
+  for (size_t at = n >= 22 ? n - 22 : 0; n >= 22; --at) {
+    if (u(at, 4) == 0x06054b50) {
+      eocd = at;
+      break;
+    }
+    if (at == 0 || n - at > 22 + 65535) break;
+  }
+  if (eocd == std::string::npos) return;
+  uint64_t entries = u(eocd + 10, 2), directory = u(eocd + 16, 4);
+  if ((entries == 0xFFFF || directory == 0xFFFFFFFF) && eocd >= 20 && u(eocd - 20, 4) == 0x07064b50) {
+    const size_t zip64 = static_cast<size_t>(u(eocd - 20 + 8, 8));
+    TORCH_CHECK(u(zip64, 4) == 0x06064b50, path, " is corrupt (bad ZIP64 directory)");
+    entries = u(zip64 + 32, 8);
+    directory = u(zip64 + 48, 8);
+  }
+  size_t at = static_cast<size_t>(directory);
+  for (uint64_t e = 0; e < entries; ++e) {
+    TORCH_CHECK(u(at, 4) == 0x02014b50, path, " is corrupt (its zip directory is damaged); "
+                "re-create it with torch.save");
+    const uint64_t method = u(at + 10, 2), crc = u(at + 16, 4);
+    uint64_t size = u(at + 20, 4), raw_size = u(at + 24, 4), local = u(at + 42, 4);
+    const size_t name_len = u(at + 28, 2), extra_len = u(at + 30, 2), comment_len = u(at + 32, 2);
+    const std::string name(bytes.data() + at + 46, std::min(name_len, n - std::min(n, at + 46)));
+    // ZIP64 extra field: the 64-bit values of the fields that hold 0xFFFFFFFF, in this order.
+    for (size_t x = at + 46 + name_len; x + 4 <= at + 46 + name_len + extra_len;) {
+      const uint64_t id = u(x, 2), len = u(x + 2, 2);
+      if (id == 0x0001) {
+        size_t f = x + 4;
+        if (raw_size == 0xFFFFFFFF) raw_size = u(f, 8), f += 8;
+        if (size == 0xFFFFFFFF) size = u(f, 8), f += 8;
+        if (local == 0xFFFFFFFF) local = u(f, 8);
+      }
+      x += 4 + len;
+    }
+    if (method == 0) {  // stored, as torch.save writes: the CRC is over the bytes as they are
+      TORCH_CHECK(u(local, 4) == 0x04034b50, path, " is corrupt (record '", name,
+                  "' has no local header); re-create it with torch.save");
+      const size_t data = local + 30 + u(local + 26, 2) + u(local + 28, 2);
+      TORCH_CHECK(data + size <= n, path, " is truncated (record '", name, "' runs past the end)");
+      const uint32_t actual = crc32(bytes.data() + data, size);
+      TORCH_CHECK(actual == crc, path, " is corrupt: the CRC-32 of its record '", name,
+                  "' does not match (a damaged or partly overwritten file); re-create it with "
+                  "torch.save");
+    }
+    at += 46 + name_len + extra_len + comment_len;
+  }
+}
 
 void write_all(int fd, const std::vector<char>& bytes, const std::string& path) {
   size_t done = 0;
@@ -94,12 +163,14 @@ NamedTensors load_tensor_dict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "cannot open ", path, ": ", std::strerror(errno));
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check_zip_crcs(bytes, path);
   c10::IValue value;
   try {
     value = torch::pickle_load(bytes);
   } catch (const std::exception& e) {
+    const auto* error = dynamic_cast<const c10::Error*>(&e);
     TORCH_CHECK(false, path, " is not a readable torch.save file (truncated or corrupt?): ",
-                e.what());
+                error ? error->what_without_backtrace() : e.what());
   }
   TORCH_CHECK(value.isGenericDict(), path, " holds a ", value.tagKind(),
               ", not a dict of name to tensor");

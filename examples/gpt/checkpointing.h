@@ -14,8 +14,24 @@
 
 namespace gpt {
 
+/// Checks every path the run will read or write before any work (not a collective; every rank
+/// checks the same): --data is a readable file or folder (not a FIFO or a device), --init-from a
+/// readable file, the folders of --metrics/--save-full/--dump-batches/--trace writable, and
+/// --checkpoint-dir consistent with --resume: a fresh run refuses a folder that holds another
+/// run's checkpoints (no silent overwrite), --resume refuses a missing folder, a file, a folder
+/// without checkpoints (unless --resume auto), and a checkpoint of another model or seed.
+/// Throws a message naming the flag and the fix.
+void check_paths(const TrainOptions& o);
+
+/// Rank 0, before training: removes temporary files that a killed save left behind (name.tmp.PID
+/// of a process that no longer exists) and creates --checkpoint-dir when the run saves.
+void prepare_checkpoint_dir(const TrainOptions& o, int rank);
+
+/// True when step `step` (0-based) ends with a checkpoint (every N steps and after the last).
+bool checkpoint_due(const TrainOptions& o, int64_t step);
+
 /// Loads the newest checkpoint in `dir` into the model and optimizer and returns the step to
-/// continue from; 0 when `dir` holds none yet (a first run). Throws if the checkpoint was trained
+/// continue from; 0 when `dir` holds none yet and o.resume_if_none (prints so). Throws if the checkpoint was trained
 /// with another seed (other batches) and names both. `rank` 0 prints what it loaded.
 ///
 /// Example:

@@ -18,9 +18,21 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-std::string read_file(const fs::path& path) {
+// At most `limit` bytes of the regular file `path` (never more: /dev/zero or a huge file cost
+// only what is used). Empty if it cannot be opened.
+std::string read_file(const fs::path& path, size_t limit) {
+  std::string content;
   std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in) return content;
+  const size_t chunk = 1 << 20;
+  while (content.size() < limit && in) {
+    const size_t before = content.size();
+    const size_t want = std::min(chunk, limit - before);
+    content.resize(before + want);
+    in.read(content.data() + before, static_cast<std::streamsize>(want));
+    content.resize(before + static_cast<size_t>(in.gcount()));
+  }
+  return content;
 }
 
 bool looks_like_text(const std::string& content) {
@@ -41,14 +53,19 @@ std::vector<fs::path> files_below(const fs::path& folder) {
 
 ByteCorpus ByteCorpus::load(const std::string& path, int64_t max_bytes, int64_t min_bytes) {
   TORCH_CHECK(!path.empty(), "no training data: pass --data PATH (a text file or a folder of text files)");
-  TORCH_CHECK(fs::exists(path), "--data ", path, ": no such file or folder");
+  TORCH_CHECK(max_bytes > 0, "--max-data-mb must be >= 1");
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  TORCH_CHECK(fs::exists(status), "--data ", path, ": no such file or folder");
+  TORCH_CHECK(fs::is_regular_file(status) || fs::is_directory(status), "--data ", path,
+              " is not a regular file or a folder (a FIFO or a device cannot be read to an end)");
   std::string text;
   auto append = [&](const fs::path& file) {
-    std::string content = read_file(file);
+    std::string content = read_file(file, static_cast<size_t>(max_bytes) - text.size());
     if (!looks_like_text(content)) return;
-    text.append(content, 0, std::min<size_t>(content.size(), max_bytes - text.size()));
+    text += content;
   };
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(status)) {
     for (const auto& file : files_below(path)) {
       if (static_cast<int64_t>(text.size()) >= max_bytes) break;
       append(file);

@@ -1,32 +1,130 @@
 // gpt_train: trains the byte-level GPT with FSDP over the ranks that fsdprun or torchrun started,
 // or (--reference) unsharded in one process on the same global batches.
+#include "checkpointing.h"
 #include "trainer.h"
+
+#include <fsdp/peer_errors.h>
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
+#include <limits>
+#include <sstream>
+
+namespace {
+
+// Every numeric flag is checked as text before CLI11 converts it, so that a negative count, a
+// NaN or an infinity is refused before any work with a message that names the flag (CLI11
+// prefixes the flag's name: "--lr: must be a finite number >= 0, got 'inf'").
+CLI::Validator integer_in(int64_t lo, int64_t hi, std::string hint = "") {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long value = std::strtoll(text.c_str(), &end, 10);
+        const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+        if (whole && value >= lo && value <= hi) return "";
+        std::string range = hi == std::numeric_limits<int64_t>::max()
+                                ? ">= " + std::to_string(lo)
+                                : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        return "must be a whole number " + range + ", got '" + text + "'" +
+               (hint.empty() ? "" : " (" + hint + ")");
+      },
+      "INT", "integer_in");
+}
+
+CLI::Validator real_at_least(double lo, bool strictly_above = false, std::string hint = "") {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        const bool number = !text.empty() && end == text.c_str() + text.size();
+        if (number && std::isfinite(value) && (strictly_above ? value > lo : value >= lo)) return "";
+        std::ostringstream bound;
+        bound << lo;
+        return "must be a finite number " + std::string(strictly_above ? "> " : ">= ") +
+               bound.str() + ", got '" + text + "'" + (hint.empty() ? "" : " (" + hint + ")");
+      },
+      "REAL", "real_at_least");
+}
+
+constexpr int64_t kMaxCount = int64_t(1) << 40;  // steps and the like: far beyond any real run
+
+// Checks between flags, before any work; a violation is a usage error naming the flags.
+std::string check_flag_combinations(const CLI::App& app, const gpt::TrainOptions& o, bool reference) {
+  const auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  if (o.model.dim % o.model.heads != 0) {
+    return "--dim " + std::to_string(o.model.dim) + " is not a multiple of --heads " +
+           std::to_string(o.model.heads) + " (each head gets dim/heads channels)";
+  }
+  if (given("--world-size") && !reference) {
+    return "--world-size only applies with --reference (a sharded run takes WORLD_SIZE from its "
+           "launcher)";
+  }
+  if (reference && (o.save_every > 0 || o.resume || !o.checkpoint_dir.empty())) {
+    return "--save-every, --checkpoint-dir and --resume need the sharded run, not --reference";
+  }
+  if (o.save_every > 0 && o.checkpoint_dir.empty()) {
+    return "--save-every needs --checkpoint-dir DIR (where to write the checkpoints)";
+  }
+  if (o.resume && o.checkpoint_dir.empty()) {
+    return "--resume needs --checkpoint-dir DIR (the folder of the run to continue)";
+  }
+  if (!o.checkpoint_dir.empty() && o.save_every == 0 && !o.resume) {
+    return "--checkpoint-dir does nothing without --save-every N (to save) or --resume (to load)";
+  }
+  if (o.no_sync && o.grad_accum == 1) {
+    return "--no-sync needs --grad-accum N with N >= 2 (it skips the reduction of all but the "
+           "last micro-batch)";
+  }
+  const auto strategy = o.fsdp.strategy();
+  if (o.fsdp.shard_group_size() > 0 && strategy != fsdp::ShardingStrategy::HybridShard &&
+      strategy != fsdp::ShardingStrategy::HybridShardGradOp) {
+    return "--shard-group-size only applies with --strategy hybrid or hybrid_grad_op";
+  }
+  if (given("--loss-scale") && o.fsdp.mixed_precision().param_dtype() != torch::kHalf) {
+    return "--loss-scale only applies with --param-dtype fp16";
+  }
+  return "";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Train a byte-level GPT with fully sharded data parallelism (FSDP)."};
   gpt::TrainOptions o;
   bool reference = false;
-  app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)");
-  app.add_option("--dim", o.model.dim, "model width");
-  app.add_option("--heads", o.model.heads, "attention heads");
-  app.add_option("--seq", o.model.max_seq, "sequence length");
-  app.add_option("--batch", o.batch, "sequences per rank per step");
-  app.add_option("--steps", o.steps, "optimizer steps");
-  app.add_option("--lr", o.lr, "AdamW peak learning rate");
+  app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)")
+      ->check(integer_in(1, 1024));
+  app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, 1 << 16));
+  app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, 1 << 16));
+  app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, 1 << 20));
+  app.add_option("--batch", o.batch, "sequences per rank per step")
+      ->check(integer_in(1, 1 << 20, "sequences per rank per step"));
+  app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
+      ->check(integer_in(0, kMaxCount));
+  app.add_option("--lr", o.lr, "AdamW peak learning rate")->check(real_at_least(0));
   app.add_option("--warmup-steps", o.warmup_steps,
-                 "linear warm-up steps, then cosine decay to lr/10 (0: constant lr)");
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices");
-  app.add_option("--seed", o.seed, "seed of the initial weights and of the batches");
+                 "linear warm-up steps, then cosine decay to lr/10 (0: constant lr)")
+      ->check(integer_in(0, kMaxCount));
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
+      ->check(real_at_least(0));
+  app.add_option("--seed", o.seed, "seed of the initial weights and of the batches")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   app.add_option("--data", o.data, "a text file or a folder of text files")->required();
-  app.add_option("--max-data-mb", o.max_data_bytes, "read at most this many MiB of text")
-      ->transform([](const std::string& mb) { return std::to_string(std::stoll(mb) << 20); });
+  int64_t max_data_mb = o.max_data_bytes >> 20;
+  app.add_option("--max-data-mb", max_data_mb, "read at most this many MiB of text")
+      ->check(integer_in(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--metrics", o.metrics_path, "JSON lines per step; {rank} becomes the rank");
-  app.add_option("--log-every", o.log_every, "print a progress line every N steps (rank 0)");
-  app.add_option("--sample", o.sample_bytes, "generate N bytes after training");
+  app.add_option("--log-every", o.log_every,
+                 "print a progress line every N steps (rank 0; omit the flag for none)")
+      ->check(integer_in(1, std::numeric_limits<int>::max(), "omit the flag for no progress lines"));
+  app.add_option("--sample", o.sample_bytes, "generate N bytes after training")
+      ->check(integer_in(0, 1 << 24));
   app.add_option("--prompt", o.sample_prompt, "prompt of the sample");
   app.add_option("--init-from", o.init_from,
                  "start from these full parameters (a torch.save dict of name -> tensor)");
@@ -41,7 +139,8 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", strategy, "full | grad_op | none | hybrid | hybrid_grad_op")
       ->check(CLI::IsMember({"full", "grad_op", "none", "hybrid", "hybrid_grad_op"}));
   app.add_option("--shard-group-size", shard_group_size,
-                 "hybrid strategies: ranks per shard group (default: LOCAL_WORLD_SIZE)");
+                 "hybrid strategies: ranks per shard group (default: LOCAL_WORLD_SIZE)")
+      ->check(integer_in(0, 1 << 20));
   std::string backward_prefetch = "pre";
   int limit_all_gathers = o.fsdp.limit_all_gathers();
   bool forward_prefetch = false, check_order = false;
@@ -50,7 +149,7 @@ int main(int argc, char** argv) {
   app.add_flag("--forward-prefetch", forward_prefetch, "all-gather the next unit before forward");
   app.add_option("--limit-all-gathers", limit_all_gathers,
                  "rate limiter: units holding unsharded memory at once (0: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(0, 1 << 20));
   app.add_flag("--check-order", check_order,
                "debug: check in the first step that all ranks run units in the same order");
   std::string param_dtype, reduce_dtype;
@@ -64,7 +163,7 @@ int main(int argc, char** argv) {
                  "mixed precision: dtype of the gradient reductions (default: --param-dtype)")
       ->check(dtypes);
   app.add_option("--loss-scale", o.loss_scale, "fp16: initial scale of the sharded gradient scaler")
-      ->check(CLI::PositiveNumber);
+      ->check(real_at_least(0, /*strictly_above=*/true));
   app.add_flag("--deferred-init", o.deferred_init,
                "build, initialise and shard one block at a time (set-up memory: sharded model + one "
                "block); initial values differ from the eager build's (other random order)");
@@ -76,19 +175,31 @@ int main(int argc, char** argv) {
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");
   app.add_option("--world-size", o.reference_world_size,
                  "with --reference: the world size whose global batch to train on")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 16));
   app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (gradient accumulation)")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 20));
   app.add_flag("--no-sync", o.no_sync,
                "accumulate micro-batches without communication (one reduction per step)");
   app.add_option("--clip", o.clip, "clip the global gradient norm to this value (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(real_at_least(0));
   app.add_option("--save-every", o.save_every, "save a sharded checkpoint every N steps and at the end")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_in(1, kMaxCount, "omit the flag to save no checkpoints"));
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "folder of sharded checkpoints (step-N/ and latest)");
-  app.add_flag("--resume", o.resume,
-               "continue from the newest checkpoint in --checkpoint-dir (none: start at step 0)");
+  std::string resume;
+  app.add_option("--resume", resume,
+                 "continue from the newest checkpoint in --checkpoint-dir (an error if it holds "
+                 "none); '--resume auto': start at step 0 when it holds none yet")
+      ->expected(0, 1)
+      ->default_str("always")
+      ->check(CLI::IsMember({"always", "auto"}));
+  app.add_option("--max-nonfinite-steps", o.max_nonfinite_steps,
+                 "stop with an error after this many consecutive steps with a NaN/inf loss")
+      ->capture_default_str()
+      ->check(integer_in(1, kMaxCount));
   CLI11_PARSE(app, argc, argv);
+  o.max_data_bytes = max_data_mb << 20;
+  o.resume = app.count("--resume") > 0;
+  o.resume_if_none = resume == "auto";
   o.fsdp.strategy(fsdp::parse_sharding_strategy(strategy))
       .shard_group_size(shard_group_size)
       .backward_prefetch(fsdp::parse_backward_prefetch(backward_prefetch))
@@ -100,7 +211,13 @@ int main(int argc, char** argv) {
   if (!param_dtype.empty()) precision.param_dtype(fsdp::parse_dtype(param_dtype));
   if (!reduce_dtype.empty()) precision.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
 
+  if (const std::string error = check_flag_combinations(app, o, reference); !error.empty()) {
+    std::cerr << "gpt_train: error: " << error << std::endl;
+    return 2;
+  }
+
   try {
+    gpt::check_paths(o);  // files and folders, before the rendezvous and any work
     std::shared_ptr<fsdp::Distributed> dist;
     if (!reference) dist = fsdp::init_distributed();
     auto result = gpt::train(o, dist.get());
@@ -111,7 +228,8 @@ int main(int argc, char** argv) {
       std::printf("loss: first %.4f last %.4f\n", result.losses.front(), result.losses.back());
     }
   } catch (const c10::Error& e) {
-    std::cerr << "gpt_train: error: " << e.what_without_backtrace() << std::endl;
+    std::cerr << "gpt_train: error: " << fsdp::name_peer_ranks(e.what_without_backtrace())
+              << std::endl;
     return 1;
   } catch (const std::exception& e) {
     std::cerr << "gpt_train: error: " << e.what() << std::endl;

@@ -98,7 +98,12 @@ std::string generate(fsdp::Unit<GPT>& model, const std::string& prompt, int64_t 
                      uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);
-  std::vector<int64_t> tokens(prompt.begin(), prompt.end());
+  // Bytes, not chars (a signed char above 127 would be a negative token). An empty prompt starts
+  // from a newline, which the sample does not show.
+  std::vector<int64_t> tokens;
+  for (unsigned char byte : prompt) tokens.push_back(byte);
+  const size_t hidden = tokens.empty() ? 1 : 0;
+  if (tokens.empty()) tokens.push_back('\n');
   for (int64_t i = 0; i < n; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - max_seq);
     auto context = torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()),
@@ -106,7 +111,7 @@ std::string generate(fsdp::Unit<GPT>& model, const std::string& prompt, int64_t 
     auto logits = model(context).select(1, -1).squeeze(0) / 0.8;
     tokens.push_back(torch::multinomial(torch::softmax(logits, -1), 1).item<int64_t>());
   }
-  return std::string(tokens.begin(), tokens.end());
+  return std::string(tokens.begin() + hidden, tokens.end());
 }
 
 // Linear warm-up to the peak, then cosine decay to a tenth of it; constant without warm-up.
@@ -183,6 +188,18 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
   return loss_sum;
 }
 
+// Whether every rank's parameters (its shards) are finite: a checkpoint of a NaN model is never
+// written. One all-reduce of a count.
+bool parameters_finite(GPT& gpt, fsdp::Distributed* dist) {
+  torch::NoGradGuard no_grad;
+  auto bad = torch::zeros({1}, torch::kFloat64);
+  for (const auto& p : gpt->parameters()) {
+    if (p.numel() > 0 && !torch::isfinite(p).all().item<bool>()) bad += 1;
+  }
+  if (dist) fsdp::all_reduce_sum(*dist->world, bad);
+  return bad.item<double>() == 0;
+}
+
 bool frozen(const TrainOptions& o, const std::string& name) {
   for (const auto& pattern : o.freeze) {
     if (name.find(pattern) != std::string::npos) return true;
@@ -217,6 +234,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const int world = dist ? dist->world_size() : o.reference_world_size;
   const int rank = dist ? dist->rank() : 0;
   fsdp::install_memory_counter();
+  TORCH_CHECK(o.max_nonfinite_steps >= 1, "--max-nonfinite-steps must be >= 1, got ",
+              o.max_nonfinite_steps);
+  prepare_checkpoint_dir(o, rank);
   const ByteCorpus corpus = ByteCorpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
 
   fsdp::Unit<GPT> model = build_model(o, dist);
@@ -255,6 +275,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   StepContext ctx{*optimizer, scaler.get(), reference_precision.get()};
 
   TrainResult result;
+  int64_t nonfinite_steps = 0;  // consecutive steps whose loss was NaN or inf
   const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
   for (int64_t step = first_step; step < o.steps; ++step) {
     if (!o.trace.empty() && step == traced_step) fsdp::start_trace();
@@ -283,8 +304,31 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     if (o.log_every > 0 && ((step + 1) % o.log_every == 0 || step + 1 == o.steps)) {
       print_progress(record, o.steps, dist);
     }
-    save_checkpoint_if_due(model, *optimizer, o.checkpoint_dir, o.save_every, step, o);
+    // A NaN/inf loss: stop after o.max_nonfinite_steps in a row (the ranks agree: the loss is
+    // all-reduced), and never checkpoint a model whose parameters are not finite.
+    if (std::isfinite(record.loss)) {
+      nonfinite_steps = 0;
+    } else if (++nonfinite_steps >= o.max_nonfinite_steps) {
+      TORCH_CHECK(false, "the loss was ", record.loss, " for ", nonfinite_steps,
+                  " consecutive steps (last: step ", step + 1, "); stopping (--max-nonfinite-steps ",
+                  o.max_nonfinite_steps, "). Lower --lr, set --clip, or check --init-from; no "
+                  "checkpoint of the non-finite model was saved",
+                  o.save_every > 0 ? " (the last good one is in --checkpoint-dir)" : "");
+    }
+    if (checkpoint_due(o, step)) {
+      if (std::isfinite(record.loss) && parameters_finite(gpt, dist)) {
+        save_checkpoint_if_due(model, *optimizer, o.checkpoint_dir, o.save_every, step, o);
+      } else if (rank == 0) {
+        std::printf("step %lld: the loss or the parameters are not finite; not saving a checkpoint\n",
+                    static_cast<long long>(step + 1));
+        std::fflush(stdout);
+      }
+    }
   }
+  TORCH_CHECK(nonfinite_steps == 0 && parameters_finite(gpt, dist),
+              "training ended with a non-finite ", nonfinite_steps > 0 ? "loss" : "model",
+              " (NaN/inf); not writing ", o.save_full.empty() ? "the model" : o.save_full,
+              ". Lower --lr, set --clip, or check --init-from");
 
   if (!o.save_full.empty()) {
     if (dist) {

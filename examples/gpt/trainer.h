@@ -41,7 +41,9 @@ struct TrainOptions {
   std::vector<std::string> freeze;  // parameters whose name contains one of these do not train
   std::string checkpoint_dir;  // sharded checkpoints: DIR/step-NNNNNNNN, DIR/latest
   int64_t save_every = 0;      // save every N steps and after the last (0: never)
-  bool resume = false;         // continue from the newest checkpoint in checkpoint_dir, if any
+  bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
+  bool resume_if_none = false;  // with resume: start at step 0 when checkpoint_dir holds none yet
+  int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
 };
 
 struct TrainResult {

@@ -112,6 +112,12 @@ class TempDir {
   std::string path_;
 };
 
+// Variables of the environment that change what fsdprun does or what the ranks see; each test
+// starts fsdprun without them (a test that wants one passes it explicitly).
+const char* const kScrubbedVariables[] = {
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+    "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT"};
+
 struct Result {
   int status = -1;  // raw wait status
   std::string out, err;
@@ -132,6 +138,9 @@ class Fsdprun {
       int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(out, 1);
       ::dup2(err, 2);
+      // The tests must not depend on what the caller exported: fsdprun keeps a user's
+      // OMP_NUM_THREADS, and a launcher's variables would leak into the ranks' environment.
+      for (const char* name : kScrubbedVariables) ::unsetenv(name);
       for (const auto& kv : env) ::setenv(kv.first.c_str(), kv.second.c_str(), 1);
       std::vector<char*> c_argv;
       for (auto& a : argv) c_argv.push_back(a.data());

@@ -1,6 +1,7 @@
 #include "launcher.h"
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <set>
 #include <thread>
 
@@ -312,7 +314,11 @@ class Supervisor {
       }
     }
     int timeout_ms = -1;
-    if (kill_deadline_ > 0) timeout_ms = std::max(0, static_cast<int>((kill_deadline_ - now_seconds()) * 1000) + 1);
+    if (kill_deadline_ > 0) {
+      // Clamped before the conversion: a long grace period must not overflow poll()'s int.
+      const double left_ms = std::clamp((kill_deadline_ - now_seconds()) * 1000 + 1, 0.0, 3.6e6);
+      timeout_ms = static_cast<int>(left_ms);
+    }
     if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents != 0) pump_stream(*streams[i], prefix_of(*streams[i]));
@@ -431,6 +437,64 @@ std::optional<std::string> resolve_program(const std::string& program) {
   }
 }
 
+namespace {
+
+// Whether `port` is free for a listening socket on every address (as c10d's TCPStore server
+// binds it: the IPv6 wildcard, dual-stack), checked by binding it.
+bool port_is_free(int port) {
+  for (int family : {AF_INET6, AF_INET}) {
+    int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage addr{};
+    socklen_t len;
+    if (family == AF_INET6) {
+      int off = 0;
+      ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+      auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+      a->sin6_family = AF_INET6;
+      a->sin6_addr = in6addr_any;
+      a->sin6_port = htons(static_cast<uint16_t>(port));
+      len = sizeof *a;
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+      a->sin_family = AF_INET;
+      a->sin_addr.s_addr = htonl(INADDR_ANY);
+      a->sin_port = htons(static_cast<uint16_t>(port));
+      len = sizeof *a;
+    }
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0;
+    ::close(fd);
+    return bound;
+  }
+  return false;
+}
+
+}  // namespace
+
+int pick_master_port(const std::string& addr) {
+  // The kernel's bind(0) port comes from the ephemeral range, where every outgoing connection
+  // (Gloo's, the store clients', a parallel test's) also takes its local port: one of them could
+  // take it before rank 0 binds it. A random free port below that range can only collide with
+  // another launcher's random pick in the same second (1 in ~20000).
+  int low = 32768;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int lo = 0, hi = 0;
+    if (std::fscanf(f, "%d %d", &lo, &hi) == 2 && lo > 0) low = lo;
+    std::fclose(f);
+  }
+  const int first = 10000;
+  if (low - first >= 1000) {
+    std::random_device seed;
+    std::mt19937 rng(seed());
+    std::uniform_int_distribution<int> pick(first, low - 1);
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const int port = pick(rng);
+      if (port_is_free(port)) return port;
+    }
+  }
+  return find_free_port(addr);
+}
+
 int find_free_port(const std::string& addr) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -461,13 +525,20 @@ int find_free_port(const std::string& addr) {
 
 int launch(const LaunchConfig& config) {
   if (config.nproc_per_node < 1) throw UsageError{"--nproc-per-node must be >= 1"};
+  if (!(config.grace_seconds >= 0 && config.grace_seconds <= 86400)) {  // NaN fails too
+    throw UsageError{"--grace-seconds must be a number of seconds in [0, 86400]"};
+  }
   if (config.command.empty()) throw UsageError{"missing PROGRAM to launch"};
   std::optional<std::string> path = resolve_program(config.command.front());
   if (!path) {
     throw UsageError{"PROGRAM '" + config.command.front() + "' not found or not executable" +
                      (config.command.front().find('/') == std::string::npos ? " (searched PATH)" : "")};
   }
-  int port = config.master_port > 0 ? config.master_port : find_free_port(config.master_addr);
+  int port = config.master_port;
+  if (port == 0) {
+    find_free_port(config.master_addr);  // the master address resolves and binds, or a clear error
+    port = pick_master_port(config.master_addr);
+  }
   Supervisor supervisor(config, *path, port);
   return supervisor.run();
 }

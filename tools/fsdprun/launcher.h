@@ -32,6 +32,11 @@ std::optional<std::string> resolve_program(const std::string& program);
 // picked. Throws UsageError if that fails.
 int find_free_port(const std::string& addr);
 
+// The rendezvous port when none is given: a random free port below the kernel's ephemeral port
+// range (so that no connection's local port can take it before rank 0 binds it), else
+// find_free_port(addr).
+int pick_master_port(const std::string& addr);
+
 // Runs all ranks to completion and returns fsdprun's exit status:
 // 0 if every rank exited 0, otherwise non-zero (see launcher.cpp).
 // Throws UsageError for problems detected before any rank starts.

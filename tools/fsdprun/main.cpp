@@ -6,6 +6,8 @@
 // Everything from PROGRAM on is passed to the program untouched.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <cstdlib>
 #include <iostream>
 
 #include "launcher.h"
@@ -13,6 +15,8 @@
 namespace {
 
 constexpr int kUsageExit = 2;
+constexpr double kMaxGraceSeconds = 86400;  // a day: longer is a typo, and must fit poll()'s int ms
+constexpr int kMaxRanks = 4096;             // fork()s on one node; more is a typo, not a job
 
 int usage_error(const std::string& message) {
   std::cerr << "fsdprun: error: " << message << "\n"
@@ -59,7 +63,16 @@ int main(int argc, char** argv) {
   app.add_option("--grace-seconds", config.grace_seconds,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double value = std::strtod(text.c_str(), &end);
+            const bool number = !text.empty() && end == text.c_str() + text.size();
+            if (number && std::isfinite(value) && value >= 0 && value <= kMaxGraceSeconds) return "";
+            return "must be a number of seconds in [0, " + std::to_string(int(kMaxGraceSeconds)) +
+                   "], got '" + text + "'";
+          },
+          "SECONDS", "grace"));
 
   try {
     app.parse(argc, argv);
@@ -70,6 +83,10 @@ int main(int argc, char** argv) {
   }
 
   if (nproc < 1) return usage_error("--nproc-per-node must be >= 1 (got " + std::to_string(nproc) + ")");
+  if (nproc > kMaxRanks) {
+    return usage_error("--nproc-per-node must be <= " + std::to_string(kMaxRanks) + " (got " +
+                       std::to_string(nproc) + ")");
+  }
   config.nproc_per_node = nproc;
 
   std::string error;

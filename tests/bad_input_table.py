@@ -1,0 +1,373 @@
+"""Bad input to gpt_train, fsdprun and the FSDP_* variables: every case fails before any work
+(or behaves as specified) with a message naming the flag or the cause; never a hang, a crash, a
+raw torch error, a C++ backtrace, or a damaged checkpoint.
+
+    bad_input_table.py BIN_DIR [TABLE.md]
+
+Prints a markdown table (case, expected, exit code, seconds, first line of the message) and
+writes it to TABLE.md (default /tmp/bad_input_table.md). Exits 1 if any case fails. Its data is
+generated in a temporary folder (never the project's sources); the models are tiny."""
+import hashlib
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
+TABLE = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/bad_input_table.md")
+GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
+TINY = ["--layers", "1", "--dim", "16", "--heads", "2", "--seq", "16", "--batch", "2", "--steps", "2"]
+# Lines that only a crash or an unfiltered c10::Error prints.
+CRASH = re.compile(r"terminate called|Exception raised from|frame #\d|CapturedTraceback|"
+                   r"Segmentation fault|core dumped|what\(\):")
+BASE_ENV = {**os.environ, "FSDP_TIMEOUT_SECONDS": "20", "OMP_NUM_THREADS": "1"}
+for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+             "TORCH_SHOW_CPP_STACKTRACES"):
+    BASE_ENV.pop(name, None)
+
+
+class Run:
+    def __init__(self, rc, seconds, output):
+        self.rc, self.seconds, self.output = rc, seconds, output
+
+    def first_line(self):
+        lines = [line for line in self.output.splitlines() if "error" in line.lower()]
+        line = (lines or self.output.splitlines() or [""])[0]
+        return line.replace("|", "\\|")[:160]
+
+
+def run(cmd, env=None, timeout=40):
+    """Runs `cmd` in its own session; a hang is killed (with its children) and reported."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", env={**BASE_ENV, **(env or {})},
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc, out = "hang", out + f"\nHANG: killed after {timeout} s"
+    return Run(rc, time.monotonic() - start, out)
+
+
+DATA = []  # ["--data", the generated text file], set in main()
+
+
+def gpt_args(*extra):
+    """The tiny run's flags with `extra` applied: a flag the tiny run has gets the new value
+    (CLI11 refuses a flag given twice), any other is appended."""
+    out = [*TINY, *DATA]
+    i = 0
+    while i < len(extra):
+        if extra[i] in out[::2] and i + 1 < len(extra):
+            out[out.index(extra[i]) + 1] = extra[i + 1]
+            i += 2
+        else:
+            out.append(extra[i])
+            i += 1
+    return out
+
+
+def sharded(*extra, n=1, env=None, timeout=40):
+    return run([FSDPRUN, "--nproc-per-node", str(n), GPT, *gpt_args(*extra)], env, timeout)
+
+
+def digest(folder):
+    """Every file below `folder` with its content hash: a checkpoint must stay byte-identical."""
+    out = {}
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file():
+            out[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_text(path, size):
+    rng = random.Random(7)
+    words = ["def", "class", "return", "self", "value", "import", "for", "in", "if", "else",
+             "print", "list", "dict", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
+    lines = []
+    while sum(map(len, lines)) < size:
+        lines.append(" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) + "\n")
+    Path(path).write_text("".join(lines)[:size])
+
+
+class Table:
+    def __init__(self):
+        self.rows, self.failures = [], []
+
+    def check(self, name, expect, result, ok, why=""):
+        crash = CRASH.search(result.output)
+        passed = ok and not crash and result.rc != "hang"
+        if not passed:
+            reason = why or ("crash/backtrace: " + crash.group(0) if crash else "unexpected result")
+            self.failures.append(f"{name}: {reason}\n--- output ---\n{result.output[-3000:]}")
+        self.rows.append((name, expect, str(result.rc), f"{result.seconds:.1f}",
+                          result.first_line(), "ok" if passed else "FAIL"))
+
+    def fails(self, name, result, *needles, untouched=None):
+        """Exit code != 0 and every needle in the output (and `untouched`: (folder, digest))."""
+        missing = [n for n in needles if n not in result.output]
+        damaged = untouched is not None and digest(untouched[0]) != untouched[1]
+        why = ("exit code 0" if result.rc == 0 else
+               f"message lacks {missing}" if missing else "checkpoint changed" if damaged else "")
+        self.check(name, "error naming " + " + ".join(f"`{n}`" for n in needles),
+                   result, result.rc not in (0, "hang") and not missing and not damaged, why)
+
+    def markdown(self):
+        out = ["| case | expected | exit | s | message (first line) | |", "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(out)
+
+
+def main():
+    t = Table()
+    try:
+        cases(t)
+    except Exception as e:  # a broken case must still print the table and fail the test
+        import traceback
+        t.failures.append(f"the script itself failed: {e!r}\n{traceback.format_exc()}")
+    table = t.markdown()
+    print(table)
+    TABLE.write_text(table + "\n")
+    if t.failures:
+        print("\n\n".join(t.failures), file=sys.stderr)
+        print(f"\n{len(t.failures)} problem(s) in {len(t.rows)} cases: FAILED", file=sys.stderr)
+        sys.exit(1)
+    print(f"\nall {len(t.rows)} bad-input cases pass; table in {TABLE}")
+
+
+def cases(t):
+    with tempfile.TemporaryDirectory(prefix="bad_input_") as tmp:
+        tmp = Path(tmp)
+        text = tmp / "text.txt"
+        make_text(text, 64 << 10)
+        DATA[:] = ["--data", str(text)]
+
+        # ---- flags checked before any work: one process each, two at a time ----
+        flag_cases = [
+            ("--batch 0", ["--batch", "0"], "--batch"),
+            ("--batch -5", ["--batch", "-5"], "--batch"),
+            ("--steps -1", ["--steps", "-1"], "--steps"),
+            ("--lr inf", ["--lr", "inf"], "--lr"),
+            ("--lr nan", ["--lr", "nan"], "--lr"),
+            ("--clip nan", ["--clip", "nan"], "--clip"),
+            ("--warmup-steps -3", ["--warmup-steps", "-3"], "--warmup-steps"),
+            ("--log-every 0", ["--log-every", "0"], "--log-every"),
+            ("--max-data-mb -1", ["--max-data-mb", "-1"], "--max-data-mb"),
+            ("--max-data-mb 1e12", ["--max-data-mb", "1000000000000"], "--max-data-mb"),
+            ("--seed -1", ["--seed", "-1"], "--seed"),
+            ("--heads 3 (dim 16)", ["--heads", "3"], "--heads"),
+            ("--layers 0", ["--layers", "0"], "--layers"),
+            ("--seq 1", ["--seq", "1"], "--seq"),
+            ("--weight-decay -1", ["--weight-decay", "-1"], "--weight-decay"),
+            ("--grad-accum 0", ["--grad-accum", "0"], "--grad-accum"),
+            ("--sample -1", ["--sample", "-1"], "--sample"),
+            ("--loss-scale inf", ["--param-dtype", "fp16", "--loss-scale", "inf"], "--loss-scale"),
+            ("--max-nonfinite-steps 0", ["--max-nonfinite-steps", "0"], "--max-nonfinite-steps"),
+            ("--world-size without --reference", ["--world-size", "2"], "--world-size"),
+            ("--save-every without --checkpoint-dir", ["--save-every", "2"], "--checkpoint-dir"),
+            ("--checkpoint-dir alone", ["--checkpoint-dir", str(tmp / "unused")], "--save-every"),
+            ("--resume without --checkpoint-dir", ["--resume"], "--checkpoint-dir"),
+            ("--resume bogus", ["--resume", "bogus", "--checkpoint-dir", str(tmp)], "--resume"),
+            ("--metrics in a missing folder", ["--metrics", str(tmp / "no/m.jsonl")], "--metrics"),
+            ("--save-full is a folder", ["--save-full", str(tmp)], "--save-full"),
+            ("--init-from missing", ["--init-from", str(tmp / "nope.pt")], "--init-from"),
+            ("--data missing", ["--data", str(tmp / "nope.txt")], "--data"),
+            ("--data /dev/zero", ["--data", "/dev/zero", "--max-data-mb", "1"], "--data"),
+            ("--data /dev/urandom", ["--data", "/dev/urandom"], "--data"),
+        ]
+        fifo = tmp / "fifo"
+        os.mkfifo(fifo)
+        flag_cases.append(("--data FIFO", ["--data", str(fifo)], "--data"))
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda c: sharded(*c[1], timeout=30), flag_cases))
+        for (name, _, needle), result in zip(flag_cases, results):
+            t.fails(name, result, needle)
+
+        # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
+        ck = tmp / "ck"
+        good = sharded("--steps", "6", "--save-every", "2", "--checkpoint-dir", str(ck))
+        t.check("setup: 6 steps, --save-every 2", "exit 0, latest = step-6", good,
+                good.rc == 0 and (ck / "latest").read_text().strip() == "step-00000006"
+                if (ck / "latest").exists() else False)
+        if good.rc != 0:
+            raise RuntimeError("the setup run failed:\n" + good.output)
+        saved = (ck, digest(ck))
+        ckpt = ["--save-every", "2", "--checkpoint-dir", str(ck)]
+        t.fails("fresh run into a checkpoint dir", sharded("--steps", "6", *ckpt),
+                "--resume", str(ck), untouched=saved)
+        t.fails("--batch 0 --resume --save-every 2", sharded(
+            "--batch", "0", "--steps", "10", "--resume", *ckpt), "--batch", untouched=saved)
+        t.fails("--resume, other --heads", sharded(
+            "--heads", "4", "--steps", "10", "--resume", *ckpt), "--heads", untouched=saved)
+        t.fails("--resume, other --seed", sharded(
+            "--seed", "5", "--steps", "10", "--resume", *ckpt), "--seed", untouched=saved)
+        t.fails("--resume, --steps below the checkpoint", sharded(
+            "--steps", "4", "--resume", *ckpt), "--steps", untouched=saved)
+        at_end = sharded("--steps", "6", "--resume", *ckpt)
+        t.check("--resume at the last step (--steps 6)", "exit 0, nothing trained, dir intact", at_end,
+                at_end.rc == 0 and "nothing left to train" in at_end.output and digest(ck) == saved[1])
+        t.fails("--resume, missing dir", sharded(
+            "--resume", "--checkpoint-dir", str(tmp / "missing")), "does not exist",
+            "--resume")
+        a_file = tmp / "a_file"
+        a_file.write_text("not a folder\n")
+        t.fails("--resume, dir is a file", sharded(
+            "--resume", "--checkpoint-dir", str(a_file)), "--checkpoint-dir", "is a file")
+        t.fails("--save-every, dir is a file", sharded(
+            "--save-every", "2", "--checkpoint-dir", str(a_file)), "--checkpoint-dir",
+            "is a file")
+        empty = tmp / "empty"
+        empty.mkdir()
+        t.fails("--resume, empty dir", sharded(
+            "--resume", "--checkpoint-dir", str(empty)), "no complete checkpoint")
+        auto = sharded("--resume", "auto", "--save-every", "2", "--checkpoint-dir",
+                       str(tmp / "auto"))
+        t.check("--resume auto, missing dir", "exit 0, says it starts at step 0", auto,
+                auto.rc == 0 and "starting at step 0" in auto.output and
+                (tmp / "auto" / "latest").exists())
+        # A save killed while publishing left latest.tmp.PID of a process that is gone.
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = ck / f"latest.tmp.{dead.pid}"
+        stale.write_text("step-00000004\n")
+        resumed = sharded("--steps", "8", "--resume", *ckpt)
+        t.check("stale latest.tmp.<dead pid>, --resume", "exit 0, tmp removed, step 8 published",
+                resumed, resumed.rc == 0 and not stale.exists() and
+                (ck / "latest").read_text().strip() == "step-00000008")
+
+        # ---- NaN: stop after --max-nonfinite-steps, no checkpoint of a NaN model ----
+        init = tmp / "init.pt"
+        made = run([GPT, "--reference", *gpt_args("--steps", "0", "--save-full", str(init))])
+        import torch  # the interpreter that runs this test has torch (TORCH_PYTHON)
+        params = torch.load(init)
+        params["ln_f.weight"] = torch.full_like(params["ln_f.weight"], float("nan"))
+        nan_init = tmp / "nan.pt"
+        torch.save(params, nan_init)
+        nan_ck = tmp / "nan_ck"
+        nan = sharded("--steps", "8", "--init-from", str(nan_init), "--save-every", "1",
+                      "--checkpoint-dir", str(nan_ck))
+        t.fails("NaN loss (--init-from with NaN)", nan, "--max-nonfinite-steps")
+        t.check("... and no checkpoint of the NaN model", "nan_ck holds no step folder", nan,
+                made.rc == 0 and not list(nan_ck.glob("step-*")))
+        nan1 = sharded("--steps", "8", "--init-from", str(nan_init),
+                       "--max-nonfinite-steps", "1", "--save-full", str(tmp / "out.pt"))
+        t.fails("NaN, --max-nonfinite-steps 1, --save-full", nan1, "nan", "--max-nonfinite-steps")
+        t.check("... and no --save-full of the NaN model", "out.pt not written", nan1,
+                not (tmp / "out.pt").exists())
+
+        # ---- --init-from: a damaged tensor, a file that is no torch.save at all ----
+        import zipfile
+        blob = bytearray(init.read_bytes())
+        with zipfile.ZipFile(init) as z:  # the first tensor record's bytes: flip one in the middle
+            info = next(i for i in z.infolist() if re.search(r"/data/\d+$", i.filename))
+        header = info.header_offset
+        name_len, extra_len = (int.from_bytes(blob[header + k:header + k + 2], "little")
+                               for k in (26, 28))
+        blob[header + 30 + name_len + extra_len + info.file_size // 2] ^= 0x40
+        corrupt = tmp / "corrupt.pt"
+        corrupt.write_bytes(bytes(blob))
+        t.fails("--init-from, one tensor corrupted", sharded(
+            "--init-from", str(corrupt)), "CRC-32", "corrupt.pt")
+        t.fails("--init-from, a text file", sharded(
+            "--init-from", str(text)), "not a readable torch.save file")
+
+        # ---- --data: reads no more than --max-data-mb ----
+        big = tmp / "big.txt"
+        with open(big, "w") as f:
+            line = "the quick brown fox jumps over the lazy dog " * 4 + "\n"
+            f.write(line * ((48 << 20) // len(line)))
+        rss = [sys.executable, "-c",
+               "import resource, subprocess, sys; subprocess.run(sys.argv[1:]); "
+               "print('maxrss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"]
+        small_run = run([*rss, GPT, "--reference", *gpt_args("--steps", "0")])
+        big_run = run([*rss, GPT, "--reference", *gpt_args("--steps", "0", "--data", str(big),
+                                                            "--max-data-mb", "1")])
+        kb = [int(r.output.split("maxrss_kb")[-1]) if "maxrss_kb" in r.output else 0
+              for r in (small_run, big_run)]
+        big_run.output = f"peak RSS {kb[1] // 1024} MiB vs {kb[0] // 1024} MiB on 64 KiB\n" + big_run.output
+        t.check("48 MiB file, --max-data-mb 1", "peak RSS < small file's + 16 MiB", big_run,
+                big_run.rc == 0 and 0 < kb[1] < kb[0] + (16 << 10), "reads past --max-data-mb")
+
+        # ---- sampling ----
+        empty_prompt = sharded("--sample", "8", "--prompt", "")
+        t.check("--prompt '' --sample 8", "exit 0, a sample", empty_prompt,
+                empty_prompt.rc == 0 and "--- sample ---" in empty_prompt.output)
+        utf8 = sharded("--sample", "4", "--prompt", "é→")
+        t.check("--prompt with bytes >= 128", "exit 0, a sample", utf8,
+                utf8.rc == 0 and "--- sample ---" in utf8.output)
+
+        # ---- the launcher and the environment ----
+        t.fails("fsdprun --grace-seconds nan", run([FSDPRUN, "--nproc-per-node", "1", "--grace-seconds",
+                                                    "nan", "true"]), "--grace-seconds")
+        t.fails("fsdprun --grace-seconds 1e7", run([FSDPRUN, "--nproc-per-node", "1", "--grace-seconds",
+                                                    "1e7", "true"]), "--grace-seconds")
+        t.fails("fsdprun --nproc-per-node 100000", run([FSDPRUN, "--nproc-per-node", "100000", "true"]),
+                "--nproc-per-node")
+        for value in ("1e10", "nan", "abc", "0", "-5"):
+            t.fails(f"FSDP_TIMEOUT_SECONDS={value}", sharded(
+                env={"FSDP_TIMEOUT_SECONDS": value}), "FSDP_TIMEOUT_SECONDS")
+        t.fails("OMP_NUM_THREADS=abc", sharded(env={"OMP_NUM_THREADS": "abc"}),
+                "OMP_NUM_THREADS")
+        t.fails("WORLD_SIZE=0 (no launcher)", run([GPT, *gpt_args()], env={
+            "RANK": "0", "WORLD_SIZE": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}), "WORLD_SIZE")
+
+        # A RANK used twice at W=3: the duplicate is named, the others name the missing rank.
+        port = str(free_port())
+        env = lambda r: {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r),
+                         "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                         "FSDP_TIMEOUT_SECONDS": "4"}
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(run, [GPT, *gpt_args()], env(r), 40) for r in (0, 1, 1)]
+            ranks = [f.result() for f in futures]
+        joined = Run(max((r.rc for r in ranks), key=lambda rc: rc == 0 or rc == "hang"),
+                     max(r.seconds for r in ranks), "\n".join(r.output for r in ranks))
+        t.fails("RANK=1 twice at W=3", joined, "RANK=1", "rank(s) 2")
+        t.check("... every rank exits non-zero", "3 non-zero exits", joined,
+                all(r.rc not in (0, "hang") for r in ranks))
+
+        # A peer that dies: the survivor's error says a peer died, without a backtrace.
+        port = str(free_port())
+        env2 = lambda r: {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
+                          "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                          "FSDP_TIMEOUT_SECONDS": "10"}
+        procs = [subprocess.Popen([GPT, *gpt_args("--steps", "100000", "--log-every", "1")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env={**BASE_ENV, **env2(r)}, start_new_session=True)
+                 for r in (0, 1)]
+        start = time.monotonic()
+        first = procs[0].stdout.readline()  # rank 0's first progress line: training runs
+        procs[1].kill()
+        try:
+            out, _ = procs[0].communicate(timeout=30)
+            rc = procs[0].returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(procs[0].pid, signal.SIGKILL)
+            out, rc = procs[0].communicate()[0] + "\nHANG", "hang"
+        procs[1].wait()
+        # Gloo's address is rank 1's listening port ("(rank 1)") or the far end of a connection
+        # rank 1 opened ("one of rank(s) 1"), depending on which side connected.
+        died = Run(rc, time.monotonic() - start, first + out)
+        t.check("peer killed mid-training (survivor)", "error naming rank 1", died,
+                rc not in (0, "hang") and ("(rank 1)" in out or "one of rank(s) 1 " in out),
+                "the survivor does not name rank 1")
+
+
+if __name__ == "__main__":
+    main()
