@@ -188,16 +188,18 @@ def cases(t):
             ("--save-full is a folder", ["--save-full", str(tmp)], "--save-full"),
             ("--init-from missing", ["--init-from", str(tmp / "nope.pt")], "--init-from"),
             ("--data missing", ["--data", str(tmp / "nope.txt")], "--data"),
-            ("--data /dev/zero", ["--data", "/dev/zero", "--max-data-mb", "1"], "--data"),
-            ("--data /dev/urandom", ["--data", "/dev/urandom"], "--data"),
+            ("--dim 65536 --layers 1024", ["--dim", "65536", "--layers", "1024"], "--layers/--dim"),
+            ("--seq 1048576 --batch 4096", ["--seq", "1048576", "--batch", "4096"], "--seq"),
+            ("--data /dev/zero", ["--data", "/dev/zero", "--max-data-mb", "1"], ("--data", "not a regular file")),
+            ("--data /dev/urandom", ["--data", "/dev/urandom"], ("--data", "not a regular file")),
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)
-        flag_cases.append(("--data FIFO", ["--data", str(fifo)], "--data"))
+        flag_cases.append(("--data FIFO", ["--data", str(fifo)], ("--data", "not a regular file")))
         with ThreadPoolExecutor(2) as pool:
             results = list(pool.map(lambda c: sharded(*c[1], timeout=30), flag_cases))
-        for (name, _, needle), result in zip(flag_cases, results):
-            t.fails(name, result, needle)
+        for (name, _, needles), result in zip(flag_cases, results):
+            t.fails(name, result, *((needles,) if isinstance(needles, str) else needles))
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"
@@ -284,6 +286,10 @@ def cases(t):
         corrupt.write_bytes(bytes(blob))
         t.fails("--init-from, one tensor corrupted", sharded(
             "--init-from", str(corrupt)), "CRC-32", "corrupt.pt")
+        truncated = tmp / "truncated.pt"
+        truncated.write_bytes(init.read_bytes()[:3000])
+        t.fails("--init-from, truncated", sharded("--init-from", str(truncated)),
+                "truncated.pt", "not a readable torch.save file")
         t.fails("--init-from, a text file", sharded(
             "--init-from", str(text)), "not a readable torch.save file")
 

@@ -7,7 +7,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
@@ -59,6 +62,21 @@ std::string check_flag_combinations(const CLI::App& app, const gpt::TrainOptions
   if (o.model.dim % o.model.heads != 0) {
     return "--dim " + std::to_string(o.model.dim) + " is not a multiple of --heads " +
            std::to_string(o.model.heads) + " (each head gets dim/heads channels)";
+  }
+  // Sizes whose tensors cannot fit this machine fail here, not in the kernel's OOM killer: the
+  // parameters (each rank builds them; fp32) and one block's activations, both underestimates.
+  const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+  const double d = static_cast<double>(o.model.dim), seq = static_cast<double>(o.model.max_seq);
+  const double params = o.model.layers * 12.0 * d * d + (256.0 + seq) * d;
+  const double rows = static_cast<double>(o.batch) * (reference ? o.reference_world_size : 1);
+  const double activations = rows * (seq * d * 16.0 + o.model.heads * seq * seq) * 4.0;
+  if (ram > 0 && (params * 4.0 > ram || activations > ram)) {
+    char text[256];
+    std::snprintf(text, sizeof text, "%.0f GiB of parameters and %.0f GiB of activations per block",
+                  params * 4.0 / (1 << 30), activations / (1 << 30));
+    return std::string("--layers/--dim/--seq/--batch ask for at least ") + text +
+           ", more than this machine's " + std::to_string(static_cast<int64_t>(ram / (1 << 30))) +
+           " GiB of memory; choose a smaller model or batch";
   }
   if (given("--world-size") && !reference) {
     return "--world-size only applies with --reference (a sharded run takes WORLD_SIZE from its "

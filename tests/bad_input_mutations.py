@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Does tests/bad_input_table.py catch what it claims? Each group of mutations disables checks
+(in a separate worktree, never the shared checkout), rebuilds gpt_train and fsdprun there, runs
+the table against that build and checks that every case a mutation targets turns red; then
+restores the files with git checkout.
+
+    python3 tests/bad_input_mutations.py WORKTREE [--table tests/bad_input_table.py]
+
+WORKTREE must be a configured build of this project (WORKTREE/build). Prints, per mutation,
+the cases that went red, or "SURVIVED". The mutations of one group touch different checks, and
+each names only cases that no other check of the group covers."""
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# (id, file, exact original text, mutated text, [cases that must turn red])
+GROUPS = [
+    [
+        ("integer-flags-unchecked", "examples/gpt/train_main.cpp",
+         "if (whole && value >= lo && value <= hi) return \"\";", "return \"\";",
+         ["--batch 0", "--batch -5", "--steps -1", "--warmup-steps -3", "--log-every 0",
+          "--max-data-mb -1", "--seed -1", "--layers 0", "--sample -1",
+          "--batch 0 --resume --save-every 2"]),
+        ("real-flags-unchecked", "examples/gpt/train_main.cpp",
+         "if (number && std::isfinite(value) && (strictly_above ? value > lo : value >= lo)) return \"\";",
+         "return \"\";",
+         ["--lr inf", "--lr nan", "--clip nan", "--weight-decay -1", "--loss-scale inf"]),
+        ("flag-combinations-unchecked", "examples/gpt/train_main.cpp",
+         "  const auto given = [&](const char* flag) { return app.count(flag) > 0; };",
+         "  const auto given = [&](const char* flag) { return app.count(flag) > 0; };\n  return \"\";",
+         ["--world-size without --reference", "--checkpoint-dir alone"]),
+        ("resume-config-unchecked", "examples/gpt/checkpointing.cpp",
+         "  if (!saved.is_object()) return;", "  return;",
+         ["--resume, other --heads", "--resume, --steps below the checkpoint"]),
+        ("fresh-run-overwrites", "examples/gpt/checkpointing.cpp",
+         "TORCH_CHECK(found.empty(), ", "TORCH_CHECK(true || found.empty(), ",
+         ["fresh run into a checkpoint dir"]),
+        ("resume-missing-dir-unnamed", "examples/gpt/checkpointing.cpp",
+         "      TORCH_CHECK(exists, \"--resume: --checkpoint-dir \", dir,",
+         "      TORCH_CHECK(true, \"--resume: --checkpoint-dir \", dir,",
+         ["--resume, missing dir"]),
+        ("checkpoint-dir-file-accepted", "examples/gpt/checkpointing.cpp",
+         "TORCH_CHECK(!exists || fs::is_directory(dir, ec), ",
+         "TORCH_CHECK(true || fs::is_directory(dir, ec), ",
+         ["--resume, dir is a file", "--save-every, dir is a file"]),
+        ("stale-tmp-kept", "examples/gpt/checkpointing.cpp",
+         "bool process_exists(long pid) { return",
+         "bool process_exists(long pid) { return true || ",
+         ["stale latest.tmp.<dead pid>, --resume"]),
+        ("nan-never-stops", "examples/gpt/trainer.cpp",
+         "} else if (++nonfinite_steps >= o.max_nonfinite_steps) {",
+         "} else if (++nonfinite_steps >= o.max_nonfinite_steps + 1000000) {",
+         ["NaN loss (--init-from with NaN)", "NaN, --max-nonfinite-steps 1, --save-full"]),
+        ("nan-checkpointed", "examples/gpt/trainer.cpp",
+         "if (std::isfinite(record.loss) && parameters_finite(gpt, dist)) {", "if (true) {",
+         ["... and no checkpoint of the NaN model"]),
+        ("empty-prompt-crashes", "examples/gpt/trainer.cpp",
+         "  if (tokens.empty()) tokens.push_back('\\n');", "",
+         ["--prompt '' --sample 8"]),
+        ("prompt-signed-bytes", "examples/gpt/trainer.cpp",
+         "for (unsigned char byte : prompt)", "for (char byte : prompt)",
+         ["--prompt with bytes >= 128"]),
+        ("data-read-whole", "examples/gpt/data.cpp",
+         "    std::string content = read_file(file, static_cast<size_t>(max_bytes) - text.size());",
+         "    std::string content = read_file(file, SIZE_MAX);\n"
+         "    content.resize(std::min(content.size(), static_cast<size_t>(max_bytes) - text.size()));",
+         ["48 MiB file, --max-data-mb 1"]),
+        ("data-devices-accepted-main", "examples/gpt/checkpointing.cpp",
+         "TORCH_CHECK(fs::is_regular_file(data) || fs::is_directory(data), ",
+         "TORCH_CHECK(true, ", []),
+        ("data-devices-accepted", "examples/gpt/data.cpp",
+         "TORCH_CHECK(fs::is_regular_file(status) || fs::is_directory(status), ",
+         "TORCH_CHECK(true, ", ["--data /dev/zero", "--data /dev/urandom", "--data FIFO"]),
+        ("grace-unchecked-cli", "tools/fsdprun/main.cpp",
+         "if (number && std::isfinite(value) && value >= 0 && value <= kMaxGraceSeconds) return \"\";",
+         "return \"\";", []),
+        ("grace-unchecked", "tools/fsdprun/launcher.cpp",
+         "if (!(config.grace_seconds >= 0 && config.grace_seconds <= 86400)) {",
+         "if (false) {", ["fsdprun --grace-seconds nan", "fsdprun --grace-seconds 1e7"]),
+    ],
+    [
+        ("zip-crc-unchecked", "src/tensor_file.cpp",
+         "  check_zip_crcs(bytes, path);\n", "", ["--init-from, one tensor corrupted"]),
+        ("timeout-loose", "src/distributed.cpp",
+         "TORCH_CHECK(end == value + std::strlen(value) && std::isfinite(seconds) && seconds >= 0.001 &&\n"
+         "                  seconds <= kMaxTimeoutSeconds,",
+         "TORCH_CHECK(seconds > 0 || seconds != seconds,", ["FSDP_TIMEOUT_SECONDS=1e10"]),
+        ("duplicate-rank-unnamed", "src/distributed.cpp",
+         "  check_ranks_joined(*store, env, timeout);\n", "", ["RANK=1 twice at W=3"]),
+        ("peer-rank-unnamed", "src/distributed.cpp",
+         "  std::string out;\n  bool unknown = false;",
+         "  return message;\n  std::string out;\n  bool unknown = false;",
+         ["peer killed mid-training (survivor)"]),
+        ("omp-threads-unchecked", "src/distributed.cpp",
+         "  check_omp_num_threads();\n", "", ["OMP_NUM_THREADS=abc"]),
+    ],
+]
+
+
+def sh(cmd, cwd, **kw):
+    return subprocess.run(cmd, cwd=cwd, shell=isinstance(cmd, str), text=True,
+                          capture_output=True, **kw)
+
+
+def red_cases(table_output):
+    """Names of the rows marked FAIL in the table's markdown."""
+    red = set()
+    for line in table_output.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) >= 6 and cells[-1] == "FAIL":
+            red.add(cells[0].replace("\\|", "|"))
+    return red
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("worktree")
+    ap.add_argument("--table", default=str(Path(__file__).with_name("bad_input_table.py")))
+    args = ap.parse_args()
+    wt = Path(args.worktree)
+    rows, survived = [], 0
+    for group in GROUPS:
+        files = sorted({m[1] for m in group})
+        try:
+            for mid, path, original, mutated, _ in group:
+                text = (wt / path).read_text()
+                if text.count(original) != 1:
+                    sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
+                (wt / path).write_text(text.replace(original, mutated))
+            build = sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
+            if build.returncode != 0:
+                sys.exit(f"the mutated build failed:\n{build.stdout[-3000:]}")
+            table = sh([sys.executable, args.table, str(wt / "build" / "bin"),
+                        str(wt / "build" / "mutant_table.md")], wt, timeout=900)
+            red = red_cases(table.stdout)
+            for mid, _, _, _, cases in group:
+                missing = [c for c in cases if c not in red]
+                survived += bool(missing)
+                verdict = "SURVIVED: " + ", ".join(missing) if missing else \
+                    ("red: " + ", ".join(cases) if cases else "(paired with the next)")
+                rows.append(f"| {mid} | {verdict} |")
+        finally:
+            sh(["git", "checkout", "--", *files], wt)
+    print("| mutation | table |\n|---|---|\n" + "\n".join(rows))
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()
