@@ -325,6 +325,11 @@ def cases(t):
                                                     "1e7", "true"]), "--grace-seconds")
         t.fails("fsdprun --nproc-per-node 100000", run([FSDPRUN, "--nproc-per-node", "100000", "true"]),
                 "--nproc-per-node")
+        stopped = run([FSDPRUN, "--nproc-per-node", "2", "--grace-seconds", "1", "sh", "-c",
+                       'if [ "$RANK" = 1 ]; then kill -STOP $$; else sleep 0.5; exit 1; fi'], timeout=30)
+        t.check("fsdprun: a stopped rank, rank 0 fails", "exit != 0 within the grace period",
+                stopped, stopped.rc not in (0, "hang") and stopped.seconds < 10 and
+                "rank 0 exited with status 1" in stopped.output)
         for value in ("1e10", "nan", "abc", "0", "-5"):
             t.fails(f"FSDP_TIMEOUT_SECONDS={value}", sharded(
                 env={"FSDP_TIMEOUT_SECONDS": value}), "FSDP_TIMEOUT_SECONDS")

@@ -377,7 +377,9 @@ class Supervisor {
   // arms the SIGKILL deadline.
   void stop_all(int sig) {
     for (const Rank& r : ranks_) {
-      if (r.running) ::kill(-r.pid, sig);
+      if (!r.running) continue;
+      ::kill(-r.pid, sig);
+      if (sig != SIGKILL) ::kill(-r.pid, SIGCONT);  // a stopped rank acts on it only once resumed
     }
     if (kill_deadline_ == 0 && sig != SIGKILL) kill_deadline_ = now_seconds() + cfg_.grace_seconds;
   }
