@@ -76,7 +76,7 @@ def log(msg):
 
 
 def git(*args):
-    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT).stdout.rstrip("\n")
 
 
 def binaries_up_to_date():
@@ -571,7 +571,7 @@ def write_markdown(path, results, meta):
 
 
 PLOT_KINDS = {"cpp": ("fsdp-cpp", "tab:blue"), "peer": ("FSDP2 peer", "tab:orange"),
-              "floor": ("floor (1 rank)", "tab:gray"), "concurrent_floor": ("concurrent floor", "darkgray")}
+              "floor": ("floor\n(1 rank)", "tab:gray"), "concurrent_floor": ("concurrent\nfloor", "darkgray")}
 
 
 def plot_step_time(ax, n, s):
@@ -589,7 +589,7 @@ def plot_tokens(ax, n, s):
     vals = [s["cpp_tokens_per_s"], s["peer_tokens_per_s"], s["concurrent_floor_tokens_per_s"],
             s["floor_tokens_per_s"] * s["world_size"]]
     ax.bar(range(4), vals, color=[PLOT_KINDS[k][1] for k in ("cpp", "peer", "concurrent_floor", "floor")])
-    ax.set_xticks(range(4), ["fsdp-cpp", "FSDP2 peer", "concurrent floor", "floor × W"])
+    ax.set_xticks(range(4), ["fsdp-cpp", "FSDP2 peer", "concurrent\nfloor", "floor × W"])
     ax.set_title(f"{n}: tokens/s (global)")
 
 
