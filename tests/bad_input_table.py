@@ -234,6 +234,9 @@ def cases(t):
         t.fails("--save-every, dir is a file", sharded(
             "--save-every", "2", "--checkpoint-dir", str(a_file)), "--checkpoint-dir",
             "is a file")
+        t.fails("--save-every, dir below a file", sharded(
+            "--save-every", "2", "--checkpoint-dir", str(a_file / "sub")), "--checkpoint-dir",
+            "not a writable folder")
         empty = tmp / "empty"
         empty.mkdir()
         t.fails("--resume, empty dir", sharded(

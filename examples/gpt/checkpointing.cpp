@@ -184,10 +184,14 @@ void check_paths(const TrainOptions& o) {
                 "--resume to continue that run, or choose another --checkpoint-dir");
   }
   if (o.save_every > 0) {
-    const fs::path writable = exists ? fs::path(dir) : fs::absolute(dir).parent_path();
+    // The folder, or the nearest existing folder above it (the rest is created), is writable.
+    fs::path writable = fs::absolute(dir);
+    while (!fs::exists(writable, ec) && writable.has_parent_path() && writable != writable.parent_path()) {
+      writable = writable.parent_path();
+    }
     TORCH_CHECK(fs::is_directory(writable, ec) && ::access(writable.c_str(), W_OK) == 0,
                 "--checkpoint-dir ", dir, ": ", writable.string(),
-                exists ? " is not writable" : " does not exist or is not writable");
+                " is not a writable folder; checkpoints could not be saved there");
   }
 }
 
