@@ -469,7 +469,8 @@ def cpu_lines(cpu):
             f"torch.ops.mkldnn._is_mkldnn_bf16_supported(): {cpu['torch_mkldnn_bf16_supported']}; "
             f"torch CPU capability {cpu['torch_cpu_capability']}.",
             f"One thread, {cpu['matmul_n']}×{cpu['matmul_n']} matmul: fp32 {g['fp32']:.1f} GFLOP/s, "
-            f"bf16 {g['bf16']:.2f} GFLOP/s (bf16 / fp32 = {cpu['matmul_bf16_speedup']:.3f})."]
+            f"bf16 {g['bf16']:.2f} GFLOP/s (bf16 / fp32 = {cpu['matmul_bf16_speedup']:.3f}); other "
+            f"processes kept {cpu['idle_busy_cores_before']:.2f} cores busy just before."]
 
 
 def source_line(meta):
@@ -695,8 +696,7 @@ def main():
     data = os.path.dirname(os.__file__)  # the Python standard library's sources
     os.makedirs(out, exist_ok=True)
     began = time.time()
-    idle_wait(IDLE_WAIT_S)
-    cpu = cpu_bf16.probe()
+    cpu = dict(idle_busy_cores_before=round(idle_wait(IDLE_WAIT_S), 2), **cpu_bf16.probe())
     log("\n".join(cpu_lines(cpu)))
     results = {name: bench_config(name, c, args.world_size, data, work, args.timeout)
                for name, c in configs.items()}
