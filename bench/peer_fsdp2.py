@@ -30,7 +30,6 @@ ring algorithm: (W-1)/W of the unsharded buffer). Gloo's own reduce-scatter move
 
 import argparse
 import json
-import os
 import resource
 import time
 
