@@ -47,6 +47,15 @@ def _pid_alive(pid):
     return True
 
 
+def _kill_inside(name):
+    r = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+    for pid in r.stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
 def cleanup_stale():
     """Deletes namespaces and bridges/veths named by this module whose pid is dead."""
     if shutil.which("ip") is None:
@@ -56,6 +65,7 @@ def cleanup_stale():
         name = line.split()[0] if line.split() else ""
         m = _NAME_RE.match(name)
         if m and name.startswith(PREFIX_NS) and not _pid_alive(int(m.group(1))):
+            _kill_inside(name)  # ranks its dead owner left running would keep the namespace alive
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
     r = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True)
     for line in r.stdout.splitlines():
@@ -186,12 +196,7 @@ class Hosts:
                     pass
         # Processes still inside a namespace (children that outlived `ip netns exec`).
         for name in self.names:
-            r = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-            for pid in r.stdout.split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (ProcessLookupError, ValueError):
-                    pass
+            _kill_inside(name)
         for name in self.names:
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         for veth in self.veths:
