@@ -251,10 +251,17 @@ def write_report(path, rows, ratio, faults):
              f"2 hosts (network namespaces on a bridge) x 2 ranks; gpt_train --layers {LAYERS} "
              f"--dim {DIM} --heads {HEADS} --seq {SEQ} --batch {BATCH}, fp32. Bytes of steps 2..{STEPS} "
              f"(run of {STEPS} steps minus run of 1 step), per host.", "",
+             f"Overhead = kernel / formula - 1; of it, headers = {HEADER_BYTES} B (Ethernet + IPv4 + "
+             "TCP with timestamps) per packet (veth passes GSO segments of up to 64 KiB as one "
+             "packet), other = the rest, about 3.6 KB per step and host for either strategy (not "
+             "broken down: Gloo's per-message preambles, the world all-reduce of the loss, TCP "
+             "options such as SACK).", "",
              "| strategy | host | kernel eth0 tx bytes | tx packets | fsdp counters, cross-host | "
-             "formula from Ψ | overhead |", "|---|---|---|---|---|---|---|"]
+             "formula from Ψ | overhead | headers | other |", "|---|---|---|---|---|---|---|---|---|"]
     for name, h, tx, packets, counted, formula, overhead in rows:
-        lines.append(f"| {name} | {h} | {tx} | {packets} | {counted} | {formula} | {overhead:.1%} |")
+        headers = HEADER_BYTES * packets
+        lines.append(f"| {name} | {h} | {tx} | {packets} | {counted} | {formula} | {overhead:.1%} "
+                     f"| {headers} | {tx - formula - headers} |")
     lines += ["", f"HYBRID_SHARD / FULL_SHARD cross-host bytes: {ratio:.2f}", "",
               f"Faults (FSDP_TIMEOUT_SECONDS={FAULT_TIMEOUT}; seconds from the fault to each rank's exit; "
               "ranks 2, 3 only for the dead link, recorded, not asserted):", "", "| fault | rank | exit code | seconds | last error line |",
@@ -284,10 +291,11 @@ def main():
                 ratio = bytes_on_the_wire(hosts, bin_dir, corpus, ref, rows)
             finally:
                 print(f"{'strategy':<13} host {'kernel tx':>10} {'packets':>7} {'fsdp cross':>10} "
-                      f"{'formula':>9} overhead")
+                      f"{'formula':>9} overhead  headers  other")
                 for name, h, tx, packets, counted, formula, overhead in rows:
+                    headers = HEADER_BYTES * packets
                     print(f"{name:<13} {h:>4} {tx:>10} {packets:>7} {counted:>10} {formula:>9} "
-                          f"{overhead:>7.1%}")
+                          f"{overhead:>7.1%} {headers:>8} {tx - formula - headers:>6}")
             print(f"HYBRID_SHARD sends {ratio:.2f} x FULL_SHARD's bytes across hosts")
             for kind in ("kill", "down"):
                 faults[kind] = fault(hosts, bin_dir, corpus, kind)
