@@ -112,12 +112,16 @@ void FsdpState::prefetch_forward_after(ParamGroup& group) {
 void FsdpState::prefetch_backward_after(ParamGroup& group) {
   if (options_.backward_prefetch() == BackwardPrefetch::None) return;
   const auto& order = forward_order_;
+  ParamGroup* next = nullptr;
   if (group.is_root()) {
-    if (!order.empty()) order.back()->issue_unshard(/*optional=*/true);
-    return;
+    if (!order.empty()) next = order.back();
+  } else {
+    auto it = std::find(order.rbegin(), order.rend(), &group);
+    if (it != order.rend() && ++it != order.rend()) next = *it;
   }
-  auto it = std::find(order.rbegin(), order.rend(), &group);
-  if (it != order.rend() && ++it != order.rend()) (*it)->issue_unshard(/*optional=*/true);
+  // BACKWARD_POST: the root's gradients may complete last (an embedding used first in forward),
+  // when the unit "after" it is long done: gathering it again would be wasted.
+  if (next && !next->backward_ran()) next->issue_unshard(/*optional=*/true);
 }
 
 void FsdpState::queue_finish_backward() {

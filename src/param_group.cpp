@@ -163,6 +163,7 @@ void ParamGroup::pre_backward() {
   if (backward_state_ != BackwardState::Idle) return;  // another output got there first
   span_start_ = std::chrono::steady_clock::now();
   if (is_root_) state_.queue_finish_backward();
+  backward_ran_ = true;
   issue_unshard(/*optional=*/false);
   if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPre) {
     state_.prefetch_backward_after(*this);
@@ -271,6 +272,7 @@ void ParamGroup::finish_backward() {
   }
   reshard();  // e.g. a prefetched unit whose backward never ran
   backward_state_ = BackwardState::Idle;
+  backward_ran_ = false;
 }
 
 UnitInfo ParamGroup::info() const {

@@ -68,6 +68,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void set_name(const std::string& name);
   UnitInfo info() const;
   ShardedState sharded_state() const { return sharded_state_; }
+  /// Whether this unit's backward has started in the current backward pass.
+  bool backward_ran() const { return backward_ran_; }
   bool is_root() const { return is_root_; }
   FlatParam& flat() { return flat_; }
   const FsdpState& state() const { return state_; }
@@ -102,6 +104,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool accumulate_into_shard_ = false;  // the optimizer kept the previous gradient: add to it
   bool full_grad_kept_ = false;         // no_sync: the unsharded gradient survives to the next backward
   bool holds_limiter_slot_ = false;     // counted by the rate limiter (not the root)
+  bool backward_ran_ = false;           // pre_backward ran in this backward pass
   std::chrono::steady_clock::time_point span_start_;  // of the forward or backward being traced
 };
 

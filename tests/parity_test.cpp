@@ -100,11 +100,7 @@ TEST(Prefetch, NoPrefetchGathersTheBlocksOnceEachInReverseForwardOrder) {
   expect_backward_gathers_in_reverse_forward_order(fsdp::BackwardPrefetch::None);
 }
 
-// Disabled: a known engine bug (reported with issue 9). Under BACKWARD_POST the root's
-// post-backward, which runs last, prefetches "the unit after the root" (the last block) again:
-// backward ends with a wasted all-gather of h.3 ({h.3, h.2, h.1, h.0, h.3}), which
-// finish_backward then frees.
-TEST(Prefetch, DISABLED_BackwardPostGathersTheBlocksOnceEachInReverseForwardOrder) {
+TEST(Prefetch, BackwardPostGathersTheBlocksOnceEachInReverseForwardOrder) {
   expect_backward_gathers_in_reverse_forward_order(fsdp::BackwardPrefetch::BackwardPost);
 }
 
