@@ -4,7 +4,9 @@
 the table against that build and checks that every case a mutation targets turns red; then
 restores the files with git checkout.
 
-    python3 tests/bad_input_mutations.py WORKTREE [--table tests/bad_input_table.py]
+    .venv/bin/python tests/bad_input_mutations.py WORKTREE [--table tests/bad_input_table.py]
+
+(an interpreter with torch: the table writes a torch.save file with it).
 
 WORKTREE must be a configured build of this project (WORKTREE/build). Prints, per mutation,
 the cases that went red, or "SURVIVED". The mutations of one group touch different checks, and
@@ -21,7 +23,8 @@ GROUPS = [
         ("integer-flags-unchecked", "examples/gpt/train_main.cpp",
          "if (whole && value >= lo && value <= hi) return \"\";", "return \"\";",
          ["--batch 0", "--batch -5", "--steps -1", "--warmup-steps -3", "--log-every 0",
-          "--max-data-mb -1", "--seed -1", "--layers 0", "--sample -1",
+          "--max-data-mb -1", "--max-data-mb 1e12", "--seed -1", "--layers 0", "--seq 1",
+          "--grad-accum 0", "--sample -1", "--max-nonfinite-steps 0",
           "--batch 0 --resume --save-every 2"]),
         ("real-flags-unchecked", "examples/gpt/train_main.cpp",
          "if (number && std::isfinite(value) && (strictly_above ? value > lo : value >= lo)) return \"\";",

@@ -158,27 +158,28 @@ def cases(t):
         make_text(text, 64 << 10)
         DATA[:] = ["--data", str(text)]
 
-        # ---- flags checked before any work: one process each, two at a time ----
+        # ---- flags checked before any work: one process each, two at a time. "--flag:" is how
+        # the check of the flag's value starts (a later failure that merely mentions it differs).
         flag_cases = [
-            ("--batch 0", ["--batch", "0"], "--batch"),
-            ("--batch -5", ["--batch", "-5"], "--batch"),
-            ("--steps -1", ["--steps", "-1"], "--steps"),
-            ("--lr inf", ["--lr", "inf"], "--lr"),
-            ("--lr nan", ["--lr", "nan"], "--lr"),
-            ("--clip nan", ["--clip", "nan"], "--clip"),
-            ("--warmup-steps -3", ["--warmup-steps", "-3"], "--warmup-steps"),
-            ("--log-every 0", ["--log-every", "0"], "--log-every"),
-            ("--max-data-mb -1", ["--max-data-mb", "-1"], "--max-data-mb"),
-            ("--max-data-mb 1e12", ["--max-data-mb", "1000000000000"], "--max-data-mb"),
-            ("--seed -1", ["--seed", "-1"], "--seed"),
+            ("--batch 0", ["--batch", "0"], "--batch:"),
+            ("--batch -5", ["--batch", "-5"], "--batch:"),
+            ("--steps -1", ["--steps", "-1"], "--steps:"),
+            ("--lr inf", ["--lr", "inf"], "--lr:"),
+            ("--lr nan", ["--lr", "nan"], "--lr:"),
+            ("--clip nan", ["--clip", "nan"], "--clip:"),
+            ("--warmup-steps -3", ["--warmup-steps", "-3"], "--warmup-steps:"),
+            ("--log-every 0", ["--log-every", "0"], "--log-every:"),
+            ("--max-data-mb -1", ["--max-data-mb", "-1"], "--max-data-mb:"),
+            ("--max-data-mb 1e12", ["--max-data-mb", "1000000000000"], "--max-data-mb:"),
+            ("--seed -1", ["--seed", "-1"], "--seed:"),
             ("--heads 3 (dim 16)", ["--heads", "3"], "--heads"),
-            ("--layers 0", ["--layers", "0"], "--layers"),
-            ("--seq 1", ["--seq", "1"], "--seq"),
-            ("--weight-decay -1", ["--weight-decay", "-1"], "--weight-decay"),
-            ("--grad-accum 0", ["--grad-accum", "0"], "--grad-accum"),
-            ("--sample -1", ["--sample", "-1"], "--sample"),
-            ("--loss-scale inf", ["--param-dtype", "fp16", "--loss-scale", "inf"], "--loss-scale"),
-            ("--max-nonfinite-steps 0", ["--max-nonfinite-steps", "0"], "--max-nonfinite-steps"),
+            ("--layers 0", ["--layers", "0"], "--layers:"),
+            ("--seq 1", ["--seq", "1"], "--seq:"),
+            ("--weight-decay -1", ["--weight-decay", "-1"], "--weight-decay:"),
+            ("--grad-accum 0", ["--grad-accum", "0"], "--grad-accum:"),
+            ("--sample -1", ["--sample", "-1"], "--sample:"),
+            ("--loss-scale inf", ["--param-dtype", "fp16", "--loss-scale", "inf"], "--loss-scale:"),
+            ("--max-nonfinite-steps 0", ["--max-nonfinite-steps", "0"], "--max-nonfinite-steps:"),
             ("--world-size without --reference", ["--world-size", "2"], "--world-size"),
             ("--save-every without --checkpoint-dir", ["--save-every", "2"], "--checkpoint-dir"),
             ("--checkpoint-dir alone", ["--checkpoint-dir", str(tmp / "unused")], "--save-every"),
@@ -189,7 +190,7 @@ def cases(t):
             ("--init-from missing", ["--init-from", str(tmp / "nope.pt")], "--init-from"),
             ("--data missing", ["--data", str(tmp / "nope.txt")], "--data"),
             ("--dim 65536 --layers 1024", ["--dim", "65536", "--layers", "1024"], "--layers/--dim"),
-            ("--seq 1048576 --batch 4096", ["--seq", "1048576", "--batch", "4096"], "--seq"),
+            ("--seq 1048576 --batch 4096", ["--seq", "1048576", "--batch", "4096"], "--seq/--batch"),
             ("--data /dev/zero", ["--data", "/dev/zero", "--max-data-mb", "1"], ("--data", "not a regular file")),
             ("--data /dev/urandom", ["--data", "/dev/urandom"], ("--data", "not a regular file")),
         ]
@@ -214,7 +215,7 @@ def cases(t):
         t.fails("fresh run into a checkpoint dir", sharded("--steps", "6", *ckpt),
                 "--resume", str(ck), untouched=saved)
         t.fails("--batch 0 --resume --save-every 2", sharded(
-            "--batch", "0", "--steps", "10", "--resume", *ckpt), "--batch", untouched=saved)
+            "--batch", "0", "--steps", "10", "--resume", *ckpt), "--batch:", untouched=saved)
         t.fails("--resume, other --heads", sharded(
             "--heads", "4", "--steps", "10", "--resume", *ckpt), "--heads", untouched=saved)
         t.fails("--resume, other --seed", sharded(
