@@ -1,5 +1,4 @@
 #include <fsdp/distributed.h>
-#include <fsdp/memory.h>
 #include <fsdp/peer_errors.h>
 
 #include "gloo_backend.h"
@@ -195,7 +194,6 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ran
 }
 
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
-  install_memory_counter();
   auto dist = std::make_shared<Distributed>();
   dist->env = LaunchEnv::from_environment();
   const LaunchEnv& env = dist->env;
