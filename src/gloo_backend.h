@@ -10,11 +10,11 @@
 
 namespace fsdp {
 
-/// A Gloo backend over `store` for `size` ranks. `hostname` picks the network device: the
-/// loopback address for a single machine, otherwise GLOO_SOCKET_IFNAME or this host's name.
+/// A Gloo backend over `store` for `size` ranks. The network device: GLOO_SOCKET_IFNAME if set,
+/// loopback when `master_addr` is local, else this host's address on the route to `master_addr`.
 c10::intrusive_ptr<c10d::Backend> make_gloo_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int size,
                                                     std::chrono::milliseconds timeout,
-                                                    const std::string& hostname);
+                                                    const std::string& master_addr);
 
 }  // namespace fsdp

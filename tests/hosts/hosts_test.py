@@ -297,6 +297,11 @@ def main():
                     print(f"{name:<13} {h:>4} {tx:>10} {packets:>7} {counted:>10} {formula:>9} "
                           f"{overhead:>7.1%} {headers:>8} {tx - formula - headers:>6}")
             print(f"HYBRID_SHARD sends {ratio:.2f} x FULL_SHARD's bytes across hosts")
+            # No GLOO_SOCKET_IFNAME: the host name resolves to 127.0.0.1 here, so Gloo must find
+            # the host's link itself (the address on the route to MASTER_ADDR).
+            metrics, _ = run(hosts, bin_dir, corpus, ["--strategy", "hybrid"], STEPS,
+                             env={"GLOO_SOCKET_IFNAME": ""})
+            check_parity("HYBRID_SHARD without GLOO_SOCKET_IFNAME", metrics, ref)
             for kind in ("kill", "down"):
                 faults[kind] = fault(hosts, bin_dir, corpus, kind)
                 for r, code, seconds, last in faults[kind]:
