@@ -55,7 +55,9 @@ TEST(DeferredInit, PeakIsTheShardedModelPlusOneUnitAndTheResultEqualsEagerShardi
               "the whole model is %lld B\n", (long long)peak, (long long)sharded,
               (long long)kUnitBytes, (long long)kRootBytes, (long long)budget, (long long)whole);
   EXPECT_LE(peak, budget);
-  if (dist().world_size() > 1) EXPECT_GT(whole, budget);
+  if (dist().world_size() > 1) {
+    EXPECT_GT(whole, budget);
+  }
 
   // Same random numbers in the same order: the shards are those of the model built whole.
   auto eager = fsdp::fully_shard(build_tower(), *dist().world);

@@ -227,7 +227,9 @@ TEST(Strategy, ShardGradOpKeepsUnitsUnshardedUntilBackward) {
   // Between forward and backward the blocks' parameters have their full shapes.
   EXPECT_EQ(model->h[0]->attn->c_attn->weight.sizes(), torch::IntArrayRef({96, 32}));
   logits.sum().backward();
-  if (dist().world_size() > 1) EXPECT_EQ(model->h[0]->attn->c_attn->weight.dim(), 1);
+  if (dist().world_size() > 1) {
+    EXPECT_EQ(model->h[0]->attn->c_attn->weight.dim(), 1);
+  }
 }
 
 }  // namespace

@@ -43,18 +43,27 @@ ReferenceLossScaler::ReferenceLossScaler(double init_scale, double growth, doubl
 
 torch::Tensor ReferenceLossScaler::scale(const torch::Tensor& loss) const { return loss * scale_; }
 
-bool ReferenceLossScaler::unscale_step_update(torch::optim::Optimizer& optimizer) {
+void ReferenceLossScaler::unscale_(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   // torch.amp: the reciprocal of the scale, in fp32, multiplies every gradient.
   const float inverse = static_cast<float>(1.0 / scale_);
-  bool finite = true;
+  finite_ = true;
   for (auto& group : optimizer.param_groups()) {
     for (auto& param : group.params()) {
       if (!param.grad().defined()) continue;
       param.mutable_grad().mul_(inverse);
-      finite = finite && torch::isfinite(param.grad()).all().item<bool>();
+      finite_ = finite_ && torch::isfinite(param.grad()).all().item<bool>();
     }
   }
+}
+
+bool ReferenceLossScaler::unscale_step_update(torch::optim::Optimizer& optimizer) {
+  unscale_(optimizer);
+  return step_update(optimizer);
+}
+
+bool ReferenceLossScaler::step_update(torch::optim::Optimizer& optimizer) {
+  const bool finite = finite_;
   if (finite) {
     optimizer.step();
     if (++finite_steps_ == growth_interval_) {

@@ -40,14 +40,18 @@ class ReferenceLossScaler {
                                int64_t growth_interval = 2000);
 
   torch::Tensor scale(const torch::Tensor& loss) const;
-  /// Unscales the gradients of the optimizer's parameters, steps unless one is not finite,
-  /// updates the scale. Returns whether it stepped.
+  /// Unscales the gradients of the optimizer's parameters (before clipping sees them).
+  void unscale_(torch::optim::Optimizer& optimizer);
+  /// Steps unless a gradient was not finite, then updates the scale. Returns whether it stepped.
+  bool step_update(torch::optim::Optimizer& optimizer);
+  /// unscale_, then step_update.
   bool unscale_step_update(torch::optim::Optimizer& optimizer);
   double current_scale() const { return scale_; }
 
  private:
   double scale_, growth_, backoff_;
   int64_t growth_interval_, finite_steps_ = 0;
+  bool finite_ = true;  // the gradients unscale_ saw
 };
 
 }  // namespace gpt

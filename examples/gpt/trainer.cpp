@@ -37,7 +37,8 @@ struct StepRecord {
 // What a step needs besides the model: the optimizer, and the mixed-precision helpers.
 struct StepContext {
   torch::optim::Optimizer& optimizer;
-  fsdp::ShardedGradScaler* scaler;        // fp16 only
+  fsdp::ShardedGradScaler* scaler;          // fp16, sharded run
+  ReferenceLossScaler* reference_scaler;    // fp16, reference run: its own code, not the library's
   ReferencePrecision* reference_precision;  // the reference run with a mixed-precision policy
 };
 
@@ -159,7 +160,8 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
     auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
     if (ctx.reference_precision) ctx.reference_precision->cast_parameters();
     auto loss = lm_loss(model(inputs), targets) / static_cast<double>(o.grad_accum);
-    auto scaled = ctx.scaler ? ctx.scaler->scale(loss) : loss;
+    auto scaled = ctx.scaler ? ctx.scaler->scale(loss)
+                  : ctx.reference_scaler ? ctx.reference_scaler->scale(loss) : loss;
     const bool last = micro + 1 == o.grad_accum;
     if (sharded && o.no_sync && !last) {
       fsdp::NoSyncGuard no_sync(model);  // keep unsharded gradients; reduce once, at the end
@@ -170,7 +172,9 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
     if (ctx.reference_precision) ctx.reference_precision->restore_masters();
     loss_sum += loss.detach();
   }
-  if (ctx.scaler) ctx.scaler->unscale_(ctx.optimizer);  // before clipping sees the gradients
+  // Unscaled before clipping sees the gradients.
+  if (ctx.scaler) ctx.scaler->unscale_(ctx.optimizer);
+  if (ctx.reference_scaler) ctx.reference_scaler->unscale_(ctx.optimizer);
   if (o.clip > 0) {
     if (sharded) {
       fsdp::clip_grad_norm_(model, o.clip);
@@ -182,6 +186,8 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
   if (ctx.scaler) {
     *skipped = !ctx.scaler->step(ctx.optimizer);
     ctx.scaler->update();
+  } else if (ctx.reference_scaler) {
+    *skipped = !ctx.reference_scaler->step_update(ctx.optimizer);
   } else {
     ctx.optimizer.step();
   }
@@ -260,19 +266,24 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const double global_tokens =
       static_cast<double>(o.grad_accum * world * o.batch * o.model.max_seq);
 
-  // fp16 needs loss scaling; the reference keeps its own (one process: nobody to agree with).
+  // fp16 needs loss scaling. The reference scales with its own code (torch.amp's rule written
+  // again), so that a bug in the library's scaler cannot show on both sides.
   std::unique_ptr<fsdp::ShardedGradScaler> scaler;
+  std::unique_ptr<ReferenceLossScaler> reference_scaler;
   if (o.fsdp.mixed_precision().param_dtype() == torch::kHalf) {
-    const auto scaling = fsdp::GradScalerOptions().init_scale(o.loss_scale);
-    scaler = dist ? std::make_unique<fsdp::ShardedGradScaler>(*dist->world, scaling)
-                  : std::make_unique<fsdp::ShardedGradScaler>(scaling);
+    if (dist) {
+      scaler = std::make_unique<fsdp::ShardedGradScaler>(
+          *dist->world, fsdp::GradScalerOptions().init_scale(o.loss_scale));
+    } else {
+      reference_scaler = std::make_unique<ReferenceLossScaler>(o.loss_scale);
+    }
   }
   std::unique_ptr<ReferencePrecision> reference_precision;
   const auto& policy = o.fsdp.mixed_precision();
   if (!dist && (policy.param_dtype() || policy.reduce_dtype())) {
     reference_precision = std::make_unique<ReferencePrecision>(*gpt, policy);
   }
-  StepContext ctx{*optimizer, scaler.get(), reference_precision.get()};
+  StepContext ctx{*optimizer, scaler.get(), reference_scaler.get(), reference_precision.get()};
 
   TrainResult result;
   int64_t nonfinite_steps = 0;  // consecutive steps whose loss was NaN or inf
@@ -297,7 +308,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     record.tokens_per_s = global_tokens / (record.step_ms / 1000.0);
     record.memory = fsdp::memory_stats();
     record.comm = minus(fsdp::comm_stats(), comm_before);
-    record.loss_scale = scaler ? scaler->get_scale() : 0;
+    record.loss_scale = scaler             ? scaler->get_scale()
+                        : reference_scaler ? reference_scaler->current_scale()
+                                           : 0;
     record.skipped = skipped;
     result.losses.push_back(record.loss);
     if (metrics.is_open()) metrics << to_json(record).dump() << "\n" << std::flush;
