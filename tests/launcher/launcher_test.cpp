@@ -287,6 +287,18 @@ TEST(Fsdprun, SigtermStopsAllRanksIncludingTheirChildren) {
   expect_all_dead(dir.recorded_pids());
 }
 
+TEST(Fsdprun, RanksDieWithALauncherKilledBySigkill) {
+  TempDir dir;
+  // exec: the rank's own process sleeps (a blocked rank: nothing it does will end it).
+  Fsdprun proc(dir, {"--nproc-per-node", "2", "sh", "-c",
+                     "echo $$ > \"$1/pid.$RANK.tmp\" && mv \"$1/pid.$RANK.tmp\" \"$1/pid.$RANK\" && exec sleep 60",
+                     "sh", dir.path()});
+  ASSERT_TRUE(dir.wait_for_pids(2, 10.0)) << "ranks did not start";
+  ::kill(proc.pid(), SIGKILL);
+  proc.wait();
+  expect_all_dead(dir.recorded_pids());
+}
+
 TEST(Fsdprun, EscalatesToSigkillAfterGracePeriod) {
   TempDir dir;
   // The sleepers ignore SIGTERM; rank 1 fails, so only SIGKILL can stop them.

@@ -6,6 +6,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -195,8 +196,13 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
 
 // Runs in the child between fork() and exec(): only async-signal-safe calls.
 [[noreturn]] void exec_rank(const char* path, char** argv, char** envp, int out_w, int err_w,
-                            const sigset_t& old_mask) {
+                            const sigset_t& old_mask, pid_t launcher) {
   ::setpgid(0, 0);  // own process group, so stopping a rank stops its children too
+  // A launcher killed by SIGKILL cannot stop its ranks: the kernel does it (the rank itself; a
+  // rank's own children are its business). The check closes the race with a launcher that died
+  // before prctl.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(128 + SIGKILL);
   int devnull = ::open("/dev/null", O_RDONLY);
   if (devnull >= 0) ::dup2(devnull, 0);
   ::dup2(out_w, 1);
@@ -229,8 +235,11 @@ void spawn_rank(Rank& rank, const std::string& path, std::vector<std::string> ar
   // handlers (which would write into the parent's self-pipe) before exec.
   sigset_t block = handled_signal_set(), old_mask;
   ::sigprocmask(SIG_BLOCK, &block, &old_mask);
+  const pid_t launcher = ::getpid();
   pid_t pid = ::fork();
-  if (pid == 0) exec_rank(path.c_str(), c_argv.data(), c_env.data(), out_pipe[1], err_pipe[1], old_mask);
+  if (pid == 0) {
+    exec_rank(path.c_str(), c_argv.data(), c_env.data(), out_pipe[1], err_pipe[1], old_mask, launcher);
+  }
   int fork_errno = errno;
   if (pid > 0) ::setpgid(pid, pid);  // also here, to avoid racing the child
   ::sigprocmask(SIG_SETMASK, &old_mask, nullptr);
