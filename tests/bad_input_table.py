@@ -193,6 +193,9 @@ def cases(t):
             ("--seq 1048576 --batch 4096", ["--seq", "1048576", "--batch", "4096"], "--seq/--batch"),
             ("--data /dev/zero", ["--data", "/dev/zero", "--max-data-mb", "1"], ("--data", "not a regular file")),
             ("--data /dev/urandom", ["--data", "/dev/urandom"], ("--data", "not a regular file")),
+            ("--freeze matching nothing", ["--freeze", "h.0.atn"], ("--freeze 'h.0.atn'", "matches no parameter")),
+            ("--freeze h.0 with --deferred-init", ["--freeze", "h.0.attn", "--deferred-init"],
+             ("--freeze 'h.0.attn'", "relative to a block")),
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)

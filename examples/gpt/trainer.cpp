@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -213,6 +214,31 @@ bool frozen(const TrainOptions& o, const std::string& name) {
   return false;
 }
 
+// Every --freeze pattern must match a parameter name (with --deferred-init, names relative to a
+// block): a typo would otherwise train the whole model silently. The names come from the same
+// architecture at the smallest width.
+void check_freeze_patterns(const TrainOptions& o) {
+  if (o.freeze.empty()) return;
+  GPTConfig tiny = o.model;
+  tiny.dim = tiny.heads;
+  tiny.max_seq = 2;
+  std::vector<std::string> names;
+  for (const auto& item : GPT(tiny)->named_parameters()) {
+    std::string name = item.key();
+    if (o.deferred_init && name.rfind("h.", 0) == 0) name = name.substr(name.find('.', 2) + 1);
+    names.push_back(name);
+  }
+  for (const auto& pattern : o.freeze) {
+    const bool matches = std::any_of(names.begin(), names.end(), [&](const std::string& name) {
+      return name.find(pattern) != std::string::npos;
+    });
+    TORCH_CHECK(matches, "--freeze '", pattern, "' matches no parameter name",
+                o.deferred_init ? " (with --deferred-init, names are relative to a block, e.g. "
+                                  "'attn.c_attn', or the root's 'wpe')"
+                                : " (e.g. 'wpe', 'h.0.attn', 'ln_f')");
+  }
+}
+
 // The GPT, sharded unless this is the reference. Deferred: built and sharded block by block,
 // each block initialised (and frozen) by its own parameter names just before it is sharded.
 fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
@@ -242,6 +268,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   fsdp::install_memory_counter();
   TORCH_CHECK(o.max_nonfinite_steps >= 1, "--max-nonfinite-steps must be >= 1, got ",
               o.max_nonfinite_steps);
+  check_freeze_patterns(o);
   prepare_checkpoint_dir(o, rank);
   const ByteCorpus corpus = ByteCorpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
 
