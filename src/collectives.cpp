@@ -101,25 +101,40 @@ class RingCollectives final : public Collectives {
       auto recv = group_.backend().recv(recv_list, (r - 1 + w) % w, tag);
       recv->wait(group_.timeout());
       send->wait(group_.timeout());
-    });
+    }, /*ring=*/true);
   }
 
   // Runs `fn`, turning whatever the backend throws (a timeout, a closed connection: Gloo throws
   // its own exception types, even when posting an operation) into one error that says what now.
+  // `ring`: this rank talks to its ring neighbours only (else to every member of the group).
   template <class Fn>
-  void guarded(const char* what, Fn&& fn) {
+  void guarded(const char* what, Fn&& fn, bool ring = false) {
     try {
       fn();
     } catch (const c10::Error& e) {
-      fail(what, e.what_without_backtrace());
+      fail(what, e.what_without_backtrace(), ring);
     } catch (const std::exception& e) {
-      fail(what, e.what());
+      fail(what, e.what(), ring);
     }
   }
 
-  [[noreturn]] void fail(const char* what, const std::string& cause) {
+  // Names the ranks (and hosts) this rank was waiting on: across hosts, the lost ones.
+  std::string peers(bool ring) const {
+    const int w = size(), r = rank();
+    if (ring) {
+      return "it receives from " + group_.describe_member((r - 1 + w) % w) + " and sends to " +
+             group_.describe_member((r + 1) % w);
+    }
+    std::string out;
+    for (int g = 0; g < w; ++g) {
+      if (g != r) out += (out.empty() ? "its peers are " : ", ") + group_.describe_member(g);
+    }
+    return out;
+  }
+
+  [[noreturn]] void fail(const char* what, const std::string& cause, bool ring) {
     TORCH_CHECK(false, "fsdp: ", what, " on rank ", rank(), " of process group '", group_.name(),
-                "' failed: ", cause,
+                "' failed (", peers(ring), "): ", cause,
                 "\nA peer rank has probably died, stalled, or runs a different model or "
                 "execution order; its own log names the cause.");
   }

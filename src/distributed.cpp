@@ -8,7 +8,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -21,33 +23,6 @@
 namespace fsdp {
 
 namespace {
-
-const char* kContract =
-    " fsdp reads torchrun's environment: launch with `fsdprun --nproc-per-node N PROGRAM` or "
-    "`torchrun --no-python --nproc-per-node N PROGRAM`, or set RANK, WORLD_SIZE, LOCAL_RANK, "
-    "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself.";
-
-std::string require_env(const char* name) {
-  const char* value = std::getenv(name);
-  TORCH_CHECK(value != nullptr && *value != '\0', "environment variable ", name, " is not set.",
-              kContract);
-  return value;
-}
-
-int int_env(const char* name, int min_value, int max_value) {
-  std::string text = require_env(name);
-  size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TORCH_CHECK(used == text.size() && value >= min_value && value <= max_value,
-              "environment variable ", name, "='", text, "' is not an integer in [", min_value,
-              ", ", max_value, "].", kContract);
-  return static_cast<int>(value);
-}
 
 // A week: longer is a typo, and every wait converts it to int milliseconds somewhere.
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
@@ -113,36 +88,102 @@ void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::m
 }
 
 // Gloo names a peer by its socket address ("[127.0.0.1]:41234"), not by its rank. Every rank's
-// Gloo listening port, read once from the store after the world group connects (the key Gloo's
+// Gloo listening address, read once from the store after the world group connects (the key Gloo's
 // full-mesh rendezvous writes: "0/RANK" under the group's prefix, whose serialized address has
-// the sockaddr's family at byte 18 and the port after it, in torch 2.13's layout; anything else
-// is skipped): rank_of_port[port] = rank.
-std::map<int, int>& world_ports() {
-  static std::map<int, int> ports;
-  return ports;
+// the sockaddr's family at byte 18 and the port and IPv4 address after it, in torch 2.13's
+// layout; anything else is skipped).
+struct PeerTable {
+  std::map<int, int> rank_of_port;
+  std::multimap<std::string, int> ranks_of_address;
+  int my_rank = -1;
+};
+
+PeerTable& peers() {
+  static PeerTable table;
+  return table;
 }
 
-int& world_rank() {
-  static int rank = -1;
-  return rank;
-}
-
-void record_gloo_ports(c10d::Store& world_store, int world_size) {
+void record_gloo_addresses(c10d::Store& world_store, int world_size) {
   for (int r = 0; r < world_size; ++r) {
     try {
       const std::vector<uint8_t> blob = world_store.get("0/" + std::to_string(r));
-      for (size_t at = 16; at + 4 <= blob.size() && at <= 24; at += 2) {
+      for (size_t at = 16; at + 8 <= blob.size() && at <= 24; at += 2) {
         const bool inet = (blob[at] == AF_INET || blob[at] == AF_INET6) && blob[at + 1] == 0;
         const int port = blob[at + 2] << 8 | blob[at + 3];
-        if (inet && port > 0) {
-          world_ports()[port] = r;
-          break;
+        if (!inet || port == 0) continue;
+        peers().rank_of_port[port] = r;
+        if (blob[at] == AF_INET) {
+          char text[INET_ADDRSTRLEN] = {};
+          if (inet_ntop(AF_INET, &blob[at + 4], text, sizeof(text))) {
+            peers().ranks_of_address.emplace(text, r);
+          }
         }
+        break;
       }
     } catch (const std::exception&) {
       // Best effort: without the table, errors keep Gloo's own wording.
     }
   }
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// [Note: attempts under torchrun's agent]
+// torchrun's elastic agent serves the store and keeps it across restarts, so the keys of a
+// failed attempt (who joined, Gloo's addresses) are still there when the ranks start again: each
+// attempt needs keys of its own. TORCHELASTIC_RESTART_COUNT cannot name the attempt: an agent
+// whose own ranks were healthy restarts them for another node's failure without counting a
+// restart, so nodes disagree. Every attempt restarts every rank of the world, so the number of
+// times this rank (of a world this size) has joined the store is the same on every rank.
+c10::intrusive_ptr<c10d::Store> this_attempts_store(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const LaunchEnv& env) {
+  if (!env.agent_store) return store;
+  const int64_t attempt = store->add("fsdp_starts/w" + std::to_string(env.world_size) + "/r" +
+                                         std::to_string(env.rank), 1);
+  return c10::make_intrusive<c10d::PrefixStore>("fsdp_attempt_" + std::to_string(attempt), store);
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env.master_port);
+  options.isServer = env.rank == 0 && !env.agent_store;
+  options.numWorkers = env.world_size;
+  options.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
+                " failed (", env.agent_store ? "the elastic agent's store: is its node reachable?"
+                                             : "is MASTER_PORT free, is MASTER_ADDR this job's first "
+                                               "host and reachable from here, and are all ",
+                env.agent_store ? "" : std::to_string(env.world_size) + " ranks started?",
+                "): ", message_of(e));
+  }
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+// Before joining: so that every rank's name is in the store once all have joined.
+void announce_host(c10d::Store& store, int rank) {
+  const std::string name = this_host_name();
+  store.set("fsdp_host/" + std::to_string(rank), std::vector<uint8_t>(name.begin(), name.end()));
+}
+
+std::vector<std::string> read_hosts(c10d::Store& store, int world_size) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world_size; ++r) {
+    const std::vector<uint8_t> name = store.get("fsdp_host/" + std::to_string(r));
+    hosts.emplace_back(name.begin(), name.end());
+  }
+  return hosts;
 }
 
 void set_threads_per_rank(int local_world_size) {
@@ -152,17 +193,6 @@ void set_threads_per_rank(int local_world_size) {
 }
 
 }  // namespace
-
-LaunchEnv LaunchEnv::from_environment() {
-  LaunchEnv env;
-  env.world_size = int_env("WORLD_SIZE", 1, 1 << 20);
-  env.rank = int_env("RANK", 0, env.world_size - 1);
-  env.local_world_size = int_env("LOCAL_WORLD_SIZE", 1, env.world_size);
-  env.local_rank = int_env("LOCAL_RANK", 0, env.local_world_size - 1);
-  env.master_addr = require_env("MASTER_ADDR");
-  env.master_port = int_env("MASTER_PORT", 1, 65535);
-  return env;
-}
 
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend,
                            c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -174,7 +204,15 @@ ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend,
       size_(size),
       timeout_(timeout),
       name_(std::move(name)),
-      hostname_(std::move(hostname)) {}
+      hostname_(std::move(hostname)) {
+  for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
+}
+
+std::string ProcessGroup::describe_member(int group_rank) const {
+  std::string out = "rank " + std::to_string(world_ranks_.at(group_rank));
+  if (!hosts_.empty()) out += " on " + hosts_.at(group_rank);
+  return out;
+}
 
 std::string ProcessGroup::next_store_key(const std::string& what) {
   return what + "/" + std::to_string(store_sequence_++);
@@ -190,30 +228,28 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ran
   const int rank = static_cast<int>(me - ranks.begin());
   const int size = static_cast<int>(ranks.size());
   auto backend = make_gloo_backend(store, rank, size, timeout_, hostname_);
-  return std::make_shared<ProcessGroup>(backend, store, rank, size, timeout_, key, hostname_);
+  auto group = std::make_shared<ProcessGroup>(backend, store, rank, size, timeout_, key, hostname_);
+  group->world_ranks_.clear();
+  for (int r : ranks) group->world_ranks_.push_back(world_ranks_.at(r));
+  if (!hosts_.empty()) {
+    std::vector<std::string> hosts;
+    for (int r : ranks) hosts.push_back(hosts_.at(r));
+    group->set_hosts(std::move(hosts));
+  }
+  return group;
 }
 
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   auto dist = std::make_shared<Distributed>();
   dist->env = LaunchEnv::from_environment();
   const LaunchEnv& env = dist->env;
+  if (env.launcher != "torchrun") env.export_to_environment();  // [Note: launchers]
   check_omp_num_threads();
   if (options.set_threads()) set_threads_per_rank(env.local_world_size);
   auto timeout = timeout_from_env(options.timeout());
 
-  c10d::TCPStoreOptions store_options;
-  store_options.port = static_cast<uint16_t>(env.master_port);
-  store_options.isServer = env.rank == 0;
-  store_options.numWorkers = env.world_size;
-  store_options.timeout = timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
-                " failed (is MASTER_PORT free, and are all ", env.world_size,
-                " ranks started?): ", message_of(e));
-  }
+  auto store = this_attempts_store(connect_store(env, timeout), env);
+  announce_host(*store, env.rank);
   check_ranks_joined(*store, env, timeout);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -227,10 +263,35 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   }
   dist->world = std::make_shared<ProcessGroup>(backend, world_store, env.rank, env.world_size,
                                                timeout, "world", env.master_addr);
-  world_rank() = env.rank;
-  record_gloo_ports(*world_store, env.world_size);
+  dist->world->set_hosts(read_hosts(*store, env.world_size));
+  peers().my_rank = env.rank;
+  record_gloo_addresses(*world_store, env.world_size);
   return dist;
 }
+
+namespace {
+
+// The rank a Gloo peer address belongs to: " (rank 2)", " (one of rank(s) 2, 3 at 10.0.0.2)"
+// when only the host is known, or "" when any other rank could own it.
+std::string rank_of_peer(const std::string& address, int port) {
+  const PeerTable& table = peers();
+  // Gloo prints the port in network byte order (e.g. 42513 as 4518): try both.
+  for (int candidate : {port, (port & 0xFF) << 8 | (port >> 8 & 0xFF)}) {
+    auto rank = table.rank_of_port.find(candidate);
+    if (rank != table.rank_of_port.end()) return " (rank " + std::to_string(rank->second) + ")";
+  }
+  // The far end of a connection the peer opened: its address still names its host.
+  std::vector<int> on_host;
+  auto [begin, end] = table.ranks_of_address.equal_range(address);
+  for (auto it = begin; it != end; ++it) {
+    if (it->second != table.my_rank) on_host.push_back(it->second);
+  }
+  const size_t others = table.rank_of_port.size() - 1;
+  if (on_host.empty() || on_host.size() >= others) return "";
+  return " (one of rank(s) " + join_ranks(on_host) + " at " + address + ")";
+}
+
+}  // namespace
 
 std::string name_peer_ranks(const std::string& message) {
   static const std::regex address_re(R"(\[([0-9a-fA-F.:]+)\]:([0-9]{1,5}))");
@@ -243,26 +304,19 @@ std::string name_peer_ranks(const std::string& message) {
     const size_t end = static_cast<size_t>(m.position(0) + m.length(0));
     out += message.substr(last, end - last);
     last = end;
-    // Gloo prints the port in network byte order (e.g. 42513 as 4518): try both.
-    const int port = std::stoi(m[2].str());
-    auto rank = world_ports().find(port);
-    if (rank == world_ports().end()) rank = world_ports().find((port & 0xFF) << 8 | (port >> 8 & 0xFF));
-    if (rank != world_ports().end()) {
-      out += " (rank " + std::to_string(rank->second) + ")";
-    } else {
-      unknown = true;
-    }
+    const std::string rank = rank_of_peer(m[1].str(), std::stoi(m[2].str()));
+    out += rank;
+    unknown = unknown || rank.empty();
   }
   out += message.substr(last);
-  if (unknown && !world_ports().empty()) {
-    // The address is the far end of a connection the peer opened: any other rank could own it.
-    std::string others;
-    for (const auto& entry : world_ports()) {
-      if (entry.second != world_rank()) others += (others.empty() ? "" : ", ") + std::to_string(entry.second);
+  if (unknown && !peers().rank_of_port.empty()) {
+    std::vector<int> others;
+    for (const auto& entry : peers().rank_of_port) {
+      if (entry.second != peers().my_rank) others.push_back(entry.second);
     }
     out += "\n(Gloo names the peer by a socket address that is not a rank's listening port; the "
-           "peer that failed is one of rank(s) " + others + " of this rank " +
-           std::to_string(world_rank()) + "; its own log, or fsdprun's summary, names the cause)";
+           "peer that failed is one of rank(s) " + join_ranks(others) + " of this rank " +
+           std::to_string(peers().my_rank) + "; its own log, or fsdprun's summary, names the cause)";
   }
   return out;
 }

@@ -1,9 +1,12 @@
 #include "fsdp_state.h"
 
+#include "host_placement.h"
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <iostream>
 
 namespace fsdp {
 
@@ -43,6 +46,8 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options)
     replicate_group_ = world.subgroup(replicate_group_ranks(world.rank(), f, w),
                                       world.next_store_key("replicate"));
     replicate_collectives_ = make_ring_collectives(*replicate_group_);
+    const std::string warning = shard_groups_spanning_hosts(world.hosts(), f);
+    if (world.rank() == 0 && !warning.empty()) std::cerr << warning << std::endl;
   }
   shard_collectives_ = make_ring_collectives(*shard_group_);
 }

@@ -6,13 +6,18 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace fsdp {
 
-/// The variables torchrun (and fsdprun) set for every rank.
+/// An environment variable's value by name (nullopt: not set).
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+
+/// This process's place in the job, as its launcher describes it. [Note: launchers]
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;
@@ -20,11 +25,30 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  /// Which contract the values came from: "torchrun" (also fsdprun), "slurm" or "openmpi".
+  std::string launcher = "torchrun";
+  /// Under torchrun's elastic agent (TORCHELASTIC_USE_AGENT_STORE=True) the agent serves the
+  /// store at MASTER_ADDR:MASTER_PORT and keeps it across restarts.
+  bool agent_store = false;
+  /// TORCHELASTIC_RESTART_COUNT (fsdprun --max-restarts sets it too): 0 on the first attempt.
+  int restart_count = 0;
 
-  /// Reads RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. A missing,
-  /// malformed or inconsistent variable throws with its name and what it should hold.
+  /// torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; without
+  /// RANK, Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
+  /// SLURM_TASKS_PER_NODE; MASTER_ADDR/PORT default from SLURM_JOB_NODELIST and SLURM_JOB_ID) or
+  /// Open MPI's (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; MASTER_ADDR/PORT from
+  /// `mpirun -x`). Missing variables throw naming all of them; a malformed or inconsistent one
+  /// throws with its name and what it should hold.
+  static LaunchEnv from(const EnvLookup& lookup);
   static LaunchEnv from_environment();
+  /// Sets torchrun's six variables to these values (for code that reads them).
+  void export_to_environment() const;
 };
+
+/// "gpu[07-09,12],cpu1" -> "gpu07": the first host of a Slurm node list.
+std::string first_slurm_node(const std::string& node_list);
+/// "2(x3),1" -> {2, 2, 2, 1}: Slurm's tasks per node, one entry per node.
+std::vector<int> parse_slurm_tasks_per_node(const std::string& text);
 
 struct InitOptions {
   /// How long a collective or a rendezvous waits for a peer before it fails (never a hang).
@@ -48,6 +72,11 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const { return timeout_; }
   c10d::Backend& backend() const { return *backend_; }
   c10d::Store& store() const { return *store_; }
+  /// The host name of each rank of this group (gethostname(), exchanged at start-up).
+  const std::vector<std::string>& hosts() const { return hosts_; }
+  void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
+  /// "rank 3 on node7": member `group_rank` by its world rank (and host, when known).
+  std::string describe_member(int group_rank) const;
   /// A fresh key prefix for one exchange through the store (same sequence on every rank).
   std::string next_store_key(const std::string& what);
   /// A new group of `ranks` (ranks of this group, ascending; this rank among them). Only its
@@ -62,6 +91,8 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::string name_;
   std::string hostname_;  // picks the network device of subgroups
+  std::vector<std::string> hosts_;
+  std::vector<int> world_ranks_;  // of each member
   int64_t store_sequence_ = 0;
 };
 
@@ -73,9 +104,9 @@ struct Distributed {
   int world_size() const { return env.world_size; }
 };
 
-/// Joins the job described by the environment (torchrun contract): TCPStore rendezvous on
-/// MASTER_ADDR:MASTER_PORT (rank 0 serves), then a Gloo process group over all ranks.
-/// Also installs the memory counter (fsdp/memory.h).
+/// Joins the job described by the environment (LaunchEnv): TCPStore rendezvous on
+/// MASTER_ADDR:MASTER_PORT (rank 0 serves it, or torchrun's elastic agent does), the ranks'
+/// host names exchanged, then a Gloo process group over all ranks.
 ///
 /// Example:
 ///   auto dist = fsdp::init_distributed();

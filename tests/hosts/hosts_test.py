@@ -17,9 +17,21 @@ two ranks each (ranks 0,1 on host 0; 2,3 on host 1; GLOO_SOCKET_IFNAME=eth0, MAS
      Gloo's full-mesh connects, model checks) cancels out. Asserted: kernel bytes >= formula
      (also after taking 66 header bytes per packet off), kernel <= formula * (1 + MAX_OVERHEAD),
      and HYBRID's cross-host bytes < 0.6 x FULL_SHARD's.
+  c. Launchers: the same parity with the ranks started by Slurm-style variables alone (srun's
+     SLURM_*; MASTER_ADDR from the node list of host names), by Open MPI-style ones alone
+     (mpirun's OMPI_COMM_WORLD_* plus -x MASTER_ADDR/PORT), and by one `fsdprun --nnodes 2
+     --node-rank H` per host. Host names: each host has its own (a UTS namespace); ranks placed
+     0,1,0,1 on the hosts make hybrid's shard groups span hosts, and rank 0 warns naming both
+     hosts; the runs with one host per shard group do not warn.
   d. Faults (FSDP_TIMEOUT_SECONDS=10): after host 1's ranks finished a step, (i) SIGKILL both,
      (ii) take host 1's link down: ranks 0 and 1 exit non-zero within 10 + 5 s with fsdp's
-     error.
+     error naming a lost rank and its host ("rank 3 on <host 1>"); (iii) under torchrun's elastic agent on each host
+     (--max-restarts 2, c10d rendezvous), SIGKILL rank 2 once a checkpoint exists: the agents
+     restart every rank, `--resume auto` continues from the newest checkpoint, and the final
+     parameters are bitwise those of a run that never failed; (iv) SIGKILL host 1 while a
+     checkpoint is being saved (FSDP_TEST_SLOW_SAVE holds every rank after its shard file):
+     host 0's ranks exit non-zero within 10 + 5 s, `latest` still names the previous
+     checkpoint, and a run resumed from it reproduces the reference's losses.
 
 Run as root (ctest): hosts_test.py BIN_DIR [DATA_FILE [REPORT_MD]]. DATA_FILE is generated here
 (a small deterministic text; default: in a temp dir). Without namespaces (not root, `ip netns
@@ -27,9 +39,11 @@ add` refused) it prints why and exits 77 (ctest SKIP_RETURN_CODE).
 HOSTS_TEST_BREAK=<name> perturbs one expectation so the matching assertion must fail (used to
 check that each assertion can fail): parity, counters, cross, kernel_low, payload, kernel_high,
 hybrid,
-default_group, fault_time, fault_exit, fault_message.
+default_group, fault_time, fault_exit, fault_message, fault_names, launcher_parity, span_warning,
+no_span_warning, elastic_bitwise, elastic_restart, save_latest, save_resume.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -111,15 +125,23 @@ def counter_cross(strategy, metrics_by_rank, host, steps):
     return total
 
 
-def run(hosts, bin_dir, corpus, flags, steps, timeout=120, env=None):
+SPAN_WARNING = "shard groups span hosts"
+OUTPUTS = []  # every Launch's rank 0 output, to check that no run with one host per group warned
+
+
+def run(hosts, bin_dir, corpus, flags, steps, timeout=120, env=None, style="torchrun",
+        placement=None):
     before = [hosts.counters(h) for h in range(hosts.n)]
     launch = cluster.Launch(hosts, f"{bin_dir}/gpt_train",
                             ["--data", corpus, *MODEL, *flags, "--steps", str(steps)],
-                            per_host=PER_HOST, env={"FSDP_TIMEOUT_SECONDS": "60", **(env or {})})
+                            per_host=PER_HOST, env={"FSDP_TIMEOUT_SECONDS": "60", **(env or {})},
+                            style=style, placement=placement)
     launch.check(timeout)
     after = [hosts.counters(h) for h in range(hosts.n)]
     delta = [{k: after[h][k] - before[h][k] for k in after[h]} for h in range(hosts.n)]
-    return [launch.rank_metrics(r) for r in range(W)], delta
+    if placement is None:
+        OUTPUTS.append(launch.output(0))
+    return [launch.rank_metrics(r) for r in range(W)], delta, launch
 
 
 def reference(bin_dir, corpus, tmp):
@@ -144,8 +166,8 @@ def check_parity(name, metrics, ref):
 def bytes_on_the_wire(hosts, bin_dir, corpus, ref, rows):
     kernel_cross = {}
     for name, flags in STRATEGIES.items():
-        one, base = run(hosts, bin_dir, corpus, flags, 1)
-        metrics, full = run(hosts, bin_dir, corpus, flags, STEPS)
+        one, base, _ = run(hosts, bin_dir, corpus, flags, 1)
+        metrics, full, _ = run(hosts, bin_dir, corpus, flags, STEPS)
         check_parity(name, metrics, ref)
         per_rank, cross_per_step, psi = expected_counters(name)
         if BREAK == "counters":
@@ -181,7 +203,7 @@ def bytes_on_the_wire(hosts, bin_dir, corpus, ref, rows):
                 f"{formula} (at most {MAX_OVERHEAD:.0%}): traffic that should stay inside a host?"
         kernel_cross[name] = max(full[h]["tx_bytes"] - base[h]["tx_bytes"] for h in range(hosts.n))
     # Without --shard-group-size, hybrid shards over LOCAL_WORLD_SIZE ranks: the same mesh.
-    default, _ = run(hosts, bin_dir, corpus, ["--strategy", "hybrid"], STEPS)
+    default, _, _ = run(hosts, bin_dir, corpus, ["--strategy", "hybrid"], STEPS)
     explicit = metrics
     if BREAK == "default_group":
         explicit = [[{**m, "bytes_all_gather": 0} for m in rank] for rank in metrics]
@@ -231,6 +253,9 @@ def fault(hosts, bin_dir, corpus, kind):
             word = "no such words" if BREAK == "fault_message" else "failed"
             assert "fsdp:" in launch.output(r) and word in launch.output(r), \
                 f"{kind}: rank {r}'s output does not say what failed:\n" + launch.output(r)[-2000:]
+            lost = hosts.names[1] + ("x" if BREAK == "fault_names" else "")
+            assert re.search(rf"rank [23] on {lost}\b", launch.output(r)), \
+                f"{kind}: rank {r}'s error does not name a lost rank on {lost}:\n" + launch.output(r)[-2000:]
         if kind == "down":  # host 1's ranks, cut off too, time out as well (recorded only)
             for r in (2, 3):
                 try:
@@ -246,7 +271,162 @@ def fault(hosts, bin_dir, corpus, kind):
             hosts.link_up(1)
 
 
-def write_report(path, rows, ratio, faults):
+def launchers(hosts, bin_dir, corpus, ref):
+    """c. The same job started by Slurm-style and Open MPI-style variables alone, and by fsdprun's
+    multi-node flags on each host; then hybrid's warning about shard groups that span hosts."""
+    for style, flags in (("slurm", ["--strategy", "hybrid"]), ("openmpi", ["--strategy", "full"])):
+        metrics, _, _ = run(hosts, bin_dir, corpus, flags, STEPS, style=style)
+        if BREAK == "launcher_parity":
+            metrics[0][0]["loss"] *= 2
+        check_parity(f"{style}-style variables ({flags[1]})", metrics, ref)
+    port = cluster.next_port()
+    fsdprun = lambda h: [f"{bin_dir}/fsdprun", "--nnodes", str(hosts.n), "--node-rank", str(h),  # noqa: E731
+                         "--nproc-per-node", str(PER_HOST), "--master-addr", hosts.addresses[0],
+                         "--master-port", str(port)]
+    folder = tempfile.mkdtemp(prefix="fsdp-hosts-")
+    launch = cluster.HostLaunch(hosts, fsdprun, f"{bin_dir}/gpt_train",
+                                ["--data", corpus, *MODEL, "--strategy", "hybrid", "--steps", str(STEPS),
+                                 "--metrics", f"{folder}/m-{{rank}}.jsonl"],
+                                env={"FSDP_TIMEOUT_SECONDS": "60"})
+    launch.check(120)
+    check_parity("fsdprun --nnodes 2 (hybrid)", [cluster.read_metrics(f"{folder}/m-{r}.jsonl")
+                                                 for r in range(W)], ref)
+    OUTPUTS.append(launch.output(0))
+
+    # Ranks 0, 2 on host 0 and 1, 3 on host 1: both shard groups ({0,1}, {2,3}) span the hosts.
+    metrics, _, interleaved = run(hosts, bin_dir, corpus, ["--strategy", "hybrid"], STEPS,
+                                  placement=[0, 1, 0, 1])
+    check_parity("HYBRID_SHARD with shard groups across hosts", metrics, ref)
+    warning = interleaved.output(0)
+    names = [n if BREAK != "span_warning" else n + "x" for n in hosts.names]
+    assert SPAN_WARNING in warning and all(f"{n} (rank" in warning for n in names), \
+        "rank 0 did not warn naming both hosts:\n" + warning[-2000:]
+    print("shard groups across hosts: rank 0 warns:",
+          [l for l in warning.splitlines() if "ranks 0-1" in l][0].strip())
+    outputs = OUTPUTS + ([warning] if BREAK == "no_span_warning" else [])
+    assert not any(SPAN_WARNING in out for out in outputs), \
+        "a run whose shard groups are each on one host warned about spanning hosts"
+
+
+def bad_network(hosts, bin_dir, corpus):
+    """A master address nobody has, and a GLOO_SOCKET_IFNAME this host lacks: every rank exits
+    non-zero within FSDP_TIMEOUT_SECONDS + 5 s saying which."""
+    cases = {"unreachable master": ({"MASTER_ADDR": hosts.addresses[0].rsplit(".", 1)[0] + ".250"},
+                                    "rendezvous at"),
+             "wrong interface": ({"GLOO_SOCKET_IFNAME": "eth9"}, "GLOO_SOCKET_IFNAME")}
+    results = {}
+    for kind, (env, words) in cases.items():
+        launch = cluster.Launch(hosts, f"{bin_dir}/gpt_train",
+                                ["--data", corpus, *MODEL, "--steps", "1"], per_host=PER_HOST,
+                                env={"FSDP_TIMEOUT_SECONDS": "3", **env})
+        try:
+            codes = launch.wait(3 + 5)
+        finally:
+            launch.kill()
+        seconds = time.monotonic() - launch.started
+        assert all(c != 0 for c in codes), f"{kind}: exit codes {codes}"
+        said = [launch.output(r) for r in range(W)]
+        assert any(words in out for out in said), f"{kind}: no rank says '{words}':\n" + launch.tails()
+        line = next(l for out in said for l in out.splitlines() if words in l)
+        print(f"{kind}: all ranks exited non-zero within {seconds:.1f} s: {line[:240]}")
+        results[kind] = [(r, codes[r], seconds, said[r].strip().splitlines()[-1] if said[r].strip() else "")
+                         for r in range(W)]
+    return results
+
+
+def latest_of(folder):
+    path = Path(folder) / "latest"
+    return path.read_text().strip() if path.exists() else ""
+
+
+def elastic_restart(hosts, bin_dir, corpus, tmp):
+    """d(iii). torchrun's elastic agent on each host; rank 2 SIGKILLed once a checkpoint exists.
+    Returns (seconds from the kill to the restarted ranks' first line, resumed step)."""
+    steps = 40
+    flags = ["--strategy", "hybrid", "--save-every", "4"]
+    plain = f"{tmp}/uninterrupted"
+    run(hosts, bin_dir, corpus, [*flags, "--checkpoint-dir", plain, "--save-full", f"{plain}.params"],
+        steps)
+    args = ["--data", corpus, *MODEL, *flags, "--steps", str(steps)]
+    port = cluster.next_port()
+    torchrun = lambda h: [str(Path(sys.executable).parent / "torchrun"),  # noqa: E731
+                          "--nnodes", str(hosts.n), "--nproc-per-node", str(PER_HOST),
+                          "--max-restarts", "2", "--rdzv-backend", "c10d",
+                          "--rdzv-endpoint", f"{hosts.addresses[0]}:{port}", "--rdzv-id", "hosts",
+                          "--rdzv-conf", f"is_host={int(h == 0)}", "--local-addr", hosts.addresses[h],
+                          "--monitor-interval", "0.1", "--no-python"]
+    ckpt = f"{tmp}/elastic"
+    launch = cluster.HostLaunch(hosts, torchrun, f"{bin_dir}/gpt_train",
+                                [*args, "--checkpoint-dir", ckpt, "--resume", "auto",
+                                 "--save-full", f"{ckpt}.params"],
+                                env={"FSDP_TIMEOUT_SECONDS": "20"})
+    try:
+        victim = None
+        while victim is None:
+            assert time.monotonic() - launch.started < 90, "no checkpoint:\n" + launch.tails()
+            assert all(p.poll() is None for p in launch.procs), "an agent exited:\n" + launch.tails()
+            if latest_of(ckpt):
+                victim = cluster.rank_pid(hosts, 1, 2, "gpt_train")
+            time.sleep(0.02)
+        os.kill(victim, signal.SIGKILL)
+        killed_at, killed_latest = time.monotonic(), latest_of(ckpt)
+        launch.check(180)
+    finally:
+        launch.kill()
+    out = launch.output(0)
+    resumed = [l for l in out.splitlines() if "resumed from" in l]
+    restarted = resumed or BREAK == "elastic_restart"
+    assert restarted and "no checkpoint" not in (resumed[0] if resumed else ""), \
+        "the agents did not restart the ranks from a checkpoint:\n" + launch.tails(30)
+    same = Path(f"{ckpt}.params").read_bytes() == Path(f"{plain}.params").read_bytes()
+    assert same != (BREAK == "elastic_bitwise"), \
+        "final parameters after the elastic restart differ from the uninterrupted run's"
+    print(f"elastic restart: rank 2 killed with {killed_latest} published; {resumed[0].strip()}; "
+          f"final parameters bitwise equal to the uninterrupted run ({time.monotonic() - killed_at:.1f} s "
+          "from the kill to the end)")
+    return resumed[0].strip(), time.monotonic() - killed_at
+
+
+def interrupted_save(hosts, bin_dir, corpus, ref, tmp):
+    """d(iv). Host 1 dies while checkpoint step 4 is being written."""
+    ckpt = f"{tmp}/interrupted"
+    launch = cluster.Launch(hosts, f"{bin_dir}/gpt_train",
+                            ["--data", corpus, *MODEL, "--strategy", "full", "--steps", str(STEPS),
+                             "--save-every", "2", "--checkpoint-dir", ckpt], per_host=PER_HOST,
+                            env={"FSDP_TIMEOUT_SECONDS": str(FAULT_TIMEOUT), "FSDP_TEST_SLOW_SAVE": "1500"})
+    try:
+        folder = Path(ckpt) / "step-00000004"
+        while not (folder.is_dir() and len([f for f in folder.iterdir() if f.suffix != ".json"]) >= W):
+            assert time.monotonic() - launch.started < 90, "no save of step 4:\n" + launch.tails()
+            time.sleep(0.02)
+        start = time.monotonic()
+        for r in (2, 3):
+            launch.procs[r].send_signal(signal.SIGKILL)
+        codes = []
+        for r in (0, 1):
+            try:
+                codes.append(launch.procs[r].wait(timeout=FAULT_TIMEOUT + 5))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        seconds = time.monotonic() - start
+    finally:
+        launch.kill()
+    assert None not in codes and 0 not in codes, f"ranks 0, 1 after host 1 died mid-save: {codes}"
+    latest = latest_of(ckpt)
+    expected = "step-00000002" if BREAK != "save_latest" else "step-00000004"
+    assert latest == expected, f"latest names {latest!r} after an interrupted save of step 4"
+    resumed, _, launch = run(hosts, bin_dir, corpus, ["--strategy", "full", "--checkpoint-dir", ckpt,
+                                                      "--resume"], STEPS)
+    losses = [m["loss"] for m in resumed[0]]
+    expected = [m["loss"] * (1.5 if BREAK == "save_resume" else 1) for m in ref[2:]]
+    assert len(losses) == len(expected) and all(abs(a - b) <= 2e-5 * b for a, b in zip(losses, expected)), \
+        f"resumed from {latest}: losses {losses}, reference {expected}"
+    print(f"save interrupted by host 1's death: ranks 0, 1 exited {codes} after {seconds:.2f} s; "
+          f"latest = {latest}; resumed from it: losses {[round(l, 5) for l in losses]} = reference")
+    return codes, seconds
+
+
+def write_report(path, rows, ratio, faults, elastic):
     lines = ["# Across hosts: bytes on the wire and faults (tests/hosts/hosts_test.py)", "",
              f"2 hosts (network namespaces on a bridge) x 2 ranks; gpt_train --layers {LAYERS} "
              f"--dim {DIM} --heads {HEADS} --seq {SEQ} --batch {BATCH}, fp32. Bytes of steps 2..{STEPS} "
@@ -269,6 +449,8 @@ def write_report(path, rows, ratio, faults):
     for kind, results in faults.items():
         for r, code, seconds, last in results:
             lines.append(f"| {kind} | {r} | {code} | {seconds:.2f} | `{last[:300]}` |")
+    lines += ["", "Elastic restart (torchrun --max-restarts 2 on each host, rank 2 SIGKILLed once a "
+              f"checkpoint existed): {elastic}; final parameters bitwise equal to an uninterrupted run."]
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -281,6 +463,7 @@ def main():
         print(f"SKIP: network namespaces cannot be made here: {why}")
         sys.exit(SKIP)
     with tempfile.TemporaryDirectory() as tmp:
+        cluster.snapshot_program(f"{bin_dir}/fsdprun", tmp)
         bin_dir = cluster.snapshot_program(f"{bin_dir}/gpt_train", tmp)
         corpus = cluster.make_corpus(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else f"{tmp}/corpus.txt")
         ref = reference(bin_dir, corpus, tmp)
@@ -299,17 +482,23 @@ def main():
             print(f"HYBRID_SHARD sends {ratio:.2f} x FULL_SHARD's bytes across hosts")
             # No GLOO_SOCKET_IFNAME: the host name resolves to 127.0.0.1 here, so Gloo must find
             # the host's link itself (the address on the route to MASTER_ADDR).
-            metrics, _ = run(hosts, bin_dir, corpus, ["--strategy", "hybrid"], STEPS,
-                             env={"GLOO_SOCKET_IFNAME": ""})
+            metrics, _, _ = run(hosts, bin_dir, corpus, ["--strategy", "hybrid"], STEPS,
+                                env={"GLOO_SOCKET_IFNAME": ""})
             check_parity("HYBRID_SHARD without GLOO_SOCKET_IFNAME", metrics, ref)
+            launchers(hosts, bin_dir, corpus, ref)
+            faults.update(bad_network(hosts, bin_dir, corpus))
             for kind in ("kill", "down"):
                 faults[kind] = fault(hosts, bin_dir, corpus, kind)
                 for r, code, seconds, last in faults[kind]:
                     print(f"fault {kind}: rank {r} exited {code} after {seconds:.2f} s: {last[:200]}")
+            resumed, restart_seconds = elastic_restart(hosts, bin_dir, corpus, tmp)
+            codes, save_seconds = interrupted_save(hosts, bin_dir, corpus, ref, tmp)
+            faults["host lost mid-save"] = [(r, codes[r], save_seconds, "") for r in (0, 1)]
+            elastic = f"{resumed}; {restart_seconds:.1f} s from the kill to the end of the run"
             pid = os.getpid()
         assert not netns.leftovers(pid), f"left behind: {netns.leftovers(pid)}"
         if len(sys.argv) > 3:
-            write_report(sys.argv[3], rows, ratio, faults)
+            write_report(sys.argv[3], rows, ratio, faults, elastic)
     print("hosts test: OK")
 
 

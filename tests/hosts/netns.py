@@ -2,7 +2,10 @@
 
 Hosts(n) makes n namespaces, each with lo up and one veth (eth0 inside) plugged into a bridge of
 this run in the root namespace; host i has 198.18.<run>.<i+1>/24 (198.18.0.0/15 is reserved for
-benchmarking, RFC 2544: never routed anywhere). Nothing is routed out of the bridge: traffic stays
+benchmarking, RFC 2544: never routed anywhere). Commands run in a host also get a UTS namespace
+whose host name is the namespace's name, and an /etc/hosts (iproute2 bind-mounts
+/etc/netns/<name>/hosts over it) in which every host's name resolves to its address: the host
+names, and host names in a Slurm node list, mean what they mean on a cluster. Nothing is routed out of the bridge: traffic stays
 between our own namespaces. Names carry the pid (fh<pid>h<i>, fb<pid>, fv<pid>h<i>, all <= 15
 characters) so parallel runs cannot collide; namespaces and bridges of dead pids are deleted when
 a new run starts, and a run deletes its own on close() (also at exit and on SIGTERM).
@@ -56,10 +59,18 @@ def _kill_inside(name):
             pass
 
 
+def _remove_etc(name):
+    shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+
+
 def cleanup_stale():
     """Deletes namespaces and bridges/veths named by this module whose pid is dead."""
     if shutil.which("ip") is None:
         return
+    for name in os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []:
+        m = _NAME_RE.match(name)
+        if m and not _pid_alive(int(m.group(1))):
+            _remove_etc(name)
     r = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     for line in r.stdout.splitlines():
         name = line.split()[0] if line.split() else ""
@@ -137,6 +148,11 @@ class Hosts:
             _ip("link", "set", veth, "up")
             _ip("addr", "add", f"{addr}/24", "dev", "eth0", netns=name)
             _ip("link", "set", "eth0", "up", netns=name)
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{a} {n}\n" for n, a in zip(self.names, self.addresses))
+        for name in self.names:
+            os.makedirs(f"/etc/netns/{name}", exist_ok=True)
+            with open(f"/etc/netns/{name}/hosts", "w") as f:
+                f.write(hosts)
 
     def __enter__(self):
         return self
@@ -146,7 +162,10 @@ class Hosts:
 
     # Running things inside a host.
     def exec_args(self, host, cmd):
-        return ["ip", "netns", "exec", self.names[host], *cmd]
+        # Each step execs the next (ip, unshare, sh): the pid of a Popen is the program's own.
+        name = self.names[host]
+        return ["ip", "netns", "exec", name, "unshare", "--uts", "--", "sh", "-c",
+                'hostname "$0" && exec "$@"', name, *cmd]
 
     def popen(self, host, cmd, env=None, **kwargs):
         p = subprocess.Popen(self.exec_args(host, cmd), env=env, **kwargs)
@@ -199,6 +218,7 @@ class Hosts:
             _kill_inside(name)
         for name in self.names:
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            _remove_etc(name)
         for veth in self.veths:
             subprocess.run(["ip", "link", "delete", veth], capture_output=True)
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
