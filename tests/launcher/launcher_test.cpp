@@ -332,6 +332,15 @@ TEST(Fsdprun, BadUsageExitsWithStatus2) {
       {{"--nproc-per-node", "2", dir.path()}, "not found or not executable"},  // a directory
       {{"--nproc-per-node", "2", "--bogus", "true"}, "--bogus"},
       {{"true"}, "nproc-per-node"},
+      {{"--nnodes", "2", "--node-rank", "2", "-n", "1", "true"}, "--node-rank must be in [0, 1]"},
+      {{"--node_rank", "1", "-n", "1", "true"}, "--node-rank must be in [0, 0] with --nnodes 1"},
+      {{"--nnodes", "0", "-n", "1", "true"}, "--nnodes must be in [1, "},
+      {{"--nnodes", "two", "-n", "1", "true"}, "--nnodes must be a number of nodes"},
+      {{"--nnodes", "1:2", "-n", "1", "true"}, "--nnodes 1:2 is an elastic range"},
+      {{"--nnodes", "1:2", "-n", "1", "true"}, "torchrun's elastic agent"},
+      {{"--max-restarts", "-1", "-n", "1", "true"}, "--max-restarts must be >= 0 (got -1)"},
+      {{"--max-restarts", "1", "--nnodes", "2", "-n", "1", "true"}, "--max-restarts restarts the ranks of one node"},
+      {{"--max_restarts", "1", "--nnodes", "2", "-n", "1", "true"}, "torchrun --nnodes 2 --max-restarts 1 --rdzv"},
   };
   for (const Case& c : cases) {
     Result r = run_fsdprun(c.args);
@@ -399,6 +408,36 @@ TEST(Fsdprun, HonoursMasterOptionsAndOmpThreads) {
   EXPECT_EQ(r.out, "[rank0]: 7\n");
 }
 
+TEST(Fsdprun, SecondNodeRanksGetGlobalRanksAndNodeVariables) {
+  Result r = run_fsdprun({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                          "--master-port", "29533", "sh", "-c",
+                          "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE "
+                          "$ROLE_RANK $ROLE_WORLD_SIZE $ROLE_NAME $MASTER_ADDR:$MASTER_PORT"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  std::vector<std::string> out = lines_of(r.out);
+  EXPECT_EQ(out.size(), 2u) << r.out;
+  EXPECT_EQ(std::set<std::string>(out.begin(), out.end()),
+            (std::set<std::string>{"[rank2]: 2 0 4 2 1 2 2 4 default 127.0.0.1:29533",
+                                   "[rank3]: 3 1 4 2 1 2 3 4 default 127.0.0.1:29533"}))
+      << r.out;
+}
+
+TEST(Fsdprun, SecondNodeFailureNamesTheGlobalRank) {
+  Result r = run_fsdprun({"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "2", "--master-port", "29533",
+                          "sh", "-c", "[ $LOCAL_RANK = 1 ] && exit 5; exec sleep 60"});
+  EXPECT_EQ(r.exit_code(), 5) << r.err;
+  EXPECT_NE(r.err.find("fsdprun: rank 3 exited with status 5; stopped the other 1 rank"), std::string::npos) << r.err;
+}
+
+TEST(Fsdprun, MultiNodeDefaultsToTorchrunsStaticPortWithoutBindingTheMasterAddress) {
+  // The nodes must agree on the port, so it is not random; on all nodes but node 0 the master
+  // address is another host's (here TEST-NET-1, which no interface has), so nothing binds it.
+  Result r = run_fsdprun({"--nnodes", "2:2", "--node_rank", "1", "--nproc-per-node", "1", "--master-addr",
+                          "192.0.2.1", "sh", "-c", "echo $MASTER_ADDR:$MASTER_PORT $RANK"});
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank1]: 192.0.2.1:29500 1\n");
+}
+
 TEST(Fsdprun, DefaultMasterPortIsFreshPerRun) {
   // Two concurrent launches must not be handed the same rendezvous port.
   TempDir a, b;
@@ -408,6 +447,118 @@ TEST(Fsdprun, DefaultMasterPortIsFreshPerRun) {
   ASSERT_EQ(ra.exit_code(), 0) << ra.err;
   ASSERT_EQ(rb.exit_code(), 0) << rb.err;
   EXPECT_NE(ra.out, rb.out);
+}
+
+// ---------------------------------------------------------------------------
+// --max-restarts
+
+// Appends the rank's "TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS MASTER_PORT" to
+// $1/attempts.RANK, one line per attempt the rank was started in.
+const std::string kRecordAttempt =
+    "echo $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS $MASTER_PORT >> \"$1/attempts.$RANK\"\n";
+
+std::vector<std::string> attempts_of(const TempDir& dir, int rank) {
+  return lines_of(read_file(dir.file("attempts." + std::to_string(rank))));
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+TEST(Fsdprun, RestartsAllRanksAfterAFailure) {
+  TempDir dir;
+  // The first attempt fails once both ranks have recorded it (so fail-fast cannot stop one
+  // before it did); the second succeeds.
+  const std::string script = kRecordAttempt + R"sh(
+[ "$TORCHELASTIC_RESTART_COUNT" -ge 1 ] && exit 0
+n=0; while [ "$(cat "$1"/attempts.* 2>/dev/null | wc -l)" -lt 2 ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done
+exit 3
+)sh";
+  Fsdprun proc(dir, {"--max-restarts", "2", "--nproc-per-node", "2", "sh", "-c", script, "sh", dir.path()});
+  Result r = proc.wait();
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_TRUE(std::regex_search(
+      r.err, std::regex(R"(fsdprun: rank [01] failed \(exit 3\); restarting all ranks \(attempt 2 of 3\)\n)")))
+      << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting"), 1u) << r.err;
+  for (int rank : {0, 1}) {
+    std::vector<std::string> attempts = attempts_of(dir, rank);
+    ASSERT_EQ(attempts.size(), 2u) << "rank " << rank << ": " << ::testing::PrintToString(attempts);
+    EXPECT_EQ(attempts[0].substr(0, 4), "0 2 ") << "rank " << rank;
+    EXPECT_EQ(attempts[1].substr(0, 4), "1 2 ") << "rank " << rank;
+    EXPECT_EQ(attempts[0].substr(4), attempts[1].substr(4)) << "MASTER_PORT changed across attempts";
+  }
+}
+
+// Runs a single rank that always fails with status 3 and returns the attempts it recorded.
+std::vector<std::string> attempts_of_always_failing_rank(const std::vector<std::string>& restart_args, Result* r) {
+  TempDir dir;
+  std::vector<std::string> args = restart_args;
+  for (const char* arg : {"--nproc-per-node", "1", "sh", "-c"}) args.push_back(arg);
+  args.insert(args.end(), {kRecordAttempt + "exit 3", "sh", dir.path()});
+  Fsdprun proc(dir, args);
+  *r = proc.wait();
+  return attempts_of(dir, 0);
+}
+
+TEST(Fsdprun, GivesUpAfterMaxRestarts) {
+  Result r;
+  std::vector<std::string> attempts = attempts_of_always_failing_rank({"--max-restarts", "2"}, &r);
+  EXPECT_EQ(r.exit_code(), 3) << r.err;
+  ASSERT_EQ(attempts.size(), 3u) << ::testing::PrintToString(attempts);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(attempts[i].substr(0, 4), std::to_string(i) + " 2 ");
+  EXPECT_EQ(count_of(r.err, "fsdprun: rank 0 failed (exit 3); restarting all ranks (attempt 2 of 3)"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.err, "fsdprun: rank 0 failed (exit 3); restarting all ranks (attempt 3 of 3)"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting"), 2u) << r.err;
+  EXPECT_NE(r.err.find("fsdprun: rank 0 exited with status 3; no other ranks were running"), std::string::npos)
+      << r.err;
+}
+
+TEST(Fsdprun, NoRestartByDefault) {
+  Result r;
+  std::vector<std::string> attempts = attempts_of_always_failing_rank({}, &r);
+  EXPECT_EQ(r.exit_code(), 3) << r.err;
+  ASSERT_EQ(attempts.size(), 1u) << ::testing::PrintToString(attempts);
+  EXPECT_EQ(attempts[0].substr(0, 4), "0 0 ");
+  EXPECT_EQ(count_of(r.err, "restarting"), 0u) << r.err;
+}
+
+TEST(Fsdprun, SigtermDuringAnAttemptDoesNotRestart) {
+  TempDir dir;
+  Fsdprun proc(dir, {"--max-restarts", "2", "--nproc-per-node", "2", "sh", "-c",
+                     kRecordAttempt + "echo $$ > \"$1/pid.$RANK.tmp\" && mv \"$1/pid.$RANK.tmp\" \"$1/pid.$RANK\"\n"
+                                      "exec sleep 60",
+                     "sh", dir.path()});
+  ASSERT_TRUE(dir.wait_for_pids(2, 10.0)) << "ranks did not start";
+  ::kill(proc.pid(), SIGTERM);
+  Result r = proc.wait();
+  EXPECT_EQ(r.exit_code(), 128 + SIGTERM) << r.err;
+  EXPECT_NE(r.err.find("fsdprun: received SIGTERM; stopped 2 ranks"), std::string::npos) << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting"), 0u) << r.err;
+  for (int rank : {0, 1}) EXPECT_EQ(attempts_of(dir, rank).size(), 1u) << "rank " << rank;
+  expect_all_dead(dir.recorded_pids());
+}
+
+TEST(Fsdprun, SigtermWhileAFailedAttemptStopsDoesNotRestart) {
+  TempDir dir;
+  // Rank 1 fails; the others ignore SIGTERM, so the attempt takes the grace period (2 s) to end,
+  // and fsdprun gets its SIGTERM meanwhile.
+  std::vector<std::string> args = sleepers_command(dir, 1, "touch \"$D/failed\"; exit 4");
+  args[6] = std::string("trap '' TERM\n") + kSleepersScript;
+  args.insert(args.begin(), {"--max-restarts", "2"});
+  Fsdprun proc(dir, args);
+  for (auto start = Clock::now(); ::access(dir.file("failed").c_str(), F_OK) != 0 && seconds_since(start) < 10;) {
+    sleep_ms(20);
+  }
+  sleep_ms(300);
+  ::kill(proc.pid(), SIGTERM);
+  Result r = proc.wait();
+  EXPECT_EQ(r.exit_code(), 4) << r.err;
+  EXPECT_NE(r.err.find("fsdprun: rank 1 exited with status 4"), std::string::npos) << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting"), 0u) << r.err;
+  expect_all_dead(dir.recorded_pids());
 }
 
 }  // namespace

@@ -153,22 +153,35 @@ void pump_stream(Stream& s, const std::string& prefix) {
 // Rank environment and spawning
 
 struct Rank {
-  int index = 0;
-  std::string prefix;  // "[rankK]: "
+  int local_rank = 0;   // LOCAL_RANK, the index in the attempt's ranks
+  int global_rank = 0;  // RANK
+  std::string prefix;   // "[rankK]: " with the global rank
   pid_t pid = -1;
   bool running = false;
   int wait_status = 0;
   Stream out, err;
 };
 
-std::vector<std::string> rank_environment(const LaunchConfig& cfg, int rank, int port) {
-  const std::string n = std::to_string(cfg.nproc_per_node);
-  const std::string r = std::to_string(rank);
+int global_rank(const LaunchConfig& cfg, int local_rank) { return cfg.node_rank * cfg.nproc_per_node + local_rank; }
+
+// The variables torchrun's agent sets (one role, "default", so ROLE_* equal the global ones).
+std::vector<std::string> rank_environment(const LaunchConfig& cfg, int local_rank, int port, int restart_count) {
+  const std::string rank = std::to_string(global_rank(cfg, local_rank));
+  const std::string world_size = std::to_string(cfg.nnodes * cfg.nproc_per_node);
   std::vector<std::pair<std::string, std::string>> vars = {
-      {"RANK", r},           {"LOCAL_RANK", r},        {"WORLD_SIZE", n},
-      {"LOCAL_WORLD_SIZE", n}, {"GROUP_RANK", "0"},      {"GROUP_WORLD_SIZE", "1"},
-      {"ROLE_RANK", r},      {"ROLE_WORLD_SIZE", n},   {"MASTER_ADDR", cfg.master_addr},
+      {"RANK", rank},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", world_size},
+      {"LOCAL_WORLD_SIZE", std::to_string(cfg.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(cfg.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(cfg.nnodes)},
+      {"ROLE_RANK", rank},
+      {"ROLE_WORLD_SIZE", world_size},
+      {"ROLE_NAME", "default"},
+      {"MASTER_ADDR", cfg.master_addr},
       {"MASTER_PORT", std::to_string(port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(cfg.max_restarts)},
   };
   // Split the cores between the ranks unless the user chose a value.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -267,6 +280,12 @@ std::string describe_status(int wait_status) {
   return "exited with status " + std::to_string(WEXITSTATUS(wait_status));
 }
 
+// The restart line's short form of describe_status(): "exit 3" or "SIGKILL".
+std::string short_status(int wait_status) {
+  if (WIFSIGNALED(wait_status)) return signal_name(WTERMSIG(wait_status));
+  return "exit " + std::to_string(WEXITSTATUS(wait_status));
+}
+
 bool succeeded(int wait_status) { return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0; }
 
 std::string plural_ranks(int n) { return std::to_string(n) + (n == 1 ? " rank" : " ranks"); }
@@ -281,24 +300,56 @@ class Supervisor {
 
   int run() {
     install_signal_handlers();
-    start_ranks();
+    for (int restart_count = 0;; ++restart_count) {
+      run_attempt(restart_count);
+      if (!should_restart(restart_count)) return report();
+      announce_restart(restart_count + 1);
+    }
+  }
+
+ private:
+  // State of one attempt; a restart begins with a fresh one.
+  struct Attempt {
+    std::vector<Rank> ranks;
+    std::optional<int> failed_rank;  // local rank of the first rank that failed on its own
+    int stopped_count = 0;           // ranks still running when shutdown began
+    double kill_deadline = 0;        // when survivors get SIGKILL; 0 = not armed
+    bool killed = false;
+  };
+
+  void run_attempt(int restart_count) {
+    attempt_ = Attempt{};
+    start_ranks(restart_count);
     while (live_count() > 0) {
       wait_for_events();
       handle_signals();
       reap_children();
       enforce_kill_deadline();
     }
-    return report();
   }
 
- private:
-  void start_ranks() {
-    ranks_.resize(cfg_.nproc_per_node);
+  // A failed attempt is retried while restarts remain, unless fsdprun itself was told to stop.
+  bool should_restart(int restart_count) {
+    if (!attempt_.failed_rank || restart_count >= cfg_.max_restarts) return false;
+    handle_signals();  // a SIGTERM that arrived with the last rank's exit counts too
+    return received_signal_ == 0;
+  }
+
+  void announce_restart(int restart_count) const {
+    const Rank& r = attempt_.ranks[*attempt_.failed_rank];
+    std::fprintf(stderr, "fsdprun: rank %d failed (%s); restarting all ranks (attempt %d of %d)\n", r.global_rank,
+                 short_status(r.wait_status).c_str(), restart_count + 1, cfg_.max_restarts + 1);
+  }
+
+  void start_ranks(int restart_count) {
+    std::vector<Rank>& ranks = attempt_.ranks;
+    ranks.resize(cfg_.nproc_per_node);
     for (int i = 0; i < cfg_.nproc_per_node; ++i) {
-      ranks_[i].index = i;
-      ranks_[i].prefix = "[rank" + std::to_string(i) + "]: ";
+      ranks[i].local_rank = i;
+      ranks[i].global_rank = global_rank(cfg_, i);
+      ranks[i].prefix = "[rank" + std::to_string(ranks[i].global_rank) + "]: ";
       try {
-        spawn_rank(ranks_[i], program_path_, cfg_.command, rank_environment(cfg_, i, port_));
+        spawn_rank(ranks[i], program_path_, cfg_.command, rank_environment(cfg_, i, port_, restart_count));
       } catch (const UsageError&) {
         stop_all(SIGKILL);  // do not leave the ranks started so far behind
         while (live_count() > 0) reap_children(/*block=*/true);
@@ -308,14 +359,15 @@ class Supervisor {
   }
 
   int live_count() const {
-    return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
+    const std::vector<Rank>& ranks = attempt_.ranks;
+    return static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](const Rank& r) { return r.running; }));
   }
 
   // Sleeps in poll() until output, a signal or the kill deadline; relays output.
   void wait_for_events() {
     std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
     std::vector<Stream*> streams{nullptr};
-    for (Rank& r : ranks_) {
+    for (Rank& r : attempt_.ranks) {
       for (Stream* s : {&r.out, &r.err}) {
         if (s->fd < 0) continue;
         fds.push_back({s->fd, POLLIN, 0});
@@ -323,9 +375,9 @@ class Supervisor {
       }
     }
     int timeout_ms = -1;
-    if (kill_deadline_ > 0) {
+    if (attempt_.kill_deadline > 0) {
       // Clamped before the conversion: a long grace period must not overflow poll()'s int.
-      const double left_ms = std::clamp((kill_deadline_ - now_seconds()) * 1000 + 1, 0.0, 3.6e6);
+      const double left_ms = std::clamp((attempt_.kill_deadline - now_seconds()) * 1000 + 1, 0.0, 3.6e6);
       timeout_ms = static_cast<int>(left_ms);
     }
     if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
@@ -335,21 +387,21 @@ class Supervisor {
   }
 
   const std::string& prefix_of(const Stream& s) const {
-    for (const Rank& r : ranks_) {
+    for (const Rank& r : attempt_.ranks) {
       if (&r.out == &s || &r.err == &s) return r.prefix;
     }
     static const std::string none;
     return none;
   }
 
-  // SIGINT/SIGTERM are forwarded to every live rank and start the shutdown.
+  // SIGINT/SIGTERM are forwarded to every live rank, start the shutdown and rule out restarts.
   void handle_signals() {
     unsigned char sig;
     while (::read(g_signal_pipe[0], &sig, 1) == 1) {
       if (sig == SIGCHLD) continue;  // reap_children() runs next anyway
-      if (received_signal_ == 0 && !failed_rank_) {
+      if (received_signal_ == 0) {
         received_signal_ = sig;
-        stopped_count_ = live_count();
+        if (!attempt_.failed_rank) attempt_.stopped_count = live_count();
       }
       stop_all(sig);
     }
@@ -359,7 +411,7 @@ class Supervisor {
     int status;
     pid_t pid;
     while ((pid = ::waitpid(-1, &status, block ? 0 : WNOHANG)) > 0) {
-      for (Rank& r : ranks_) {
+      for (Rank& r : attempt_.ranks) {
         if (r.pid == pid && r.running) on_rank_exit(r, status);
       }
       if (block) return;
@@ -375,9 +427,9 @@ class Supervisor {
     pump_stream(r.err, r.prefix);
     close_stream(r.out, r.prefix);
     close_stream(r.err, r.prefix);
-    if (!succeeded(status) && !failed_rank_ && received_signal_ == 0) {
-      failed_rank_ = r.index;
-      stopped_count_ = live_count();
+    if (!succeeded(status) && !attempt_.failed_rank && received_signal_ == 0) {
+      attempt_.failed_rank = r.local_rank;
+      attempt_.stopped_count = live_count();
       stop_all(SIGTERM);
     }
   }
@@ -385,47 +437,44 @@ class Supervisor {
   // Sends `sig` to the process group of every live rank; the first call also
   // arms the SIGKILL deadline.
   void stop_all(int sig) {
-    for (const Rank& r : ranks_) {
+    for (const Rank& r : attempt_.ranks) {
       if (!r.running) continue;
       ::kill(-r.pid, sig);
       if (sig != SIGKILL) ::kill(-r.pid, SIGCONT);  // a stopped rank acts on it only once resumed
     }
-    if (kill_deadline_ == 0 && sig != SIGKILL) kill_deadline_ = now_seconds() + cfg_.grace_seconds;
+    if (attempt_.kill_deadline == 0 && sig != SIGKILL) attempt_.kill_deadline = now_seconds() + cfg_.grace_seconds;
   }
 
   void enforce_kill_deadline() {
-    if (kill_deadline_ > 0 && !killed_ && now_seconds() >= kill_deadline_) {
-      killed_ = true;
+    if (attempt_.kill_deadline > 0 && !attempt_.killed && now_seconds() >= attempt_.kill_deadline) {
+      attempt_.killed = true;
       stop_all(SIGKILL);
     }
   }
 
-  // Prints the reason for a non-zero exit and returns fsdprun's exit status.
+  // Prints the reason for a non-zero exit of the last attempt and returns fsdprun's exit status.
+  // Whichever came first, a failing rank or a signal to fsdprun, is the reason.
   int report() const {
-    if (received_signal_ != 0) {  // only set if no rank had failed before
-      std::fprintf(stderr, "fsdprun: received %s; stopped %s\n", signal_name(received_signal_).c_str(),
-                   plural_ranks(stopped_count_).c_str());
-      return 128 + received_signal_;
+    if (attempt_.failed_rank) {
+      const Rank& r = attempt_.ranks[*attempt_.failed_rank];
+      std::string others = attempt_.stopped_count > 0 ? "stopped the other " + plural_ranks(attempt_.stopped_count)
+                                                      : "no other ranks were running";
+      std::fprintf(stderr, "fsdprun: rank %d %s; %s\n", r.global_rank, describe_status(r.wait_status).c_str(),
+                   others.c_str());
+      if (WIFEXITED(r.wait_status)) return WEXITSTATUS(r.wait_status);  // 1..255 here
+      return 1;
     }
-    if (!failed_rank_) return 0;
-    const Rank& r = ranks_[*failed_rank_];
-    std::string others = stopped_count_ > 0 ? "stopped the other " + plural_ranks(stopped_count_)
-                                            : "no other ranks were running";
-    std::fprintf(stderr, "fsdprun: rank %d %s; %s\n", r.index, describe_status(r.wait_status).c_str(),
-                 others.c_str());
-    if (WIFEXITED(r.wait_status)) return WEXITSTATUS(r.wait_status);  // 1..255 here
-    return 1;
+    if (received_signal_ == 0) return 0;
+    std::fprintf(stderr, "fsdprun: received %s; stopped %s\n", signal_name(received_signal_).c_str(),
+                 plural_ranks(attempt_.stopped_count).c_str());
+    return 128 + received_signal_;
   }
 
   const LaunchConfig& cfg_;
   std::string program_path_;
-  int port_;
-  std::vector<Rank> ranks_;
-  std::optional<int> failed_rank_;  // first rank that failed on its own
-  int received_signal_ = 0;         // first SIGINT/SIGTERM received
-  int stopped_count_ = 0;           // ranks still running when shutdown began
-  double kill_deadline_ = 0;        // when survivors get SIGKILL; 0 = not armed
-  bool killed_ = false;
+  int port_;  // the same for every attempt: rank 0 of the next one binds it again
+  Attempt attempt_;
+  int received_signal_ = 0;  // first SIGINT/SIGTERM received; no restart after it
 };
 
 }  // namespace
@@ -534,8 +583,26 @@ int find_free_port(const std::string& addr) {
   return port;
 }
 
+namespace {
+
+int master_port(const LaunchConfig& config) {
+  if (config.master_port != 0) return config.master_port;
+  // On all nodes but the master, master_addr is another host's: nothing to check by binding it.
+  if (config.nnodes > 1) return kStaticMasterPort;
+  find_free_port(config.master_addr);  // the master address resolves and binds, or a clear error
+  return pick_master_port(config.master_addr);
+}
+
+}  // namespace
+
 int launch(const LaunchConfig& config) {
   if (config.nproc_per_node < 1) throw UsageError{"--nproc-per-node must be >= 1"};
+  if (config.nnodes < 1 || config.node_rank < 0 || config.node_rank >= config.nnodes) {
+    throw UsageError{"--nnodes must be >= 1 and --node-rank in [0, --nnodes - 1]"};
+  }
+  if (config.max_restarts < 0 || (config.max_restarts > 0 && config.nnodes > 1)) {
+    throw UsageError{"--max-restarts must be >= 0, and 0 with --nnodes > 1"};
+  }
   if (!(config.grace_seconds >= 0 && config.grace_seconds <= 86400)) {  // NaN fails too
     throw UsageError{"--grace-seconds must be a number of seconds in [0, 86400]"};
   }
@@ -545,12 +612,7 @@ int launch(const LaunchConfig& config) {
     throw UsageError{"PROGRAM '" + config.command.front() + "' not found or not executable" +
                      (config.command.front().find('/') == std::string::npos ? " (searched PATH)" : "")};
   }
-  int port = config.master_port;
-  if (port == 0) {
-    find_free_port(config.master_addr);  // the master address resolves and binds, or a clear error
-    port = pick_master_port(config.master_addr);
-  }
-  Supervisor supervisor(config, *path, port);
+  Supervisor supervisor(config, *path, master_port(config));
   return supervisor.run();
 }
 

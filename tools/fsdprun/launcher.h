@@ -1,6 +1,6 @@
-// fsdprun launcher core: spawns local ranks with a torchrun-style environment,
+// fsdprun launcher core: spawns this node's ranks with a torchrun-style environment,
 // relays their output line by line with a "[rankK]: " prefix, and supervises
-// them (fail-fast on the first failing rank, signal forwarding).
+// them (fail-fast on the first failing rank, restarts, signal forwarding).
 #pragma once
 
 #include <optional>
@@ -11,8 +11,11 @@ namespace fsdprun {
 
 struct LaunchConfig {
   int nproc_per_node = 1;
+  int nnodes = 1;     // static multi-node job: every node runs fsdprun with the same nnodes
+  int node_rank = 0;  // in [0, nnodes - 1]; this node's ranks are node_rank * nproc_per_node + i
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;  // 0: pick a free port on master_addr
+  int master_port = 0;  // 0: pick a free port on master_addr (kStaticMasterPort if nnodes > 1)
+  int max_restarts = 0;  // single node only: times all ranks are started again after a failure
   double grace_seconds = 5.0;  // SIGTERM -> SIGKILL escalation delay
   std::vector<std::string> command;  // PROGRAM followed by its arguments
 };
@@ -22,6 +25,10 @@ struct LaunchConfig {
 struct UsageError {
   std::string message;
 };
+
+// torchrun's rendezvous port for a static multi-node launch: the nodes must agree on it, so it
+// cannot be picked at random.
+constexpr int kStaticMasterPort = 29500;
 
 // Resolves PROGRAM like execvp would: a name containing '/' is used as is,
 // otherwise it is searched in $PATH. Returns the executable's path, or
@@ -37,8 +44,9 @@ int find_free_port(const std::string& addr);
 // find_free_port(addr).
 int pick_master_port(const std::string& addr);
 
-// Runs all ranks to completion and returns fsdprun's exit status:
-// 0 if every rank exited 0, otherwise non-zero (see launcher.cpp).
+// Runs all ranks to completion, restarting them all up to max_restarts times after a failure,
+// and returns fsdprun's exit status: 0 if every rank of an attempt exited 0, otherwise non-zero
+// (see launcher.cpp).
 // Throws UsageError for problems detected before any rank starts.
 int launch(const LaunchConfig& config);
 
