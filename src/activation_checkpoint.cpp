@@ -19,31 +19,53 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Forward = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
 
+// The random generators a recomputation must replay (dropout): the CPU's, and the default
+// generator of the inputs' device when that is another (a GPU's).
+std::vector<at::Generator> generators_for(at::TensorList inputs) {
+  std::vector<at::Generator> generators{at::detail::getDefaultCPUGenerator()};
+  for (const auto& input : inputs) {
+    if (input.defined() && !input.is_cpu()) {
+      generators.push_back(at::globalContext().defaultGenerator(input.device()));
+      break;
+    }
+  }
+  return generators;
+}
+
 // What backward needs besides the inputs, carried through the autograd context.
 struct Recomputation : torch::CustomClassHolder {
   Forward forward;
-  at::Tensor rng_state;  // the CPU generator's state when forward ran (dropout replays it)
+  std::vector<at::Generator> generators;
+  std::vector<at::Tensor> rng_states;  // each generator's state when forward ran
 };
 
-// Restores the CPU generator to `state` for its lifetime, then back to where it was.
+// Restores the generators to `states` for its lifetime, then back to where they were.
 class RngStateGuard {
  public:
-  explicit RngStateGuard(const at::Tensor& state)
-      : generator_(at::detail::getDefaultCPUGenerator()), saved_(generator_.get_state()) {
-    generator_.set_state(state);
+  RngStateGuard(std::vector<at::Generator> generators, const std::vector<at::Tensor>& states)
+      : generators_(std::move(generators)) {
+    for (size_t i = 0; i < generators_.size(); ++i) {
+      saved_.push_back(generators_[i].get_state());
+      generators_[i].set_state(states[i]);
+    }
   }
-  ~RngStateGuard() { generator_.set_state(saved_); }
+  ~RngStateGuard() {
+    for (size_t i = 0; i < generators_.size(); ++i) generators_[i].set_state(saved_[i]);
+  }
 
  private:
-  at::Generator generator_;
-  at::Tensor saved_;
+  std::vector<at::Generator> generators_;
+  std::vector<at::Tensor> saved_;
 };
 
 struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
   static at::Tensor forward(AutogradContext* ctx, const Forward& forward, at::TensorList inputs) {
     auto recomputation = c10::make_intrusive<Recomputation>();
     recomputation->forward = forward;
-    recomputation->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+    recomputation->generators = generators_for(inputs);
+    for (auto& generator : recomputation->generators) {
+      recomputation->rng_states.push_back(generator.get_state());
+    }
     ctx->saved_data["recomputation"] = c10::IValue::make_capsule(recomputation);
     ctx->save_for_backward(inputs.vec());
     return forward(inputs.vec());  // autograd functions run forward with gradients off
@@ -59,7 +81,7 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
     }
     at::Tensor output;
     {
-      RngStateGuard rng(recomputation->rng_state);
+      RngStateGuard rng(recomputation->generators, recomputation->rng_states);
       at::AutoGradMode grad_mode(true);
       output = recomputation->forward(inputs);
     }

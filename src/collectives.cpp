@@ -149,6 +149,23 @@ class RingCollectives final : public Collectives {
 
 }  // namespace
 
+void count_sent_bytes(CollectiveKind kind, int64_t bytes) {
+  switch (kind) {
+    case CollectiveKind::AllGather:
+      counters().all_gather += bytes;
+      break;
+    case CollectiveKind::ReduceScatter:
+      counters().reduce_scatter += bytes;
+      break;
+    case CollectiveKind::AllReduce:
+      counters().all_reduce += bytes;
+      break;
+    case CollectiveKind::Broadcast:
+      counters().broadcast += bytes;
+      break;
+  }
+}
+
 std::unique_ptr<Collectives> make_ring_collectives(ProcessGroup& group) {
   return std::make_unique<RingCollectives>(group);
 }
@@ -173,12 +190,23 @@ void reset_comm_stats() {
 
 namespace fsdp {
 
+namespace {
+
+// The world's small exchanges (a loss, a norm, buffers) run on Gloo, through host memory for
+// device tensors.
+std::unique_ptr<Collectives> world_collectives(ProcessGroup& group, const at::Tensor& t) {
+  auto ring = make_ring_collectives(group);
+  return t.is_cpu() ? std::move(ring) : make_staged_collectives(std::move(ring));
+}
+
+}  // namespace
+
 void all_reduce_sum(ProcessGroup& group, const at::Tensor& t) {
-  make_ring_collectives(group)->all_reduce_sum(t);
+  world_collectives(group, t)->all_reduce_sum(t);
 }
 
 void broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
-  make_ring_collectives(group)->broadcast(t, root);
+  world_collectives(group, t)->broadcast(t, root);
 }
 
 }  // namespace fsdp

@@ -35,4 +35,12 @@ class Collectives {
 /// Ring collectives over `group`'s send/recv.
 std::unique_ptr<Collectives> make_ring_collectives(ProcessGroup& group);
 
+/// Collectives on device tensors staged through host buffers (pinned for CUDA) and run by
+/// `host` (rings over Gloo): lets ranks that share a GPU, which NCCL refuses, run the CUDA path.
+std::unique_ptr<Collectives> make_staged_collectives(std::unique_ptr<Collectives> host);
+
+/// What one rank sent, for comm_stats(): every Collectives implementation counts here.
+enum class CollectiveKind { AllGather, ReduceScatter, AllReduce, Broadcast };
+void count_sent_bytes(CollectiveKind kind, int64_t bytes);
+
 }  // namespace fsdp

@@ -2,11 +2,10 @@
 
 namespace fsdp {
 
-void CommHandle::wait() {
-  if (!state_) return;
-  std::unique_lock<std::mutex> lock(state_->mutex);
-  state_->done_cv.wait(lock, [&] { return state_->done; });
-  if (state_->error) std::rethrow_exception(state_->error);
+void CommThread::Done::wait() {
+  std::unique_lock<std::mutex> lock(mutex);
+  done_cv.wait(lock, [&] { return done; });
+  if (error) std::rethrow_exception(error);
 }
 
 CommThread::CommThread() : thread_([this] { run(); }) {}
@@ -21,20 +20,19 @@ CommThread::~CommThread() {
 }
 
 CommHandle CommThread::submit(std::function<void()> task) {
-  CommHandle handle;
-  handle.state_ = std::make_shared<CommHandle::State>();
+  auto done = std::make_shared<Done>();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.emplace_back(std::move(task), handle.state_);
+    queue_.emplace_back(std::move(task), done);
   }
   queue_cv_.notify_one();
-  return handle;
+  return CommHandle(done);
 }
 
 void CommThread::run() {
   for (;;) {
     std::function<void()> task;
-    std::shared_ptr<CommHandle::State> state;
+    std::shared_ptr<Done> state;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });

@@ -19,22 +19,24 @@
 
 namespace fsdp {
 
-/// The completion of one submitted task; wait() rethrows the task's exception (e.g. a timeout).
+/// The completion of one submitted task. wait() returns once the task's results may be used by
+/// the caller (on a GPU: once the caller's stream is ordered after them) and rethrows the task's
+/// exception (e.g. a timeout).
 class CommHandle {
  public:
+  struct Completion {
+    virtual ~Completion() = default;
+    virtual void wait() = 0;
+  };
   CommHandle() = default;
-  bool valid() const { return state_ != nullptr; }
-  void wait();
+  explicit CommHandle(std::shared_ptr<Completion> completion) : completion_(std::move(completion)) {}
+  bool valid() const { return completion_ != nullptr; }
+  void wait() {
+    if (completion_) completion_->wait();
+  }
 
  private:
-  friend class CommThread;
-  struct State {
-    std::mutex mutex;
-    std::condition_variable done_cv;
-    bool done = false;
-    std::exception_ptr error;
-  };
-  std::shared_ptr<State> state_;
+  std::shared_ptr<Completion> completion_;
 };
 
 class CommThread {
@@ -49,9 +51,18 @@ class CommThread {
  private:
   void run();
 
+  // A task's completion on this thread: wait() blocks until it has run.
+  struct Done final : CommHandle::Completion {
+    std::mutex mutex;
+    std::condition_variable done_cv;
+    bool done = false;
+    std::exception_ptr error;
+    void wait() override;
+  };
+
   std::mutex mutex_;
   std::condition_variable queue_cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<CommHandle::State>>> queue_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<Done>>> queue_;
   bool stopping_ = false;
   std::exception_ptr first_error_;  // after a failure, later tasks fail at once with it
   std::thread thread_;

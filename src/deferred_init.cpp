@@ -27,7 +27,8 @@ DeferredScope::DeferredScope(ProcessGroup& group, const FullyShardOptions& optio
     : sharding_(std::make_unique<DeferredSharding>()) {
   options.validate(group.size());
   TORCH_CHECK(!active, "fully_shard_deferred: its factory built another deferred model");
-  sharding_->state = std::make_shared<FsdpState>(group, options);
+  sharding_->state =
+      std::make_shared<FsdpState>(group, options, options.device().value_or(c10::Device(c10::kCPU)));
   sharding_->init = std::move(init);
   active = sharding_.get();
 }
@@ -45,6 +46,13 @@ void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>&
   if (!active || slot.group) return;
   DeferredSharding& sharding = *active;
   FsdpState& state = *sharding.state;
+  // Built where the factory runs, sharded where the model computes (offloaded: the parameters
+  // stay in host memory, the buffers go where forward runs).
+  if (state.options().cpu_offload()) {
+    for (auto& buffer : module->buffers()) buffer.set_data(buffer.to(state.device_type()));
+  } else if (!state.device_type().is_cpu()) {
+    module->to(state.device_type());
+  }
   // Parameters of units nested inside this one are sharded already; a tie is sharded once.
   NamedParams params;
   std::unordered_set<const c10::TensorImpl*> seen;

@@ -51,7 +51,8 @@ void point_data(at::Tensor& param, const at::Tensor& data) {
 }  // namespace
 
 FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank,
-                     int world_size, std::optional<c10::ScalarType> compute_dtype)
+                     int world_size, std::optional<c10::ScalarType> compute_dtype,
+                     std::optional<c10::Device> compute_device)
     : rank_(rank), world_size_(world_size) {
   TORCH_INTERNAL_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size);
   for (auto& [name, param] : params) {
@@ -84,6 +85,9 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
   auto options = params.empty() ? at::TensorOptions(at::kFloat)
                                  : params.front().second.options().requires_grad(false);
   compute_dtype_ = compute_dtype.value_or(c10::typeMetaToScalarType(options.dtype()));
+  compute_device_ = compute_device.value_or(options.device());
+  // Host memory copied to a GPU is pinned: the copy then needs no bounce buffer.
+  if (compute_device_ != options.device()) options = options.pinned_memory(compute_device_.is_cuda());
   // Only this rank's part is copied: building a unit never holds more than its parameters plus
   // one shard (deferred initialisation relies on it).
   shard_ = at::zeros({shard_numel_}, options);
@@ -96,9 +100,10 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
                                               e.shard_end - e.shard_begin));
     }
   }
-  full_ = needs_unshard() ? unallocated(padded_numel(), options.dtype(compute_dtype_)) : shard_;
+  const auto full_options = options.dtype(compute_dtype_).device(compute_device_).pinned_memory(false);
+  full_ = needs_unshard() ? unallocated(padded_numel(), full_options) : shard_;
   use_sharded_params();  // releases the parameters' original storage
-  full_grad_ = unallocated(padded_numel(), options.dtype(compute_dtype_));
+  full_grad_ = unallocated(padded_numel(), full_options);
 }
 
 int64_t FlatParam::element_size() const { return static_cast<int64_t>(shard_.element_size()); }
@@ -109,7 +114,7 @@ int64_t FlatParam::compute_element_size() const {
 at::Tensor FlatParam::local_chunk() const { return full_.narrow(0, rank_ * shard_numel_, shard_numel_); }
 
 at::Tensor& FlatParam::grad_shard() {
-  if (!grad_shard_.defined()) grad_shard_ = at::zeros_like(shard_);
+  if (!grad_shard_.defined()) grad_shard_ = at::zeros({shard_numel_}, shard_.options());
   return grad_shard_;
 }
 
@@ -125,6 +130,13 @@ void FlatParam::allocate_full_grad() {
   full_grad_.zero_();
 }
 void FlatParam::free_full_grad() { release_storage(full_grad_); }
+
+c10::DataPtr FlatParam::take_full_grad_bytes() {
+  c10::StorageImpl* storage = full_grad_.storage().unsafeGetStorageImpl();
+  c10::DataPtr bytes = storage->set_data_ptr(c10::DataPtr(nullptr, full_grad_.device()));
+  storage->set_nbytes(0);
+  return bytes;
+}
 
 void FlatParam::use_full_params() {
   for (auto& e : entries_) point_data(e.param, full_.narrow(0, e.offset, e.numel).view(e.shape));

@@ -11,7 +11,12 @@
 // makes every saved view valid again. The same holds for the unsharded gradient buffer.
 //
 // Mixed precision: the shard (and the gradient shard) stay in the parameters' dtype; the
-// unsharded buffer and its gradient are in the compute dtype. A parameter's dtype then changes
+// unsharded buffer and its gradient are in the compute dtype.
+//
+// CPU offload (paper, section 3.2): the shard and the gradient shard stay in (pinned) host memory
+// where the parameters are, and the optimizer steps them there; the unsharded buffer and its
+// gradient are on the compute device. A parameter's device then changes with every
+// unshard/reshard too. A parameter's dtype then changes
 // with every unshard/reshard, and autograd drops a leaf's gradient accumulator when its dtype
 // changes: see refresh_grad_accumulators().
 
@@ -42,8 +47,10 @@ class FlatParam {
   /// Copies this rank's part of `params` (same dtype and device) into its shard; the parameters'
   /// own storage is released once they point into it. The unsharded buffer is in
   /// `compute_dtype` (the parameters' dtype if unset).
+  /// With `compute_device` (CPU offload), the unsharded buffers are there, the shards pinned.
   FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank, int world_size,
-            std::optional<c10::ScalarType> compute_dtype = std::nullopt);
+            std::optional<c10::ScalarType> compute_dtype = std::nullopt,
+            std::optional<c10::Device> compute_device = std::nullopt);
 
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_size_; }
@@ -53,9 +60,12 @@ class FlatParam {
   /// False for a shard group of one rank (NO_SHARD): the shard is the whole flat buffer and the
   /// parameters keep their shapes.
   bool sharded() const { return world_size_ > 1; }
-  /// Whether forward needs a separate unsharded buffer: the shard is partial, or in another dtype.
-  bool needs_unshard() const { return sharded() || mixed_precision(); }
+  /// Whether forward needs a separate unsharded buffer: the shard is partial, or in another dtype,
+  /// or on another device.
+  bool needs_unshard() const { return sharded() || mixed_precision() || offloaded(); }
   bool mixed_precision() const { return compute_dtype_ != shard_.scalar_type(); }
+  /// The shards live in host memory, the unsharded buffers on the compute device.
+  bool offloaded() const { return compute_device_ != shard_.device(); }
   /// This rank's chunk of the unsharded buffer, where its shard goes before the all-gather.
   at::Tensor local_chunk() const;
   std::vector<FlatEntry>& entries() { return entries_; }
@@ -66,6 +76,7 @@ class FlatParam {
   at::Tensor& shard() { return shard_; }
   at::Tensor& full() { return full_; }
   at::Tensor& full_grad() { return full_grad_; }
+  const at::Tensor& full_grad() const { return full_grad_; }
   /// This rank's gradient shard; allocated on first use and kept (the optimizer reads it).
   at::Tensor& grad_shard();
 
@@ -74,6 +85,9 @@ class FlatParam {
   void free_full();
   void allocate_full_grad();  // zero-filled
   void free_full_grad();
+  /// Like free_full_grad, but hands the bytes to the caller (who frees them when a collective
+  /// that may still read them has completed).
+  c10::DataPtr take_full_grad_bytes();
 
   /// Parameters become views of the unsharded buffer, in their original shapes.
   void use_full_params();
@@ -98,6 +112,7 @@ class FlatParam {
   int64_t shard_numel_ = 0;
   int requires_grad_count_ = 0;
   c10::ScalarType compute_dtype_;
+  c10::Device compute_device_{c10::kCPU};
   at::Tensor shard_;       // 1-D [S], this rank's shard: the master copy the optimizer updates
   at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward

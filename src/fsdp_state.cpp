@@ -31,12 +31,12 @@ std::shared_ptr<ProcessGroup> borrow(ProcessGroup& group) {
 
 }  // namespace
 
-FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options)
+FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::Device& device)
     : world_(world),
       options_(std::move(options)),
       limiter_(options_.limit_all_gathers()),
       order_key_(world.next_store_key("fsdp/order")),
-      comm_(std::make_unique<CommThread>()) {
+      device_(make_device(device)) {
   const int w = world.size(), f = options_.shard_group_size_for(w);
   // Every rank creates its shard group, then its replicate group: the same sequence everywhere.
   shard_group_ = f == w ? borrow(world)
@@ -45,14 +45,14 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options)
   if (f < w) {
     replicate_group_ = world.subgroup(replicate_group_ranks(world.rank(), f, w),
                                       world.next_store_key("replicate"));
-    replicate_collectives_ = make_ring_collectives(*replicate_group_);
+    replicate_collectives_ = device_->collectives(*replicate_group_);
     const std::string warning = shard_groups_spanning_hosts(world.hosts(), f);
     if (world.rank() == 0 && !warning.empty()) std::cerr << warning << std::endl;
   }
-  shard_collectives_ = make_ring_collectives(*shard_group_);
+  shard_collectives_ = device_->collectives(*shard_group_);
 }
 
-FsdpState::~FsdpState() { comm_.reset(); }
+FsdpState::~FsdpState() { device_.reset(); }
 
 c10::ScalarType FsdpState::reduce_dtype(c10::ScalarType grad_dtype) const {
   return options_.mixed_precision().reduce_dtype().value_or(grad_dtype);

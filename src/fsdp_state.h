@@ -5,7 +5,7 @@
 // root queues on the autograd engine.
 
 #include "collectives.h"
-#include "comm_thread.h"
+#include "device.h"
 #include "param_group.h"
 #include "rate_limiter.h"
 
@@ -16,8 +16,9 @@ namespace fsdp {
 
 class FsdpState {
  public:
-  /// Builds the mesh over `world`: shard groups of F consecutive ranks, replicated W/F times.
-  FsdpState(ProcessGroup& world, FullyShardOptions options);
+  /// Builds the mesh over `world`: shard groups of F consecutive ranks, replicated W/F times;
+  /// communication for parameters on `device`.
+  FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::Device& device);
   ~FsdpState();
 
   /// Collectives inside this rank's shard group (all-gather, reduce-scatter).
@@ -26,7 +27,8 @@ class FsdpState {
   Collectives* replicate_collectives() { return replicate_collectives_.get(); }
   ProcessGroup& world() { return world_; }
   ProcessGroup& shard_group() { return *shard_group_; }
-  CommThread& comm() { return *comm_; }
+  Device& device() { return *device_; }
+  c10::Device device_type() const { return device_->device(); }
   RateLimiter& limiter() { return limiter_; }
   const FullyShardOptions& options() const { return options_; }
   bool no_sync() const { return no_sync_; }
@@ -68,7 +70,7 @@ class FsdpState {
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
-  std::unique_ptr<CommThread> comm_;  // last: joined first, before the buffers it uses go away
+  std::unique_ptr<Device> device_;  // last: its work finishes first, before the buffers it uses go away
 };
 
 }  // namespace fsdp

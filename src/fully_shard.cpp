@@ -135,6 +135,33 @@ void name_presharded_unit(const UnitPlan& plan) {
   plan.slot->group->set_name(plan.name);
 }
 
+// The device the model computes on: options.device() (the model moves there), else its
+// parameters' (all on one device), else CPU. A deferred model's units are on the state's already.
+c10::Device compute_device(torch::nn::Module& root, const FullyShardOptions& options,
+                           const FsdpState* deferred) {
+  if (deferred) return deferred->device_type();
+  if (options.cpu_offload()) {  // parameters stay on the CPU, buffers go where forward runs
+    for (auto& buffer : root.buffers()) buffer.set_data(buffer.to(*options.device()));
+    return *options.device();
+  }
+  if (options.device()) {
+    root.to(*options.device());
+    return *options.device();
+  }
+  std::optional<c10::Device> device;
+  std::string first;
+  for (const auto& item : root.named_parameters()) {
+    if (!device) {
+      device = item.value().device();
+      first = item.key();
+    }
+    TORCH_CHECK(item.value().device() == *device, "fully_shard: parameter '", item.key(), "' is on ",
+                item.value().device().str(), " but '", first, "' on ", device->str(),
+                ": move the model to one device (or pass FullyShardOptions::device)");
+  }
+  return device.value_or(c10::Device(c10::kCPU));
+}
+
 }  // namespace
 
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
@@ -153,6 +180,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
                                        std::shared_ptr<FsdpState> deferred, const ParamInit& init) {
   options.validate(group.size());
   TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
+  const c10::Device device = compute_device(*root, options, deferred.get());
   std::vector<UnitPlan> plans = plans_of(root, deferred.get());
   for (auto& plan : plans) {
     if (plan.presharded) name_presharded_unit(plan);
@@ -160,7 +188,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   }
   if (options.verify_model()) check_same_model_on_all_ranks(group, describe(plans));
 
-  auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options);
+  auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options, device);
   if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
   if (options.sync_module_states()) {
     for (auto& plan : plans) {

@@ -95,6 +95,10 @@ void MixedPrecision::validate() const {
 
 void FullyShardOptions::validate(int world_size) const {
   mixed_precision().validate();
+  TORCH_CHECK(!cpu_offload() || (device() && !device()->is_cpu()),
+              "FullyShardOptions::cpu_offload(true) keeps the shards in host memory and computes "
+              "on a GPU: set FullyShardOptions::device (e.g. torch::Device(torch::kCUDA, "
+              "LOCAL_RANK)) with the model left on the CPU");
   TORCH_CHECK(limit_all_gathers() >= 0, "FullyShardOptions::limit_all_gathers(",
               limit_all_gathers(), "): must be >= 0 (0 turns the rate limiter off; 2 is the default)");
   TORCH_CHECK(shard_group_size() >= 0, "FullyShardOptions::shard_group_size(", shard_group_size(),

@@ -2,6 +2,7 @@
 
 #include "fsdp_state.h"
 #include "trace.h"
+#include "unit_comm.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -9,6 +10,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <tuple>
 
 namespace fsdp {
 
@@ -78,12 +80,9 @@ bool ParamGroup::issue_unshard(bool optional) {
   for (auto& part : parts_) part->issue_unshard(optional);
   flat_.allocate_full();
   const std::string span = "all_gather " + label_;
-  all_gather_ = state_.comm().submit([this, span] {
+  all_gather_ = state_.device().submit(CommLane::AllGather, [this, span] {
     TraceSpan trace(span, TraceLane::Communication);
-    // Cast first (mixed precision): the all-gather then moves compute-dtype bytes.
-    at::Tensor local = flat_.local_chunk();
-    local.copy_(flat_.shard());
-    if (flat_.sharded()) state_.collectives().all_gather(flat_.full(), local);
+    gather_unit(flat_, state_.collectives());
   });
   sharded_state_ = ShardedState::Unsharding;
   return true;
@@ -229,11 +228,12 @@ void ParamGroup::issue_reduce_scatter() {
   holds_limiter_slot_ = false;
   if (release_slot) state_.limiter().reduction_issued();
   const std::string span = "reduce_scatter " + label_;
-  reduce_scatter_ = state_.comm().submit([this, span, release_slot] {
+  const ReducePlan plan = reduce_plan();
+  reduce_scatter_ = state_.device().submit(CommLane::Reduce, [this, span, plan, release_slot] {
     TraceSpan trace(span, TraceLane::Communication);
     at::NoGradGuard no_grad;
-    reduce_gradient();
-    flat_.free_full_grad();
+    reduce_unit_gradient(flat_, plan, state_.collectives(), state_.replicate_collectives());
+    state_.device().release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
     if (release_slot) {
       state_.limiter().release();
       state_.limiter().reduction_finished();
@@ -241,27 +241,13 @@ void ParamGroup::issue_reduce_scatter() {
   });
 }
 
-void ParamGroup::reduce_gradient() {
-  at::Tensor& grad_shard = flat_.grad_shard();
+ReducePlan ParamGroup::reduce_plan() const {
   const c10::ScalarType grad_dtype = flat_.full_grad().scalar_type();
-  const c10::ScalarType dtype = full_precision_ ? grad_dtype : state_.reduce_dtype(grad_dtype);
-  at::Tensor full_grad = flat_.full_grad().to(dtype);  // no copy when the dtypes agree
-  const bool into_shard = !accumulate_into_shard_ && grad_shard.scalar_type() == dtype;
-  at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
-  // In low precision, the mean over W ranks as a division before the sum and one after, each
-  // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones
-  // underflow (paper, section 4.3).
-  const auto [pre, post] = state_.gradient_divide_factors(dtype);
-  if (pre != 1.0) full_grad.div_(pre);
-  // Sum inside the shard group, then across the replicas of this shard (hybrid, no-shard).
-  state_.collectives().reduce_scatter_sum(reduced, full_grad);
-  if (Collectives* replicas = state_.replicate_collectives()) replicas->all_reduce_sum(reduced);
-  if (post != 1.0) reduced.div_(post);
-  if (accumulate_into_shard_) {
-    grad_shard.add_(reduced);
-  } else if (!into_shard) {
-    grad_shard.copy_(reduced);
-  }
+  ReducePlan plan;
+  plan.dtype = full_precision_ ? grad_dtype : state_.reduce_dtype(grad_dtype);
+  std::tie(plan.pre, plan.post) = state_.gradient_divide_factors(plan.dtype);
+  plan.accumulate = accumulate_into_shard_;
+  return plan;
 }
 
 void ParamGroup::finish_backward() {

@@ -1,11 +1,12 @@
 #pragma once
 // One FSDP unit at run time: its flat parameter, its state machine, and the moments of the
 // paper's section 3.3: unshard before forward, reshard after, unshard before backward, reduce
-// the gradient and reshard as soon as backward has produced it. Collectives are issued to the
-// model's communication thread; prefetch decisions belong to FsdpState.
+// the gradient and reshard as soon as backward has produced it. Communication is submitted to the
+// model's Device ([Note: the device seam]); prefetch decisions belong to FsdpState.
 
 #include "comm_thread.h"
 #include "flat_param.h"
+#include "unit_comm.h"
 
 #include <fsdp/fully_shard.h>
 
@@ -84,8 +85,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// A unit without trainable parameters: the gradient of its inputs is complete.
   void on_input_grad();
   void issue_reduce_scatter();
-  /// On the communication thread: the unsharded gradient, reduced into this rank's gradient shard.
-  void reduce_gradient();
+  /// How this unit's gradient is reduced now (dtype, divisors, accumulation).
+  ReducePlan reduce_plan() const;
   void hook(torch::autograd::Node& grad_accumulator);
 
   std::string name_;

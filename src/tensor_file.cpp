@@ -155,7 +155,8 @@ void write_file_atomically(const std::string& path, const std::vector<char>& byt
 
 void save_tensor_dict(const std::string& path, const NamedTensors& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.contiguous());
+  // Host copies: a file written from GPU tensors loads anywhere, as one written on a CPU.
+  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.cpu().contiguous());
   write_file_atomically(path, to_torch_save_format(c10::IValue(dict)));
 }
 

@@ -42,7 +42,9 @@ std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name
   const auto compute_dtype =
       plan.full_precision ? std::nullopt : state.options().mixed_precision().param_dtype();
   auto group = std::make_shared<ParamGroup>(
-      name, FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype),
+      name,
+      FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype,
+                state.device_type()),
       state, is_root);
   if (plan.full_precision) group->keep_full_precision();
   group->install_grad_hooks();

@@ -3,6 +3,8 @@
 /// Opt-in: a library should not replace a program's allocator behind its back, so nothing installs
 /// it but a call to install_memory_counter() (gpt_train and the tests make it).
 
+#include <c10/core/Device.h>
+
 #include <cstdint>
 
 namespace fsdp {
@@ -12,6 +14,7 @@ struct MemoryStats {
   int64_t current_bytes = 0;  ///< live now
   int64_t peak_bytes = 0;     ///< highest `current_bytes` since the last reset_peak_memory()
   int64_t allocations = 0;    ///< number of allocations so far
+  int64_t reserved_bytes = 0;  ///< held by a caching allocator (CUDA), including free blocks
 };
 
 /// Installs the counting allocator as LibTorch's CPU allocator (idempotent). Call it first thing
@@ -27,5 +30,10 @@ MemoryStats memory_stats();
 
 /// Sets the peak to the current value, to measure the peak of the phase that follows.
 void reset_peak_memory();
+
+/// The same for `device`: the counter above for the CPU, the caching allocator's statistics
+/// (allocated bytes, reserved bytes, peak) for a CUDA device.
+MemoryStats memory_stats(const c10::Device& device);
+void reset_peak_memory(const c10::Device& device);
 
 }  // namespace fsdp

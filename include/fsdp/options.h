@@ -1,6 +1,7 @@
 #pragma once
 /// Options of fully_shard(): how a model is sharded and scheduled.
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
@@ -102,6 +103,15 @@ struct FullyShardOptions {
   /// and backward recomputes its forward (one more forward's compute, far less activation memory).
   /// Every argument of the unit's forward must be a tensor, and it must return one tensor.
   TORCH_ARG(bool, activation_checkpointing) = false;
+  /// Where the sharded model computes and communicates (PyTorch FSDP's device_id): the model is
+  /// moved there before it is sharded. Unset: the device its parameters are on (CPU for a
+  /// deferred model). See [Note: the device seam].
+  TORCH_ARG(std::optional<c10::Device>, device) = std::nullopt;
+  /// CPU offload (paper, section 3.2): the shards, gradient shards and optimizer state stay in
+  /// pinned host memory (the parameters are left on the CPU; buffers move to `device`), each
+  /// unit's shard is copied to `device` for its all-gather and its reduced gradient back; the
+  /// optimizer steps on the CPU. Needs `device` to be a GPU.
+  TORCH_ARG(bool, cpu_offload) = false;
 
  public:
   /// Throws with a message naming the bad value and the fix; `world_size` is the process

@@ -1,0 +1,36 @@
+#include "unit_comm.h"
+
+#include <ATen/ATen.h>
+
+namespace fsdp {
+
+void gather_unit(FlatParam& flat, Collectives& shard_group) {
+  at::Tensor local = flat.local_chunk();
+  local.copy_(flat.shard());
+  if (flat.sharded()) shard_group.all_gather(flat.full(), local);
+}
+
+void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
+                          Collectives* replicas) {
+  at::Tensor& grad_shard = flat.grad_shard();
+  at::Tensor full_grad = flat.full_grad().to(plan.dtype);  // no copy when the dtypes agree
+  const bool into_shard = !plan.accumulate && grad_shard.scalar_type() == plan.dtype &&
+                         grad_shard.device() == full_grad.device();  // not offloaded
+  at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
+  // In low precision, the mean over W ranks as a division before the sum and one after, each
+  // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones
+  // underflow.
+  if (plan.pre != 1.0) full_grad.div_(plan.pre);
+  shard_group.reduce_scatter_sum(reduced, full_grad);
+  if (replicas) replicas->all_reduce_sum(reduced);
+  if (plan.post != 1.0) reduced.div_(plan.post);
+  // Offloaded, the copy to host memory is synchronous: the optimizer steps on the CPU as soon
+  // as the reduction's handle is waited on.
+  if (plan.accumulate) {
+    grad_shard.add_(reduced.to(grad_shard.device()));
+  } else if (!into_shard) {
+    grad_shard.copy_(reduced);
+  }
+}
+
+}  // namespace fsdp

@@ -1,0 +1,30 @@
+#pragma once
+// The communication work of one unit, the same on every device (as FSDP2's foreach_all_gather
+// and foreach_reduce): what is copied where, in which dtype, divided by what. ParamGroup decides
+// when; the Device (device.h) decides where it runs.
+
+#include "collectives.h"
+#include "flat_param.h"
+
+#include <c10/core/ScalarType.h>
+
+namespace fsdp {
+
+/// How a unit's unsharded gradient becomes its gradient shard.
+struct ReducePlan {
+  c10::ScalarType dtype;  ///< the reductions' dtype (mixed precision's reduce_dtype)
+  double pre = 1.0;       ///< divide before the sum ...
+  double post = 1.0;      ///< ... and after it: pre * post = W (paper, section 4.3)
+  bool accumulate = false;  ///< add to the gradient shard the optimizer kept, else overwrite it
+};
+
+/// flat.full() <- every rank's shard, cast to the compute dtype on the way in (mixed precision
+/// then all-gathers compute-dtype bytes).
+void gather_unit(FlatParam& flat, Collectives& shard_group);
+
+/// flat.grad_shard() <- (+=) the mean over the world of the unsharded gradients: reduce-scattered
+/// inside the shard group, then all-reduced across the replicas (hybrid, no-shard).
+void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
+                          Collectives* replicas);
+
+}  // namespace fsdp
