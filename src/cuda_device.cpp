@@ -124,7 +124,8 @@ class CudaDevice final : public Device {
 
 MemoryStats cuda_memory_stats(const c10::Device& device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-  const auto aggregate = static_cast<size_t>(c10::StatType::AGGREGATE);
+  // StatType::AGGREGATE, entry 0 in every LibTorch (its namespace moved between versions).
+  constexpr size_t aggregate = 0;
   MemoryStats out;
   out.current_bytes = stats.allocated_bytes[aggregate].current;
   out.peak_bytes = stats.allocated_bytes[aggregate].peak;
