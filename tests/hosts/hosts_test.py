@@ -408,6 +408,7 @@ def interrupted_save(hosts, bin_dir, corpus, ref, tmp):
             except subprocess.TimeoutExpired:
                 codes.append(None)
         seconds = time.monotonic() - start
+        outputs = [launch.output(r) for r in (0, 1)]
     finally:
         launch.kill()
     assert None not in codes and 0 not in codes, f"ranks 0, 1 after host 1 died mid-save: {codes}"
@@ -422,7 +423,9 @@ def interrupted_save(hosts, bin_dir, corpus, ref, tmp):
         f"resumed from {latest}: losses {losses}, reference {expected}"
     print(f"save interrupted by host 1's death: ranks 0, 1 exited {codes} after {seconds:.2f} s; "
           f"latest = {latest}; resumed from it: losses {[round(l, 5) for l in losses]} = reference")
-    return codes, seconds
+    errors = [([l for l in launch_output.splitlines() if "error" in l] or [""])[-1]
+              for launch_output in outputs]
+    return codes, seconds, errors
 
 
 def write_report(path, rows, ratio, faults, elastic):
@@ -442,8 +445,9 @@ def write_report(path, rows, ratio, faults, elastic):
         lines.append(f"| {name} | {h} | {tx} | {packets} | {counted} | {formula} | {overhead:.1%} "
                      f"| {headers} | {tx - formula - headers} |")
     lines += ["", f"HYBRID_SHARD / FULL_SHARD cross-host bytes: {ratio:.2f}", "",
-              f"Faults (FSDP_TIMEOUT_SECONDS={FAULT_TIMEOUT}; seconds from the fault to each rank's exit; "
-              "ranks 2, 3 only for the dead link, recorded, not asserted):", "", "| fault | rank | exit code | seconds | last error line |",
+              f"Faults (FSDP_TIMEOUT_SECONDS={FAULT_TIMEOUT}, 3 for the bad network set-ups; seconds "
+              "from the fault (or the start) to each rank's exit; for the dead link ranks 2, 3 are "
+              "recorded, not asserted):", "", "| fault | rank | exit code | seconds | last error line |",
               "|---|---|---|---|---|"]
     for kind, results in faults.items():
         for r, code, seconds, last in results:
@@ -491,8 +495,8 @@ def main():
                 for r, code, seconds, last in faults[kind]:
                     print(f"fault {kind}: rank {r} exited {code} after {seconds:.2f} s: {last[:200]}")
             resumed, restart_seconds = elastic_restart(hosts, bin_dir, corpus, tmp)
-            codes, save_seconds = interrupted_save(hosts, bin_dir, corpus, ref, tmp)
-            faults["host lost mid-save"] = [(r, codes[r], save_seconds, "") for r in (0, 1)]
+            codes, save_seconds, errors = interrupted_save(hosts, bin_dir, corpus, ref, tmp)
+            faults["host lost mid-save"] = [(r, codes[r], save_seconds, errors[r]) for r in (0, 1)]
             elastic = f"{resumed}; {restart_seconds:.1f} s from the kill to the end of the run"
             pid = os.getpid()
         assert not netns.leftovers(pid), f"left behind: {netns.leftovers(pid)}"
