@@ -1,10 +1,11 @@
 """The PyTorch FSDP2 peer of gpt_train: the same GPT, weights, batches and optimizer, sharded with
-`torch.distributed.fsdp.fully_shard` (one unit per block, then the root) over Gloo on CPU.
+`torch.distributed.fsdp.fully_shard` (one unit per block, then the root) over Gloo on CPU, or over
+NCCL on GPUs with `--device cuda` (rank r on cuda:LOCAL_RANK; bench/gpu_bench.py).
 
 Launch (from the repository root):
     OMP_NUM_THREADS=1 .venv/bin/torchrun --standalone --nproc-per-node 2 bench/peer_fsdp2.py \
         --layers 4 --dim 128 --heads 4 --seq 128 --batch 8 --steps 20 --lr 1e-3 \
-        --init-from init.pt --batches batches.pt --metrics peer-{rank}.jsonl
+        --init-from init.pt --batches batches.pt --metrics peer-{rank}.jsonl [--device cuda]
 
 The model mirrors examples/gpt/gpt.cpp exactly (names, pre-LN blocks, tanh-GELU, causal SDPA, head
 tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/trainer.cpp (zero_grad,
@@ -24,12 +25,15 @@ comes from its own counting allocator), so memory is reported as
                          Python interpreter and libtorch), and
   rss_peak_growth_bytes  that peak minus the peak before the first step (after the model, weights
                          and batches were loaded and sharded).
+On CUDA, memory is the caching allocator's, under gpt_train's keys: mem_current_bytes,
+mem_peak_bytes (the peak since the step began) and mem_reserved_bytes.
 Collective bytes count what FSDP2 hands to c10d, in gpt_train's convention (bytes a rank sends in a
 ring algorithm: (W-1)/W of the unsharded buffer). Gloo's own reduce-scatter moves more than that.
 """
 
 import argparse
 import json
+import os
 import resource
 import time
 
@@ -37,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # fp16 would need gpt_train's gradient scaler
@@ -147,6 +152,24 @@ def rss_peak_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def cuda_memory():
+    """The caching allocator's statistics, in gpt_train's metrics keys."""
+    return {"mem_current_bytes": torch.cuda.memory_allocated(),
+            "mem_peak_bytes": torch.cuda.max_memory_allocated(),
+            "mem_reserved_bytes": torch.cuda.memory_reserved()}
+
+
+def setup_device(name):
+    """The process group and this rank's device: Gloo on CPU, NCCL on cuda:LOCAL_RANK."""
+    if name == "cpu":
+        dist.init_process_group("gloo")
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return device
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=4)
@@ -164,9 +187,10 @@ def main():
     ap.add_argument("--batches", required=True, help="gpt_train --dump-batches output")
     ap.add_argument("--metrics", default="", help="JSON lines per step; {rank} becomes the rank")
     ap.add_argument("--log-every", type=int, default=0)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = ap.parse_args()
 
-    dist.init_process_group("gloo")
+    device = setup_device(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = CommCounter(world)
 
@@ -180,14 +204,16 @@ def main():
                          f"world {world} x --batch {args.batch}, --seq {args.seq}")
     rows = slice(rank * args.batch, (rank + 1) * args.batch)
 
-    model = GPT(args.layers, args.dim, args.heads, args.seq)
+    with device:
+        model = GPT(args.layers, args.dim, args.heads, args.seq)
     model.load_state_dict(torch.load(args.init_from), strict=True)
+    mesh = init_device_mesh(device.type, (world,))
     param_dtype = DTYPES[args.param_dtype]
     reduce_dtype = DTYPES[args.reduce_dtype or args.param_dtype]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in model.h:
-        fully_shard(block, mp_policy=policy)
-    fully_shard(model, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     optimizer = make_optimizer(model, args.lr, args.weight_decay)
 
     metrics = None
@@ -198,9 +224,11 @@ def main():
 
     for step in range(steps):
         comm_before = comm.snapshot()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
 
-        inputs, targets = inputs_all[step, rows], targets_all[step, rows]
+        inputs, targets = inputs_all[step, rows].to(device), targets_all[step, rows].to(device)
         optimizer.zero_grad()
         loss = lm_loss(model(inputs), targets)
         loss.backward()
@@ -217,6 +245,8 @@ def main():
                   "rss_peak_bytes": rss_peak_bytes(),
                   "rss_peak_growth_bytes": rss_peak_bytes() - rss_before,
                   "bytes_all_gather": ag, "bytes_reduce_scatter": rs, "bytes_all_reduce": ar}
+        if device.type == "cuda":
+            record.update(cuda_memory())
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
