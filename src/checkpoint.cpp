@@ -507,7 +507,9 @@ NamedTensors gather_full_optimizer_state(FsdpState& state, AdamW& optimizer) {
     FlatParam& flat = group->flat();
     for (const char* kind : kMomentKinds) {
       if (std::string(kind) == "max_exp_avg_sq" && !amsgrad) continue;
-      at::Tensor shard = at::zeros({flat.shard_numel()}, flat.shard().options());
+      // On the collectives' device (a GPU's, also when the shards are offloaded to the host).
+      const auto options = flat.shard().options().device(state.device_type()).pinned_memory(false);
+      at::Tensor shard = at::zeros({flat.shard_numel()}, options);
       for (auto& e : flat.entries()) {
         const auto* adam = adamw_state(optimizer, e.param);
         if (adam && moment(*adam, kind).defined() && e.shard_end > e.shard_begin) {

@@ -21,8 +21,10 @@ double clip_grad_norm(FsdpState& state, double max_norm) {
   }
   // Each rank squares only its own pieces (never the padding); replicas hold equal pieces, so
   // the sum runs over the shard group alone.
-  auto sum_of_squares = at::zeros({1}, at::kDouble);
-  for (const auto& grad : grads) sum_of_squares += grad.to(at::kDouble).pow(2).sum();
+  // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
+  const c10::Device device = state.device_type();
+  auto sum_of_squares = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
+  for (const auto& grad : grads) sum_of_squares += grad.to(device, at::kDouble).pow(2).sum();
   state.collectives().all_reduce_sum(sum_of_squares);
   const double norm = std::sqrt(sum_of_squares.item<double>());
   const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula

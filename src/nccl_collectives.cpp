@@ -18,9 +18,11 @@ class NcclCollectives final : public Collectives {
   NcclCollectives(ProcessGroup& group, const c10::Device& device) : group_(group), device_(device) {
     auto options = c10d::ProcessGroupNCCL::Options::create();
     options->timeout = group.timeout();
-    // The group's own store (it outlives this object), under a prefix of NCCL's own.
+    // The group's own store (it outlives this object), under a fresh prefix: every sharded
+    // model over the group makes its own NCCL communicator (same sequence on every rank).
     auto store = c10::make_intrusive<c10d::PrefixStore>(
-        "nccl", c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&group.store()));
+        group.next_store_key("nccl"),
+        c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&group.store()));
     backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, group.rank(), group.size(), options);
   }
 
@@ -66,10 +68,13 @@ class NcclCollectives final : public Collectives {
   }
 
  private:
+  // wait() without a timeout only orders the current (lane) stream after NCCL's: the host goes
+  // on. A collective that never completes is ProcessGroupNCCL's watchdog's to end (after
+  // Options::timeout, the group's), which then fails the process with NCCL's error.
   template <class Issue>
   void run(const char* what, Issue&& issue) {
     try {
-      issue()->wait(group_.timeout());
+      issue()->wait();
     } catch (const std::exception& e) {
       TORCH_CHECK(false, "fsdp: NCCL ", what, " on rank ", rank(), " of process group '",
                   group_.name(), "' (", device_.str(), ") failed: ", e.what(),

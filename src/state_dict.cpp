@@ -45,8 +45,10 @@ NamedTensors gather_full_params(FsdpState& state) {
   NamedTensors params;
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
-    at::Tensor full = at::empty({flat.padded_numel()}, flat.shard().options());
-    state.collectives().all_gather(full, flat.shard());
+    // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
+    const auto options = flat.shard().options().device(state.device_type()).pinned_memory(false);
+    at::Tensor full = at::empty({flat.padded_numel()}, options);
+    state.collectives().all_gather(full, flat.shard().to(state.device_type()));
     for (const auto& e : flat.entries()) {
       params.emplace_back(e.name, full.narrow(0, e.offset, e.numel).view(e.shape).clone());
     }
