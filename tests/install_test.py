@@ -1,0 +1,49 @@
+"""The CMake package: `cmake --install` the build into a fresh prefix, build examples/minimal on
+its own (find_package(fsdp_cpp), fsdp::fsdp, LibTorch found the usual way) and run it with the
+installed fsdprun at W = 2. Asserted: the installed tree has the headers, the library, the config
+files and fsdprun; the outside build succeeds; both ranks train and print their peak memory.
+
+install_test.py BUILD_DIR SOURCE_DIR TORCH_PYTHON
+"""
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def run(command, **kwargs):
+    r = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    assert r.returncode == 0, f"{' '.join(map(str, command))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def main(build, source, torch_python):
+    torch_prefix = run([torch_python, "-c", "import torch; print(torch.utils.cmake_prefix_path)"]).strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = Path(tmp) / "prefix"
+        run(["cmake", "--install", build, "--prefix", prefix])
+        expected = ["include/fsdp/fsdp.h", "bin/fsdprun", "lib/cmake/fsdp_cpp/fsdp_cppConfig.cmake",
+                    "lib/cmake/fsdp_cpp/fsdp_cppConfigVersion.cmake", "lib/cmake/fsdp_cpp/fsdp_cppTargets.cmake"]
+        libdir = next((d for d in ("lib", "lib64") if (prefix / d / "libfsdp.a").exists()), None)
+        assert libdir, f"no libfsdp.a under {prefix}/lib or lib64"
+        missing = [p for p in expected if not (prefix / p).exists()]
+        assert not missing, f"not installed: {missing}"
+        print(f"installed into {prefix}: {', '.join(expected)}, {libdir}/libfsdp.a")
+
+        outside = Path(tmp) / "minimal"
+        run(["cmake", "-S", Path(source) / "examples" / "minimal", "-B", outside, "-G", "Ninja",
+             "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}"])
+        run(["cmake", "--build", outside, "-j2"])
+        print("examples/minimal built out of tree against the installed package")
+
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "60"}
+        out = run([prefix / "bin" / "fsdprun", "--nproc-per-node", "2", outside / "minimal_example"], env=env)
+        for rank in (0, 1):
+            assert f"[rank{rank}]: rank {rank}: peak tensor memory" in out, f"rank {rank} did not finish:\n{out}"
+        print(out.strip())
+    print("install test: OK")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
