@@ -13,8 +13,8 @@
 #   bash scripts/device_check.sh             # there, with .device-deps carried along
 #   bash scripts/device_check.sh --build-only
 #
-# Environment: PYTHON (default: python3 on PATH), CUDA_HOME (default: from nvcc on PATH, else
-# /usr/local/cuda), JOBS (default: nproc), TORCH_CUDA_ARCH_LIST (default 9.0, Hopper).
+# Environment: PYTHON (default: python3 on PATH), CUDA_HOME (default: /usr/local/cuda, else from
+# the nvcc on PATH), JOBS (default: nproc), TORCH_CUDA_ARCH_LIST (default 9.0, Hopper).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -78,14 +78,27 @@ step environment
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda,
   "GPU", torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)'
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA device visible")'
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-
-CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")}
-if [ ! -x "$CUDA_HOME/bin/nvcc" ] || [ ! -f "$CUDA_HOME/include/cuda_runtime.h" ]; then
-  echo "device_check: no CUDA toolkit at CUDA_HOME=$CUDA_HOME (needs bin/nvcc, include/cuda_runtime.h)" >&2
-  exit 1
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 fi
-"$CUDA_HOME/bin/nvcc" --version | tail -1
+
+# The CUDA toolkit: $CUDA_HOME, else /usr/local/cuda, else the folder above the bin/ of the nvcc
+# on PATH (links followed; an nvcc there may also be a wrapper script, hence the order).
+find_cuda_home() {
+  local nvcc home
+  nvcc=$(readlink -f "$(command -v nvcc)" 2>/dev/null || true)
+  for home in "${CUDA_HOME:-}" /usr/local/cuda "${nvcc%/bin/nvcc}"; do
+    if [ -n "$home" ] && [ -x "$home/bin/nvcc" ] && [ -f "$home/include/cuda_runtime.h" ]; then
+      echo "$home"
+      return 0
+    fi
+  done
+  echo "device_check: no CUDA toolkit (bin/nvcc and include/cuda_runtime.h) at \$CUDA_HOME," \
+    "/usr/local/cuda or above the nvcc on PATH" >&2
+  return 1
+}
+CUDA_HOME=$(find_cuda_home)
+echo "CUDA toolkit: $CUDA_HOME, $("$CUDA_HOME/bin/nvcc" --version | tail -1)"
 # LibTorch's CMake config asks for nvrtc: the wheel's (what torch runs with), else the toolkit's.
 NVRTC=$("$PY" -c 'import glob, os, nvidia
 print((sorted(glob.glob(os.path.join(nvidia.__path__[0], "*", "lib", "libnvrtc.so.*"))) or [""])[0])' \
