@@ -151,6 +151,24 @@ def main():
     print(f"\nall {len(t.rows)} bad-input cases pass; table in {TABLE}")
 
 
+def gpu_flags_without_a_gpu(t):
+    """On a machine without a GPU, --device cuda fails before the rendezvous (the lone rank of
+    W=2 asked for here would otherwise wait for a peer until FSDP_TIMEOUT_SECONDS), naming the
+    cause (a CPU-only build, or no GPU) and the fix."""
+    if any(Path("/dev").glob("nvidia[0-9]*")):
+        return
+    cuda_build = "libtorch_cuda" in run(["ldd", GPT]).output
+    cause = "no CUDA GPU" if cuda_build else "CPU-only LibTorch"
+    fix = "run on a machine with a GPU" if cuda_build else "scripts/build_cuda.sh"
+    lone_rank = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for flags, named in ((["--device", "cuda"], "--device cuda"),
+                         (["--cpu-offload", "--device", "cuda"], "--cpu-offload --device cuda"),
+                         (["--reference", "--device", "cuda:1"], "--device cuda:1")):
+        t.fails(f"{' '.join(flags)}, no GPU", run([GPT, *gpt_args(*flags)], env=lone_rank),
+                named, cause, fix, "--device cpu")
+
+
 def cases(t):
     with tempfile.TemporaryDirectory(prefix="bad_input_") as tmp:
         tmp = Path(tmp)
@@ -196,6 +214,10 @@ def cases(t):
             ("--freeze matching nothing", ["--freeze", "h.0.atn"], ("--freeze 'h.0.atn'", "matches no parameter")),
             ("--freeze h.0 with --deferred-init", ["--freeze", "h.0.attn", "--deferred-init"],
              ("--freeze 'h.0.attn'", "relative to a block")),
+            ("--device gpu", ["--device", "gpu"], "--device:"),
+            ("--cpu-offload with --device cpu", ["--cpu-offload"], ("--cpu-offload", "--device cuda")),
+            ("--cpu-offload with --reference", ["--reference", "--cpu-offload"],
+             ("--cpu-offload", "not --reference")),
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)
@@ -204,6 +226,8 @@ def cases(t):
             results = list(pool.map(lambda c: sharded(*c[1], timeout=30), flag_cases))
         for (name, _, needles), result in zip(flag_cases, results):
             t.fails(name, result, *((needles,) if isinstance(needles, str) else needles))
+
+        gpu_flags_without_a_gpu(t)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

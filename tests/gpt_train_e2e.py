@@ -2,7 +2,8 @@
 unsharded reference's (gpt_train --reference --world-size 2) on the same global batches; with
 mixed precision, activation checkpointing and frozen parameters too (and a sharded checkpoint
 resumed bitwise); fp16 with the sharded scaler matches the fp16 reference, its loss scale
-following GradScaler's rule (checked here), overflowing steps skipped on both ranks."""
+following GradScaler's rule (checked here), overflowing steps skipped on both ranks; --device cpu
+is the default, bitwise."""
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 KEYS = {"step", "loss", "step_ms", "tokens_per_s", "mem_current_bytes", "mem_peak_bytes",
-        "bytes_all_gather", "bytes_reduce_scatter", "bytes_all_reduce"}
+        "mem_reserved_bytes", "bytes_all_gather", "bytes_reduce_scatter", "bytes_all_reduce"}
 
 
 def read(path):
@@ -38,6 +39,7 @@ def main(bin_dir, corpus):
     assert rank0[-1]["loss"] < rank0[0]["loss"]
     print("gpt_train end to end: 6 steps, losses match the reference:",
           [round(x["loss"], 5) for x in rank0])
+    device_cpu_is_default(bin_dir, args, rank0, reference)
     features(bin_dir, args, rank0)
 
 
@@ -48,6 +50,17 @@ def run_pair(bin_dir, args, flags, tmp):
     subprocess.run([f"{bin_dir}/gpt_train", *args, *flags, "--reference", "--world-size", "2",
                     "--metrics", f"{tmp}/r.jsonl"], check=True)
     return read(f"{tmp}/f-0.jsonl"), read(f"{tmp}/r.jsonl")
+
+
+def device_cpu_is_default(bin_dir, args, sharded, reference):
+    """--device cpu: bitwise the losses of the runs without the flag, sharded and unsharded."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cpu_sharded, cpu_reference = run_pair(bin_dir, args, ["--device", "cpu"], tmp)
+    assert [x["loss"] for x in cpu_sharded] == [x["loss"] for x in sharded], (cpu_sharded, sharded)
+    assert [x["loss"] for x in cpu_reference] == [x["loss"] for x in reference], (cpu_reference,
+                                                                                   reference)
+    assert all(x["mem_reserved_bytes"] == 0 for x in cpu_sharded), cpu_sharded  # a GPU's only
+    print("--device cpu: bitwise the same losses as without the flag")
 
 
 def with_steps(args, steps):

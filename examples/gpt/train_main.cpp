@@ -5,7 +5,9 @@
 
 #include <fsdp/peer_errors.h>
 
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <CLI/CLI.hpp>
+#include <torch/cuda.h>
 
 #include <unistd.h>
 
@@ -52,6 +54,19 @@ CLI::Validator real_at_least(double lo, bool strictly_above = false, std::string
                bound.str() + ", got '" + text + "'" + (hint.empty() ? "" : " (" + hint + ")");
       },
       "REAL", "real_at_least");
+}
+
+// --device: "cpu", "cuda" or "cuda:N".
+CLI::Validator device_name() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "cpu" || text == "cuda") return "";
+        const std::string index = text.rfind("cuda:", 0) == 0 ? text.substr(5) : "";
+        const bool whole = !index.empty() && index.size() <= 4 &&
+                           index.find_first_not_of("0123456789") == std::string::npos;
+        return whole ? "" : "must be cpu, cuda or cuda:N (N: a GPU's index), got '" + text + "'";
+      },
+      "DEVICE", "device_name");
 }
 
 constexpr int64_t kMaxCount = int64_t(1) << 40;  // steps and the like: far beyond any real run
@@ -107,6 +122,44 @@ std::string check_flag_combinations(const CLI::App& app, const gpt::TrainOptions
     return "--loss-scale only applies with --param-dtype fp16";
   }
   return "";
+}
+
+// --device and --cpu-offload, before any rendezvous: a GPU run needs a CUDA LibTorch and a GPU.
+std::string check_device_flags(const std::string& device, bool cpu_offload, bool reference) {
+  if (cpu_offload && reference) {
+    return "--cpu-offload needs the sharded run (it keeps the shards in host memory), not "
+           "--reference";
+  }
+  if (cpu_offload && device == "cpu") {
+    return "--cpu-offload keeps the shards in host memory and computes on a GPU: pass --device "
+           "cuda (or cuda:N) with it";
+  }
+  if (device == "cpu") return "";
+  const std::string flags = (cpu_offload ? "--cpu-offload --device " : "--device ") + device;
+  if (!at::detail::getCUDAHooks().isBuilt()) {
+    return flags + ": this gpt_train is built against a CPU-only LibTorch; build it "
+           "against a CUDA LibTorch (bash scripts/build_cuda.sh, binaries in build-cuda/bin) or "
+           "pass --device cpu";
+  }
+  const int count = torch::cuda::device_count();
+  if (count == 0) {
+    return flags + ": no CUDA GPU is visible to this process (check the driver and "
+           "CUDA_VISIBLE_DEVICES); run on a machine with a GPU or pass --device cpu";
+  }
+  if (device != "cuda" && std::stoi(device.substr(5)) >= count) {
+    return "--device " + device + ": this machine has " + std::to_string(count) +
+           " CUDA GPU(s), cuda:0 to cuda:" + std::to_string(count - 1);
+  }
+  return "";
+}
+
+// The GPU of --device cuda[:N]. "cuda": this rank's, cuda:(LOCAL_RANK % GPUs) (several ranks on
+// one GPU need FSDP_CUDA_COLLECTIVES=staged); the reference, one process, takes cuda:0.
+c10::Device gpu(const std::string& device, const fsdp::Distributed* dist) {
+  if (device != "cuda") return c10::Device(device);
+  const int local_rank = dist ? dist->env.local_rank : 0;
+  return c10::Device(c10::kCUDA,
+                     static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
 }
 
 }  // namespace
@@ -190,6 +243,16 @@ int main(int argc, char** argv) {
                  "--deferred-init a block's names lack the 'h.N.' prefix)");
   app.add_flag("--activation-checkpointing", activation_checkpointing,
                "recompute each block's forward in backward instead of keeping its activations");
+  std::string device = "cpu";
+  bool cpu_offload = false;
+  app.add_option("--device", device,
+                 "where the model computes: cpu | cuda (cuda:LOCAL_RANK % GPUs; --reference: "
+                 "cuda:0) | cuda:N")
+      ->check(device_name())
+      ->capture_default_str();
+  app.add_flag("--cpu-offload", cpu_offload,
+               "keep shards, gradient shards and optimizer state in host memory (needs --device "
+               "cuda; the optimizer steps on the CPU)");
   app.add_flag("--reference", reference, "train unsharded in this process on the global batch");
   app.add_option("--world-size", o.reference_world_size,
                  "with --reference: the world size whose global batch to train on")
@@ -224,12 +287,15 @@ int main(int argc, char** argv) {
       .forward_prefetch(forward_prefetch)
       .limit_all_gathers(limit_all_gathers)
       .check_execution_order(check_order)
-      .activation_checkpointing(activation_checkpointing);
+      .activation_checkpointing(activation_checkpointing)
+      .cpu_offload(cpu_offload);
   auto& precision = o.fsdp.mixed_precision();
   if (!param_dtype.empty()) precision.param_dtype(fsdp::parse_dtype(param_dtype));
   if (!reduce_dtype.empty()) precision.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
 
-  if (const std::string error = check_flag_combinations(app, o, reference); !error.empty()) {
+  std::string error = check_flag_combinations(app, o, reference);
+  if (error.empty()) error = check_device_flags(device, cpu_offload, reference);
+  if (!error.empty()) {
     std::cerr << "gpt_train: error: " << error << std::endl;
     return 2;
   }
@@ -238,6 +304,8 @@ int main(int argc, char** argv) {
     gpt::check_paths(o);  // files and folders, before the rendezvous and any work
     std::shared_ptr<fsdp::Distributed> dist;
     if (!reference) dist = fsdp::init_distributed();
+    // --device cpu leaves it unset: the CPU, the parameters' device (the reference reads it too).
+    if (device != "cpu") o.fsdp.device(gpu(device, dist.get()));
     auto result = gpt::train(o, dist.get());
     if (!result.sample.empty() && (!dist || dist->rank() == 0)) {
       std::cout << "--- sample ---\n" << result.sample << "\n--------------\n";

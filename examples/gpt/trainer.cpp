@@ -11,7 +11,9 @@
 #include <fsdp/state_dict.h>
 #include <fsdp/trace.h>
 
+#include <c10/core/DeviceGuard.h>
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,8 +37,10 @@ struct StepRecord {
   bool skipped = false;   // fp16: the step was skipped because some rank's gradients overflowed
 };
 
-// What a step needs besides the model: the optimizer, and the mixed-precision helpers.
+// What a step needs besides the model: where it computes, the optimizer, and the
+// mixed-precision helpers.
 struct StepContext {
+  c10::Device device;
   torch::optim::Optimizer& optimizer;
   fsdp::ShardedGradScaler* scaler;          // fp16, sharded run
   ReferenceLossScaler* reference_scaler;    // fp16, reference run: its own code, not the library's
@@ -58,6 +62,7 @@ nlohmann::json to_json(const StepRecord& r) {
           {"tokens_per_s", r.tokens_per_s},
           {"mem_current_bytes", r.memory.current_bytes},
           {"mem_peak_bytes", r.memory.peak_bytes},
+          {"mem_reserved_bytes", r.memory.reserved_bytes},
           {"bytes_all_gather", r.comm.all_gather_bytes},
           {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
           {"bytes_all_reduce", r.comm.all_reduce_bytes},
@@ -68,6 +73,16 @@ nlohmann::json to_json(const StepRecord& r) {
 fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
   return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
           a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes};
+}
+
+c10::Device compute_device(const TrainOptions& o) {
+  return o.fsdp.device().value_or(c10::Device(c10::kCPU));
+}
+
+// A GPU runs the work queued on it after the host has moved on: wait for it before reading the
+// clock, so that a step's time is its compute's, not the time to queue it.
+void wait_for(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
 std::string mib(int64_t bytes) {
@@ -96,8 +111,8 @@ void print_progress(const StepRecord& r, int64_t steps, fsdp::Distributed* dist)
 
 // Greedy-free sampling (temperature 0.8) from a fixed seed: every rank runs the same forwards,
 // which the sharded model needs (each forward all-gathers on all ranks).
-std::string generate(fsdp::Unit<GPT>& model, const std::string& prompt, int64_t n, int64_t max_seq,
-                     uint64_t seed) {
+std::string generate(fsdp::Unit<GPT>& model, const c10::Device& device, const std::string& prompt,
+                     int64_t n, int64_t max_seq, uint64_t seed) {
   torch::NoGradGuard no_grad;
   torch::manual_seed(seed);
   // Bytes, not chars (a signed char above 127 would be a negative token). An empty prompt starts
@@ -109,7 +124,7 @@ std::string generate(fsdp::Unit<GPT>& model, const std::string& prompt, int64_t 
   for (int64_t i = 0; i < n; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - max_seq);
     auto context = torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()),
-                                 torch::kLong).unsqueeze(0);
+                                 torch::kLong).unsqueeze(0).to(device);
     auto logits = model(context).select(1, -1).squeeze(0) / 0.8;
     tokens.push_back(torch::multinomial(torch::softmax(logits, -1), 1).item<int64_t>());
   }
@@ -154,11 +169,13 @@ torch::Tensor train_step(const TrainOptions& o, fsdp::Unit<GPT>& model, GPT& gpt
                          const ByteCorpus& corpus, int64_t step, int world, int rank, bool sharded,
                          bool* skipped) {
   ctx.optimizer.zero_grad();
-  auto loss_sum = torch::zeros({});
+  auto loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
   for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
     const int64_t first_row = micro * world * o.batch + (sharded ? rank * o.batch : 0);
     const int64_t rows = sharded ? o.batch : world * o.batch;
     auto [inputs, targets] = corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
+    inputs = inputs.to(ctx.device, /*non_blocking=*/true);
+    targets = targets.to(ctx.device, /*non_blocking=*/true);
     if (ctx.reference_precision) ctx.reference_precision->cast_parameters();
     auto loss = lm_loss(model(inputs), targets) / static_cast<double>(o.grad_accum);
     auto scaled = ctx.scaler ? ctx.scaler->scale(loss)
@@ -257,7 +274,9 @@ fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
   for (auto& item : gpt->named_parameters()) {
     if (frozen(o, item.key())) item.value().set_requires_grad(false);
   }
-  return dist ? fsdp::fully_shard(gpt, *dist->world, o.fsdp) : fsdp::Unit<GPT>(gpt);
+  if (dist) return fsdp::fully_shard(gpt, *dist->world, o.fsdp);  // moves it to fsdp.device()
+  gpt->to(compute_device(o));
+  return fsdp::Unit<GPT>(gpt);
 }
 
 }  // namespace
@@ -265,6 +284,10 @@ fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const int world = dist ? dist->world_size() : o.reference_world_size;
   const int rank = dist ? dist->rank() : 0;
+  const c10::Device device = compute_device(o);
+  // What names no GPU index (the default CUDA stream and generator) is this rank's GPU's, and no
+  // rank opens a context on cuda:0 that it does not use.
+  c10::OptionalDeviceGuard current_gpu(device.is_cuda() ? std::optional(device) : std::nullopt);
   fsdp::install_memory_counter();
   TORCH_CHECK(o.max_nonfinite_steps >= 1, "--max-nonfinite-steps must be >= 1, got ",
               o.max_nonfinite_steps);
@@ -310,15 +333,16 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   if (!dist && (policy.param_dtype() || policy.reduce_dtype())) {
     reference_precision = std::make_unique<ReferencePrecision>(*gpt, policy);
   }
-  StepContext ctx{*optimizer, scaler.get(), reference_scaler.get(), reference_precision.get()};
+  StepContext ctx{device, *optimizer, scaler.get(), reference_scaler.get(), reference_precision.get()};
 
   TrainResult result;
   int64_t nonfinite_steps = 0;  // consecutive steps whose loss was NaN or inf
   const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
   for (int64_t step = first_step; step < o.steps; ++step) {
     if (!o.trace.empty() && step == traced_step) fsdp::start_trace();
-    fsdp::reset_peak_memory();
+    fsdp::reset_peak_memory(device);
     const auto comm_before = fsdp::comm_stats();
+    wait_for(device);  // the previous step's work is not this step's
     const auto start = Clock::now();
 
     set_learning_rate(*optimizer, learning_rate(o, step));
@@ -331,9 +355,10 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     StepRecord record;
     record.step = step;
     record.loss = global_loss.item<double>() / (dist ? world : 1);
+    wait_for(device);
     record.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
     record.tokens_per_s = global_tokens / (record.step_ms / 1000.0);
-    record.memory = fsdp::memory_stats();
+    record.memory = fsdp::memory_stats(device);
     record.comm = minus(fsdp::comm_stats(), comm_before);
     record.loss_scale = scaler             ? scaler->get_scale()
                         : reference_scaler ? reference_scaler->current_scale()
@@ -387,7 +412,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     }
   }
   if (o.sample_bytes > 0) {
-    result.sample = generate(model, o.sample_prompt, o.sample_bytes, o.model.max_seq, o.seed);
+    result.sample = generate(model, device, o.sample_prompt, o.sample_bytes, o.model.max_seq, o.seed);
   }
   return result;
 }

@@ -15,7 +15,9 @@ namespace gpt {
 
 struct TrainOptions {
   GPTConfig model;
-  fsdp::FullyShardOptions fsdp;  // sharding strategy, prefetch, rate limiter
+  // Sharding strategy, prefetch, rate limiter; fsdp.device() is where the model computes, the
+  // reference's too (unset: the CPU), and the batches go there.
+  fsdp::FullyShardOptions fsdp;
   int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
   int64_t steps = 100;
   double lr = 1e-3;          // peak learning rate
