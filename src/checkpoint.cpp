@@ -508,7 +508,7 @@ NamedTensors gather_full_optimizer_state(FsdpState& state, AdamW& optimizer) {
     for (const char* kind : kMomentKinds) {
       if (std::string(kind) == "max_exp_avg_sq" && !amsgrad) continue;
       // On the collectives' device (a GPU's, also when the shards are offloaded to the host).
-      const auto options = flat.shard().options().device(state.device_type()).pinned_memory(false);
+      const auto options = flat.shard().options().device(state.compute_device()).pinned_memory(false);
       at::Tensor shard = at::zeros({flat.shard_numel()}, options);
       for (auto& e : flat.entries()) {
         const auto* adam = adamw_state(optimizer, e.param);

@@ -22,7 +22,7 @@ double clip_grad_norm(FsdpState& state, double max_norm) {
   // Each rank squares only its own pieces (never the padding); replicas hold equal pieces, so
   // the sum runs over the shard group alone.
   // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
-  const c10::Device device = state.device_type();
+  const c10::Device device = state.compute_device();
   auto sum_of_squares = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
   for (const auto& grad : grads) sum_of_squares += grad.to(device, at::kDouble).pow(2).sum();
   state.collectives().all_reduce_sum(sum_of_squares);

@@ -137,17 +137,15 @@ MemoryStats cuda_memory_stats(const c10::Device& device) {
 }  // namespace
 
 void register_cuda_device() {
+  // "cuda" without an index: the current device, as LibTorch reads it.
+  auto indexed = [](const c10::Device& device) {
+    return device.has_index() ? device : c10::Device(c10::kCUDA, c10::cuda::current_device());
+  };
   DeviceSupport cuda;
-  cuda.make = [](const c10::Device& device) {
-    const c10::Device indexed(c10::kCUDA, device.has_index() ? device.index() : c10::cuda::current_device());
-    return std::make_unique<CudaDevice>(indexed);
-  };
-  cuda.memory_stats = [](const c10::Device& device) {
-    return cuda_memory_stats(device.has_index() ? device : c10::Device(c10::kCUDA, c10::cuda::current_device()));
-  };
-  cuda.reset_peak_memory = [](const c10::Device& device) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
-                                                                       : c10::cuda::current_device());
+  cuda.make = [=](const c10::Device& device) { return std::make_unique<CudaDevice>(indexed(device)); };
+  cuda.memory_stats = [=](const c10::Device& device) { return cuda_memory_stats(indexed(device)); };
+  cuda.reset_peak_memory = [=](const c10::Device& device) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(indexed(device).index());
   };
   register_device(c10::kCUDA, std::move(cuda));
 }

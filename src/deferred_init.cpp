@@ -49,9 +49,9 @@ void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>&
   // Built where the factory runs, sharded where the model computes (offloaded: the parameters
   // stay in host memory, the buffers go where forward runs).
   if (state.options().cpu_offload()) {
-    for (auto& buffer : module->buffers()) buffer.set_data(buffer.to(state.device_type()));
-  } else if (!state.device_type().is_cpu()) {
-    module->to(state.device_type());
+    for (auto& buffer : module->buffers()) buffer.set_data(buffer.to(state.compute_device()));
+  } else if (!state.compute_device().is_cpu()) {
+    module->to(state.compute_device());
   }
   // Parameters of units nested inside this one are sharded already; a tie is sharded once.
   NamedParams params;

@@ -40,7 +40,9 @@ void register_device(c10::DeviceType type, DeviceSupport support) {
   registry().devices[type] = std::move(support);
 }
 
-std::unique_ptr<Device> make_device(const c10::Device& device) { return support_for(device).make(device); }
+std::unique_ptr<Device> make_device(const c10::Device& device) {
+  return support_for(device).make(device);
+}
 
 MemoryStats memory_stats(const c10::Device& device) { return support_for(device).memory_stats(device); }
 

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <arpa/inet.h>
+#include <csignal>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -239,7 +240,22 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ran
   return group;
 }
 
+namespace {
+
+// A write to the socket of a peer that died raises SIGPIPE, which kills a process by default
+// before Gloo can report the failed write (EPIPE) as an error naming the peer. A program that
+// installed its own handler keeps it.
+void ignore_sigpipe_by_default() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
+  ignore_sigpipe_by_default();
   auto dist = std::make_shared<Distributed>();
   dist->env = LaunchEnv::from_environment();
   const LaunchEnv& env = dist->env;

@@ -28,7 +28,7 @@ class FsdpState {
   ProcessGroup& world() { return world_; }
   ProcessGroup& shard_group() { return *shard_group_; }
   Device& device() { return *device_; }
-  c10::Device device_type() const { return device_->device(); }
+  c10::Device compute_device() const { return device_->device(); }
   RateLimiter& limiter() { return limiter_; }
   const FullyShardOptions& options() const { return options_; }
   bool no_sync() const { return no_sync_; }

@@ -139,7 +139,7 @@ void name_presharded_unit(const UnitPlan& plan) {
 // parameters' (all on one device), else CPU. A deferred model's units are on the state's already.
 c10::Device compute_device(torch::nn::Module& root, const FullyShardOptions& options,
                            const FsdpState* deferred) {
-  if (deferred) return deferred->device_type();
+  if (deferred) return deferred->compute_device();
   if (options.cpu_offload()) {  // parameters stay on the CPU, buffers go where forward runs
     for (auto& buffer : root.buffers()) buffer.set_data(buffer.to(*options.device()));
     return *options.device();

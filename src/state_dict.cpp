@@ -46,9 +46,9 @@ NamedTensors gather_full_params(FsdpState& state) {
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
-    const auto options = flat.shard().options().device(state.device_type()).pinned_memory(false);
+    const auto options = flat.shard().options().device(state.compute_device()).pinned_memory(false);
     at::Tensor full = at::empty({flat.padded_numel()}, options);
-    state.collectives().all_gather(full, flat.shard().to(state.device_type()));
+    state.collectives().all_gather(full, flat.shard().to(state.compute_device()));
     for (const auto& e : flat.entries()) {
       params.emplace_back(e.name, full.narrow(0, e.offset, e.numel).view(e.shape).clone());
     }

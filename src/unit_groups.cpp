@@ -44,7 +44,7 @@ std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name
   auto group = std::make_shared<ParamGroup>(
       name,
       FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype,
-                state.device_type()),
+                state.compute_device()),
       state, is_root);
   if (plan.full_precision) group->keep_full_precision();
   group->install_grad_hooks();
