@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <optional>
 #include <string>
@@ -29,6 +30,11 @@
 #include <vector>
 
 namespace fsdp {
+
+/// What autograd hands out for a leaf's gradient accumulator: std::shared_ptr in older LibTorch
+/// (the GPU machine's 2.11), c10::intrusive_ptr in newer; the code builds against both.
+using GradAccumulatorPtr =
+    decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 /// One original parameter inside the flat buffer.
 struct FlatEntry {
@@ -39,7 +45,7 @@ struct FlatEntry {
   int64_t offset = 0;           // start in the unsharded flat buffer
   int64_t shard_begin = 0;      // this rank's part of the parameter, as [begin, end) offsets
   int64_t shard_end = 0;        //   into the local shard (empty when begin == end)
-  c10::intrusive_ptr<torch::autograd::Node> grad_accumulator;  // kept alive: hooks live on it
+  GradAccumulatorPtr grad_accumulator;  // kept alive: hooks live on it
 };
 
 class FlatParam {
