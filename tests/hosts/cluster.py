@@ -96,7 +96,44 @@ def base_env(env):
     return e
 
 
-class Launch:
+class _Processes:
+    """Processes started together (one per rank, or one launcher per host), each with a log."""
+
+    label = "rank"  # what one process is, in tails()
+
+    def output(self, i):
+        self.logs[i].flush()
+        return Path(self.logs[i].name).read_text()
+
+    def wait(self, timeout):
+        """Exit codes of every process; kills the rest and raises if the run outlives timeout."""
+        deadline = self.started + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"the run did not finish within {timeout} s:\n" + self.tails())
+        return codes
+
+    def kill(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            p.wait()
+
+    def check(self, timeout):
+        codes = self.wait(timeout)
+        assert codes == [0] * len(self.procs), f"exit codes {codes}:\n" + self.tails()
+
+    def tails(self, n=8):
+        return "\n".join(f"--- {self.label} {i} (exit {p.poll()}):\n" +
+                         "\n".join(self.output(i).splitlines()[-n:]) for i, p in enumerate(self.procs))
+
+
+class Launch(_Processes):
     """world = len(hosts) * per_host ranks; rank r runs on host r // per_host, or on
     placement[r] (ranks are then numbered by host order of appearance; used to make shard groups
     that span hosts). style: whose variables the ranks get (module docstring)."""
@@ -129,44 +166,12 @@ class Launch:
     def rank_metrics(self, rank):
         return read_metrics(self.metrics.replace("{rank}", str(rank)))
 
-    def output(self, rank):
-        self.logs[rank].flush()
-        return Path(self.logs[rank].name).read_text()
 
-    def wait(self, timeout):
-        """Exit codes of every rank; kills the rest and raises if the run outlives timeout."""
-        deadline = self.started + timeout
-        codes = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"the run did not finish within {timeout} s:\n" + self.tails())
-        return codes
-
-    def kill(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            p.wait()
-
-    def tails(self, n=6):
-        out = []
-        for r in range(self.world):
-            lines = self.output(r).splitlines()
-            out.append(f"--- rank {r} (exit {self.procs[r].poll()}):\n" + "\n".join(lines[-n:]))
-        return "\n".join(out)
-
-    def check(self, timeout):
-        codes = self.wait(timeout)
-        assert codes == [0] * self.world, f"exit codes {codes}:\n" + self.tails()
-
-
-class HostLaunch:
+class HostLaunch(_Processes):
     """One launcher process per host, each starting per_host ranks: `launcher(host)` gives the
     command line before PROGRAM ARGS (fsdprun's or torchrun's multi-node flags)."""
+
+    label = "host"
 
     def __init__(self, hosts, launcher, program, args, env=None):
         self.hosts = hosts
@@ -178,32 +183,6 @@ class HostLaunch:
             self.logs.append(log)
             self.procs.append(hosts.popen(host, [*launcher(host), program, *args], env=base_env(env),
                                           stdout=log, stderr=subprocess.STDOUT))
-
-    def output(self, host):
-        self.logs[host].flush()
-        return Path(self.logs[host].name).read_text()
-
-    def tails(self, n=12):
-        return "\n".join(f"--- host {h} (exit {p.poll()}):\n" + "\n".join(self.output(h).splitlines()[-n:])
-                         for h, p in enumerate(self.procs))
-
-    def check(self, timeout):
-        deadline = self.started + timeout
-        codes = []
-        for p in self.procs:
-            try:
-                codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                self.kill()
-                raise AssertionError(f"the run did not finish within {timeout} s:\n" + self.tails())
-        assert codes == [0] * len(self.procs), f"exit codes {codes}:\n" + self.tails()
-
-    def kill(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-        for p in self.procs:
-            p.wait()
 
 
 def rank_pid(hosts, host, rank, program_name):
