@@ -1,5 +1,6 @@
 #include <fsdp/tensor_file.h>
 
+#include "atomic_file.h"
 #include "checkpoint_format.h"
 
 #include <ATen/core/Dict.h>
@@ -12,10 +13,7 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fcntl.h>
-#include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 namespace fsdp {
 
@@ -88,23 +86,6 @@ void check_zip_crcs(const std::vector<char>& bytes, const std::string& path) {
   }
 }
 
-void write_all(int fd, const std::vector<char>& bytes, const std::string& path) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    TORCH_CHECK(n > 0, "cannot write ", path, ": ", std::strerror(errno));
-    done += static_cast<size_t>(n);
-  }
-}
-
-void fsync_folder(const std::filesystem::path& folder) {
-  int fd = ::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;  // best effort: the data itself was fsynced
-  ::fsync(fd);
-  ::close(fd);
-}
-
 // torch.save's zip format, like torch::pickle_save but without TorchScript's type tags on the
 // dict: Python's torch.load (weights_only=True, its default) refuses those tags.
 std::vector<char> to_torch_save_format(const c10::IValue& value) {
@@ -131,26 +112,9 @@ std::vector<char> to_torch_save_format(const c10::IValue& value) {
 }  // namespace
 
 void write_file_atomically(const std::string& path, const std::vector<char>& bytes) {
-  const std::filesystem::path target(path);
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot create ", temporary, ": ", std::strerror(errno),
-              " (does the folder exist and is it writable?)");
-  try {
-    write_all(fd, bytes, temporary);
-    TORCH_CHECK(::fsync(fd) == 0, "cannot fsync ", temporary, ": ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    ::unlink(temporary.c_str());
-    TORCH_CHECK(false, "cannot rename ", temporary, " to ", path, ": ", std::strerror(error));
-  }
-  fsync_folder(target.parent_path());
+  AtomicFileWriter file(path);
+  file.write(bytes.data(), bytes.size());
+  file.commit();
 }
 
 void save_tensor_dict(const std::string& path, const NamedTensors& tensors) {
