@@ -9,14 +9,15 @@
 // Loading stages everything in fresh tensors first and copies into the model and the optimizer
 // only after the exchange said every rank succeeded: a bad checkpoint changes nothing.
 #include <fsdp/checkpoint.h>
+#include <fsdp/safetensors.h>
 
 #include "checkpoint_format.h"
 #include "fsdp_state.h"
+#include "tensor_boxes.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
-#include <torch/serialize.h>
 
 #include <chrono>
 #include <cstdio>
@@ -175,30 +176,80 @@ void test_hook_slow_save() {
   }
 }
 
-// Writes this rank's shard file; returns its description for metadata.json.
-FileMeta write_shard_file(FsdpState& state, AdamW& optimizer, const std::string& folder) {
-  FileMeta file;
-  file.name = shard_file_name(state.collectives().rank(), state.collectives().size());
+// The tensors of one shard file: for each box, the parameter's and its AdamW moments' views.
+struct ShardPart {
   NamedTensors tensors;
+  nlohmann::json sharding_info = nlohmann::json::object();  // DCP_SHARDING_INFO
+  std::vector<PieceMeta> pieces;
+};
+
+// torch.distributed.checkpoint's HuggingFaceStorageReader reads a chunk's place in the full tensor
+// from the file's __metadata__: {"DCP_SHARDING_INFO": "{KEY: {\"saved_offsets\": [...]}}"}.
+void add_box(ShardPart& part, const std::string& key, const at::Tensor& data,
+             const std::vector<int64_t>& offsets) {
+  part.tensors.emplace_back(key, data);
+  part.sharding_info[key] = {{"saved_offsets", offsets}};
+}
+
+// Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); part k of the files holds
+// the k-th box of every piece. AdamW's step goes, as a 0-d float ("state.NAME.step", as PyTorch's
+// AdamW keeps it), with the box that starts the parameter.
+std::vector<ShardPart> shard_parts(FsdpState& state, AdamW& optimizer) {
+  std::vector<ShardPart> parts;
   for (const auto& piece : local_pieces(state)) {
-    if (piece.end == piece.begin) continue;
-    const std::string& name = piece.entry->name;
-    file.pieces.push_back(PieceMeta{name, piece.begin, piece.end});
-    tensors.emplace_back(tensor_key("param", name), piece.data);
-    if (const auto* adam = adamw_state(optimizer, piece.entry->param)) {
+    const FlatEntry& entry = *piece.entry;
+    const auto* adam = adamw_state(optimizer, entry.param);
+    const auto boxes = boxes_of_range(entry.shape, piece.begin, piece.end);
+    if (parts.size() < boxes.size()) parts.resize(boxes.size());
+    for (size_t k = 0; k < boxes.size(); ++k) {
+      const TensorBox& box = boxes[k];
+      ShardPart& part = parts[k];
+      auto view = [&](const at::Tensor& flat) {
+        return flat.narrow(0, box.begin - piece.begin, box.end - box.begin).view(box.sizes);
+      };
+      add_box(part, tensor_key("param", entry.name), view(piece.data), box.offsets);
+      part.pieces.push_back(PieceMeta{entry.name, box.begin, box.end, {}});
+      if (!adam) continue;
       for (const char* kind : kMomentKinds) {
-        at::Tensor m = moment(*adam, kind);
-        if (m.defined()) tensors.emplace_back(tensor_key(kind, name), m.reshape({-1}));
+        const at::Tensor m = moment(*adam, kind);
+        if (m.defined()) add_box(part, tensor_key(kind, entry.name), view(m.reshape({-1})), box.offsets);
+      }
+      if (box.begin == 0) {
+        add_box(part, tensor_key("step", entry.name),
+                at::scalar_tensor(static_cast<double>(adam->step()), at::kFloat), {});
       }
     }
   }
-  const std::string path = folder + "/" + file.name;
-  save_tensor_dict(path, tensors);
-  // The checksum of the bytes as they are on disk (read back from the page cache).
-  const std::vector<char> bytes = read_file(path);
-  file.bytes = static_cast<int64_t>(bytes.size());
-  file.crc32 = crc32(bytes.data(), bytes.size());
-  return file;
+  return parts;
+}
+
+// Writes this rank's shard files; returns their descriptions for metadata.json.
+std::vector<FileMeta> write_shard_files(FsdpState& state, AdamW& optimizer, const std::string& folder) {
+  auto parts = shard_parts(state, optimizer);
+  std::vector<FileMeta> files;
+  for (size_t k = 0; k < parts.size(); ++k) {
+    ShardPart& part = parts[k];
+    FileMeta file;
+    file.name = shard_file_name(state.collectives().rank(), static_cast<int>(k),
+                                static_cast<int>(parts.size()));
+    const WrittenFile written = save_safetensors(
+        folder + "/" + file.name, part.tensors,
+        {{"DCP_SHARDING_INFO", part.sharding_info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}});
+    file.bytes = written.bytes;
+    std::map<std::string, uint32_t> crc_of_key;
+    for (size_t t = 0; t < part.tensors.size(); ++t) {
+      crc_of_key[part.tensors[t].first] = written.tensor_crc32[t];
+    }
+    for (auto& piece : part.pieces) {
+      for (const char* kind : {"param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"}) {
+        auto it = crc_of_key.find(tensor_key(kind, piece.param));
+        if (it != crc_of_key.end()) piece.crc32[kind] = it->second;
+      }
+    }
+    file.pieces = std::move(part.pieces);
+    files.push_back(std::move(file));
+  }
+  return files;
 }
 
 CheckpointMeta build_metadata(FsdpState& state, AdamW& optimizer,
@@ -210,7 +261,10 @@ CheckpointMeta build_metadata(FsdpState& state, AdamW& optimizer,
   meta.strategy = to_string(state.options().strategy());
   meta.params = describe_model(state, optimizer);
   for (const auto& description : descriptions) {
-    if (!description.empty()) meta.files.push_back(parse_file_meta(nlohmann::json::parse(description)));
+    if (description.empty()) continue;  // a replica that wrote nothing
+    for (const auto& file : nlohmann::json::parse(description)) {
+      meta.files.push_back(parse_file_meta(file));
+    }
   }
   meta.extra = extra;
   return meta;
@@ -226,49 +280,54 @@ struct StagedPiece {
   std::map<std::string, at::Tensor> moments;  // kind -> 1-D [end - begin]
 };
 
-using FileTensors = std::map<std::string, at::Tensor>;
+/// The shard files this rank reads, by index in metadata.json's list; opening reads the header.
+using OpenFiles = std::map<size_t, std::unique_ptr<SafetensorsReader>>;
 
-// Reads one shard file and checks it against its description: size, CRC-32, then every piece's
-// tensors (present, 1-D, the right length and dtype).
-FileTensors read_shard_file(const std::string& folder, const FileMeta& file,
-                            const std::map<std::string, const ParamMeta*>& params) {
+// One saved tensor of `kind` of a piece, whole, checked against its CRC-32 in metadata.json.
+at::Tensor read_checked(const SafetensorsReader& file, const PieceMeta& piece,
+                        const std::string& kind) {
+  const std::string key = tensor_key(kind, piece.param);
+  at::Tensor data = file.read_range(key, 0, file.entry(key).numel());
+  auto expected = piece.crc32.find(kind);
+  TORCH_CHECK(expected != piece.crc32.end(), file.path(), ": ", kMetadataFile,
+              " has no CRC-32 of tensor '", key, "' (an edited or incomplete metadata file)");
+  const uint32_t actual = crc32(data.data_ptr(), data.nbytes());
+  TORCH_CHECK(actual == expected->second, file.path(), ": tensor '", key, "' has CRC-32 ", actual,
+              " but ", kMetadataFile, " says ", expected->second, ": the file is corrupt");
+  return data;
+}
+
+// Opens one shard file and checks it against its description: its size, then every piece's
+// tensors (present, the right number of elements and dtype; AdamW's step its saved value).
+std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, const FileMeta& file,
+                                                   const std::map<std::string, const ParamMeta*>& params) {
   const std::string path = folder + "/" + file.name;
-  const std::vector<char> bytes = read_file(path);
-  TORCH_CHECK(static_cast<int64_t>(bytes.size()) == file.bytes, path, " is ", bytes.size(),
-              " bytes but ", kMetadataFile, " says ", file.bytes,
-              ": the file is truncated or was replaced");
-  const uint32_t crc = crc32(bytes.data(), bytes.size());
-  TORCH_CHECK(crc == file.crc32, path, " has CRC-32 ", crc, " but ", kMetadataFile, " says ",
-              file.crc32, ": the file is corrupt");
-  c10::IValue value;
-  try {
-    value = torch::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, path, " is not a readable torch.save file: ", message_of(e));
-  }
-  TORCH_CHECK(value.isGenericDict(), path, " holds a ", value.tagKind(), ", not a dict");
-  FileTensors tensors;
-  for (const auto& item : value.toGenericDict()) {
-    TORCH_CHECK(item.key().isString() && item.value().isTensor(), path,
-                " holds an entry that is not name -> tensor");
-    tensors.emplace(item.key().toStringRef(), item.value().toTensor());
-  }
+  std::error_code ec;
+  const auto bytes = static_cast<int64_t>(fs::file_size(path, ec));
+  TORCH_CHECK(!ec, "cannot open ", path, ": ", ec.message(),
+              " (a shard file is missing: was the checkpoint copied completely?)");
+  TORCH_CHECK(bytes == file.bytes, path, " is ", bytes, " bytes but ", kMetadataFile, " says ",
+              file.bytes, ": the file is truncated or was replaced");
+  auto reader = std::make_unique<SafetensorsReader>(path);
   for (const auto& piece : file.pieces) {
     const ParamMeta& param = *params.at(piece.param);
     std::vector<std::string> kinds{"param"};
     if (param.step) kinds.insert(kinds.end(), param.moments.begin(), param.moments.end());
     for (const auto& kind : kinds) {
-      auto it = tensors.find(tensor_key(kind, piece.param));
-      TORCH_CHECK(it != tensors.end(), path, " has no tensor '", tensor_key(kind, piece.param),
-                  "' that ", kMetadataFile, " lists");
-      TORCH_CHECK(it->second.dim() == 1 && it->second.numel() == piece.end - piece.begin &&
-                      std::string(c10::toString(it->second.scalar_type())) == param.dtype,
-                  path, ": tensor '", it->first, "' is ", it->second.scalar_type(), " ",
-                  it->second.sizes(), " but ", kMetadataFile, " says ", param.dtype, " [",
-                  piece.end - piece.begin, "]");
+      const auto& entry = reader->entry(tensor_key(kind, piece.param));
+      TORCH_CHECK(entry.numel() == piece.end - piece.begin &&
+                      std::string(c10::toString(entry.dtype)) == param.dtype,
+                  path, ": tensor '", entry.name, "' is ", entry.dtype, " of ", entry.numel(),
+                  " elements but ", kMetadataFile, " says ", param.dtype, " of ",
+                  piece.end - piece.begin);
+    }
+    if (piece.crc32.count("step")) {
+      const double step = read_checked(*reader, piece, "step").item<double>();
+      TORCH_CHECK(param.step && step == static_cast<double>(*param.step), path, ": tensor '",
+                  tensor_key("step", piece.param), "' disagrees with ", kMetadataFile);
     }
   }
-  return tensors;
+  return reader;
 }
 
 /// Where each saved piece lives: by parameter, (file index, piece).
@@ -285,13 +344,12 @@ PieceIndex index_pieces(const CheckpointMeta& meta) {
 // `out` (1-D [end - begin], elements [begin, end) of the flattened parameter) <- the saved
 // pieces that overlap it (check_matches_model proved they cover it exactly once).
 void assemble(const at::Tensor& out, int64_t begin, int64_t end, const std::string& kind,
-              const std::string& param, const PieceIndex& index,
-              std::map<size_t, FileTensors>& files) {
+              const std::string& param, const PieceIndex& index, const OpenFiles& files) {
   if (begin == end) return;
   for (const auto& [f, piece] : index.at(param)) {
     const int64_t lo = std::max(begin, piece->begin), hi = std::min(end, piece->end);
     if (lo >= hi) continue;
-    const at::Tensor& saved = files.at(f).at(tensor_key(kind, param));
+    const at::Tensor saved = read_checked(*files.at(f), *piece, kind).reshape({-1});
     out.narrow(0, lo - begin, hi - lo).copy_(saved.narrow(0, lo - piece->begin, hi - lo));
   }
 }
@@ -311,12 +369,12 @@ std::vector<StagedPiece> stage(FsdpState& state, AdamW& optimizer, const Checkpo
   const auto options = options_by_param(optimizer);
   const std::vector<LocalPiece> pieces = local_pieces(state);
 
-  std::map<size_t, FileTensors> files;  // only those holding elements of this rank's pieces
+  OpenFiles files;  // only those holding elements of this rank's pieces
   for (const auto& piece : pieces) {
     if (piece.begin == piece.end) continue;
     for (const auto& [f, saved] : index.at(piece.entry->name)) {
       if (saved->begin < piece.end && piece.begin < saved->end && !files.count(f)) {
-        files.emplace(f, read_shard_file(folder, meta.files[f], params));
+        files.emplace(f, open_shard_file(folder, meta.files[f], params));
       }
     }
   }
@@ -426,7 +484,10 @@ void save_sharded(FsdpState& state, AdamW& optimizer, const std::string& folder,
   const bool writer = replicas == nullptr || replicas->rank() == 0;
   std::string description;
   error = try_local([&] {
-    if (writer) description = to_json(write_shard_file(state, optimizer, folder)).dump();
+    if (!writer) return;
+    nlohmann::json files = nlohmann::json::array();
+    for (const auto& file : write_shard_files(state, optimizer, folder)) files.push_back(to_json(file));
+    description = files.dump();
     test_hook_slow_save();
   });
   throw_if_any_failed(world, error, "save_sharded: cannot write " + folder);

@@ -15,7 +15,7 @@ namespace fsdp {
 namespace {
 
 constexpr const char* kFormat = "fsdp-cpp sharded checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 1: torch.save shard files (fsdp-cpp 0.x); 2: safetensors
 
 // Slicing-by-8 tables of the reflected IEEE polynomial: ~8x faster than a byte at a time, so the
 // checksum stays well above disk speed.
@@ -96,32 +96,34 @@ int64_t ParamMeta::numel() const {
   return n;
 }
 
-std::string shard_file_name(int shard, int shards) {
-  char name[64];
-  std::snprintf(name, sizeof name, "shard-%05d-of-%05d.pt", shard, shards);
+std::string shard_file_name(int shard, int part, int parts) {
+  char name[80];
+  std::snprintf(name, sizeof name, "shard-%05d-model-%05d-of-%05d.safetensors", shard, part + 1,
+                parts);
   return name;
 }
 
 std::string tensor_key(const std::string& kind, const std::string& param) {
-  return kind + "/" + param;
+  return kind == "param" ? param : "state." + param + "." + kind;
 }
 
 nlohmann::json to_json(const FileMeta& f) {
   nlohmann::json pieces = nlohmann::json::array();
   for (const auto& piece : f.pieces) {
-    pieces.push_back({{"param", piece.param}, {"begin", piece.begin}, {"end", piece.end}});
+    pieces.push_back({{"param", piece.param}, {"begin", piece.begin}, {"end", piece.end},
+                      {"crc32", piece.crc32}});
   }
-  return {{"name", f.name}, {"bytes", f.bytes}, {"crc32", f.crc32}, {"pieces", pieces}};
+  return {{"name", f.name}, {"bytes", f.bytes}, {"pieces", pieces}};
 }
 
 FileMeta parse_file_meta(const nlohmann::json& j) {
   FileMeta f;
   f.name = j.at("name").get<std::string>();
   f.bytes = j.at("bytes").get<int64_t>();
-  f.crc32 = j.at("crc32").get<uint32_t>();
   for (const auto& piece : j.at("pieces")) {
     f.pieces.push_back(PieceMeta{piece.at("param").get<std::string>(),
-                                 piece.at("begin").get<int64_t>(), piece.at("end").get<int64_t>()});
+                                 piece.at("begin").get<int64_t>(), piece.at("end").get<int64_t>(),
+                                 piece.at("crc32").get<std::map<std::string, uint32_t>>()});
   }
   return f;
 }
@@ -142,7 +144,9 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
     TORCH_CHECK(j.value("format", "") == kFormat, source, " is not the metadata of a sharded "
                 "checkpoint (no \"format\": \"", kFormat, "\")");
     TORCH_CHECK(j.at("version").get<int>() == kVersion, source, " has format version ",
-                j.at("version").dump(), "; this build reads version ", kVersion);
+                j.at("version").dump(), "; this build reads version ", kVersion,
+                " (safetensors shards); load a version-1 checkpoint (torch.save shards) with the "
+                "build that wrote it and save it again");
     CheckpointMeta meta;
     meta.world_size = j.at("world_size").get<int>();
     meta.shard_group_size = j.at("shard_group_size").get<int>();

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -25,18 +26,19 @@ struct ParamMeta {
   int64_t numel() const;
 };
 
-/// Elements [begin, end) of the flattened parameter `param`, held by one file.
+/// Elements [begin, end) of the flattened parameter `param`, held by one file as one box of the
+/// parameter ([Note: boxes of a flat shard]) under tensor_key(kind, param) for each kind.
 struct PieceMeta {
   std::string param;
   int64_t begin = 0;
   int64_t end = 0;
+  std::map<std::string, uint32_t> crc32;  // kind ("param", "exp_avg", ...) -> CRC-32 of its bytes
 };
 
-/// One shard file: its name inside the checkpoint folder, its exact size and CRC-32, its pieces.
+/// One shard file: its name inside the checkpoint folder, its exact size, its pieces.
 struct FileMeta {
   std::string name;
   int64_t bytes = 0;
-  uint32_t crc32 = 0;
   std::vector<PieceMeta> pieces;
 };
 
@@ -51,9 +53,11 @@ struct CheckpointMeta {
 
 constexpr const char* kMetadataFile = "metadata.json";
 
-/// "shard-00001-of-00002.pt"
-std::string shard_file_name(int shard, int shards);
-/// The key of one tensor in a shard file: "param/NAME", "exp_avg/NAME", ...
+/// Part `part` (0-based) of `parts` of shard `shard`'s files, in torch.distributed.checkpoint's
+/// naming: "shard-00001-model-00001-of-00003.safetensors".
+std::string shard_file_name(int shard, int part, int parts);
+/// The safetensors key of one tensor: the parameter's own name for "param", and the names that
+/// torch.distributed.checkpoint gives an optimizer's state ("state.NAME.exp_avg") for the others.
 std::string tensor_key(const std::string& kind, const std::string& param);
 
 nlohmann::json to_json(const CheckpointMeta& meta);

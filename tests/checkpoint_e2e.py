@@ -54,7 +54,7 @@ def kill_during_save(bin_dir, corpus, ckpt):
     launcher = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = Path(ckpt) / "step-00000012"
     deadline = time.time() + 120
-    while len(list(folder.glob("shard-*.pt"))) < 2:
+    while not all(list(folder.glob(f"shard-{r:05d}-model-*.safetensors")) for r in (0, 1)):
         assert time.time() < deadline and launcher.poll() is None, "the slow save never started"
         time.sleep(0.1)
     for pid in children_of(launcher.pid):

@@ -52,10 +52,16 @@ class SharedTempDir {
   std::string path_;
 };
 
-std::string shard_name(int shard, int shards) {
-  char name[64];
-  std::snprintf(name, sizeof name, "shard-%05d-of-%05d.pt", shard, shards);
-  return name;
+// The name of shard `shard`'s first safetensors file in `folder`.
+std::string first_file_of_shard(const std::string& folder, int shard) {
+  char prefix[64];
+  std::snprintf(prefix, sizeof prefix, "shard-%05d-model-00001-of-", shard);
+  for (const auto& item : fs::directory_iterator(folder)) {
+    const std::string name = item.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) return name;
+  }
+  ADD_FAILURE() << folder << " has no file " << prefix << "*";
+  return "";
 }
 
 gpt::GPTConfig small_config() {
@@ -205,10 +211,10 @@ std::string spoiled_copy(const SharedTempDir& tmp, const std::string& name,
 TEST(Checkpoint, BadFilesGiveTheNamedErrorOnEveryRankAndChangeNothing) {
   SharedTempDir tmp;
   const int world = dist().world_size();
-  const std::string last_shard = shard_name(world - 1, world);
   Training saved(1);
   saved.train(0, 2);
   fsdp::save_sharded(saved.model, *saved.optim, tmp / "good");
+  const std::string last_shard = first_file_of_shard(tmp / "good", world - 1);
   Training other_layers(1, [] { auto c = small_config(); c.layers = 3; return c; }());
   fsdp::save_sharded(other_layers.model, *other_layers.optim, tmp / "other_model");
   Training other_width(1, [] { auto c = small_config(); c.dim = 48; return c; }());
@@ -262,7 +268,7 @@ TEST(Checkpoint, InterruptedSaveLeavesThePreviousCheckpointTheOneThatLoads) {
   fsdp::save_sharded(run.model, *run.optim, dir + "/step-00000004", {{"step", 4}});
   if (dist().rank() == 0) {
     fs::remove(dir + "/step-00000004/metadata.json");
-    std::ofstream(dir + "/step-00000004/shard-00000-of-00009.pt.tmp.123") << "partial";
+    std::ofstream(dir + "/step-00000004/shard-00000-model-00001-of-00003.safetensors.tmp.123") << "partial";
   }
   barrier();
   EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-00000002");

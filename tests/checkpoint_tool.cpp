@@ -70,6 +70,11 @@ int main(int argc, char** argv) {
   app.add_option("--data-seed", data_seed, "batches");
   app.add_option("--load", load_dir, "resume from the latest checkpoint in this directory");
   app.add_option("--save", save_dir, "save a checkpoint into this directory at the end");
+  std::string full_state_path, batches_path;
+  app.add_option("--dump-full-state", full_state_path,
+                 "rank 0 writes the full parameters and AdamW state (torch.save) when it saves");
+  app.add_option("--dump-batches", batches_path,
+                 "rank 0 writes the global batch of every step it trains (x/STEP, y/STEP)");
   std::string strategy = "full";
   int shard_group_size = 0;
   app.add_option("--strategy", strategy, "full | grad_op | none | hybrid | hybrid_grad_op");
@@ -101,8 +106,14 @@ int main(int argc, char** argv) {
       if (print) std::printf("resumed_step %lld\nload_seconds %.6f\n", (long long)step, seconds_since(start));
       report("after_load");
     }
+    fsdp::NamedTensors batches;
     for (const int64_t last = step + steps; step < last; ++step) {
       auto [x, y] = corpus.batch(data_seed, step, dist->rank() * batch, batch, config.max_seq);
+      if (!batches_path.empty()) {
+        auto [gx, gy] = corpus.batch(data_seed, step, 0, dist->world_size() * batch, config.max_seq);
+        batches.emplace_back("x/" + std::to_string(step), gx);
+        batches.emplace_back("y/" + std::to_string(step), gy);
+      }
       optim->zero_grad();
       auto loss = gpt::lm_loss(model(x), y);
       loss.backward();
@@ -111,8 +122,14 @@ int main(int argc, char** argv) {
       fsdp::all_reduce_sum(*dist->world, global);
       if (print) std::printf("loss %lld %.17g\n", (long long)step, global.item<double>() / dist->world_size());
     }
+    if (!batches_path.empty() && print) fsdp::save_tensor_dict(batches_path, batches);
     if (!save_dir.empty()) {
       report("at_save");
+      if (!full_state_path.empty()) {
+        auto full = fsdp::gather_full_params(model);
+        for (auto& item : fsdp::gather_full_optimizer_state(model, *optim)) full.push_back(item);
+        if (print) fsdp::save_tensor_dict(full_state_path, full);
+      }
       const auto start = Clock::now();
       const std::string folder = fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}});
       if (print) std::printf("save_seconds %.6f %lld\n", seconds_since(start), (long long)folder_bytes(folder));

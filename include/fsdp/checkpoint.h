@@ -5,12 +5,24 @@
 /// flat buffer, so any layout reads any other: a checkpoint saved by W ranks loads on W' ranks, or
 /// under another sharding strategy, and gives the same parameters and optimizer state.
 ///
-/// One checkpoint is a folder:
-///   shard-00000-of-00002.pt  shard 0's pieces: a torch.save dict of "param/NAME", "exp_avg/NAME",
-///   shard-00001-of-00002.pt    "exp_avg_sq/NAME" (and "max_exp_avg_sq/NAME" with amsgrad), 1-D
-///   metadata.json            written last, so a folder without it is incomplete: names, shapes,
-///                              dtypes, AdamW steps, each file's pieces, bytes and CRC-32, and the
-///                              caller's own JSON ("extra": the data position, the seed...)
+/// One checkpoint is a folder of safetensors files that PyTorch reads as they are:
+///   shard-00000-model-00001-of-00003.safetensors   shard 0's pieces, as boxes of the full tensors
+///   shard-00000-model-00002-of-00003.safetensors     (a range of a matrix's elements is up to 3
+///   ...                                              boxes: [Note: boxes of a flat shard]), each
+///                                                    file's __metadata__ holding DCP_SHARDING_INFO
+///                                                    (every box's offsets in the full tensor);
+///                                                    tensors named as in the model ("wte.weight")
+///                                                    and as torch.distributed.checkpoint names an
+///                                                    optimizer's ("state.wte.weight.exp_avg",
+///                                                    "state.wte.weight.step")
+///   metadata.json                                  written last, so a folder without it is
+///                                                    incomplete: names, shapes, dtypes, AdamW
+///                                                    steps, each file's size and pieces with the
+///                                                    CRC-32 of each tensor, and the caller's own
+///                                                    JSON ("extra": the data position, the seed...)
+/// In Python, torch.distributed.checkpoint.load(state_dict,
+/// storage_reader=HuggingFaceStorageReader(folder)) fills full tensors (no_dist=True) or the
+/// DTensors of a PyTorch FSDP2 model at any world size; safetensors.safe_open opens every file.
 /// A checkpoint directory holds one folder per step and a pointer to the newest complete one,
 /// written (atomically) only after that folder is complete:
 ///   latest                   "step-00000020"
@@ -115,8 +127,10 @@ std::string save_checkpoint(Unit<M>& root, torch::optim::AdamW& optimizer, const
 ///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) fsdp::load_sharded(...);
 std::string latest_checkpoint(const std::string& dir);
 
-/// The AdamW state of every parameter, unsharded, on every rank (a collective): "exp_avg/NAME",
-/// "exp_avg_sq/NAME" (and "max_exp_avg_sq/NAME") in the parameter's shape, and "step/NAME" as a
+/// The AdamW state of every parameter, unsharded, on every rank (a collective), under the names
+/// torch.distributed.checkpoint gives an optimizer's state: "state.NAME.exp_avg",
+/// "state.NAME.exp_avg_sq" (and "state.NAME.max_exp_avg_sq") in the parameter's shape, and
+/// "state.NAME.step" as a
 /// 0-d int64 tensor; parameters without state (never stepped) are left out.
 ///
 /// Example:

@@ -1,0 +1,141 @@
+"""End to end: fsdp-cpp's sharded checkpoints are PyTorch's too. checkpoint_tool trains at W = 2 and
+saves; then, in Python:
+- safetensors.safe_open opens every shard file and reads every tensor;
+- torch.distributed.checkpoint.load(..., storage_reader=HuggingFaceStorageReader(folder),
+  no_dist=True) assembles full parameters and AdamW state bitwise equal to fsdp's own gathered
+  ones (checkpoint_tool --dump-full-state, gathered by fsdp-cpp's collectives, not read from files);
+- a PyTorch FSDP2 model (bench/peer_fsdp2.py's GPT, the same architecture) at W = 3 loads the
+  parameters and the AdamW state from the same folder, and its losses on the next two batches
+  (the second after one AdamW step on the loaded state) equal checkpoint_tool's resumed at W = 3.
+Run: dcp_interop_e2e.py BIN_DIR CORPUS   (the FSDP2 side runs this file under torchrun)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+LOSS_REL_TOL = 1e-5  # the same weights and rows at W = 3 on both sides: only summation order differs
+CONFIG = dict(layers=2, dim=32, heads=2, max_seq=16)  # checkpoint_tool's defaults
+SAVED_STEP = 4
+
+
+def checkpoint_tool(bin_dir, corpus, world, *args):
+    command = [f"{bin_dir}/fsdprun", "--nproc-per-node", str(world), f"{bin_dir}/checkpoint_tool",
+               "--data", corpus, "--batch", str(6 // world), *map(str, args)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    losses = {}
+    for line in out.splitlines():
+        words = line.split(": ", 1)[-1].split()
+        if words and words[0] == "loss":
+            losses[int(words[1])] = float(words[2])
+    return losses
+
+
+def check_safe_open(folder):
+    from safetensors import safe_open
+    files = sorted(folder.glob("*.safetensors"))
+    assert files, f"{folder} has no safetensors files"
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            assert "DCP_SHARDING_INFO" in f.metadata(), f"{path.name}: no DCP_SHARDING_INFO"
+            for key in f.keys():
+                f.get_tensor(key)
+    return len(files)
+
+
+def check_dcp_full_load(folder, full):
+    """dcp.load with no process group fills full tensors; each must equal fsdp's gathered one."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    # fsdp's names are DCP's; AdamW's step is saved as PyTorch's AdamW keeps it, a float.
+    wanted = {k: t.float() if k.endswith(".step") else t for k, t in full.items()}
+    assert any(k.endswith(".exp_avg") for k in wanted), "no optimizer state to compare"
+    state = {k: torch.full_like(t, float("nan")) for k, t in wanted.items()}
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
+    for k, expected in wanted.items():
+        assert torch.equal(state[k], expected), f"{k}: dcp.load differs from fsdp's gathered one"
+    return len(wanted)
+
+
+def fsdp2_worker(folder, batches_path, out_path):
+    """Under torchrun at W = 3: FSDP2 loads the checkpoint, then the losses of two steps."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    sys.path.insert(0, str(ROOT / "bench"))
+    import peer_fsdp2 as peer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    model = peer.GPT(**CONFIG)
+    for block in model.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = peer.make_optimizer(model, 3e-3, 0.1)  # checkpoint_tool's AdamW
+    state = dict(model.state_dict())
+    for name, p in model.named_parameters():
+        optim.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                          "exp_avg_sq": torch.zeros_like(p)}
+        for kind, tensor in optim.state[p].items():
+            state[f"state.{name}.{kind}"] = tensor
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
+
+    batches = torch.load(batches_path)
+    losses = {}
+    for step in (SAVED_STEP, SAVED_STEP + 1):
+        x, y = batches[f"x/{step}"], batches[f"y/{step}"]
+        rows = x.size(0) // world
+        x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+        optim.zero_grad()
+        loss = peer.lm_loss(model(x), y)
+        loss.backward()
+        optim.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        losses[step] = total.item() / world
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(losses))
+    dist.destroy_process_group()
+
+
+def main(bin_dir, corpus):
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        checkpoint_tool(bin_dir, corpus, 2, "--steps", SAVED_STEP, "--save", tmp / "ckpt",
+                        "--dump-full-state", tmp / "full.pt")
+        folder = tmp / "ckpt" / f"step-{SAVED_STEP:08d}"
+        files = check_safe_open(folder)
+        tensors = check_dcp_full_load(folder, torch.load(tmp / "full.pt"))
+
+        resumed = checkpoint_tool(bin_dir, corpus, 3, "--load", tmp / "ckpt", "--steps", 2,
+                                  "--dump-batches", tmp / "batches.pt")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", "3", __file__, "--fsdp2-worker", str(folder),
+                        str(tmp / "batches.pt"), str(tmp / "fsdp2.json")], check=True, env=env)
+        fsdp2 = {int(k): v for k, v in json.loads((tmp / "fsdp2.json").read_text()).items()}
+        worst = 0.0
+        for step, loss in fsdp2.items():
+            relative = abs(loss - resumed[step]) / abs(resumed[step])
+            assert relative <= LOSS_REL_TOL, (
+                f"step {step}: FSDP2 at W=3 from the checkpoint gives loss {loss!r}, "
+                f"fsdp-cpp resumed at W=3 {resumed[step]!r} ({relative:.3g} relative)")
+            worst = max(worst, relative)
+    print(f"dcp interop: safe_open read {files} shard files; dcp.load(no_dist) gave {tensors} "
+          f"tensors bitwise equal to fsdp's; FSDP2 at W=3 from the W=2 checkpoint: losses of steps "
+          f"{SAVED_STEP} and {SAVED_STEP + 1} within {worst:.2g} relative of fsdp-cpp resumed at W=3")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--fsdp2-worker":
+        fsdp2_worker(*sys.argv[2:5])
+    else:
+        main(sys.argv[1], sys.argv[2])
