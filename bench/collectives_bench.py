@@ -1,0 +1,182 @@
+"""Runs build/bin/collectives_bench under fsdprun at W = 2, 3, 4 and writes
+bench/results/collectives.md (tables) and bench/results/collectives.png (bus bandwidth against
+size), nccl-tests style: for all-gather, reduce-scatter and all-reduce, the ring over Gloo's
+send/recv, the shared-memory collectives and Gloo's own collectives, against a single-thread
+memcpy measured in the same run. W above the number of cores is oversubscribed and marked so.
+
+.venv/bin/python bench/collectives_bench.py [--worlds 2,3,4] [--max-bytes N] [--out DIR]
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "build" / "bin"
+IMPLS = ["shm", "ring", "gloo"]
+OPS = ["all_gather", "reduce_scatter", "all_reduce"]
+GOAL_BYTES = 64 << 20
+
+
+def run_world(world, max_bytes, raw_dir):
+    out = raw_dir / f"collectives-w{world}.jsonl"
+    env = dict(os.environ, OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="900")
+    env.pop("FSDP_CPU_COLLECTIVES", None)
+    command = [str(BIN / "fsdprun"), "--nproc-per-node", str(world), str(BIN / "collectives_bench"),
+               "--max-bytes", str(max_bytes), "--out", str(out)]
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, env=env, check=True)
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def size_text(n):
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def oversubscribed(world):
+    return world > os.cpu_count()
+
+
+def world_title(world):
+    note = f" (oversubscribed: {world} ranks on {os.cpu_count()} cores)" if oversubscribed(world) else ""
+    return f"W = {world}{note}"
+
+
+def memcpy_by_size(rows):
+    return {r["bytes"]: r["algbw_GBps"] for r in rows if r["impl"] == "memcpy"}
+
+
+def nearest_memcpy(memcpy, nbytes):
+    """memcpy's bandwidth at the size closest to a collective's (its buffer is rounded to W)."""
+    return memcpy[min(memcpy, key=lambda b: abs(b - nbytes))]
+
+
+def table(rows, world, op):
+    memcpy = memcpy_by_size(rows)
+    head = ["size", "memcpy GB/s"]
+    for impl in IMPLS:
+        head += [f"{impl} µs", f"{impl} algbw", f"{impl} busbw", f"{impl}/memcpy"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    by_size = {}
+    for r in rows:
+        if r.get("op") == op:
+            by_size.setdefault(r["bytes"], {})[r["impl"]] = r
+    for nbytes in sorted(by_size):
+        copy = nearest_memcpy(memcpy, nbytes)
+        cells = [size_text(nbytes), f"{copy:.2f}"]
+        for impl in IMPLS:
+            r = by_size[nbytes].get(impl)
+            cells += ([f"{r['time_us']:.0f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
+                       f"{r['busbw_GBps'] / copy:.2f}"] if r else ["-"] * 4)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def goal_lines(rows_by_world):
+    rows = rows_by_world.get(2)
+    if not rows:
+        return []
+    memcpy = memcpy_by_size(rows)
+    out = ["| W = 2, 64 MB | memcpy GB/s | " + " | ".join(f"{i} busbw (×memcpy)" for i in IMPLS) + " |",
+           "|---|---|" + "---|" * len(IMPLS)]
+    for op in OPS:
+        found = {r["impl"]: r for r in rows if r.get("op") == op and abs(r["bytes"] - GOAL_BYTES) < 64}
+        if not found:
+            continue
+        copy = nearest_memcpy(memcpy, GOAL_BYTES)
+        cells = [f"{found[i]['busbw_GBps']:.2f} ({found[i]['busbw_GBps'] / copy:.2f}×)" if i in found
+                 else "-" for i in IMPLS]
+        out.append(f"| {op} | {copy:.2f} | " + " | ".join(cells) + " |")
+    return out
+
+
+def git_state():
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return head + (" (uncommitted changes in the tree)" if dirty else "")
+
+
+def write_markdown(rows_by_world, path):
+    parts = [
+        "# CPU collectives, nccl-tests style",
+        "",
+        f"Made by `make bench-collectives` (`bench/collectives_bench.py`) on {datetime.date.today()}, "
+        f"HEAD {git_state()}, {os.cpu_count()} cores. fp32; size = the full buffer (all-gather's "
+        "output, reduce-scatter's input, the all-reduced tensor); time = the slowest rank's mean per "
+        "call; algbw = size / time; busbw = algbw·(W-1)/W for all-gather and reduce-scatter, "
+        "·2(W-1)/W for all-reduce (GB/s = 1e9 B/s). memcpy: one thread on rank 0 copying the size "
+        "between two buffers, the other ranks idle, in the same run; `x/memcpy` = busbw / memcpy. "
+        "shm: shared memory (src/shm_collectives.cpp); ring: the ring over Gloo's send/recv "
+        "(src/collectives.cpp); gloo: c10d's ProcessGroupGloo allgather / reduce_scatter / allreduce. "
+        "The machine is shared and noisy: compare ratios within one run.",
+        "",
+        "## Goal: shared-memory all-gather and reduce-scatter busbw ≥ 50% of memcpy at 64 MB",
+        "",
+        *goal_lines(rows_by_world),
+    ]
+    for world, rows in sorted(rows_by_world.items()):
+        for op in OPS:
+            parts += ["", f"## {op}, {world_title(world)}", "", table(rows, world, op)]
+    path.write_text("\n".join(parts) + "\n")
+
+
+def write_plot(rows_by_world, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: table only", file=sys.stderr)
+        return
+    worlds = sorted(rows_by_world)
+    fig, axes = plt.subplots(len(worlds), len(OPS), figsize=(5 * len(OPS), 3.6 * len(worlds)),
+                             squeeze=False)
+    for row, world in enumerate(worlds):
+        rows = rows_by_world[world]
+        memcpy = sorted(memcpy_by_size(rows).items())
+        for col, op in enumerate(OPS):
+            ax = axes[row][col]
+            for impl in IMPLS:
+                points = sorted((r["bytes"], r["busbw_GBps"]) for r in rows
+                                if r.get("op") == op and r["impl"] == impl)
+                if points:
+                    ax.plot(*zip(*points), marker="o", markersize=3, label=impl)
+            ax.plot(*zip(*memcpy), "k--", label="memcpy (1 thread)")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{op}, {world_title(world)}", fontsize=9)
+            ax.set_xlabel("size (bytes)")
+            ax.set_ylabel("bus bandwidth (GB/s)")
+            ax.grid(True, which="both", alpha=0.3)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--worlds", default="2,3,4")
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    raw_dir = ROOT / "build" / "bench"
+    raw_dir.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_by_world = {int(w): run_world(int(w), args.max_bytes, raw_dir) for w in args.worlds.split(",")}
+    write_markdown(rows_by_world, out / "collectives.md")
+    write_plot(rows_by_world, out / "collectives.png")
+    print(f"wrote {out / 'collectives.md'} and {out / 'collectives.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+#pragma once
+// A POSIX shared-memory segment that the ranks of one process group on one host map together, and
+// the rounds in which they exchange data through it ([Note: shared-memory collectives] in
+// cpu_device.cpp says when it is used).
+//
+// Layout: a control block per rank (sequence numbers the other ranks wait on), then a slot per
+// rank of two halves that only its own rank writes. The ranks step through numbered rounds
+// together: in round n a rank writes half n % 2 of its slot once every peer has finished round
+// n - 2 (begin_write), publishes it, reads the peers' halves of round n once they have published
+// them, and ends the round. Double buffering lets a rank fill round n + 1 while its peers still
+// read round n.
+
+#include <fsdp/distributed.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace fsdp {
+
+/// Names of segments start with this (in /dev/shm, for as long as they are being set up).
+constexpr const char* kShmSegmentPrefix = "fsdp-coll-";
+
+class ShmSegment {
+ public:
+  /// Collective over `group` (all its ranks on this host): rank 0 creates a segment under a fresh
+  /// random name (after removing segments whose creator is gone), the name goes through the
+  /// group's store, every rank maps it, and once all have it is unlinked, so that nothing is left
+  /// behind however the ranks end. Returns nullptr on every rank when any rank could not map it
+  /// (`why_not` says which and why); throws naming the ranks that never arrived.
+  static std::unique_ptr<ShmSegment> join(ProcessGroup& group, size_t half_bytes,
+                                          std::string* why_not);
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  size_t half_bytes() const { return half_bytes_; }
+  /// The name it was created under (already unlinked).
+  const std::string& name() const { return name_; }
+
+  /// This rank's half of the current round, once every peer has finished reading it two rounds
+  /// ago. `op` names the collective in errors.
+  uint8_t* begin_write(const char* op);
+  /// Tells the peers that this rank's half of the current round is written.
+  void publish();
+  /// `peer`'s half of the current round, once it has published it.
+  const uint8_t* wait_published(int peer, const char* op);
+  /// This rank has read everything it needs of the current round; the next round starts.
+  void end_round();
+
+ /// One rank's sequence numbers (defined in shm_segment.cpp).
+  struct RankControl;
+
+ private:
+  ShmSegment(ProcessGroup& group, std::string name, uint8_t* base, size_t bytes, size_t half_bytes);
+
+  RankControl& control(int rank) const;
+  uint8_t* slot(int rank, int half) const;
+  void announce_this_rank();
+  /// Waits until `word` of `peer` reaches `target` (wrap-safe): spins a few microseconds, then
+  /// sleeps on the futex, checking that the peer lives and the group's timeout.
+  void wait_until(int peer, std::atomic<uint32_t>& word, uint32_t target, const char* op);
+  void store_and_wake(std::atomic<uint32_t>& word, uint32_t value);
+  bool peer_exited(int peer) const;
+  [[noreturn]] void fail(const char* op, int peer, const std::string& cause) const;
+
+  ProcessGroup& group_;
+  std::string name_;
+  uint8_t* base_;
+  size_t bytes_;
+  size_t half_bytes_;
+  uint32_t round_ = 0;
+};
+
+}  // namespace fsdp
