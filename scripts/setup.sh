@@ -21,3 +21,10 @@ if ! .venv/bin/python -c "import torch, numpy; assert torch.__version__.startswi
   .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0 numpy 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 fi
+
+# transformers and safetensors for tests/hf_gpt2_e2e.py (Hugging Face GPT-2 folders in and out).
+if ! .venv/bin/python -c "import transformers, safetensors; assert transformers.__version__ == '5.23.0'" >/dev/null 2>&1; then
+  echo "setup: installing transformers==5.23.0 and safetensors==0.8.0 into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check transformers==5.23.0 safetensors==0.8.0 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import transformers, safetensors"
+fi

@@ -161,6 +161,8 @@ void check_paths(const TrainOptions& o) {
   check_output_file("--save-full", o.save_full);
   check_output_file("--dump-batches", o.dump_batches);
   check_output_file("--trace", o.trace);
+  check_input_file("--eval-tokens", o.eval_tokens);
+  check_output_file("--eval-out", o.eval_out);
 
   const std::string& dir = o.checkpoint_dir;
   if (dir.empty()) return;

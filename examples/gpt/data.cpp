@@ -1,5 +1,7 @@
 #include "data.h"
 
+#include "token_file.h"
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -51,7 +53,7 @@ std::vector<fs::path> files_below(const fs::path& folder) {
 
 }  // namespace
 
-ByteCorpus ByteCorpus::load(const std::string& path, int64_t max_bytes, int64_t min_bytes) {
+Corpus Corpus::load(const std::string& path, int64_t max_bytes, int64_t min_bytes) {
   TORCH_CHECK(!path.empty(), "no training data: pass --data PATH (a text file or a folder of text files)");
   TORCH_CHECK(max_bytes > 0, "--max-data-mb must be >= 1");
   std::error_code ec;
@@ -78,19 +80,21 @@ ByteCorpus ByteCorpus::load(const std::string& path, int64_t max_bytes, int64_t 
               " needed for one sequence; use a larger text file or folder");
   auto bytes = torch::empty({static_cast<int64_t>(text.size())}, torch::kUInt8);
   std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  return ByteCorpus(bytes);
+  return Corpus(bytes);
 }
 
-std::pair<torch::Tensor, torch::Tensor> ByteCorpus::batch(uint64_t seed, int64_t step,
-                                                          int64_t first_row, int64_t rows,
-                                                          int64_t seq) const {
-  const int64_t span = size() - seq - 1;
-  TORCH_CHECK(span > 0, "corpus of ", size(), " bytes is too short for sequences of ", seq);
-  auto inputs = torch::empty({rows, seq}, torch::kLong);
-  auto targets = torch::empty({rows, seq}, torch::kLong);
-  const uint8_t* data = bytes_.data_ptr<uint8_t>();
-  int64_t* in = inputs.data_ptr<int64_t>();
-  int64_t* out = targets.data_ptr<int64_t>();
+Corpus Corpus::load_tokens(const std::string& path, int64_t vocab_size, int64_t max_bytes,
+                           int64_t min_tokens) {
+  TORCH_CHECK(max_bytes > 0, "--max-data-mb must be >= 1");
+  return Corpus(read_token_file(path, vocab_size, max_bytes / 2, min_tokens));
+}
+
+namespace {
+
+// Row r of the batch starts at an offset drawn from (seed, step, first_row + r) only.
+template <class Token>
+void fill_rows(const Token* data, int64_t span, uint64_t seed, int64_t step, int64_t first_row,
+               int64_t rows, int64_t seq, int64_t* in, int64_t* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const uint64_t row = static_cast<uint64_t>(first_row + r);
     const uint64_t h = splitmix64(splitmix64(splitmix64(seed) ^ static_cast<uint64_t>(step)) ^ row);
@@ -99,6 +103,25 @@ std::pair<torch::Tensor, torch::Tensor> ByteCorpus::batch(uint64_t seed, int64_t
       in[r * seq + t] = data[start + t];
       out[r * seq + t] = data[start + t + 1];
     }
+  }
+}
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> Corpus::batch(uint64_t seed, int64_t step,
+                                                      int64_t first_row, int64_t rows,
+                                                      int64_t seq) const {
+  const int64_t span = size() - seq - 1;
+  TORCH_CHECK(span > 0, "corpus of ", size(), " tokens is too short for sequences of ", seq);
+  auto inputs = torch::empty({rows, seq}, torch::kLong);
+  auto targets = torch::empty({rows, seq}, torch::kLong);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* out = targets.data_ptr<int64_t>();
+  if (tokens_.scalar_type() == torch::kUInt16) {
+    fill_rows(static_cast<const uint16_t*>(tokens_.const_data_ptr()), span, seed, step, first_row,
+              rows, seq, in, out);
+  } else {
+    fill_rows(tokens_.const_data_ptr<uint8_t>(), span, seed, step, first_row, rows, seq, in, out);
   }
   return {inputs, targets};
 }

@@ -9,6 +9,8 @@ void GPTConfig::validate() const {
   TORCH_CHECK(dim >= 1 && heads >= 1 && dim % heads == 0, "--dim (", dim,
               ") must be a positive multiple of --heads (", heads, ")");
   TORCH_CHECK(max_seq >= 2, "--seq must be >= 2, got ", max_seq);
+  TORCH_CHECK(positions == 0 || positions >= max_seq, "--seq ", max_seq,
+              " is longer than the model's context of ", positions, " positions");
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : heads(config.heads) {
@@ -51,21 +53,25 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 
 GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
   config.validate();
-  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.dim));
-  wpe = register_module("wpe", torch::nn::Embedding(config.max_seq, config.dim));
-  auto blocks = register_module("h", torch::nn::ModuleList());
+  // The blocks are built before the embeddings: under fully_shard_deferred each block is sharded
+  // as soon as it is built, so a whole block and the embeddings (the largest tensors) never exist
+  // at once. Registered after them all the same: parameter order and names stay GPT-2's.
+  auto blocks = torch::nn::ModuleList();
   for (int64_t i = 0; i < config.layers; ++i) {
     Block block(config);
     blocks->push_back(block);
     h.emplace_back(block);
   }
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.dim));
+  wpe = register_module("wpe", torch::nn::Embedding(config.context(), config.dim));
+  register_module("h", blocks);
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
-  TORCH_CHECK(T <= config.max_seq, "sequence of ", T, " tokens is longer than the model's ",
-              config.max_seq);
+  TORCH_CHECK(T <= config.context(), "sequence of ", T, " tokens is longer than the model's ",
+              config.context());
   auto positions = torch::arange(T, idx.options().dtype(torch::kLong));
   auto x = wte(idx) + wpe(positions);
   for (auto& block : h) x = block(x);

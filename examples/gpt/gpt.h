@@ -16,7 +16,10 @@ struct GPTConfig {
   int64_t layers = 4;
   int64_t dim = 128;
   int64_t heads = 4;
-  int64_t max_seq = 128;
+  int64_t max_seq = 128;     // the training sequence length (--seq)
+  int64_t positions = 0;     // rows of wpe, the context length (0: max_seq); a GPT-2's n_positions
+
+  int64_t context() const { return positions > 0 ? positions : max_seq; }
 
   /// Throws naming the bad value (e.g. dim not divisible by heads).
   void validate() const;

@@ -1,6 +1,8 @@
 // gpt_train: trains the byte-level GPT with FSDP over the ranks that fsdprun or torchrun started,
 // or (--reference) unsharded in one process on the same global batches.
 #include "checkpointing.h"
+#include "hf_gpt2.h"
+#include "token_file.h"
 #include "trainer.h"
 
 #include <fsdp/peer_errors.h>
@@ -82,7 +84,8 @@ std::string check_flag_combinations(const CLI::App& app, const gpt::TrainOptions
   // parameters (each rank builds them; fp32) and one block's activations, both underestimates.
   const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
   const double d = static_cast<double>(o.model.dim), seq = static_cast<double>(o.model.max_seq);
-  const double params = o.model.layers * 12.0 * d * d + (256.0 + seq) * d;
+  const double params =
+      o.model.layers * 12.0 * d * d + (static_cast<double>(o.model.vocab_size) + seq) * d;
   const double rows = static_cast<double>(o.batch) * (reference ? o.reference_world_size : 1);
   const double activations = rows * (seq * d * 16.0 + o.model.heads * seq * seq) * 4.0;
   if (ram > 0 && (params * 4.0 > ram || activations > ram)) {
@@ -162,6 +165,39 @@ c10::Device gpu(const std::string& device, const fsdp::Distributed* dist) {
                      static_cast<c10::DeviceIndex>(local_rank % torch::cuda::device_count()));
 }
 
+// --data/--data-tokens, and --init-from-hf's sizes from config.json (before any check of sizes).
+std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data_tokens,
+                                    gpt::TrainOptions& o) {
+  if (!data_tokens.empty() && !o.data.empty()) {
+    return "--data and --data-tokens both name training data; pass one";
+  }
+  if (data_tokens.empty() && o.data.empty()) {
+    return "--data is required: a text file or a folder of text files (or --data-tokens FILE)";
+  }
+  o.data_is_tokens = !data_tokens.empty() || gpt::is_token_file(o.data);
+  if (!data_tokens.empty()) o.data = data_tokens;
+  if (o.data_is_tokens && o.sample_bytes > 0) {
+    return "--sample generates bytes; with token data (" + o.data +
+           ") its ids are a tokenizer's: decode a sample in Python instead";
+  }
+  if (!o.eval_out.empty() && o.eval_tokens.empty()) {
+    return "--eval-out needs --eval-tokens FILE (the batch to evaluate)";
+  }
+  if (o.init_from_hf.empty()) return "";
+  if (!o.init_from.empty()) return "--init-from and --init-from-hf both name initial weights; pass one";
+  try {
+    const gpt::GivenSizes given{app.count("--layers") > 0, app.count("--dim") > 0,
+                                app.count("--heads") > 0, app.count("--seq") > 0,
+                                app.count("--vocab") > 0};
+    gpt::apply_hf_config(gpt::HfGpt2Config::read(o.init_from_hf), o.init_from_hf, given, o.model);
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  // Built block by block and filled from the files shard by shard: never the whole model at once.
+  o.deferred_init = true;
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -185,7 +221,27 @@ int main(int argc, char** argv) {
       ->check(real_at_least(0));
   app.add_option("--seed", o.seed, "seed of the initial weights and of the batches")
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
-  app.add_option("--data", o.data, "a text file or a folder of text files")->required();
+  std::string data_tokens;
+  app.add_option("--data", o.data,
+                 "a text file or a folder of text files (bytes), or a .bin file of token ids");
+  app.add_option("--data-tokens", data_tokens,
+                 "pre-tokenized data: uint16 token ids, nanoGPT's .bin (no header) or llm.c's "
+                 "(256-int32 header, magic 20240520)");
+  app.add_option("--vocab", o.model.vocab_size,
+                 "vocabulary size (default 256: bytes; --init-from-hf takes config.json's)")
+      ->check(integer_in(2, 1 << 16));
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "start from a transformers GPT-2 folder (config.json, model.safetensors or its "
+                 "index); sizes come from config.json; each rank reads only its shard");
+  app.add_option("--export-hf", o.export_hf,
+                 "after training, rank 0 writes a transformers GPT-2 folder here (config.json, "
+                 "model.safetensors) for GPT2LMHeadModel.from_pretrained");
+  app.add_option("--eval-tokens", o.eval_tokens,
+                 "a .bin token file: the loss and logits on its rows of --seq + 1 tokens, before "
+                 "the first step and after the last");
+  app.add_option("--eval-out", o.eval_out,
+                 "rank 0 writes those here (torch.load: inputs, targets, loss_initial, "
+                 "logits_initial, loss_final, logits_final)");
   int64_t max_data_mb = o.max_data_bytes >> 20;
   app.add_option("--max-data-mb", max_data_mb, "read at most this many MiB of text")
       ->check(integer_in(1, 1 << 20))
@@ -293,7 +349,8 @@ int main(int argc, char** argv) {
   if (!param_dtype.empty()) precision.param_dtype(fsdp::parse_dtype(param_dtype));
   if (!reduce_dtype.empty()) precision.reduce_dtype(fsdp::parse_dtype(reduce_dtype));
 
-  std::string error = check_flag_combinations(app, o, reference);
+  std::string error = apply_data_and_hf_flags(app, data_tokens, o);
+  if (error.empty()) error = check_flag_combinations(app, o, reference);
   if (error.empty()) error = check_device_flags(device, cpu_offload, reference);
   if (!error.empty()) {
     std::cerr << "gpt_train: error: " << error << std::endl;

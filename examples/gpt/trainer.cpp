@@ -2,6 +2,8 @@
 
 #include "checkpointing.h"
 #include "data.h"
+#include "eval_batch.h"
+#include "hf_gpt2.h"
 #include "reference_precision.h"
 
 #include <fsdp/clip.h>
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 namespace gpt {
 
@@ -279,6 +282,97 @@ fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
   return fsdp::Unit<GPT>(gpt);
 }
 
+// Tensor memory of the set-up: building and sharding the model (deferred: block by block, then
+// the root unit, whose own parameters exist whole until it is sharded), then loading its shards.
+// Loading is bounded by the sharded model plus its largest parameter; building by the sharded
+// model plus the root unit's parameters (fsdp::fully_shard_deferred's guarantee).
+struct SetupMemory {
+  int64_t before_bytes = 0;      // live before the model is built (the corpus, ...)
+  int64_t build_peak_bytes = 0;  // above before_bytes
+};
+
+SetupMemory start_setup_memory(const c10::Device& device) {
+  fsdp::reset_peak_memory(device);
+  return {fsdp::memory_stats(device).current_bytes};
+}
+
+// After the build: its peak, and a fresh peak for the load.
+void end_build_memory(const c10::Device& device, SetupMemory& memory) {
+  memory.build_peak_bytes = fsdp::memory_stats(device).peak_bytes - memory.before_bytes;
+  fsdp::reset_peak_memory(device);
+}
+
+nlohmann::json setup_memory_record(fsdp::Unit<GPT>& model, const c10::Device& device,
+                                   const SetupMemory& memory) {
+  int64_t sharded = 0, root = 0, largest = 0;
+  for (const auto& unit : model.units()) {
+    sharded += unit.shard_numel * unit.element_size;
+    if (unit.is_root) root += unit.numel * unit.element_size;
+  }
+  if (!model.is_sharded()) {
+    for (const auto& item : model->named_parameters()) sharded += item.value().nbytes();
+  }
+  for (const auto& [name, shape] : fsdp::param_shapes(model)) {
+    int64_t numel = 1;
+    for (int64_t size : shape) numel *= size;
+    largest = std::max<int64_t>(largest, numel * 4);  // fp32 masters
+  }
+  const int64_t load_peak = fsdp::memory_stats(device).peak_bytes - memory.before_bytes;
+  return {{"setup", "init-from-hf"},
+          {"build_peak_bytes", memory.build_peak_bytes},
+          {"load_peak_bytes", load_peak},
+          {"setup_peak_bytes", std::max(memory.build_peak_bytes, load_peak)},
+          {"sharded_model_bytes", sharded},
+          {"largest_param_bytes", largest},
+          {"root_unit_bytes", root},
+          {"setup_bound_bytes", sharded + largest}};
+}
+
+void print_setup_memory(const nlohmann::json& setup) {
+  std::printf("set-up (--init-from-hf): peak %s per rank (build %s, load %s), bound %s (sharded "
+              "model %s + largest parameter %s)\n",
+              mib(setup["setup_peak_bytes"].get<int64_t>()).c_str(),
+              mib(setup["build_peak_bytes"].get<int64_t>()).c_str(),
+              mib(setup["load_peak_bytes"].get<int64_t>()).c_str(),
+              mib(setup["setup_bound_bytes"].get<int64_t>()).c_str(),
+              mib(setup["sharded_model_bytes"].get<int64_t>()).c_str(),
+              mib(setup["largest_param_bytes"].get<int64_t>()).c_str());
+  std::fflush(stdout);
+}
+
+void write_eval(const std::string& path, const EvalBatch& batch, const EvalResult& initial,
+                const EvalResult& final) {
+  std::printf("eval loss: initial %.8f final %.8f\n", initial.loss, final.loss);
+  std::fflush(stdout);
+  if (path.empty()) return;
+  fsdp::save_tensor_dict(path, {{"inputs", batch.inputs},
+                                {"targets", batch.targets},
+                                {"loss_initial", torch::tensor(initial.loss, torch::kDouble)},
+                                {"logits_initial", initial.logits},
+                                {"loss_final", torch::tensor(final.loss, torch::kDouble)},
+                                {"logits_final", final.logits}});
+}
+
+// --export-hf: rank 0 writes the folder; every rank learns whether it could.
+void export_hf(const TrainOptions& o, const fsdp::NamedTensors& full_params,
+               fsdp::Distributed* dist) {
+  std::string error;
+  if (!dist || dist->rank() == 0) {
+    try {
+      const nlohmann::json base = o.init_from_hf.empty()
+                                      ? nlohmann::json()
+                                      : HfGpt2Config::read(o.init_from_hf).json;
+      export_hf_gpt2(full_params, o.model, base, o.export_hf);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  auto failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
+  if (dist) fsdp::all_reduce_sum(*dist->world, failed);
+  TORCH_CHECK(failed.item<float>() == 0.0f, "--export-hf: rank 0 could not write ", o.export_hf,
+              error.empty() ? "" : ": " + error);
+}
+
 }  // namespace
 
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
@@ -293,21 +387,34 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
               o.max_nonfinite_steps);
   check_freeze_patterns(o);
   prepare_checkpoint_dir(o, rank);
-  const ByteCorpus corpus = ByteCorpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
+  const Corpus corpus =
+      o.data_is_tokens
+          ? Corpus::load_tokens(o.data, o.model.vocab_size, o.max_data_bytes, o.model.max_seq + 2)
+          : Corpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
+  const std::optional<EvalBatch> eval_batch =
+      o.eval_tokens.empty() ? std::nullopt
+                            : std::optional(EvalBatch::load(o.eval_tokens, o.model.vocab_size,
+                                                            o.model.max_seq));
 
+  SetupMemory setup_memory = start_setup_memory(device);
   fsdp::Unit<GPT> model = build_model(o, dist);
   GPT gpt = model.module();
   auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay);
+  end_build_memory(device, setup_memory);
   if (!o.init_from.empty()) {
     fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);
   }
+  if (!o.init_from_hf.empty()) load_hf_gpt2(model, o.init_from_hf);
+  const nlohmann::json setup = setup_memory_record(model, device, setup_memory);
   if (!o.dump_batches.empty() && rank == 0) dump_batches(o, corpus, world);
 
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
     metrics.open(metrics_file(o.metrics_path, rank));
     TORCH_CHECK(metrics, "--metrics: cannot write ", metrics_file(o.metrics_path, rank));
+    if (!o.init_from_hf.empty()) metrics << setup.dump() << "\n" << std::flush;
   }
+  if (!o.init_from_hf.empty() && rank == 0) print_setup_memory(setup);
   TORCH_CHECK(o.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.grad_accum);
   TORCH_CHECK(dist || (o.save_every == 0 && !o.resume),
               "checkpoints need the sharded run, not --reference");
@@ -334,6 +441,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     reference_precision = std::make_unique<ReferencePrecision>(*gpt, policy);
   }
   StepContext ctx{device, *optimizer, scaler.get(), reference_scaler.get(), reference_precision.get()};
+
+  std::optional<EvalResult> eval_initial;
+  if (eval_batch) eval_initial = evaluate(model, *eval_batch, device);
 
   TrainResult result;
   int64_t nonfinite_steps = 0;  // consecutive steps whose loss was NaN or inf
@@ -411,6 +521,11 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
       result.final_params.emplace_back(item.key(), item.value().detach().clone());
     }
   }
+  if (eval_batch) {
+    const EvalResult eval_final = evaluate(model, *eval_batch, device);
+    if (rank == 0) write_eval(o.eval_out, *eval_batch, *eval_initial, eval_final);
+  }
+  if (!o.export_hf.empty()) export_hf(o, result.final_params, dist);
   if (o.sample_bytes > 0) {
     result.sample = generate(model, device, o.sample_prompt, o.sample_bytes, o.model.max_seq, o.seed);
   }

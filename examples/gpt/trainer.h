@@ -25,6 +25,7 @@ struct TrainOptions {
   double weight_decay = 0.1;
   uint64_t seed = 1234;
   std::string data;
+  bool data_is_tokens = false;  // data is a .bin file of uint16 token ids (token_file.h)
   int64_t max_data_bytes = 8 << 20;
   std::string metrics_path;  // JSON lines; "{rank}" is replaced by the rank
   int log_every = 0;         // progress line every N steps on rank 0 (0: none)
@@ -46,6 +47,10 @@ struct TrainOptions {
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
   bool resume_if_none = false;  // with resume: start at step 0 when checkpoint_dir holds none yet
   int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
+  std::string init_from_hf;  // a transformers GPT-2 folder to start from (hf_gpt2.h)
+  std::string export_hf;     // rank 0 writes a transformers GPT-2 folder here after training
+  std::string eval_tokens;   // a .bin token file: loss and logits on it before and after training
+  std::string eval_out;      // rank 0 writes those here (torch.load: inputs, loss_*, logits_*)
 };
 
 struct TrainResult {
