@@ -1,12 +1,14 @@
-"""End to end: fsdp-cpp's sharded checkpoints are PyTorch's too. checkpoint_tool trains at W = 2 and
-saves; then, in Python:
+"""End to end: fsdp-cpp's sharded checkpoints are PyTorch's too. gpt_train trains at W = 2 and
+saves a sharded checkpoint; then, in Python:
 - safetensors.safe_open opens every shard file and reads every tensor;
 - torch.distributed.checkpoint.load(..., storage_reader=HuggingFaceStorageReader(folder),
-  no_dist=True) assembles full parameters and AdamW state bitwise equal to fsdp's own gathered
-  ones (checkpoint_tool --dump-full-state, gathered by fsdp-cpp's collectives, not read from files);
+  no_dist=True) assembles full parameters bitwise equal to fsdp's own full state dict
+  (gpt_train --save-full: gathered by fsdp-cpp's collectives, not read from the files), and full
+  AdamW state bitwise equal to fsdp::gather_full_optimizer_state (checkpoint_tool
+  --dump-full-state);
 - a PyTorch FSDP2 model (bench/peer_fsdp2.py's GPT, the same architecture) at W = 3 loads the
   parameters and the AdamW state from the same folder, and its losses on the next two batches
-  (the second after one AdamW step on the loaded state) equal checkpoint_tool's resumed at W = 3.
+  (the second after one AdamW step on the loaded state) equal gpt_train's resumed at W = 3.
 Run: dcp_interop_e2e.py BIN_DIR CORPUS   (the FSDP2 side runs this file under torchrun)."""
 import json
 import os
@@ -19,20 +21,27 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 LOSS_REL_TOL = 1e-5  # the same weights and rows at W = 3 on both sides: only summation order differs
-CONFIG = dict(layers=2, dim=32, heads=2, max_seq=16)  # checkpoint_tool's defaults
+CONFIG = dict(layers=2, dim=32, heads=2, max_seq=16)  # also checkpoint_tool's defaults
+LR, WEIGHT_DECAY = 3e-3, 0.1  # constant (no warm-up), as checkpoint_tool's
 SAVED_STEP = 4
 
 
-def checkpoint_tool(bin_dir, corpus, world, *args):
-    command = [f"{bin_dir}/fsdprun", "--nproc-per-node", str(world), f"{bin_dir}/checkpoint_tool",
-               "--data", corpus, "--batch", str(6 // world), *map(str, args)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-    losses = {}
-    for line in out.splitlines():
-        words = line.split(": ", 1)[-1].split()
-        if words and words[0] == "loss":
-            losses[int(words[1])] = float(words[2])
-    return losses
+def launch(bin_dir, world, program, *args):
+    command = [f"{bin_dir}/fsdprun", "--nproc-per-node", str(world), f"{bin_dir}/{program}",
+               *map(str, args)]
+    return subprocess.run(command, check=True, capture_output=True, text=True).stdout
+
+
+def gpt_train(bin_dir, corpus, world, steps, *args):
+    """gpt_train on the global batch of 6 rows; returns the global loss of each step it trained."""
+    metrics = Path(tempfile.mkdtemp()) / "m{rank}.jsonl"
+    launch(bin_dir, world, "gpt_train", "--data", corpus, "--layers", CONFIG["layers"],
+           "--dim", CONFIG["dim"], "--heads", CONFIG["heads"], "--seq", CONFIG["max_seq"],
+           "--batch", 6 // world, "--steps", steps, "--lr", LR, "--weight-decay", WEIGHT_DECAY,
+           "--metrics", metrics, *args)
+    lines = Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
 def check_safe_open(folder):
@@ -53,7 +62,6 @@ def check_dcp_full_load(folder, full):
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     # fsdp's names are DCP's; AdamW's step is saved as PyTorch's AdamW keeps it, a float.
     wanted = {k: t.float() if k.endswith(".step") else t for k, t in full.items()}
-    assert any(k.endswith(".exp_avg") for k in wanted), "no optimizer state to compare"
     state = {k: torch.full_like(t, float("nan")) for k, t in wanted.items()}
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
     for k, expected in wanted.items():
@@ -79,7 +87,7 @@ def fsdp2_worker(folder, batches_path, out_path):
     for block in model.h:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optim = peer.make_optimizer(model, 3e-3, 0.1)  # checkpoint_tool's AdamW
+    optim = peer.make_optimizer(model, LR, WEIGHT_DECAY)  # gpt_train's AdamW
     state = dict(model.state_dict())
     for name, p in model.named_parameters():
         optim.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
@@ -88,10 +96,10 @@ def fsdp2_worker(folder, batches_path, out_path):
             state[f"state.{name}.{kind}"] = tensor
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
 
-    batches = torch.load(batches_path)
+    batches = torch.load(batches_path)  # gpt_train --dump-batches: [steps, rows, seq]
     losses = {}
     for step in (SAVED_STEP, SAVED_STEP + 1):
-        x, y = batches[f"x/{step}"], batches[f"y/{step}"]
+        x, y = batches["inputs"][step], batches["targets"][step]
         rows = x.size(0) // world
         x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
         optim.zero_grad()
@@ -109,14 +117,20 @@ def fsdp2_worker(folder, batches_path, out_path):
 def main(bin_dir, corpus):
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        checkpoint_tool(bin_dir, corpus, 2, "--steps", SAVED_STEP, "--save", tmp / "ckpt",
-                        "--dump-full-state", tmp / "full.pt")
+        gpt_train(bin_dir, corpus, 2, SAVED_STEP, "--save-every", SAVED_STEP,
+                  "--checkpoint-dir", tmp / "ckpt", "--save-full", tmp / "full.pt")
         folder = tmp / "ckpt" / f"step-{SAVED_STEP:08d}"
         files = check_safe_open(folder)
-        tensors = check_dcp_full_load(folder, torch.load(tmp / "full.pt"))
+        params = check_dcp_full_load(folder, torch.load(tmp / "full.pt"))
 
-        resumed = checkpoint_tool(bin_dir, corpus, 3, "--load", tmp / "ckpt", "--steps", 2,
-                                  "--dump-batches", tmp / "batches.pt")
+        launch(bin_dir, 2, "checkpoint_tool", "--data", corpus, "--batch", 3, "--steps", 3,
+               "--save", tmp / "tool", "--dump-full-state", tmp / "tool-full.pt")
+        full_state = torch.load(tmp / "tool-full.pt")
+        assert any(k.endswith(".exp_avg") for k in full_state), "no optimizer state to compare"
+        state = check_dcp_full_load(tmp / "tool" / "step-00000003", full_state)
+
+        resumed = gpt_train(bin_dir, corpus, 3, SAVED_STEP + 2, "--checkpoint-dir", tmp / "ckpt",
+                            "--resume", "--dump-batches", tmp / "batches.pt")
         env = dict(os.environ, OMP_NUM_THREADS="1")
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         "--nproc-per-node", "3", __file__, "--fsdp2-worker", str(folder),
@@ -127,11 +141,13 @@ def main(bin_dir, corpus):
             relative = abs(loss - resumed[step]) / abs(resumed[step])
             assert relative <= LOSS_REL_TOL, (
                 f"step {step}: FSDP2 at W=3 from the checkpoint gives loss {loss!r}, "
-                f"fsdp-cpp resumed at W=3 {resumed[step]!r} ({relative:.3g} relative)")
+                f"gpt_train resumed at W=3 {resumed[step]!r} ({relative:.3g} relative)")
             worst = max(worst, relative)
-    print(f"dcp interop: safe_open read {files} shard files; dcp.load(no_dist) gave {tensors} "
-          f"tensors bitwise equal to fsdp's; FSDP2 at W=3 from the W=2 checkpoint: losses of steps "
-          f"{SAVED_STEP} and {SAVED_STEP + 1} within {worst:.2g} relative of fsdp-cpp resumed at W=3")
+    print(f"dcp interop: safe_open read {files} shard files; dcp.load(no_dist) gave {params} "
+          f"parameters bitwise equal to gpt_train's full state dict and {state} parameters + AdamW "
+          f"tensors bitwise equal to fsdp's gathered ones; FSDP2 at W=3 from gpt_train's W=2 "
+          f"checkpoint: losses of steps {SAVED_STEP} and {SAVED_STEP + 1} within {worst:.2g} "
+          "relative of gpt_train resumed at W=3")
 
 
 if __name__ == "__main__":
