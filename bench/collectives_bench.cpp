@@ -5,6 +5,7 @@
 // Gloo's own collectives on the same process group; against a single-thread memcpy of the same
 // sizes, measured by rank 0 in the same run while the other ranks wait. "size" is nccl-tests': the
 // full buffer (all-gather's output, reduce-scatter's input, the all-reduced tensor), fp32.
+// All-gather runs in place (the shard is the full buffer's own chunk), as FSDP calls it.
 //
 //   fsdprun --nproc-per-node W collectives_bench --out results.jsonl   (one JSON object a line)
 #include "collectives.h"
@@ -36,6 +37,7 @@ struct Options {
   std::vector<std::string> impls{"shm", "ring", "gloo"};
   std::vector<std::string> ops{"all_gather", "reduce_scatter", "all_reduce"};
   std::string out;
+  int64_t shm_chunk_bytes = fsdp::kShmChunkBytes;
 };
 
 // One collective call on tensors allocated once per size.
@@ -43,29 +45,31 @@ using Call = std::function<void()>;
 
 struct Buffers {
   at::Tensor full, shard;
+  at::Tensor own;  // full's chunk of this rank
   std::vector<at::Tensor> chunks;
 };
 
-Buffers buffers_for(int64_t bytes, int world_size) {
+Buffers buffers_for(int64_t bytes, int world_size, int rank) {
   const int64_t s = std::max<int64_t>(1, bytes / 4 / world_size);
   Buffers b;
   b.full = at::ones({s * world_size});
   b.shard = at::ones({s});
   b.chunks = b.full.chunk(world_size);
+  b.own = b.chunks[rank];
   return b;
 }
 
 Call collective_call(const std::string& impl, const std::string& op, fsdp::Collectives* ours,
                      c10d::Backend& gloo, Buffers& b) {
   if (impl != "gloo") {
-    if (op == "all_gather") return [=, &b] { ours->all_gather(b.full, b.shard); };
+    if (op == "all_gather") return [=, &b] { ours->all_gather(b.full, b.own); };
     if (op == "reduce_scatter") return [=, &b] { ours->reduce_scatter_sum(b.shard, b.full); };
     return [=, &b] { ours->all_reduce_sum(b.full); };
   }
   if (op == "all_gather") {
     return [&] {
       std::vector<std::vector<at::Tensor>> outputs{b.chunks};
-      std::vector<at::Tensor> inputs{b.shard};
+      std::vector<at::Tensor> inputs{b.own};
       gloo.allgather(outputs, inputs)->wait();
     };
   }
@@ -134,6 +138,8 @@ int main(int argc, char** argv) {
   app.add_option("--impls", o.impls, "shm, ring, gloo")->delimiter(',');
   app.add_option("--ops", o.ops, "all_gather, reduce_scatter, all_reduce")->delimiter(',');
   app.add_option("--out", o.out, "JSON lines (rank 0)");
+  app.add_option("--shm-chunk-bytes", o.shm_chunk_bytes, "bytes per round of the shared-memory collectives")
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 30));
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -142,7 +148,7 @@ int main(int argc, char** argv) {
     const int w = world.size();
     std::map<std::string, std::unique_ptr<fsdp::Collectives>> ours;
     ours["ring"] = fsdp::make_ring_collectives(world);
-    if (w > 1) ours["shm"] = fsdp::make_shm_collectives(world);
+    if (w > 1) ours["shm"] = fsdp::make_shm_collectives(world, o.shm_chunk_bytes);
     std::ofstream out;
     if (world.rank() == 0 && !o.out.empty()) out.open(o.out);
     auto emit = [&](const nlohmann::json& row) {
@@ -155,7 +161,7 @@ int main(int argc, char** argv) {
       const double copy = memcpy_seconds(world, bytes, iterations);
       emit({{"impl", "memcpy"}, {"world", w}, {"bytes", bytes}, {"time_us", copy * 1e6},
             {"algbw_GBps", bytes / copy / 1e9}});
-      Buffers b = buffers_for(bytes, w);
+      Buffers b = buffers_for(bytes, w, world.rank());
       for (const std::string& op : o.ops) {
         for (const std::string& impl : o.impls) {
           if (impl != "gloo" && !ours[impl]) continue;

@@ -7,6 +7,10 @@
 
 #include <algorithm>
 #include <cstring>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
 
 namespace fsdp {
 
@@ -31,6 +35,57 @@ int64_t gloo_ring_chunk_elements(int64_t numel, int64_t element_size, int world_
 
 uint8_t* bytes_of(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
+// Outputs larger than this are written with non-temporal stores: they would not stay in the
+// cache anyway, and the stores then neither read the destination first nor evict the segment.
+constexpr int64_t kStreamingOutputBytes = 8 << 20;
+
+// memcpy, with non-temporal stores (and no read of the destination) when `streaming`.
+void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
+#if defined(__x86_64__)
+  if (streaming && n >= 256) {
+    const size_t head = (16 - reinterpret_cast<uintptr_t>(to) % 16) % 16;
+    std::memcpy(to, from, head);
+    size_t i = head;
+    for (; i + 64 <= n; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + 48), d);
+    }
+    std::memcpy(to + i, from + i, n - i);
+    _mm_sfence();  // the streamed bytes are visible before anything that follows
+    return;
+  }
+#endif
+  std::memcpy(to, from, n);
+}
+
+// out <- a + b, elementwise. fp32 outputs larger than kStreamingOutputBytes are streamed (the
+// same single rounding as ATen's add: bitwise its result); anything else is ATen's add.
+void sum_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool streaming) {
+#if defined(__x86_64__)
+  auto* to = static_cast<float*>(out.data_ptr());
+  if (streaming && out.scalar_type() == at::kFloat && reinterpret_cast<uintptr_t>(to) % 16 == 0) {
+    const auto* x = static_cast<const float*>(a.data_ptr());
+    const auto* y = static_cast<const float*>(b.data_ptr());
+    const int64_t n = out.numel();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      _mm_stream_ps(to + i, _mm_add_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i)));
+      _mm_stream_ps(to + i + 4, _mm_add_ps(_mm_loadu_ps(x + i + 4), _mm_loadu_ps(y + i + 4)));
+    }
+    for (; i < n; ++i) to[i] = x[i] + y[i];
+    _mm_sfence();
+    return;
+  }
+#endif
+  at::add_out(out, a, b);
+}
+
 class ShmCollectives final : public Collectives {
  public:
   ShmCollectives(ProcessGroup& group, std::unique_ptr<ShmSegment> segment)
@@ -46,14 +101,15 @@ class ShmCollectives final : public Collectives {
     if (!shard.is_same(chunk(full, r, s))) chunk(full, r, s).copy_(shard);
     if (w == 1 || s == 0) return;
     const int64_t per_round = elements_per_round(es, 1);
+    const bool streaming = full.nbytes() >= kStreamingOutputBytes;
     for (int64_t first = 0; first < s; first += per_round) {
       const size_t bytes = std::min(per_round, s - first) * es;
       std::memcpy(segment_->begin_write("all_gather"), bytes_of(shard) + first * es, bytes);
       segment_->publish();
       for (int k = 1; k < w; ++k) {
         const int peer = (r + k) % w;
-        std::memcpy(bytes_of(full) + (peer * s + first) * es,
-                    segment_->wait_published(peer, "all_gather"), bytes);
+        copy_out(bytes_of(full) + (peer * s + first) * es,
+                 segment_->wait_published(peer, "all_gather"), bytes, streaming);
       }
       segment_->end_round();
     }
@@ -122,7 +178,8 @@ class ShmCollectives final : public Collectives {
         std::memcpy(segment_->begin_write("broadcast"), bytes_of(t) + first, n);
         segment_->publish();
       } else {
-        std::memcpy(bytes_of(t) + first, segment_->wait_published(root, "broadcast"), n);
+        copy_out(bytes_of(t) + first, segment_->wait_published(root, "broadcast"), n,
+                 bytes >= kStreamingOutputBytes);
       }
       segment_->end_round();
     }
@@ -173,8 +230,9 @@ class ShmCollectives final : public Collectives {
       return peer_piece(peer, piece_index(r, peer) * piece * es, n, full, "reduce_scatter_sum");
     };
     const at::Tensor own = chunk(full, r, s).narrow(0, first, n);
+    const bool streaming = s * es >= kStreamingOutputBytes;
     if (w == 2) {
-      at::add_out(out, from(1), own);
+      sum_into(out, from(1), own, streaming);
       return;
     }
     // The partial sum lives in full's chunk of rank r+1, free scratch once copied in (`out` may
@@ -182,7 +240,7 @@ class ShmCollectives final : public Collectives {
     at::Tensor partial = chunk(full, (r + 1) % w, s).narrow(0, first, n);
     at::add_out(partial, from(1), from(2));
     for (int k = 3; k < w; ++k) partial.add_(from(k));
-    at::add_out(out, partial, own);
+    sum_into(out, partial, own, streaming);
   }
 
   // out <- the sum over ranks of their slot bytes at `offset_bytes`, in Gloo's ring order for

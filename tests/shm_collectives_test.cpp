@@ -89,8 +89,10 @@ TEST(ShmCollectives, GiveTheRingsResultsBitwise) {
     auto shm = fsdp::make_shm_collectives(world, chunk_bytes);
     ASSERT_TRUE(shm) << "the segment could not be set up";
     for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-      // 300007 elements: several rounds and several of Gloo's 1 MiB segments per rank.
-      for (int64_t s : {1, 37, 1001, 300007}) {
+      // 300007 elements: several rounds and several of Gloo's 1 MiB segments per rank; 2100001
+      // fp32: outputs over 8 MiB, written with streaming stores.
+      for (int64_t s : {1, 37, 1001, 300007, 2100001}) {
+        if (s > 1000000 && (dtype != at::kFloat || chunk_bytes != fsdp::kShmChunkBytes)) continue;
         compare_with_ring(*ring, *shm, s, dtype,
                           std::string(c10::toString(dtype)) + " S=" + std::to_string(s) +
                               " chunk=" + std::to_string(chunk_bytes));
