@@ -8,7 +8,7 @@ NPROC      ?= 2
 CCACHE     := $(shell command -v ccache 2>/dev/null)
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
-.PHONY: setup build test demo bench clean
+.PHONY: setup build test demo bench bench-collectives clean
 
 setup:
 	@bash scripts/setup.sh
@@ -34,6 +34,11 @@ demo: build
 # writes bench/results/latest.{json,md,png}. Run it on an otherwise idle machine.
 bench: build
 	$(PYTHON) bench/run_bench.py
+
+# The CPU collectives nccl-tests style (ring over Gloo, shared memory, Gloo's own, vs memcpy) at
+# W = 2, 3, 4; writes bench/results/collectives.{md,png}.
+bench-collectives: build
+	$(PYTHON) bench/collectives_bench.py
 
 clean:
 	rm -rf $(BUILD)
