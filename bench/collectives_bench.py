@@ -19,6 +19,7 @@ BIN = ROOT / "build" / "bin"
 IMPLS = ["shm", "ring", "gloo"]
 OPS = ["all_gather", "reduce_scatter", "all_reduce"]
 GOAL_BYTES = 64 << 20
+BYTES_PER_SIZE = 256 << 20  # each measurement moves this much (2 to 500 calls): ~10 minutes in all
 
 
 def run_world(world, max_bytes, raw_dir):
@@ -26,7 +27,7 @@ def run_world(world, max_bytes, raw_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="900")
     env.pop("FSDP_CPU_COLLECTIVES", None)
     command = [str(BIN / "fsdprun"), "--nproc-per-node", str(world), str(BIN / "collectives_bench"),
-               "--max-bytes", str(max_bytes), "--out", str(out)]
+               "--max-bytes", str(max_bytes), "--bytes-per-size", str(BYTES_PER_SIZE), "--out", str(out)]
     print("+", " ".join(command), flush=True)
     subprocess.run(command, env=env, check=True)
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]

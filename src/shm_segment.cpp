@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -122,6 +123,12 @@ void remove_stale_segments() {
   closedir(dir);
 }
 
+std::string seconds_text(std::chrono::milliseconds duration) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g s", duration.count() / 1000.0);
+  return text;
+}
+
 std::string errno_text(const std::string& what) { return what + ": " + std::strerror(errno); }
 
 // Creates the segment, its memory reserved up front (a full /dev/shm is an error here, not a
@@ -203,8 +210,8 @@ void wait_for_ranks(ProcessGroup& group, const std::vector<std::string>& keys, c
   }
   TORCH_CHECK(false, "fsdp: setting up shared-memory collectives on rank ", group.rank(),
               " of process group '", group.name(), "' failed: ", missing.empty() ? "a rank" : missing,
-              " did not ", step, " within ", group.timeout().count() / 1000.0,
-              " s (FSDP_TIMEOUT_SECONDS). Did it die, or does it run with another "
+              " did not ", step, " within ", seconds_text(group.timeout()),
+              " (FSDP_TIMEOUT_SECONDS). Did it die, or does it run with another "
               "FSDP_CPU_COLLECTIVES? Its own log names the cause.");
 }
 
@@ -321,8 +328,8 @@ void ShmSegment::wait_until(int peer, std::atomic<uint32_t>& word, uint32_t targ
     if (reached(word.load(std::memory_order_acquire), target)) return;
     if (peer_exited(peer)) fail(op, peer, "it exited");
     if (Clock::now() >= deadline) {
-      fail(op, peer, "it made no progress for " + std::to_string(group_.timeout().count() / 1000.0) +
-                         " s (the group's timeout, FSDP_TIMEOUT_SECONDS)");
+      fail(op, peer, "it made no progress for " + seconds_text(group_.timeout()) +
+                         " (the group's timeout, FSDP_TIMEOUT_SECONDS)");
     }
   }
 }
