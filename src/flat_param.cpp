@@ -125,11 +125,40 @@ void FlatParam::free_full() {
   if (needs_unshard()) release_storage(full_);
 }
 
-void FlatParam::allocate_full_grad() {
-  refill_storage(full_grad_);
-  full_grad_.zero_();
+void FlatParam::begin_full_grad(bool keep) {
+  if (!keep) {
+    refill_storage(full_grad_);
+    grad_written_.assign(entries_.size(), false);
+    const int64_t padding = padded_numel() - numel_;
+    if (padding > 0) full_grad_.narrow(0, numel_, padding).zero_();
+  }
+  for (auto& e : entries_) {
+    if (e.param.requires_grad()) e.param.mutable_grad().reset();
+  }
 }
-void FlatParam::free_full_grad() { release_storage(full_grad_); }
+
+void FlatParam::take_grad(size_t i) {
+  FlatEntry& e = entries_[i];
+  const at::Tensor grad = e.param.grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  at::Tensor part = full_grad_.narrow(0, e.offset, e.numel).view(e.shape);
+  if (grad_written_[i]) {
+    part.add_(grad);
+  } else {
+    part.copy_(grad);
+  }
+  grad_written_[i] = true;
+  e.param.mutable_grad().reset();
+}
+
+void FlatParam::complete_full_grad() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (grad_written_[i]) continue;
+    full_grad_.narrow(0, entries_[i].offset, entries_[i].numel).zero_();
+    grad_written_[i] = true;
+  }
+}
 
 c10::DataPtr FlatParam::take_full_grad_bytes() {
   c10::StorageImpl* storage = full_grad_.storage().unsafeGetStorageImpl();
@@ -147,13 +176,6 @@ void FlatParam::use_sharded_params() {
     // A shard group of one keeps the shapes (the shard is the whole unit).
     point_data(e.param, sharded() ? shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
                                   : shard_.narrow(0, e.offset, e.numel).view(e.shape));
-  }
-}
-
-void FlatParam::use_full_grads() {
-  for (auto& e : entries_) {
-    if (!e.param.requires_grad()) continue;
-    e.param.mutable_grad() = alias(full_grad_, e.offset, e.shape);
   }
 }
 
@@ -175,14 +197,15 @@ bool FlatParam::has_sharded_grads() const {
   return true;
 }
 
-std::vector<torch::autograd::Node*> FlatParam::refresh_grad_accumulators() {
-  std::vector<torch::autograd::Node*> fresh;
-  for (auto& e : entries_) {
+std::vector<size_t> FlatParam::refresh_grad_accumulators() {
+  std::vector<size_t> fresh;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    FlatEntry& e = entries_[i];
     if (!e.param.requires_grad()) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(e.param);
     if (accumulator == e.grad_accumulator) continue;
     e.grad_accumulator = std::move(accumulator);
-    fresh.push_back(e.grad_accumulator.get());
+    fresh.push_back(i);
   }
   return fresh;
 }

@@ -89,8 +89,6 @@ class FlatParam {
   // Storage of the unsharded buffers, freed and refilled in place: see [Note: storage reuse].
   void allocate_full();
   void free_full();
-  void allocate_full_grad();  // zero-filled
-  void free_full_grad();
   /// Like free_full_grad, but hands the bytes to the caller (who frees them when a collective
   /// that may still read them has completed).
   c10::DataPtr take_full_grad_bytes();
@@ -99,16 +97,27 @@ class FlatParam {
   void use_full_params();
   /// Parameters become 1-D views of their part of this rank's shard (possibly empty).
   void use_sharded_params();
-  /// Gradients of trainable parameters become views of the unsharded gradient buffer, so that
-  /// autograd accumulates into it in place.
-  void use_full_grads();
+  /// Starts a backward's unsharded gradient: allocates it, unless `keep` (no_sync: keep adding to
+  /// the sum of the previous backwards), and clears the trainable parameters' gradients.
+  /// [Note: gradients into the flat buffer] A parameter without a gradient lets autograd keep
+  /// the tensor the last op produced (no copy); take_grad then copies it into the flat buffer
+  /// once. Pointing .grad at the flat buffer instead would cost a zero-fill of the whole buffer
+  /// and an in-place add per gradient (FSDP2 copies once too, in foreach_reduce).
+  void begin_full_grad(bool keep);
+  /// Entry i's gradient has just been accumulated by autograd: moves it into the unsharded
+  /// gradient (copied the first time in this sum, added after) and clears it.
+  void take_grad(size_t i);
+  /// Zero-fills the parts of the unsharded gradient no gradient reached (parameters unused in
+  /// this backward): the buffer then holds the whole sum.
+  void complete_full_grad();
   /// Gradients become views of this rank's gradient shard.
   void use_sharded_grads();
   /// True when every trainable parameter still has a gradient (the optimizer did not clear it).
   bool has_sharded_grads() const;
   /// Records each trainable parameter's current gradient accumulator (autograd makes a new one
-  /// after a dtype change) and returns those that are new, to be hooked.
-  std::vector<torch::autograd::Node*> refresh_grad_accumulators();
+  /// after a dtype change) and returns the indices of the entries whose accumulator is new, to be
+  /// hooked.
+  std::vector<size_t> refresh_grad_accumulators();
 
  private:
   std::vector<FlatEntry> entries_;
@@ -123,6 +132,7 @@ class FlatParam {
   at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward
   at::Tensor grad_shard_;  // 1-D [S], reduced gradient of this rank's shard
+  std::vector<bool> grad_written_;  // per entry: its part of full_grad_ holds a gradient
 };
 
 }  // namespace fsdp

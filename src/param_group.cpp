@@ -17,18 +17,21 @@ namespace fsdp {
 namespace {
 
 // Runs after AccumulateGrad has added a parameter's gradient (the paper prefers this moment to a
-// tensor hook, which fires before accumulation).
+// tensor hook, which fires before accumulation). `entry`: the parameter's index in the flat
+// parameter.
 class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
  public:
-  explicit GradAccumulatedHook(std::weak_ptr<ParamGroup> group) : group_(std::move(group)) {}
+  GradAccumulatedHook(std::weak_ptr<ParamGroup> group, size_t entry)
+      : group_(std::move(group)), entry_(entry) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override {
-    if (auto group = group_.lock()) group->on_grad_accumulated();
+    if (auto group = group_.lock()) group->on_grad_accumulated(entry_);
     return outputs;
   }
 
  private:
   std::weak_ptr<ParamGroup> group_;
+  size_t entry_;
 };
 
 }  // namespace
@@ -41,13 +44,14 @@ ParamGroup::ParamGroup(std::string name, FlatParam flat, FsdpState& state, bool 
       is_root_(is_root) {}
 
 void ParamGroup::install_grad_hooks() {
-  for (auto& entry : flat_.entries()) {
-    if (entry.grad_accumulator) hook(*entry.grad_accumulator);
+  for (size_t i = 0; i < flat_.entries().size(); ++i) {
+    if (flat_.entries()[i].grad_accumulator) hook(i);
   }
 }
 
-void ParamGroup::hook(torch::autograd::Node& grad_accumulator) {
-  grad_accumulator.add_post_hook(std::make_unique<GradAccumulatedHook>(weak_from_this()));
+void ParamGroup::hook(size_t entry) {
+  flat_.entries()[entry].grad_accumulator->add_post_hook(
+      std::make_unique<GradAccumulatedHook>(weak_from_this(), entry));
 }
 
 void ParamGroup::set_name(const std::string& name) {
@@ -94,7 +98,7 @@ void ParamGroup::wait_unshard() {
   if (sharded_state_ == ShardedState::Unsharded) return;
   all_gather_.wait();
   flat_.use_full_params();
-  for (torch::autograd::Node* accumulator : flat_.refresh_grad_accumulators()) hook(*accumulator);
+  for (size_t entry : flat_.refresh_grad_accumulators()) hook(entry);
   sharded_state_ = ShardedState::Unsharded;
 }
 
@@ -176,18 +180,17 @@ void ParamGroup::pre_backward() {
 
 void ParamGroup::begin_accumulating() {
   if (flat_.requires_grad()) {
-    if (!full_grad_kept_) {  // else no_sync kept the sum so far: keep adding to it
-      accumulate_into_shard_ = flat_.has_sharded_grads();
-      flat_.allocate_full_grad();
-    }
-    flat_.use_full_grads();
+    // Under no_sync the sum so far is kept: keep adding to it.
+    if (!full_grad_kept_) accumulate_into_shard_ = flat_.has_sharded_grads();
+    flat_.begin_full_grad(/*keep=*/full_grad_kept_);
   }
   grads_pending_ = flat_.requires_grad_count();
   backward_state_ = BackwardState::Accumulating;
 }
 
-void ParamGroup::on_grad_accumulated() {
+void ParamGroup::on_grad_accumulated(size_t entry) {
   if (backward_state_ != BackwardState::Accumulating) return;
+  flat_.take_grad(entry);
   if (--grads_pending_ == 0) post_backward();
 }
 
@@ -205,6 +208,7 @@ void ParamGroup::post_backward() {
     reshard();
     return;
   }
+  flat_.complete_full_grad();
   if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost && !is_part_) {
     state_.prefetch_backward_after(*this);
   }

@@ -27,7 +27,7 @@ enum class ShardedState {
 /// Where the unit is in the current backward pass.
 enum class BackwardState {
   Idle,          ///< no backward under way for this unit
-  Accumulating,  ///< unsharded for backward; autograd adds gradients into the full buffer
+  Accumulating,  ///< unsharded for backward; each gradient autograd makes goes into the full buffer
   Reducing,      ///< parameters resharded; the gradient's reduce-scatter is in flight
 };
 
@@ -54,8 +54,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void post_forward(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
   /// First gradient reached one of this unit's outputs: its backward is next.
   void pre_backward();
-  /// Autograd has accumulated one more of this unit's parameter gradients.
-  void on_grad_accumulated();
+  /// Autograd has accumulated the gradient of the flat parameter's entry `entry`.
+  void on_grad_accumulated(size_t entry);
   /// End of backward, on the caller's thread: reduce what is still accumulating (parameters
   /// without gradient), wait for the reduce-scatter, point the gradients at the shard.
   void finish_backward();
@@ -87,7 +87,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void issue_reduce_scatter();
   /// How this unit's gradient is reduced now (dtype, divisors, accumulation).
   ReducePlan reduce_plan() const;
-  void hook(torch::autograd::Node& grad_accumulator);
+  /// Installs the post-hook on the gradient accumulator of the flat parameter's entry `entry`.
+  void hook(size_t entry);
 
   std::string name_;
   std::string label_;  // name_, or "root": for traces
