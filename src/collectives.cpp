@@ -50,18 +50,28 @@ class RingCollectives final : public Collectives {
     const int w = size(), r = rank();
     const int64_t s = check_flat(full, shard, "reduce_scatter_sum");
     auto chunk = [&](int i) { return full.narrow(0, (int64_t)i * s, s); };
-    if (w > 1 && s > 0) {
-      at::Tensor incoming = at::empty({s}, full.options());
-      // Step k: send the partial sum of chunk r-k-1, add the received partial of chunk r-k-2
-      // to ours. After w-1 steps chunk r holds the sum over all ranks.
-      for (int k = 0; k < w - 1; ++k) {
-        const int receive_index = (r - k - 2 + 2 * w) % w;
-        exchange(chunk((r - k - 1 + w) % w), incoming);
-        chunk(receive_index).add_(incoming);
-        counters().reduce_scatter += s * full.element_size();
-      }
+    // The last step's partial sum arrives straight in `shard` and our chunk is added to it there
+    // (a + b == b + a bitwise), unless `shard` shares `full`'s memory (a view of our chunk): no
+    // copy-out, and at W = 2 no receive buffer at all.
+    const bool into_shard = !shard.is_alias_of(full);
+    if (w == 1 || s == 0) {
+      if (into_shard) shard.copy_(chunk(r));
+      return;
     }
-    if (!shard.is_same(chunk(r))) shard.copy_(chunk(r));
+    at::Tensor incoming = w > 2 || !into_shard ? at::empty({s}, full.options()) : shard;
+    // Step k: send the partial sum of chunk r-k-1, add the received partial of chunk r-k-2
+    // to ours. After w-1 steps chunk r holds the sum over all ranks.
+    for (int k = 0; k < w - 1; ++k) {
+      const int receive_index = (r - k - 2 + 2 * w) % w;
+      const bool last = k == w - 2;  // receive_index == r
+      exchange(chunk((r - k - 1 + w) % w), last && into_shard ? shard : incoming);
+      if (last && into_shard) {
+        shard.add_(chunk(r));
+      } else {
+        chunk(receive_index).add_(incoming);
+      }
+      counters().reduce_scatter += s * full.element_size();
+    }
   }
 
   void all_reduce_sum(const at::Tensor& t) override {
