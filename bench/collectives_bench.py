@@ -4,7 +4,7 @@ size), nccl-tests style: for all-gather, reduce-scatter and all-reduce, the ring
 send/recv, the shared-memory collectives and Gloo's own collectives, against a single-thread
 memcpy measured in the same run. W above the number of cores is oversubscribed and marked so.
 
-.venv/bin/python bench/collectives_bench.py [--worlds 2,3,4] [--max-bytes N] [--out DIR]
+.venv/bin/python bench/collectives_bench.py [--worlds 2,3,4] [--max-bytes N] [--out DIR] [--from-raw]
 """
 import argparse
 import datetime
@@ -30,7 +30,11 @@ def run_world(world, max_bytes, raw_dir):
                "--max-bytes", str(max_bytes), "--bytes-per-size", str(BYTES_PER_SIZE), "--out", str(out)]
     print("+", " ".join(command), flush=True)
     subprocess.run(command, env=env, check=True)
-    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return read_rows(out)
+
+
+def read_rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def size_text(n):
@@ -49,8 +53,13 @@ def world_title(world):
     return f"W = {world}{note}"
 
 
-def memcpy_by_size(rows):
-    return {r["bytes"]: r["algbw_GBps"] for r in rows if r["impl"] == "memcpy"}
+def memcpy_by_size(rows, key="algbw_GBps"):
+    return {r["bytes"]: r[key] for r in rows if r["impl"] == "memcpy"}
+
+
+def cpu_ratio(row, cpu_memcpy):
+    """busbw per CPU second (the busiest rank's) over memcpy's bandwidth per CPU second."""
+    return row["cpu_busbw_GBps"] / nearest_memcpy(cpu_memcpy, row["bytes"])
 
 
 def nearest_memcpy(memcpy, nbytes):
@@ -60,9 +69,10 @@ def nearest_memcpy(memcpy, nbytes):
 
 def table(rows, world, op):
     memcpy = memcpy_by_size(rows)
+    cpu_memcpy = memcpy_by_size(rows, "cpu_algbw_GBps")
     head = ["size", "memcpy GB/s"]
     for impl in IMPLS:
-        head += [f"{impl} µs", f"{impl} algbw", f"{impl} busbw", f"{impl}/memcpy"]
+        head += [f"{impl} µs", f"{impl} algbw", f"{impl} busbw", f"{impl}/memcpy", f"{impl} cpu/memcpy"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     by_size = {}
     for r in rows:
@@ -74,7 +84,8 @@ def table(rows, world, op):
         for impl in IMPLS:
             r = by_size[nbytes].get(impl)
             cells += ([f"{r['time_us']:.0f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
-                       f"{r['busbw_GBps'] / copy:.2f}"] if r else ["-"] * 4)
+                       f"{r['busbw_GBps'] / copy:.2f}", f"{cpu_ratio(r, cpu_memcpy):.2f}"]
+                      if r else ["-"] * 5)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -84,17 +95,24 @@ def goal_lines(rows_by_world):
     if not rows:
         return []
     memcpy = memcpy_by_size(rows)
-    out = ["| W = 2, 64 MB | memcpy GB/s | " + " | ".join(f"{i} busbw (×memcpy)" for i in IMPLS) + " |",
+    cpu_memcpy = memcpy_by_size(rows, "cpu_algbw_GBps")
+    out = ["| W = 2, 64 MB | memcpy GB/s | " +
+           " | ".join(f"{i} busbw GB/s (×memcpy; per CPU-second ×memcpy)" for i in IMPLS) + " |",
            "|---|---|" + "---|" * len(IMPLS)]
     for op in OPS:
         found = {r["impl"]: r for r in rows if r.get("op") == op and abs(r["bytes"] - GOAL_BYTES) < 64}
         if not found:
             continue
         copy = nearest_memcpy(memcpy, GOAL_BYTES)
-        cells = [f"{found[i]['busbw_GBps']:.2f} ({found[i]['busbw_GBps'] / copy:.2f}×)" if i in found
-                 else "-" for i in IMPLS]
+        cells = [f"{found[i]['busbw_GBps']:.2f} ({found[i]['busbw_GBps'] / copy:.2f}×; "
+                 f"{cpu_ratio(found[i], cpu_memcpy):.2f}×)" if i in found else "-" for i in IMPLS]
         out.append(f"| {op} | {copy:.2f} | " + " | ".join(cells) + " |")
     return out
+
+
+def load_text():
+    one, five, fifteen = os.getloadavg()
+    return f"Load average at the end of the run: {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min)."
 
 
 def git_state():
@@ -115,9 +133,15 @@ def write_markdown(rows_by_world, path):
         "call; algbw = size / time; busbw = algbw·(W-1)/W for all-gather and reduce-scatter, "
         "·2(W-1)/W for all-reduce (GB/s = 1e9 B/s). memcpy: one thread on rank 0 copying the size "
         "between two buffers, the other ranks idle, in the same run; `x/memcpy` = busbw / memcpy. "
+        "`x cpu/memcpy`: the same ratio per CPU second (the busiest rank's process CPU time per call, "
+        "Gloo's threads included, against memcpy's thread CPU time): on a machine where other jobs "
+        "take cores, wall time also counts a rank's wait for a core, which a collective of W ranks "
+        "that must all run at once suffers more than a lone memcpy. "
         "shm: shared memory (src/shm_collectives.cpp); ring: the ring over Gloo's send/recv "
         "(src/collectives.cpp); gloo: c10d's ProcessGroupGloo allgather / reduce_scatter / allreduce. "
-        "The machine is shared and noisy: compare ratios within one run.",
+        f"The machine is shared and noisy: compare ratios within one run. {load_text()} "
+        "memcpy below 1 MB is erratic here (1–2 GB/s at 4–256 KB against 20–30 GB/s for the "
+        "cache-resident 1–4 MB copies), so ratios at those sizes say little.",
         "",
         "## Goal: shared-memory all-gather and reduce-scatter busbw ≥ 50% of memcpy at 64 MB",
         "",
@@ -168,12 +192,19 @@ def main():
     parser.add_argument("--worlds", default="2,3,4")
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--from-raw", action="store_true",
+                        help="only rewrite the table and plot from the last run's build/bench/*.jsonl")
     args = parser.parse_args()
     out = Path(args.out)
     raw_dir = ROOT / "build" / "bench"
     raw_dir.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
-    rows_by_world = {int(w): run_world(int(w), args.max_bytes, raw_dir) for w in args.worlds.split(",")}
+    if args.from_raw:
+        rows_by_world = {int(w): read_rows(raw_dir / f"collectives-w{w}.jsonl")
+                         for w in args.worlds.split(",")}
+    else:
+        rows_by_world = {int(w): run_world(int(w), args.max_bytes, raw_dir)
+                         for w in args.worlds.split(",")}
     write_markdown(rows_by_world, out / "collectives.md")
     write_plot(rows_by_world, out / "collectives.png")
     print(f"wrote {out / 'collectives.md'} and {out / 'collectives.png'}")
