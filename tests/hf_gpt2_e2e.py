@@ -135,6 +135,25 @@ def export_round_trip(folder, data, eval_bin, tmp):
     return exported
 
 
+def fresh_model_exports(data, eval_bin, tmp):
+    """A model trained from scratch on token ids (--vocab, no --init-from-hf) exports too."""
+    out, exported = tmp / "eval-fresh.pt", tmp / "fresh"
+    gpt_train("--data-tokens", str(data), "--vocab", str(VOCAB), "--layers", "2", "--dim", "32",
+              "--heads", "2", "--seq", str(SEQ), "--batch", "2", "--steps", "3", "--eval-tokens",
+              str(eval_bin), "--eval-out", str(out), "--export-hf", str(exported))
+    ours = torch.load(out)
+    model, info = GPT2LMHeadModel.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert model.config.n_positions == SEQ and model.config.vocab_size == VOCAB, model.config
+    with torch.no_grad():  # its context is --seq: the inputs alone, the loss computed here
+        logits = model.eval()(input_ids=ours["inputs"]).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB),
+                                             ours["targets"].reshape(-1)).item()
+    assert relative(ours["loss_final"].item(), loss) <= TOL, (ours["loss_final"], loss)
+    assert torch.allclose(ours["logits_final"], logits, rtol=TOL, atol=TOL)
+    print(f"trained from scratch, exported: loss {loss:.8f} equal within {TOL}")
+
+
 def token_layouts_agree(folder, tokens, tmp):
     """nanoGPT's raw .bin and llm.c's headed .bin of the same ids train to the same losses."""
     write_tokens(tmp / "llmc.bin", tokens, llmc=True)
@@ -238,6 +257,7 @@ def main():
         loads_like_transformers(model, single, data, eval_bin, tmp, "unsharded reference", n=0,
                                 extra=["--reference"])
         export_round_trip(single, data, eval_bin, tmp)
+        fresh_model_exports(data, eval_bin, tmp)
         token_layouts_agree(single, tokens, tmp)
         bad_inputs(model, single, sharded, data, tmp)
     print("hf_gpt2 end to end: ok")

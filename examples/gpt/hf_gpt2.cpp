@@ -289,9 +289,10 @@ void export_hf_gpt2(const fsdp::NamedTensors& full_params, const GPTConfig& conf
   out["activation_function"] = "gelu_new";
   out["layer_norm_epsilon"] = 1e-5;
   out["tie_word_embeddings"] = true;
-  if (!base.is_object()) {  // trained without dropout; GPT-2's other defaults
+  if (!base.is_object()) {  // trained without dropout, and with no special tokens
     out["resid_pdrop"] = out["embd_pdrop"] = out["attn_pdrop"] = 0.0;
     out["initializer_range"] = 0.02;
+    out["bos_token_id"] = out["eos_token_id"] = nullptr;  // GPT2Config's 50256 may not exist here
   }
   out["dtype"] = "float32";
   const std::string text = out.dump(2) + "\n";
