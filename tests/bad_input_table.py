@@ -366,6 +366,8 @@ def cases(t):
                 env={"FSDP_TIMEOUT_SECONDS": value}), "FSDP_TIMEOUT_SECONDS")
         t.fails("OMP_NUM_THREADS=abc", sharded(env={"OMP_NUM_THREADS": "abc"}),
                 "OMP_NUM_THREADS")
+        t.fails("FSDP_CPU_COLLECTIVES=bogus", sharded(n=2, env={"FSDP_CPU_COLLECTIVES": "bogus"}),
+                "FSDP_CPU_COLLECTIVES", "shm", "ring")
         t.fails("WORLD_SIZE=0 (no launcher)", run([GPT, *gpt_args()], env={
             "RANK": "0", "WORLD_SIZE": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}), "WORLD_SIZE")
@@ -403,12 +405,15 @@ def cases(t):
             os.killpg(procs[0].pid, signal.SIGKILL)
             out, rc = procs[0].communicate()[0] + "\nHANG", "hang"
         procs[1].wait()
-        # Gloo's address is rank 1's listening port ("(rank 1)") or the far end of a connection
-        # rank 1 opened ("one of rank(s) 1"), depending on which side connected.
+        # The shared-memory collectives (the default on one host) name the rank they wait for
+        # ("waiting for rank 1 on HOST): it exited"); over Gloo (a collective of the loss, or
+        # FSDP_CPU_COLLECTIVES=ring) the address is rank 1's listening port ("(rank 1)") or the
+        # far end of a connection rank 1 opened ("one of rank(s) 1"), depending on which side
+        # connected.
         died = Run(rc, time.monotonic() - start, first + out)
+        named = ("waiting for rank 1 " in out or "(rank 1)" in out or "one of rank(s) 1 " in out)
         t.check("peer killed mid-training (survivor)", "error naming rank 1", died,
-                rc not in (0, "hang") and ("(rank 1)" in out or "one of rank(s) 1 " in out),
-                "the survivor does not name rank 1")
+                rc not in (0, "hang") and named, "the survivor does not name rank 1")
 
 
 if __name__ == "__main__":
