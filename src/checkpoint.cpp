@@ -283,17 +283,25 @@ struct StagedPiece {
 /// The shard files this rank reads, by index in metadata.json's list; opening reads the header.
 using OpenFiles = std::map<size_t, std::unique_ptr<SafetensorsReader>>;
 
-// One saved tensor of `kind` of a piece, whole, checked against its CRC-32 in metadata.json.
-at::Tensor read_checked(const SafetensorsReader& file, const PieceMeta& piece,
-                        const std::string& kind) {
+// One saved tensor of `kind` of a piece, whole, read into `out` (contiguous, its size) and checked
+// against its CRC-32 in metadata.json.
+void read_checked_into(const SafetensorsReader& file, const PieceMeta& piece,
+                       const std::string& kind, const at::Tensor& out) {
   const std::string key = tensor_key(kind, piece.param);
-  at::Tensor data = file.read_range(key, 0, file.entry(key).numel());
+  file.read_range_into(key, 0, out);
   auto expected = piece.crc32.find(kind);
   TORCH_CHECK(expected != piece.crc32.end(), file.path(), ": ", kMetadataFile,
               " has no CRC-32 of tensor '", key, "' (an edited or incomplete metadata file)");
-  const uint32_t actual = crc32(data.data_ptr(), data.nbytes());
+  const uint32_t actual = crc32(out.data_ptr(), out.nbytes());
   TORCH_CHECK(actual == expected->second, file.path(), ": tensor '", key, "' has CRC-32 ", actual,
               " but ", kMetadataFile, " says ", expected->second, ": the file is corrupt");
+}
+
+at::Tensor read_checked(const SafetensorsReader& file, const PieceMeta& piece,
+                        const std::string& kind) {
+  const auto& entry = file.entry(tensor_key(kind, piece.param));
+  at::Tensor data = at::empty({entry.numel()}, at::TensorOptions().dtype(entry.dtype));
+  read_checked_into(file, piece, kind, data);
   return data;
 }
 
@@ -349,7 +357,11 @@ void assemble(const at::Tensor& out, int64_t begin, int64_t end, const std::stri
   for (const auto& [f, piece] : index.at(param)) {
     const int64_t lo = std::max(begin, piece->begin), hi = std::min(end, piece->end);
     if (lo >= hi) continue;
-    const at::Tensor saved = read_checked(*files.at(f), *piece, kind).reshape({-1});
+    if (lo == piece->begin && hi == piece->end) {  // a whole saved box (same layout): no copy
+      read_checked_into(*files.at(f), *piece, kind, out.narrow(0, lo - begin, hi - lo));
+      continue;
+    }
+    const at::Tensor saved = read_checked(*files.at(f), *piece, kind);
     out.narrow(0, lo - begin, hi - lo).copy_(saved.narrow(0, lo - piece->begin, hi - lo));
   }
 }
