@@ -78,6 +78,7 @@ bool ParamGroup::issue_unshard(bool optional) {
     return true;
   }
   if (!is_root_ && !is_part_) {
+    WaitSpan waiting("rate_limiter", label_);
     if (!state_.limiter().acquire(optional)) return false;
     holds_limiter_slot_ = true;
   }
@@ -96,7 +97,10 @@ void ParamGroup::wait_unshard() {
   issue_unshard(/*optional=*/false);
   for (auto& part : parts_) part->wait_unshard();
   if (sharded_state_ == ShardedState::Unsharded) return;
-  all_gather_.wait();
+  {
+    WaitSpan waiting("all_gather", label_);
+    all_gather_.wait();
+  }
   flat_.use_full_params();
   for (size_t entry : flat_.refresh_grad_accumulators()) hook(entry);
   sharded_state_ = ShardedState::Unsharded;
@@ -111,8 +115,7 @@ void ParamGroup::reshard(bool with_parts) {
   flat_.use_sharded_params();
   flat_.free_full();
   sharded_state_ = ShardedState::Sharded;
-  // With a reduce-scatter in flight, the slot is released when it has freed the gradient.
-  if (holds_limiter_slot_ && backward_state_ != BackwardState::Reducing) {
+  if (holds_limiter_slot_) {  // [Note: rate limiter slots]
     holds_limiter_slot_ = false;
     state_.limiter().release();
   }
@@ -227,21 +230,18 @@ void ParamGroup::post_backward() {
 
 void ParamGroup::issue_reduce_scatter() {
   full_grad_kept_ = false;
-  // The slot passes to the reduce-scatter, which releases it once the gradient is freed.
-  const bool release_slot = holds_limiter_slot_;
-  holds_limiter_slot_ = false;
-  if (release_slot) state_.limiter().reduction_issued();
+  const bool limited = !is_root_ && !is_part_;  // as the slots: the root's gradient is not counted
+  if (limited) state_.limiter().reduction_issued();
   const std::string span = "reduce_scatter " + label_;
   const ReducePlan plan = reduce_plan();
-  reduce_scatter_ = state_.device().submit(CommLane::Reduce, [this, span, plan, release_slot] {
+  reduce_scatter_ = state_.device().submit(CommLane::Reduce, [this, span, plan, limited] {
     TraceSpan trace(span, TraceLane::Communication);
     at::NoGradGuard no_grad;
+    // Ended even when the collective throws: a unit waiting in the limiter then goes on to
+    // meet the error instead of hanging.
+    ReductionEnd end(limited ? &state_.limiter() : nullptr);
     reduce_unit_gradient(flat_, plan, state_.collectives(), state_.replicate_collectives());
     state_.device().release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
-    if (release_slot) {
-      state_.limiter().release();
-      state_.limiter().reduction_finished();
-    }
   });
 }
 
@@ -257,6 +257,7 @@ ReducePlan ParamGroup::reduce_plan() const {
 void ParamGroup::finish_backward() {
   if (backward_state_ == BackwardState::Accumulating) post_backward();  // some grads never came
   if (backward_state_ == BackwardState::Reducing) {
+    WaitSpan waiting("reduce_scatter", label_);
     reduce_scatter_.wait();
     flat_.use_sharded_grads();
   }

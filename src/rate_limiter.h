@@ -1,8 +1,17 @@
 #pragma once
-// The rate limiter of the paper's section 3.4: at most `limit` units (the root aside) hold
-// unsharded parameters or gradients at once, so a host that runs ahead of the collectives cannot
-// pile up unsharded buffers. Units release from the communication thread once their
-// reduce-scatter has freed the unsharded gradient, hence the lock.
+// The rate limiter of the paper's section 3.4, so that a host that runs ahead of the collectives
+// cannot pile up unsharded buffers: at most `limit` units (the root aside) hold unsharded
+// parameters at once (each also accumulates its gradient while its backward runs), and at most
+// one more unit's unsharded gradient waits for its reduce-scatter. With limit 2 that is two
+// units' parameters and gradients, the bound bench/run_bench.py holds peak memory to.
+//
+// [Note: rate limiter slots]
+// A slot is taken when a unit starts unsharding and given back when its parameters are freed,
+// both on the caller's thread, so whether a prefetch is refused (the limit is reached) is the same
+// on every rank ([Note: collective order]). Reductions end on the communication thread, at times
+// that differ between ranks: they only make a unit wait, never change what is issued. A slot does
+// not wait for its unit's reduce-scatter (it did once): backward then stalled before every unit
+// until the peer ranks had finished the one before, i.e. a barrier per unit with no slack.
 
 #include <condition_variable>
 #include <mutex>
@@ -13,18 +22,18 @@ class RateLimiter {
  public:
   explicit RateLimiter(int limit) : limit_(limit) {}
 
-  /// A unit is about to allocate unsharded memory. Waits while `limit` units hold some and one of
-  /// them will free it (its reduce-scatter is pending). Then a prefetch (`optional`) still at the
-  /// limit is refused (returns false); a unit that must run now always proceeds.
+  /// A unit is about to unshard its parameters. A prefetch (`optional`) at the limit is refused
+  /// (returns false); a unit that must run now always proceeds, once every reduction has ended.
+  /// Below the limit it waits until at most one reduce-scatter is in flight.
   bool acquire(bool optional);
-  /// A unit freed all its unsharded memory.
+  /// A unit freed its unsharded parameters.
   void release();
-  /// A reduce-scatter that will end in release() was issued / has finished.
+  /// A reduce-scatter of an unsharded gradient was issued / has freed that gradient.
   void reduction_issued();
   void reduction_finished();
 
-
  private:
+  static constexpr int kReductionsInFlight = 1;
   bool over_limit() const { return limit_ > 0 && held_ >= limit_; }
 
   const int limit_;
@@ -32,6 +41,20 @@ class RateLimiter {
   std::condition_variable freed_;
   int held_ = 0;
   int pending_reductions_ = 0;
+};
+
+/// Calls reduction_finished() when it goes out of scope (if given a limiter).
+class ReductionEnd {
+ public:
+  explicit ReductionEnd(RateLimiter* limiter) : limiter_(limiter) {}
+  ~ReductionEnd() {
+    if (limiter_) limiter_->reduction_finished();
+  }
+  ReductionEnd(const ReductionEnd&) = delete;
+  ReductionEnd& operator=(const ReductionEnd&) = delete;
+
+ private:
+  RateLimiter* limiter_;
 };
 
 }  // namespace fsdp

@@ -32,6 +32,15 @@ Recorder& recorder() {
   return instance;
 }
 
+const char* lane_name(TraceLane lane) {
+  switch (lane) {
+    case TraceLane::Compute: return "compute";
+    case TraceLane::Communication: return "communication";
+    case TraceLane::Waits: return "compute waits";
+  }
+  return "?";
+}
+
 double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
 }  // namespace
@@ -42,6 +51,8 @@ void start_trace() {
   recorder().origin = Clock::now();
   recorder().on = true;
 }
+
+bool trace_enabled() { return recorder().on; }
 
 void record_span(const std::string& name, TraceLane lane, Clock::time_point start) {
   if (!recorder().on) return;
@@ -60,15 +71,15 @@ void write_trace(const std::string& path, int rank) {
     origin = recorder().origin;
   }
   nlohmann::json events = nlohmann::json::array();
-  for (int lane : {1, 2}) {
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", lane},
-                      {"args", {{"name", lane == 1 ? "compute" : "communication"}}}});
+  for (TraceLane lane : {TraceLane::Compute, TraceLane::Communication, TraceLane::Waits}) {
+    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", static_cast<int>(lane)},
+                      {"args", {{"name", lane_name(lane)}}}});
   }
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"tid", 1},
                     {"args", {{"name", "rank " + std::to_string(rank)}}}});
   for (const auto& span : spans) {
     events.push_back({{"name", span.name},
-                      {"cat", span.lane == TraceLane::Compute ? "compute" : "communication"},
+                      {"cat", lane_name(span.lane)},
                       {"ph", "X"},
                       {"pid", rank},
                       {"tid", static_cast<int>(span.lane)},

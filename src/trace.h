@@ -8,11 +8,15 @@
 
 namespace fsdp {
 
-enum class TraceLane { Compute = 1, Communication = 2 };
+// Waits: the compute thread blocked on communication or the rate limiter (exposed communication).
+enum class TraceLane { Compute = 1, Communication = 2, Waits = 3 };
 
 /// Records [start, now) under `name` in `lane` if tracing is on.
 void record_span(const std::string& name, TraceLane lane,
                  std::chrono::steady_clock::time_point start);
+
+/// Whether spans are being recorded.
+bool trace_enabled();
 
 /// Records its own lifetime as a span.
 class TraceSpan {
@@ -24,6 +28,25 @@ class TraceSpan {
  private:
   std::string name_;
   TraceLane lane_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Records the time the compute thread spends blocked on `what` ("wait all_gather <label>") in
+/// the Waits lane; costs nothing when tracing is off.
+class WaitSpan {
+ public:
+  WaitSpan(const char* what, const std::string& label)
+      : what_(what), label_(label), on_(trace_enabled()) {
+    if (on_) start_ = std::chrono::steady_clock::now();
+  }
+  ~WaitSpan() {
+    if (on_) record_span(std::string("wait ") + what_ + " " + label_, TraceLane::Waits, start_);
+  }
+
+ private:
+  const char* what_;
+  const std::string& label_;
+  bool on_;
   std::chrono::steady_clock::time_point start_;
 };
 

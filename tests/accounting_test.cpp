@@ -99,8 +99,9 @@ TEST(Accounting, ForwardHoldsNoUnshardedUnitBeyondTheBound) {
   gpt::lm_loss(logits, y).backward();
 }
 
-// The rate limiter bounds backward's unsharded memory: at most K units hold unsharded parameters
-// or gradients at once, whatever the prefetch policy. Wide layers on one input row make the
+// The rate limiter bounds backward's unsharded memory, whatever the prefetch policy: at most K
+// units hold unsharded parameters, plus the gradient backward is accumulating and one more
+// waiting for its reduce-scatter ([Note: rate limiter slots]). Wide layers on one input row make the
 // activations negligible, so the counting allocator sees the unsharded buffers themselves.
 TEST(Accounting, RateLimiterBoundsBackwardMemory) {
   constexpr int64_t kWidth = 256, kBlocks = 6;
@@ -122,9 +123,9 @@ TEST(Accounting, RateLimiterBoundsBackwardMemory) {
       const int64_t start = fsdp::memory_stats().current_bytes;
       loss.backward();
       const int64_t peak = fsdp::memory_stats().peak_bytes - start;
-      // K units' parameters and gradients, the gradient shards (kept) and the reduce-scatter's
-      // receive buffer.
-      const int64_t bound = limit * 2 * unit_full + shard_bytes + unit_full + slack;
+      // K units' parameters, two units' gradients, the gradient shards (kept) and the
+      // reduce-scatter's temporaries (a receive buffer at W > 2).
+      const int64_t bound = (limit + 2) * unit_full + shard_bytes + unit_full + slack;
       std::printf("backward, limit %d, prefetch %s: peak %lld above its start, bound %lld (one "
                   "unit's parameters: %lld)\n", limit, fsdp::to_string(prefetch), (long long)peak,
                   (long long)bound, (long long)unit_full);

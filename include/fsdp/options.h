@@ -91,8 +91,9 @@ struct FullyShardOptions {
   /// Issue the next unit's all-gather before the current unit's forward (static graphs only: the
   /// order is the previous iteration's).
   TORCH_ARG(bool, forward_prefetch) = false;
-  /// Rate limiter: at most this many units (besides the root) hold unsharded parameters or
-  /// gradients at once; a prefetch waits for an earlier unit to be freed. 0: no limit.
+  /// Rate limiter: at most this many units (besides the root) hold unsharded parameters at once
+  /// (a prefetch beyond it is skipped), and a unit waits to unshard while more than one
+  /// unsharded gradient awaits its reduce-scatter. 0: no limit.
   TORCH_ARG(int, limit_all_gathers) = 2;
   /// Debug: in the first iteration, check that every rank runs the units in the same order
   /// (a store round trip per unit) and fail naming the units instead of hanging.
