@@ -21,7 +21,8 @@ Three measurements, each of the same step after warm-up:
    only in their number of steps; the difference over the extra steps is the CPU time of one step,
    per thread class, split into user and kernel time.
 3. the Chrome trace (gpt_train --trace) of one step: wall time of forward, backward and the
-   communication thread's all-gathers and reduce-scatters.
+   communication thread's all-gathers and reduce-scatters, and the time the compute thread was
+   blocked (the trace's `compute waits` lane: all-gathers, reduce-scatters, the rate limiter).
 
 Writes DIR/cpu-breakdown.md (the command at its top) and DIR/cpu-breakdown.json (DIR defaults to
 bench/results; another configuration than small: cpu-breakdown-CONFIG.*). With --before, the tables also show the numbers of an earlier JSON. The processes
@@ -288,10 +289,13 @@ def trace_summary(c, work):
     for rank in (0, 1):
         with open(pattern.format(rank=rank)) as f:
             events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
-        kinds = {}
+        kinds, waits = {}, {}
         for e in events:
-            kind = e["name"].split(" ")[0]
-            kinds[kind] = kinds.get(kind, 0.0) + e["dur"] / 1000.0
+            words = e["name"].split(" ")
+            if e["cat"] == "compute waits":  # "wait all_gather h.3": the compute thread blocked
+                waits[words[1]] = waits.get(words[1], 0.0) + e["dur"] / 1000.0
+            else:
+                kinds[words[0]] = kinds.get(words[0], 0.0) + e["dur"] / 1000.0
         comm = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["cat"] == "communication")
         busy, end = 0.0, -1.0
         for a, b in comm:  # union of the communication spans
@@ -300,6 +304,7 @@ def trace_summary(c, work):
         root_forward = [e for e in events if e["name"] == "forward root"]
         root_backward = [e for e in events if e["name"] == "backward root"]
         ranks.append({"ms_by_span_kind": {k: round(v, 2) for k, v in kinds.items()},
+                      "compute_blocked_ms_by_kind": {k: round(v, 2) for k, v in waits.items()},
                       "communication_busy_ms": round(busy / 1000.0, 2),
                       "forward_ms": round(root_forward[0]["dur"] / 1000.0, 2) if root_forward else None,
                       "backward_root_span_ms": round(root_backward[0]["dur"] / 1000.0, 2) if root_backward else None})
@@ -417,11 +422,18 @@ def write_report(result, before, out_dir, command):
               "process (cpp: the mean of its 2 ranks). Noisy on a shared machine (±10%).\n"]
     lines += perf_table(result, before)
     lines += ["\n## 3. Wall time of the traced step (gpt_train --trace, ms)\n",
-              "| rank | forward (root span) | communication busy (union) | span sums by kind |",
-              "|---|---|---|---|"]
+              "Compute thread blocked: the trace's `compute waits` lane, time the compute thread "
+              "waited for an all-gather, for the reduce-scatters at the end of backward or in the "
+              "rate limiter (exposed communication, and the ranks waiting for each other).\n",
+              "| rank | forward (root span) | communication busy (union) | compute thread blocked on | "
+              "span sums by kind |",
+              "|---|---|---|---|---|"]
     for rank, t in enumerate(result["trace"]):
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(t["ms_by_span_kind"].items()))
-        lines.append(f"| {rank} | {t['forward_ms']} | {t['communication_busy_ms']} | {kinds} |")
+        blocked = t.get("compute_blocked_ms_by_kind")
+        blocked = "–" if blocked is None else ", ".join(
+            [f"{k} {v}" for k, v in sorted(blocked.items())] + [f"**all {sum(blocked.values()):.2f}**"])
+        lines.append(f"| {rank} | {t['forward_ms']} | {t['communication_busy_ms']} | {blocked} | {kinds} |")
     if result.get("notes"):
         lines += ["\n## Notes\n", result["notes"]]
     with open(os.path.join(out_dir, report_name(result["config_name"]) + ".md"), "w") as f:

@@ -14,12 +14,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "build" / "bin"
 VARIANTS = {
-    "backward pre, limit 2 (default)": [],
-    "backward post, limit 2": ["--backward-prefetch", "post"],
-    "no prefetch, limit 2": ["--backward-prefetch", "none"],
-    "backward pre, no limit": ["--limit-all-gathers", "0"],
-    "backward pre, limit 3": ["--limit-all-gathers", "3"],
-    "backward pre + forward prefetch, limit 3": ["--forward-prefetch", "--limit-all-gathers", "3"],
+    "backward pre + forward, limit 2 (default)": [],
+    "backward pre, limit 2": ["--no-forward-prefetch"],
+    "backward post, limit 2": ["--no-forward-prefetch", "--backward-prefetch", "post"],
+    "no prefetch, limit 2": ["--no-forward-prefetch", "--backward-prefetch", "none"],
+    "backward pre + forward, no limit": ["--limit-all-gathers", "0"],
+    "backward pre + forward, limit 3": ["--limit-all-gathers", "3"],
 }
 
 
@@ -59,7 +59,7 @@ def main():
              "step time = slowest rank; peak = counting allocator, max over ranks.", "",
              "| variant | median ms/step | vs no prefetch | peak tensor MiB | losses equal to default |",
              "|---|---|---|---|---|"]
-    default = losses["backward pre, limit 2 (default)"]
+    default = losses["backward pre + forward, limit 2 (default)"]
     for name in VARIANTS:
         median = statistics.median(times[name])
         lines.append(f"| {name} | {median:.0f} | {median / base:.3f} | {peaks[name] / 2**20:.1f} | "

@@ -270,10 +270,11 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, 1 << 20));
   std::string backward_prefetch = "pre";
   int limit_all_gathers = o.fsdp.limit_all_gathers();
-  bool forward_prefetch = false, check_order = false;
+  bool forward_prefetch = true, check_order = false;
   app.add_option("--backward-prefetch", backward_prefetch, "pre | post | none")
       ->check(CLI::IsMember({"pre", "post", "none"}));
-  app.add_flag("--forward-prefetch", forward_prefetch, "all-gather the next unit before forward");
+  app.add_flag("--forward-prefetch,!--no-forward-prefetch", forward_prefetch,
+               "all-gather the next unit before forward (default: on)");
   app.add_option("--limit-all-gathers", limit_all_gathers,
                  "rate limiter: units holding unsharded memory at once (0: no limit)")
       ->check(integer_in(0, 1 << 20));

@@ -88,9 +88,12 @@ struct FullyShardOptions {
   TORCH_ARG(bool, verify_model) = true;
   /// Backward prefetch policy; the order is the reverse of this iteration's forward order.
   TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::BackwardPre;
-  /// Issue the next unit's all-gather before the current unit's forward (static graphs only: the
-  /// order is the previous iteration's).
-  TORCH_ARG(bool, forward_prefetch) = false;
+  /// Issue the next unit's all-gather before the current unit's forward, in the previous
+  /// iteration's order (none in the first). On by default, unlike PyTorch's FSDP: it gives every
+  /// unit's forward a unit's compute of slack against the other ranks (bench/results/latest.md).
+  /// A model whose units run in another order from one iteration to the next should turn it off:
+  /// a unit gathered in vain keeps its slot of the rate limiter until it runs or backward ends.
+  TORCH_ARG(bool, forward_prefetch) = true;
   /// Rate limiter: at most this many units (besides the root) hold unsharded parameters at once
   /// (a prefetch beyond it is skipped), and a unit waits to unshard while more than one
   /// unsharded gradient awaits its reduce-scatter. 0: no limit.
