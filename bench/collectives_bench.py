@@ -133,7 +133,7 @@ def repeat_lines(goal_rows):
         if op in ratios:
             r = ratios[op]
             median = statistics.median(r)
-            out.append(f"| {op} | {median:.2f} [{min(r):.2f}–{max(r):.2f}] | "
+            out.append(f"| {op} | {median:.3f} [{min(r):.3f}–{max(r):.3f}] | "
                        f"{'yes' if median >= 0.5 or op == 'all_reduce' else 'NO'}{' (no goal)' if op == 'all_reduce' else ''} |")
     return out
 
