@@ -6,6 +6,7 @@
 
 #include "trainer.h"
 
+#include <fsdp/memory.h>
 #include <fsdp/trace.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -102,6 +103,35 @@ TEST(Prefetch, NoPrefetchGathersTheBlocksOnceEachInReverseForwardOrder) {
 
 TEST(Prefetch, BackwardPostGathersTheBlocksOnceEachInReverseForwardOrder) {
   expect_backward_gathers_in_reverse_forward_order(fsdp::BackwardPrefetch::BackwardPost);
+}
+
+// Forward prefetch (on by default): from the second iteration on, unit k+1's all-gather is issued
+// when unit k's forward starts, so its unsharded buffer (allocated on the caller's thread at
+// issue) already exists between the two units; without it, not yet.
+TEST(Prefetch, ForwardPrefetchGathersTheNextUnitBeforeItsForwardByDefault) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "one rank holds whole units: nothing to gather";
+  constexpr int64_t kWidth = 128;
+  auto bytes_between_units = [&](const fsdp::FullyShardOptions& options) {
+    torch::manual_seed(0);
+    int64_t at_probe = 0;
+    torch::nn::Sequential net(torch::nn::Linear(kWidth, kWidth), torch::nn::Functional([&](at::Tensor x) {
+                                at_probe = fsdp::memory_stats().current_bytes;
+                                return x;
+                              }),
+                              torch::nn::Linear(kWidth, kWidth), torch::nn::Linear(kWidth, kWidth));
+    fsdp::wrap_blocks<torch::nn::Linear>(net);
+    auto model = fsdp::fully_shard(net, *dist().world, options);
+    const auto x = torch::ones({1, kWidth});
+    model(x).sum().backward();  // the first iteration records the order
+    const int64_t start = fsdp::memory_stats().current_bytes;
+    model(x).sum().backward();
+    return at_probe - start;
+  };
+  const int64_t with = bytes_between_units(fsdp::FullyShardOptions());
+  const int64_t without = bytes_between_units(fsdp::FullyShardOptions().forward_prefetch(false));
+  const int64_t next_unit_full = kWidth * (kWidth + 1) * 4;  // padded to W: at most W-1 more
+  EXPECT_GE(with - without, next_unit_full);
+  EXPECT_LE(with - without, next_unit_full + 4 * dist().world_size());
 }
 
 TEST(Parity, AwkwardModelMatchesReference) {
