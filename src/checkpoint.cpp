@@ -105,7 +105,6 @@ struct LocalPiece {
 };
 
 std::vector<LocalPiece> local_pieces(FsdpState& state) {
-  const int shard_rank = state.collectives().rank();
   std::vector<LocalPiece> pieces;
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
@@ -113,10 +112,8 @@ std::vector<LocalPiece> local_pieces(FsdpState& state) {
                 "unit '", group->name(), "' is unsharded: save and load checkpoints between "
                 "steps, not between a forward and its backward");
     for (auto& e : flat.entries()) {
-      const int64_t length = e.shard_end - e.shard_begin;
-      const int64_t begin = shard_rank * flat.shard_numel() + e.shard_begin - e.offset;
-      pieces.push_back(LocalPiece{&e, flat.shard().narrow(0, e.shard_begin, length),
-                                  length > 0 ? begin : 0, length > 0 ? begin + length : 0});
+      const auto [begin, end] = flat.local_range(e);
+      pieces.push_back(LocalPiece{&e, flat.shard().narrow(0, e.shard_begin, end - begin), begin, end});
     }
   }
   return pieces;

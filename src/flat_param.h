@@ -61,6 +61,14 @@ class FlatParam {
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_size_; }
   int64_t shard_numel() const { return shard_numel_; }
+  /// This rank's part of `entry` as [begin, end) elements of the flattened parameter ({0, 0}
+  /// when it holds none): what checkpoints save and loaders read for this rank.
+  std::pair<int64_t, int64_t> local_range(const FlatEntry& entry) const {
+    const int64_t length = entry.shard_end - entry.shard_begin;
+    if (length == 0) return {0, 0};
+    const int64_t begin = rank_ * shard_numel_ + entry.shard_begin - entry.offset;
+    return {begin, begin + length};
+  }
   int64_t element_size() const;          // of the shard
   int64_t compute_element_size() const;  // of the unsharded buffer (what the all-gather moves)
   /// False for a shard group of one rank (NO_SHARD): the shard is the whole flat buffer and the

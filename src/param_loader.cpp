@@ -41,16 +41,12 @@ ParamShapes param_shapes(torch::nn::Module& module) {
 
 void load_params_from(FsdpState& state, const ParamRangeReader& read) {
   torch::NoGradGuard no_grad;
-  const int rank = state.collectives().rank();  // within the shard group
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
-    const int64_t shard_offset = rank * flat.shard_numel();  // in the unsharded flat buffer
     for (const auto& e : flat.entries()) {
-      const int64_t length = e.shard_end - e.shard_begin;
-      if (length == 0) continue;
-      const int64_t begin = shard_offset + e.shard_begin - e.offset;  // within the parameter
-      flat.shard().narrow(0, e.shard_begin, length)
-          .copy_(read_checked(read, e.name, begin, begin + length));
+      const auto [begin, end] = flat.local_range(e);
+      if (begin == end) continue;
+      flat.shard().narrow(0, e.shard_begin, end - begin).copy_(read_checked(read, e.name, begin, end));
     }
   }
 }
