@@ -77,7 +77,7 @@ bool ParamGroup::issue_unshard(bool optional) {
     sharded_state_ = ShardedState::Unsharded;
     return true;
   }
-  if (!is_root_ && !is_part_) {
+  if (rate_limited()) {
     WaitSpan waiting("rate_limiter", label_);
     if (!state_.limiter().acquire(optional)) return false;
     holds_limiter_slot_ = true;
@@ -230,16 +230,15 @@ void ParamGroup::post_backward() {
 
 void ParamGroup::issue_reduce_scatter() {
   full_grad_kept_ = false;
-  const bool limited = !is_root_ && !is_part_;  // as the slots: the root's gradient is not counted
-  if (limited) state_.limiter().reduction_issued();
+  if (rate_limited()) state_.limiter().reduction_issued();
+  // The count ends when the task is destroyed, whether it ran, threw, or was skipped after an
+  // earlier collective failed: a unit waiting in the limiter then meets the error, never hangs.
+  auto end = std::make_shared<ReductionEnd>(rate_limited() ? &state_.limiter() : nullptr);
   const std::string span = "reduce_scatter " + label_;
   const ReducePlan plan = reduce_plan();
-  reduce_scatter_ = state_.device().submit(CommLane::Reduce, [this, span, plan, limited] {
+  reduce_scatter_ = state_.device().submit(CommLane::Reduce, [this, span, plan, end] {
     TraceSpan trace(span, TraceLane::Communication);
     at::NoGradGuard no_grad;
-    // Ended even when the collective throws: a unit waiting in the limiter then goes on to
-    // meet the error instead of hanging.
-    ReductionEnd end(limited ? &state_.limiter() : nullptr);
     reduce_unit_gradient(flat_, plan, state_.collectives(), state_.replicate_collectives());
     state_.device().release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
   });

@@ -72,6 +72,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Whether this unit's backward has started in the current backward pass.
   bool backward_ran() const { return backward_ran_; }
   bool is_root() const { return is_root_; }
+  /// Counted by the rate limiter (slots and reductions): every unit but the root and parts.
+  bool rate_limited() const { return !is_root_ && !is_part_; }
   FlatParam& flat() { return flat_; }
   const FsdpState& state() const { return state_; }
 

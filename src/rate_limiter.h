@@ -43,7 +43,9 @@ class RateLimiter {
   int pending_reductions_ = 0;
 };
 
-/// Calls reduction_finished() when it goes out of scope (if given a limiter).
+/// Calls reduction_finished() when destroyed (if given a limiter). A reduce-scatter's task holds
+/// one: the communication thread destroys every task it dequeues, also one it skips after an
+/// earlier failure, which never runs.
 class ReductionEnd {
  public:
   explicit ReductionEnd(RateLimiter* limiter) : limiter_(limiter) {}

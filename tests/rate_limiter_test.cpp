@@ -2,12 +2,15 @@
 // prefetch is refused depends only on the slots the caller's thread holds, never on reductions in
 // flight (that would let ranks issue different collectives); below the limit a unit waits while
 // more than one reduce-scatter is in flight; a unit that must run at the limit waits for all.
+#include "device.h"
 #include "rate_limiter.h"
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <stdexcept>
 #include <thread>
 
 namespace {
@@ -76,6 +79,29 @@ TEST(RateLimiter, AUnitThatMustRunAtTheLimitWaitsForEveryReduction) {
   limiter.reduction_finished();
   EXPECT_TRUE(required.done_within(2s));
   EXPECT_TRUE(required.granted());
+}
+
+// A reduce-scatter's task holds a ReductionEnd (src/param_group.cpp): after one collective fails,
+// the communication thread skips the tasks behind it without running them, and destroying them
+// must still end their count, or a unit waiting for every reduction would hang.
+TEST(RateLimiter, ReductionsSkippedAfterAFailureStillEnd) {
+  fsdp::RateLimiter limiter(1);
+  ASSERT_TRUE(limiter.acquire(false));
+  auto device = fsdp::make_device(c10::Device(c10::kCPU));
+  std::vector<fsdp::CommHandle> handles;
+  for (int i = 0; i < 2; ++i) {
+    limiter.reduction_issued();
+    auto end = std::make_shared<fsdp::ReductionEnd>(&limiter);
+    handles.push_back(device->submit(fsdp::CommLane::Reduce, [end, i] {
+      std::this_thread::sleep_for(50ms);  // the unit below is waiting by then
+      if (i == 0) throw std::runtime_error("a peer died");
+    }));
+  }
+  Acquirer required(limiter, /*optional=*/false);
+  const bool done = required.done_within(5s);
+  if (!done) limiter.reduction_finished();  // let the waiter go, so that the test ends
+  EXPECT_TRUE(done) << "a skipped reduction never ended";
+  EXPECT_THROW(handles[1].wait(), std::exception);
 }
 
 TEST(RateLimiter, ZeroMeansNoLimit) {
