@@ -256,6 +256,10 @@ def main():
 
     if metrics:
         metrics.close()
+    # Every rank's last collective is done before any rank tears its group down: Gloo's pairs
+    # to a peer that already left abort the process ("terminate called without an active
+    # exception") on some CPUs.
+    dist.barrier()
     dist.destroy_process_group()
 
 

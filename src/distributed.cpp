@@ -2,6 +2,7 @@
 #include <fsdp/peer_errors.h>
 
 #include "gloo_backend.h"
+#include "listener_probe.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -60,16 +61,25 @@ void check_omp_num_threads() {
 
 // Every rank announces itself in the store before the process group forms, so that a RANK
 // used twice or a rank that never starts is named instead of surfacing as a store key.
-void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout) {
+void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout,
+                        std::chrono::milliseconds left) {
   const std::string prefix = "fsdp_joined/";
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + std::to_string(r));
   const int64_t count = store.add(prefix + std::to_string(env.rank), 1);
+  // A store where every rank had joined before this one most likely belongs to a job that is
+  // running: this process reached another job's rank 0 (its own could not take the port).
+  TORCH_CHECK(count == 1 || !store.check(keys), "rank ", env.rank, ": the rendezvous at ",
+              env.master_addr, ":", env.master_port, " already has all ", env.world_size,
+              " ranks: MASTER_PORT ", env.master_port, " is most likely in use by another job "
+              "that is running; give this job a free MASTER_PORT (fsdprun picks one when "
+              "--master-port is not given). Otherwise another process of this job also has RANK=",
+              env.rank);
   TORCH_CHECK(count == 1, "rank ", env.rank, ": another process also has RANK=", env.rank,
               " (WORLD_SIZE=", env.world_size, "); every process needs its own RANK in [0, ",
               env.world_size - 1, "] (launch with fsdprun or torchrun, which set them)");
-  std::vector<std::string> keys;
-  for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + std::to_string(r));
   try {
-    store.wait(keys, timeout);
+    store.wait(keys, left);
   } catch (const std::exception&) {
     std::string missing;
     for (int r = 0; r < env.world_size; ++r) {
@@ -148,17 +158,27 @@ c10::intrusive_ptr<c10d::Store> this_attempts_store(const c10::intrusive_ptr<c10
   return c10::make_intrusive<c10d::PrefixStore>("fsdp_attempt_" + std::to_string(attempt), store);
 }
 
-c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+// The time left until `deadline`, at least 1 ms (c10d takes 0 as "no timeout").
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      deadline - std::chrono::steady_clock::now()));
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                              std::chrono::steady_clock::time_point deadline) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
   options.isServer = env.rank == 0 && !env.agent_store;
   options.numWorkers = env.world_size;
-  options.timeout = timeout;
   try {
+    if (!options.isServer) wait_for_listener(env.master_addr, env.master_port, deadline);
+    options.timeout = left_until(deadline);
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
-                " failed (", env.agent_store ? "the elastic agent's store: is its node reachable?"
+                " failed within FSDP_TIMEOUT_SECONDS (", timeout.count() / 1000.0, " s) (",
+                env.agent_store ? "the elastic agent's store: is its node reachable?"
                                              : "is MASTER_PORT free, is MASTER_ADDR this job's first "
                                                "host and reachable from here, and are all ",
                 env.agent_store ? "" : std::to_string(env.world_size) + " ranks started?",
@@ -263,10 +283,12 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   check_omp_num_threads();
   if (options.set_threads()) set_threads_per_rank(env.local_world_size);
   auto timeout = timeout_from_env(options.timeout());
+  // The rendezvous, on every rank, ends within one timeout: a lone rank gives up in time.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
 
-  auto store = this_attempts_store(connect_store(env, timeout), env);
+  auto store = this_attempts_store(connect_store(env, timeout, deadline), env);
   announce_host(*store, env.rank);
-  check_ranks_joined(*store, env, timeout);
+  check_ranks_joined(*store, env, timeout, left_until(deadline));
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
   c10::intrusive_ptr<c10d::Backend> backend;
   try {

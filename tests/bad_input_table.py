@@ -7,10 +7,13 @@ raw torch error, a C++ backtrace, or a damaged checkpoint.
 Prints a markdown table (case, expected, exit code, seconds, first line of the message) and
 writes it to TABLE.md (default /tmp/bad_input_table.md). Exits 1 if any case fails. Its data is
 generated in a temporary folder (never the project's sources); the models are tiny."""
+import array
 import hashlib
+import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,12 +46,22 @@ class Run:
         return line.replace("|", "\\|")[:160]
 
 
-def run(cmd, env=None, timeout=40):
+def as_nobody():
+    """In the child before exec, when this test runs as root: the user nobody, for whom a file of
+    mode 000 is unreadable (root reads every file)."""
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+
+def run(cmd, env=None, timeout=40, preexec_fn=None):
     """Runs `cmd` in its own session; a hang is killed (with its children) and reported."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             errors="replace", env={**BASE_ENV, **(env or {})},
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+                            stdin=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=preexec_fn)
     try:
         out, _ = proc.communicate(timeout=timeout)
         rc = proc.returncode
@@ -82,10 +95,14 @@ def sharded(*extra, n=1, env=None, timeout=40):
 
 
 def digest(folder):
-    """Every file below `folder` with its content hash: a checkpoint must stay byte-identical."""
+    """Every file below `folder` (or the file itself) with its content hash: a checkpoint must
+    stay byte-identical. run.lock, the run lock's file, is no checkpoint data: each run that
+    takes the lock writes its name there and empties it when it ends."""
+    if Path(folder).is_file():
+        return {Path(folder).name: hashlib.sha256(Path(folder).read_bytes()).hexdigest()}
     out = {}
     for path in sorted(Path(folder).rglob("*")):
-        if path.is_file():
+        if path.is_file() and path.name != "run.lock":
             out[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
     return out
 
@@ -169,6 +186,185 @@ def gpu_flags_without_a_gpu(t):
                 named, cause, fix, "--device cpu")
 
 
+def outputs_onto_inputs(t, tmp, text):
+    """No output is an input: the same file (directly, through a symbolic or a hard link), a
+    file inside an input folder, two outputs on one file. Each refused before any work (a long
+    --steps: a late check would time out) with both flags named, and the input unchanged."""
+    inputs = tmp / "inputs"
+    inputs.mkdir()
+    data = inputs / "data.txt"
+    shutil.copy(text, data)
+    symlink, hardlink = tmp / "data-symlink.txt", tmp / "data-hardlink.txt"
+    symlink.symlink_to(data)
+    os.link(data, hardlink)
+    tokens = inputs / "tokens.bin"  # nanoGPT's format: uint16 ids, all < 256
+    tokens.write_bytes(array.array("H", [i % 256 for i in range(8192)]).tobytes())
+    folder = tmp / "data-folder"
+    folder.mkdir()
+    shutil.copy(text, folder / "a.txt")
+    unchanged = {p: digest(p) for p in (data, tokens, folder)}
+    long_run = ["--steps", "100000"]
+    cases = [
+        ("--metrics onto --data", gpt_args(*long_run, "--data", str(data), "--metrics", str(data)),
+         ("--metrics", "--data", "same file")),
+        ("--save-full onto --data", gpt_args(*long_run, "--data", str(data), "--save-full", str(data)),
+         ("--save-full", "--data", "same file")),
+        ("--trace onto --data", gpt_args(*long_run, "--data", str(data), "--trace", str(data)),
+         ("--trace", "--data", "same file")),
+        ("--metrics onto a symlink of --data",
+         gpt_args(*long_run, "--data", str(data), "--metrics", str(symlink)), ("--metrics", "same file")),
+        ("--save-full onto a hard link of --data",
+         gpt_args(*long_run, "--data", str(data), "--save-full", str(hardlink)), ("--save-full", "same file")),
+        ("--dump-batches onto --data-tokens",
+         [*gpt_args(*long_run)[:-2], "--data-tokens", str(tokens), "--dump-batches", str(tokens)],
+         ("--dump-batches", "--data-tokens", "same file")),
+        ("--eval-out onto --eval-tokens",
+         gpt_args(*long_run, "--eval-tokens", str(tokens), "--eval-out", str(tokens)),
+         ("--eval-out", "--eval-tokens", "same file")),
+        ("--metrics inside the --data folder",
+         gpt_args(*long_run, "--data", str(folder), "--metrics", str(folder / "m.jsonl")),
+         ("--metrics", "inside the --data folder")),
+        ("--checkpoint-dir inside the --data folder",
+         gpt_args(*long_run, "--data", str(folder), "--save-every", "2", "--checkpoint-dir",
+                  str(folder / "ck")), ("--checkpoint-dir", "inside the --data folder")),
+        ("--metrics and --trace one file",
+         gpt_args(*long_run, "--metrics", str(tmp / "out.txt"), "--trace", str(tmp / "out.txt")),
+         ("--metrics", "--trace", "same file")),
+        ("--export-hf below a file (checked before training)",
+         gpt_args(*long_run, "--export-hf", str(data / "sub")), ("--export-hf", "not a writable folder")),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: run([FSDPRUN, "--nproc-per-node", "1", GPT, *c[1]], timeout=30),
+                                cases))
+    for (name, _, needles), result in zip(cases, results):
+        t.fails(name, result, *needles)
+    changed = [str(p) for p, d in unchanged.items() if digest(p) != d]
+    t.check("... every input unchanged", "data, tokens and folder byte-identical", results[-1],
+            not changed, f"changed: {changed}")
+
+
+def per_rank_outputs(t, tmp):
+    """At W = 2 a per-rank output without {rank} would be one file written by both ranks."""
+    for flag in ("--metrics", "--trace"):
+        t.fails(f"{flag} without {{rank}} at W=2", sharded(flag, str(tmp / "one.jsonl"), n=2),
+                flag, "{rank}")
+
+
+def data_folder_with_an_unreadable_file(t, tmp, text):
+    """A folder of text with one file the user cannot read: an error naming that file, never a
+    run on the rest (as root the run is started as the user nobody, for whom mode 000 holds)."""
+    folder = tmp / "unreadable-data"
+    folder.mkdir()
+    shutil.copy(text, folder / "a.txt")
+    secret = folder / "b-secret.txt"
+    shutil.copy(text, secret)
+    secret.chmod(0)
+    for path in (tmp, folder, folder / "a.txt"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    result = run([GPT, "--reference", *gpt_args("--data", str(folder))], preexec_fn=as_nobody)
+    t.fails("--data folder with an unreadable file", result, "--data", "b-secret.txt", "cannot read")
+
+
+def hf_config_too_large(t, tmp):
+    """config.json's n_positions sizes wpe: the memory check counts it, and names config.json
+    rather than flags the user never passed."""
+    hf = tmp / "hf-huge"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({
+        "model_type": "gpt2", "vocab_size": 256, "n_positions": 4294967328, "n_layer": 1,
+        "n_embd": 16, "n_head": 2}))
+    result = sharded("--init-from-hf", str(hf), "--seq", "16")
+    t.fails("HF n_positions 4294967328", result, "config.json", "n_positions 4294967328",
+            "choose a smaller model")
+    t.check("... and no --layers/--dim blamed", "message names config.json only", result,
+            "--layers/--dim" not in result.output, "blames flags the user did not pass")
+
+
+def token_file_messages(t, tmp):
+    """A token file's problems name the flag that named it (--data-tokens, --data or
+    --eval-tokens), not always --data-tokens or --data."""
+    odd = tmp / "odd.bin"
+    odd.write_bytes(b"\x01\x00\x02")
+    t.fails("--data-tokens, odd size", run([FSDPRUN, "--nproc-per-node", "1", GPT, *TINY,
+                                            "--data-tokens", str(odd)]), "--data-tokens " + str(odd), "odd")
+    t.fails("--data-tokens missing", run([FSDPRUN, "--nproc-per-node", "1", GPT, *TINY,
+                                          "--data-tokens", str(tmp / "nope.bin")]),
+            "--data-tokens " + str(tmp / "nope.bin"), "no such file")
+    t.fails("--data FILE.bin, odd size", sharded("--data", str(odd)), "--data " + str(odd), "odd")
+    t.fails("--eval-tokens, odd size", sharded("--eval-tokens", str(odd), "--eval-out",
+                                               str(tmp / "e.pt")), "--eval-tokens " + str(odd), "odd")
+
+
+def one_run_per_checkpoint_dir(t, tmp):
+    """A second run into a folder that a live run holds is refused at once, naming the holder;
+    the lock of a run that was killed is taken over with a line saying so."""
+    busy = tmp / "busy"
+    holder = subprocess.Popen([FSDPRUN, "--nproc-per-node", "1", GPT, *gpt_args(
+        "--steps", "100000", "--save-every", "1000", "--checkpoint-dir", str(busy))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=BASE_ENV, start_new_session=True)
+    lock = busy / "run.lock"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (lock.exists() and lock.read_text().strip()):
+        time.sleep(0.1)
+    try:
+        second = sharded("--resume", "auto", "--save-every", "2", "--checkpoint-dir", str(busy))
+        t.fails("second run into a held --checkpoint-dir", second, "--checkpoint-dir",
+                "is in use by another run", "pid ", str(lock))
+        t.check("... refused at once", "within 10 s", second, second.seconds < 10, "too slow")
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # dies holding the lock: its line stays
+        holder.wait()
+    after = sharded("--resume", "auto", "--save-every", "2", "--checkpoint-dir", str(busy))
+    t.check("lock of a killed run", "exit 0, 'took over' naming it", after,
+            after.rc == 0 and "took over" in after.output and "pid " in after.output)
+
+
+def lone_ranks_give_up_in_time(t):
+    """A rank whose peers never come gives up within FSDP_TIMEOUT_SECONDS (plus start-up), with
+    one line naming the rendezvous and no backtrace: rank 0 alone, rank 1 alone, and fsdprun's
+    node 1 of 2 alone."""
+    timeout = 5
+    for rank in (0, 1):
+        env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "FSDP_TIMEOUT_SECONDS": str(timeout)}
+        alone = run([GPT, *gpt_args()], env=env, timeout=60)
+        t.fails(f"RANK={rank} of 2 alone, FSDP_TIMEOUT_SECONDS={timeout}", alone, f"rank {rank}",
+                "rendezvous", "FSDP_TIMEOUT_SECONDS")
+        t.check(f"... gives up in time", f"< {timeout + 5} s, one error line", alone,
+                alone.seconds < timeout + 5 and alone.output.count("error") == 1,
+                f"{alone.seconds:.1f} s, {alone.output.count('error')} error lines")
+    node1 = run([FSDPRUN, "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+                 "--master-addr", "127.0.0.1", "--master-port", str(free_port()), GPT, *gpt_args()],
+                env={"FSDP_TIMEOUT_SECONDS": str(timeout)}, timeout=60)
+    t.fails("fsdprun --nnodes 2 --node-rank 1 alone", node1, "rank 1", "rendezvous")
+    t.check("... gives up in time", f"< {timeout + 5} s", node1, node1.seconds < timeout + 5,
+            f"{node1.seconds:.1f} s")
+
+
+def port_of_a_running_job(t):
+    """A second job given the MASTER_PORT of a job that is running: its ranks say so (not 'another
+    process also has RANK=1')."""
+    port = str(free_port())
+    env = lambda r: {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "FSDP_TIMEOUT_SECONDS": "10"}
+    first = [subprocess.Popen([GPT, *gpt_args("--steps", "100000", "--log-every", "1")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**BASE_ENV, **env(r)}, start_new_session=True) for r in (0, 1)]
+    try:
+        first[0].stdout.readline()  # the first job trains
+        with ThreadPoolExecutor(2) as pool:
+            second = list(pool.map(lambda r: run([GPT, *gpt_args()], env(r), 40), (0, 1)))
+    finally:
+        for proc in first:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    t.fails("second job on a running job's MASTER_PORT (rank 1)", second[1], "MASTER_PORT " + port,
+            "in use by another job")
+    t.check("... and its rank 0", "exit != 0 naming the port", second[0],
+            second[0].rc not in (0, "hang") and port in second[0].output)
+
+
 def cases(t):
     with tempfile.TemporaryDirectory(prefix="bad_input_") as tmp:
         tmp = Path(tmp)
@@ -228,6 +424,14 @@ def cases(t):
             t.fails(name, result, *((needles,) if isinstance(needles, str) else needles))
 
         gpu_flags_without_a_gpu(t)
+        outputs_onto_inputs(t, tmp, text)
+        per_rank_outputs(t, tmp)
+        data_folder_with_an_unreadable_file(t, tmp, text)
+        hf_config_too_large(t, tmp)
+        token_file_messages(t, tmp)
+        one_run_per_checkpoint_dir(t, tmp)
+        lone_ranks_give_up_in_time(t)
+        port_of_a_running_job(t)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

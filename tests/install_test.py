@@ -1,7 +1,9 @@
 """The CMake package: `cmake --install` the build into a fresh prefix, build examples/minimal on
 its own (find_package(fsdp_cpp), fsdp::fsdp, LibTorch found the usual way) and run it with the
 installed fsdprun at W = 2. Asserted: the installed tree has the headers, the library, the config
-files and fsdprun; the outside build succeeds; both ranks train and print their peak memory.
+files and fsdprun; the outside build succeeds; both ranks train and print their peak memory. The
+build tree is a package too: find_package(fsdp_cpp) pointed at BUILD_DIR finds BUILD_DIR's own
+config and targets, and examples/minimal built against it trains.
 
 install_test.py BUILD_DIR SOURCE_DIR TORCH_PYTHON
 """
@@ -42,6 +44,18 @@ def main(build, source, torch_python):
         for rank in (0, 1):
             assert f"[rank{rank}]: rank {rank}: peak tensor memory" in out, f"rank {rank} did not finish:\n{out}"
         print(out.strip())
+
+        against_build = Path(tmp) / "minimal-build-tree"
+        run(["cmake", "-S", Path(source) / "examples" / "minimal", "-B", against_build, "-G", "Ninja",
+             "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={build};{torch_prefix}"])
+        cache = (against_build / "CMakeCache.txt").read_text()
+        found = Path(next(line.split("=", 1)[1] for line in cache.splitlines()
+                          if line.startswith("fsdp_cpp_DIR:")))
+        assert found.resolve() == Path(build).resolve(), f"fsdp_cpp_DIR is {found}, not the build tree {build}"
+        run(["cmake", "--build", against_build, "-j2"])
+        out = run([prefix / "bin" / "fsdprun", "--nproc-per-node", "1", against_build / "minimal_example"], env=env)
+        assert "[rank0]: rank 0: peak tensor memory" in out or "rank 0: peak tensor memory" in out, out
+        print(f"examples/minimal built against the build tree {build} and trained")
     print("install test: OK")
 
 

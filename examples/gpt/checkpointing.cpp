@@ -45,41 +45,6 @@ std::vector<std::string> checkpoint_entries(const std::string& dir) {
   return found;
 }
 
-// A path of the run's own outputs, with {rank} as this process's rank (RANK, or 0).
-std::string for_this_rank(std::string path) {
-  const char* rank = std::getenv("RANK");
-  const std::string token = "{rank}";
-  for (size_t at = path.find(token); at != std::string::npos; at = path.find(token)) {
-    path.replace(at, token.size(), rank && *rank ? rank : "0");
-  }
-  return path;
-}
-
-// The file `path` can be written: its folder exists and is writable, and it is not a folder.
-void check_output_file(const char* flag, const std::string& given) {
-  if (given.empty()) return;
-  const std::string path = for_this_rank(given);
-  std::error_code ec;
-  TORCH_CHECK(!fs::is_directory(path, ec), flag, " ", path,
-              " is a folder; pass the path of a file to write");
-  fs::path folder = fs::path(path).parent_path();
-  if (folder.empty()) folder = ".";
-  TORCH_CHECK(fs::is_directory(folder, ec), flag, " ", path, ": folder ", folder.string(),
-              " does not exist (create it first)");
-  TORCH_CHECK(::access(folder.c_str(), W_OK) == 0, flag, " ", path, ": folder ", folder.string(),
-              " is not writable");
-}
-
-void check_input_file(const char* flag, const std::string& path) {
-  if (path.empty()) return;
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  TORCH_CHECK(fs::exists(status), flag, " ", path, ": no such file");
-  TORCH_CHECK(fs::is_regular_file(status), flag, " ", path,
-              " is not a regular file (a folder, FIFO or device?)");
-  TORCH_CHECK(::access(path.c_str(), R_OK) == 0, flag, " ", path, " is not readable");
-}
-
 // The `extra` JSON of the checkpoint folder `path`, or null if its metadata cannot be read (the
 // load then reports exactly what is wrong with it).
 nlohmann::json saved_run(const std::string& path) {
@@ -146,26 +111,29 @@ void remove_stale_temporaries(const fs::path& folder) {
 
 }  // namespace
 
-void check_paths(const TrainOptions& o) {
+std::unique_ptr<fsdp::RunLock> lock_checkpoint_dir(const TrainOptions& o, int rank) {
+  const std::string& dir = o.checkpoint_dir;
   std::error_code ec;
-  // --data: a FIFO would block forever and a device never ends; refuse both before reading.
-  TORCH_CHECK(!o.data.empty(), "--data is empty: pass a text file or a folder of text files");
-  const auto data = fs::status(o.data, ec);
-  TORCH_CHECK(fs::exists(data), "--data ", o.data, ": no such file or folder");
-  TORCH_CHECK(fs::is_regular_file(data) || fs::is_directory(data), "--data ", o.data,
-              " is not a regular file or a folder (a FIFO or a device cannot be read to an end); "
-              "pass a text file or a folder of text files");
-  TORCH_CHECK(::access(o.data.c_str(), R_OK) == 0, "--data ", o.data, " is not readable");
-  check_input_file("--init-from", o.init_from);
-  check_output_file("--metrics", o.metrics_path);
-  check_output_file("--save-full", o.save_full);
-  check_output_file("--dump-batches", o.dump_batches);
-  check_output_file("--trace", o.trace);
-  check_input_file("--eval-tokens", o.eval_tokens);
-  check_output_file("--eval-out", o.eval_out);
+  // A run that will not create the folder leaves a missing one to check_checkpoint_dir's error.
+  if (dir.empty() || rank != 0 || (!fs::is_directory(dir, ec) && o.save_every == 0)) return nullptr;
+  std::unique_ptr<fsdp::RunLock> lock;
+  try {
+    lock = std::make_unique<fsdp::RunLock>(dir);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--checkpoint-dir: ", e.msg());
+  }
+  if (!lock->taken_over_from().empty()) {
+    std::printf("--checkpoint-dir %s: took over %s from a run that ended without releasing it "
+                "(%s)\n", dir.c_str(), lock->path().c_str(), lock->taken_over_from().c_str());
+    std::fflush(stdout);
+  }
+  return lock;
+}
 
+void check_checkpoint_dir(const TrainOptions& o) {
   const std::string& dir = o.checkpoint_dir;
   if (dir.empty()) return;
+  std::error_code ec;
   const bool exists = fs::exists(dir, ec);
   TORCH_CHECK(!exists || fs::is_directory(dir, ec), "--checkpoint-dir ", dir,
               " is a file, not a folder; pass a folder (created if missing)");
@@ -184,16 +152,6 @@ void check_paths(const TrainOptions& o) {
     TORCH_CHECK(found.empty(), "--checkpoint-dir ", dir, " already holds checkpoints (",
                 found.back(), "...) of another run; a fresh run would overwrite them. Pass "
                 "--resume to continue that run, or choose another --checkpoint-dir");
-  }
-  if (o.save_every > 0) {
-    // The folder, or the nearest existing folder above it (the rest is created), is writable.
-    fs::path writable = fs::absolute(dir);
-    while (!fs::exists(writable, ec) && writable.has_parent_path() && writable != writable.parent_path()) {
-      writable = writable.parent_path();
-    }
-    TORCH_CHECK(fs::is_directory(writable, ec) && ::access(writable.c_str(), W_OK) == 0,
-                "--checkpoint-dir ", dir, ": ", writable.string(),
-                " is not a writable folder; checkpoints could not be saved there");
   }
 }
 

@@ -7,21 +7,26 @@
 #include "gpt.h"
 #include "trainer.h"
 
+#include <fsdp/run_lock.h>
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace gpt {
 
-/// Checks every path the run will read or write before any work (not a collective; every rank
-/// checks the same): --data is a readable file or folder (not a FIFO or a device), --init-from a
-/// readable file, the folders of --metrics/--save-full/--dump-batches/--trace writable, and
-/// --checkpoint-dir consistent with --resume: a fresh run refuses a folder that holds another
-/// run's checkpoints (no silent overwrite), --resume refuses a missing folder, a file, a folder
-/// without checkpoints (unless --resume auto), and a checkpoint of another model or seed.
-/// Throws a message naming the flag and the fix.
-void check_paths(const TrainOptions& o);
+/// Rank 0 (else nullptr): holds --checkpoint-dir for this run (fsdp::RunLock, DIR/run.lock),
+/// so that a second run into the same folder is refused at once, naming this one. Also nullptr
+/// when there is no --checkpoint-dir, or it is missing and this run does not create it (no
+/// --save-every). Prints a line when it takes over the lock of a run that died holding it.
+std::unique_ptr<fsdp::RunLock> lock_checkpoint_dir(const TrainOptions& o, int rank);
+
+/// --checkpoint-dir consistent with --resume (rank 0, under the lock): a fresh run refuses a
+/// folder that holds another run's checkpoints (no silent overwrite), --resume refuses a missing
+/// folder, a file, a folder without checkpoints (unless --resume auto), and a checkpoint of
+/// another model or seed. Throws a message naming the flag and the fix.
+void check_checkpoint_dir(const TrainOptions& o);
 
 /// Rank 0, before training: removes temporary files that a killed save left behind (name.tmp.PID
 /// of a process that no longer exists) and creates --checkpoint-dir when the run saves.

@@ -3,6 +3,8 @@
 #include "token_file.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -21,11 +23,12 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 // At most `limit` bytes of the regular file `path` (never more: /dev/zero or a huge file cost
-// only what is used). Empty if it cannot be opened.
-std::string read_file(const fs::path& path, size_t limit) {
+// only what is used).
+std::string read_file(const fs::path& path, size_t limit, const std::string& data) {
   std::string content;
   std::ifstream in(path, std::ios::binary);
-  if (!in) return content;
+  TORCH_CHECK(in, "--data ", data, ": cannot read ", path.string(), " (", std::strerror(errno),
+              "); make it readable, or move it out of the folder to train without it");
   const size_t chunk = 1 << 20;
   while (content.size() < limit && in) {
     const size_t before = content.size();
@@ -43,9 +46,13 @@ bool looks_like_text(const std::string& content) {
 
 std::vector<fs::path> files_below(const fs::path& folder) {
   std::vector<fs::path> files;
-  for (const auto& entry :
-       fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied)) {
-    if (entry.is_regular_file()) files.push_back(entry.path());
+  try {
+    for (const auto& entry : fs::recursive_directory_iterator(folder)) {
+      if (entry.is_regular_file()) files.push_back(entry.path());
+    }
+  } catch (const fs::filesystem_error& e) {
+    TORCH_CHECK(false, "--data ", folder.string(), ": cannot list ", e.path1().string(), " (",
+                e.code().message(), "); make it readable, or move it out of the folder");
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -63,7 +70,7 @@ Corpus Corpus::load(const std::string& path, int64_t max_bytes, int64_t min_byte
               " is not a regular file or a folder (a FIFO or a device cannot be read to an end)");
   std::string text;
   auto append = [&](const fs::path& file) {
-    std::string content = read_file(file, static_cast<size_t>(max_bytes) - text.size());
+    std::string content = read_file(file, static_cast<size_t>(max_bytes) - text.size(), path);
     if (!looks_like_text(content)) return;
     text += content;
   };
@@ -83,10 +90,10 @@ Corpus Corpus::load(const std::string& path, int64_t max_bytes, int64_t min_byte
   return Corpus(bytes);
 }
 
-Corpus Corpus::load_tokens(const std::string& path, int64_t vocab_size, int64_t max_bytes,
-                           int64_t min_tokens) {
+Corpus Corpus::load_tokens(const std::string& path, const std::string& flag, int64_t vocab_size,
+                           int64_t max_bytes, int64_t min_tokens) {
   TORCH_CHECK(max_bytes > 0, "--max-data-mb must be >= 1");
-  return Corpus(read_token_file(path, vocab_size, max_bytes / 2, min_tokens));
+  return Corpus(read_token_file(path, flag, vocab_size, max_bytes / 2, min_tokens));
 }
 
 namespace {

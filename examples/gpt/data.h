@@ -14,12 +14,15 @@ namespace gpt {
 class Corpus {
  public:
   /// Reads `path` (a file, or every text file below a folder in sorted path order, skipping
-  /// binaries) up to `max_bytes`. Throws naming the path if it holds too little text.
+  /// binaries and entries that are not regular files) up to `max_bytes`. Throws naming the path
+  /// if it holds too little text, and naming the file or folder below it that cannot be read (a
+  /// folder is read whole or not at all: never silently less of it).
   static Corpus load(const std::string& path, int64_t max_bytes, int64_t min_bytes);
   /// The token ids of a .bin file (read_token_file), up to `max_bytes` of it; every id is checked
   /// to be below `vocab_size`.
-  static Corpus load_tokens(const std::string& path, int64_t vocab_size, int64_t max_bytes,
-                            int64_t min_tokens);
+  /// `flag` names the flag of `path` in messages.
+  static Corpus load_tokens(const std::string& path, const std::string& flag, int64_t vocab_size,
+                            int64_t max_bytes, int64_t min_tokens);
 
   int64_t size() const { return tokens_.numel(); }
   const torch::Tensor& tokens() const { return tokens_; }  // 1-D: uint8 bytes or uint16 ids

@@ -7,7 +7,7 @@
 namespace gpt {
 
 EvalBatch EvalBatch::load(const std::string& path, int64_t vocab_size, int64_t seq) {
-  const auto tokens = read_token_file(path, vocab_size, std::numeric_limits<int64_t>::max(),
+  const auto tokens = read_token_file(path, "--eval-tokens", vocab_size, std::numeric_limits<int64_t>::max(),
                                       seq + 1).to(torch::kLong);
   const int64_t rows = tokens.numel() / (seq + 1);
   const auto table = tokens.narrow(0, 0, rows * (seq + 1)).view({rows, seq + 1});

@@ -12,11 +12,12 @@
 
 namespace gpt {
 
-/// The first `max_tokens` token ids of `path` (1-D, uint16). Throws naming the file and the cause:
+/// The first `max_tokens` token ids of `path` (1-D, uint16). Throws naming `flag` (the flag that
+/// named the file), the file and the cause:
 /// an odd byte count, a truncated llm.c file, an id >= `vocab_size` (with its position), fewer
 /// than `min_tokens` ids.
-torch::Tensor read_token_file(const std::string& path, int64_t vocab_size, int64_t max_tokens,
-                              int64_t min_tokens);
+torch::Tensor read_token_file(const std::string& path, const std::string& flag, int64_t vocab_size,
+                              int64_t max_tokens, int64_t min_tokens);
 
 /// Whether --data names a token file (by its .bin ending) rather than text.
 bool is_token_file(const std::string& path);

@@ -2,6 +2,7 @@
 // or (--reference) unsharded in one process on the same global batches.
 #include "checkpointing.h"
 #include "hf_gpt2.h"
+#include "run_paths.h"
 #include "token_file.h"
 #include "trainer.h"
 
@@ -81,19 +82,28 @@ std::string check_flag_combinations(const CLI::App& app, const gpt::TrainOptions
            std::to_string(o.model.heads) + " (each head gets dim/heads channels)";
   }
   // Sizes whose tensors cannot fit this machine fail here, not in the kernel's OOM killer: the
-  // parameters (each rank builds them; fp32) and one block's activations, both underestimates.
+  // parameters (each rank builds them; fp32; wpe has context() rows) and one block's
+  // activations, both underestimates.
   const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
   const double d = static_cast<double>(o.model.dim), seq = static_cast<double>(o.model.max_seq);
-  const double params =
-      o.model.layers * 12.0 * d * d + (static_cast<double>(o.model.vocab_size) + seq) * d;
+  const double params = o.model.layers * 12.0 * d * d +
+                        (static_cast<double>(o.model.vocab_size) + o.model.context()) * d;
   const double rows = static_cast<double>(o.batch) * (reference ? o.reference_world_size : 1);
   const double activations = rows * (seq * d * 16.0 + o.model.heads * seq * seq) * 4.0;
   if (ram > 0 && (params * 4.0 > ram || activations > ram)) {
     char text[256];
     std::snprintf(text, sizeof text, "%.0f GiB of parameters and %.0f GiB of activations per block",
                   params * 4.0 / (1 << 30), activations / (1 << 30));
-    return std::string("--layers/--dim/--seq/--batch ask for at least ") + text +
-           ", more than this machine's " + std::to_string(static_cast<int64_t>(ram / (1 << 30))) +
+    const std::string sizes =
+        o.init_from_hf.empty()
+            ? std::string("--layers/--dim/--seq/--batch ask")
+            : "the sizes of --init-from-hf " + o.init_from_hf + "/config.json (n_layer " +
+                  std::to_string(o.model.layers) + ", n_embd " + std::to_string(o.model.dim) +
+                  ", n_positions " + std::to_string(o.model.context()) + ", vocab_size " +
+                  std::to_string(o.model.vocab_size) + ") with --seq " +
+                  std::to_string(o.model.max_seq) + " and --batch " + std::to_string(o.batch) + " ask";
+    return sizes + " for at least " + text + ", more than this machine's " +
+           std::to_string(static_cast<int64_t>(ram / (1 << 30))) +
            " GiB of memory; choose a smaller model or batch";
   }
   if (given("--world-size") && !reference) {
@@ -175,7 +185,10 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
     return "--data is required: a text file or a folder of text files (or --data-tokens FILE)";
   }
   o.data_is_tokens = !data_tokens.empty() || gpt::is_token_file(o.data);
-  if (!data_tokens.empty()) o.data = data_tokens;
+  if (!data_tokens.empty()) {
+    o.data = data_tokens;
+    o.data_flag = "--data-tokens";
+  }
   if (o.data_is_tokens && o.sample_bytes > 0) {
     return "--sample generates bytes; with token data (" + o.data +
            ") its ids are a tokenizer's: decode a sample in Python instead";
@@ -196,6 +209,13 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
   // Built block by block and filled from the files shard by shard: never the whole model at once.
   o.deferred_init = true;
   return "";
+}
+
+// This process's rank and the world size, from the launcher's variables (the rendezvous reads
+// them again; a missing or malformed one is named here already).
+std::pair<int, int> launch_rank() {
+  const fsdp::LaunchEnv env = fsdp::LaunchEnv::from_environment();
+  return {env.rank, env.world_size};
 }
 
 }  // namespace
@@ -359,7 +379,11 @@ int main(int argc, char** argv) {
   }
 
   try {
-    gpt::check_paths(o);  // files and folders, before the rendezvous and any work
+    // Files and folders, before the rendezvous and any work; rank 0 holds --checkpoint-dir.
+    const auto [rank, world_size] = reference ? std::pair{0, 1} : launch_rank();
+    gpt::check_paths(o, rank, world_size);
+    const auto checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank);
+    if (rank == 0) gpt::check_checkpoint_dir(o);
     std::shared_ptr<fsdp::Distributed> dist;
     if (!reference) dist = fsdp::init_distributed();
     // --device cpu leaves it unset: the CPU, the parameters' device (the reference reads it too).

@@ -5,6 +5,7 @@
 #include "eval_batch.h"
 #include "hf_gpt2.h"
 #include "reference_precision.h"
+#include "run_paths.h"
 
 #include <fsdp/clip.h>
 #include <fsdp/comm_stats.h>
@@ -49,14 +50,6 @@ struct StepContext {
   ReferenceLossScaler* reference_scaler;    // fp16, reference run: its own code, not the library's
   ReferencePrecision* reference_precision;  // the reference run with a mixed-precision policy
 };
-
-std::string metrics_file(std::string path, int rank) {
-  const std::string token = "{rank}";
-  for (size_t at = path.find(token); at != std::string::npos; at = path.find(token)) {
-    path.replace(at, token.size(), std::to_string(rank));
-  }
-  return path;
-}
 
 nlohmann::json to_json(const StepRecord& r) {
   return {{"step", r.step},
@@ -389,7 +382,8 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   prepare_checkpoint_dir(o, rank);
   const Corpus corpus =
       o.data_is_tokens
-          ? Corpus::load_tokens(o.data, o.model.vocab_size, o.max_data_bytes, o.model.max_seq + 2)
+          ? Corpus::load_tokens(o.data, o.data_flag, o.model.vocab_size, o.max_data_bytes,
+                                o.model.max_seq + 2)
           : Corpus::load(o.data, o.max_data_bytes, o.model.max_seq + 2);
   const std::optional<EvalBatch> eval_batch =
       o.eval_tokens.empty() ? std::nullopt
@@ -410,8 +404,8 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
 
   std::ofstream metrics;
   if (!o.metrics_path.empty()) {
-    metrics.open(metrics_file(o.metrics_path, rank));
-    TORCH_CHECK(metrics, "--metrics: cannot write ", metrics_file(o.metrics_path, rank));
+    metrics.open(for_rank(o.metrics_path, rank));
+    TORCH_CHECK(metrics, "--metrics: cannot write ", for_rank(o.metrics_path, rank));
     if (!o.init_from_hf.empty()) metrics << setup.dump() << "\n" << std::flush;
   }
   if (!o.init_from_hf.empty() && rank == 0) print_setup_memory(setup);
@@ -458,7 +452,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
     set_learning_rate(*optimizer, learning_rate(o, step));
     bool skipped = false;
     auto loss = train_step(o, model, gpt, ctx, corpus, step, world, rank, dist != nullptr, &skipped);
-    if (!o.trace.empty() && step == traced_step) fsdp::write_trace(metrics_file(o.trace, rank), rank);
+    if (!o.trace.empty() && step == traced_step) fsdp::write_trace(for_rank(o.trace, rank), rank);
 
     auto global_loss = loss.detach().clone();
     if (dist) fsdp::all_reduce_sum(*dist->world, global_loss);

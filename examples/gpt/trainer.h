@@ -25,6 +25,7 @@ struct TrainOptions {
   double weight_decay = 0.1;
   uint64_t seed = 1234;
   std::string data;
+  std::string data_flag = "--data";  // the flag that named `data` (--data or --data-tokens)
   bool data_is_tokens = false;  // data is a .bin file of uint16 token ids (token_file.h)
   int64_t max_data_bytes = 8 << 20;
   std::string metrics_path;  // JSON lines; "{rank}" is replaced by the rank

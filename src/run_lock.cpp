@@ -1,0 +1,170 @@
+// One run per checkpoint folder: [Note: run lock] in include/fsdp/run_lock.h.
+#include <fsdp/run_lock.h>
+
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace fsdp {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxHolderBytes = 4096;  // one JSON line; more is not a holder line
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "?";
+}
+
+// Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot; with the pid
+// it names one process (a pid is reused, the pair is not). -1 when the process does not exist.
+long long process_start_ticks(long pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return -1;
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos) return -1;
+  std::istringstream fields(line.substr(paren + 2));  // field 3 (state) onwards
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+    if (i == 3 && field == "Z") return -1;  // exited, not yet reaped: gone
+    if (i == 22) return std::atoll(field.c_str());
+  }
+  return -1;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm {};
+  ::gmtime_r(&now, &tm);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return text;
+}
+
+std::string holder_line() {
+  const long pid = static_cast<long>(::getpid());
+  return nlohmann::json{{"host", host_name()},
+                        {"pid", pid},
+                        {"pid_start", process_start_ticks(pid)},
+                        {"started", utc_now()}}
+      .dump();
+}
+
+// "host H, pid P, started T" from a holder line (or the line itself when it is not one).
+std::string describe_holder(const std::string& line) {
+  try {
+    const auto j = nlohmann::json::parse(line);
+    return "host " + j.at("host").get<std::string>() + ", pid " +
+           std::to_string(j.at("pid").get<long>()) + ", started " + j.at("started").get<std::string>();
+  } catch (const std::exception&) {
+    return "'" + line.substr(0, 200) + "'";
+  }
+}
+
+std::string read_holder(int fd) {
+  std::string text(kMaxHolderBytes, '\0');
+  const ssize_t got = ::pread(fd, text.data(), text.size(), 0);
+  text.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
+  return text;
+}
+
+// The line of a holder that has the flock: it writes its line just after taking the flock, so
+// an empty file may be a run that is starting; wait for its line a moment.
+std::string read_holder_of_held_lock(int fd) {
+  std::string line = read_holder(fd);
+  for (int tries = 0; line.empty() && tries < 50; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    line = read_holder(fd);
+  }
+  return line.empty() ? "a run that is starting" : line;
+}
+
+// Whether the run named by `line` is alive on this host although flock granted the lock (a file
+// system whose flock does nothing): its pid exists with the same start time.
+bool holder_alive_on_this_host(const std::string& line) {
+  try {
+    const auto j = nlohmann::json::parse(line);
+    return j.at("host").get<std::string>() == host_name() &&
+           process_start_ticks(j.at("pid").get<long>()) == j.at("pid_start").get<long long>();
+  } catch (const std::exception&) {
+    return false;  // not a holder line: nobody to wait for
+  }
+}
+
+[[noreturn]] void refuse(const std::string& path, const std::string& holder, const std::string& why) {
+  TORCH_CHECK(false, "checkpoint folder ", fs::path(path).parent_path().string(),
+              " is in use by another run (", describe_holder(holder), "; lock file ", path, why,
+              "). Two runs in one folder overwrite each other's checkpoints: wait until that run "
+              "ends, stop it, or use another folder");
+}
+
+int open_lock_file(const std::string& folder, const std::string& path) {
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  TORCH_CHECK(!ec, "checkpoint folder ", folder, ": cannot create it: ", ec.message());
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  TORCH_CHECK(fd >= 0, "cannot open the lock file ", path, ": ", std::strerror(errno),
+              errno == ELOOP ? " (it is a symbolic link; remove it)" : "",
+              " (the checkpoint folder must be a writable folder)");
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    TORCH_CHECK(false, "the lock file ", path, " is not a regular file; remove it");
+  }
+  return fd;
+}
+
+}  // namespace
+
+RunLock::RunLock(const std::string& folder) : path_((fs::path(folder) / "run.lock").string()) {
+  fd_ = open_lock_file(folder, path_);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    const std::string holder = error == EWOULDBLOCK ? read_holder_of_held_lock(fd_) : "";
+    ::close(fd_);
+    TORCH_CHECK(error == EWOULDBLOCK, "cannot lock ", path_, ": ", std::strerror(error));
+    refuse(path_, holder, "");
+  }
+  const std::string previous = read_holder(fd_);
+  if (!previous.empty()) {
+    if (holder_alive_on_this_host(previous)) {
+      ::close(fd_);
+      refuse(path_, previous, "; its flock is free: does this file system support flock?");
+    }
+    taken_over_from_ = describe_holder(previous);
+  }
+  const std::string line = holder_line() + "\n";
+  const bool written = ::ftruncate(fd_, 0) == 0 &&
+                       ::pwrite(fd_, line.data(), line.size(), 0) == static_cast<ssize_t>(line.size());
+  if (!written) {
+    const int error = errno;
+    ::close(fd_);
+    TORCH_CHECK(false, "cannot write the lock file ", path_, ": ", std::strerror(error));
+  }
+  ::fsync(fd_);
+}
+
+RunLock::~RunLock() {
+  if (fd_ < 0) return;
+  if (::ftruncate(fd_, 0) == 0) ::fsync(fd_);  // a clean end: nobody to take over from
+  ::close(fd_);                                // drops the flock
+}
+
+}  // namespace fsdp
