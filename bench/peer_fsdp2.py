@@ -123,15 +123,23 @@ class CommCounter:
         self.all_gather = self.reduce_scatter = self.all_reduce = 0
         self._install()
 
+    # The names FSDP2 calls, newest first: torch 2.13 has all_gather_single / reduce_scatter_single
+    # (the older names forward to them); torch 2.11 has only the older ones. Wrapping one name of
+    # each pair counts every collective once.
+    ALL_GATHER_NAMES = ("all_gather_single", "all_gather_into_tensor")
+    REDUCE_SCATTER_NAMES = ("reduce_scatter_single", "reduce_scatter_tensor")
+
     def _install(self):
         counter = self
-        orig_ag, orig_rs, orig_ar = dist.all_gather_single, dist.reduce_scatter_single, dist.all_reduce
+        ag_name = next(n for n in self.ALL_GATHER_NAMES if hasattr(dist, n))
+        rs_name = next(n for n in self.REDUCE_SCATTER_NAMES if hasattr(dist, n))
+        orig_ag, orig_rs, orig_ar = getattr(dist, ag_name), getattr(dist, rs_name), dist.all_reduce
 
-        def all_gather_single(output_tensor, input_tensor, *a, **kw):
+        def all_gather(output_tensor, input_tensor, *a, **kw):
             counter.all_gather += input_tensor.numel() * input_tensor.element_size() * (counter.world - 1)
             return orig_ag(output_tensor, input_tensor, *a, **kw)
 
-        def reduce_scatter_single(output, input, *a, **kw):
+        def reduce_scatter(output, input, *a, **kw):
             counter.reduce_scatter += output.numel() * output.element_size() * (counter.world - 1)
             return orig_rs(output, input, *a, **kw)
 
@@ -140,9 +148,10 @@ class CommCounter:
             counter.all_reduce += tensor.numel() * tensor.element_size()
             return orig_ar(tensor, *a, **kw)
 
-        dist.all_gather_single = all_gather_single
-        dist.reduce_scatter_single = reduce_scatter_single
+        setattr(dist, ag_name, all_gather)
+        setattr(dist, rs_name, reduce_scatter)
         dist.all_reduce = all_reduce
+        self.names = (ag_name, rs_name)
 
     def snapshot(self):
         return (self.all_gather, self.reduce_scatter, self.all_reduce)
@@ -193,6 +202,9 @@ def main():
     device = setup_device(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = CommCounter(world)
+    if rank == 0:
+        print(f"counting FSDP2's collectives through dist.{comm.names[0]} and dist.{comm.names[1]}",
+              flush=True)
 
     batches = torch.load(args.batches)
     inputs_all, targets_all = batches["inputs"], batches["targets"]

@@ -2,7 +2,9 @@
 # The device check of issue 10, on a machine with an NVIDIA GPU (made for the device tool's H200:
 # its own python3 with a CUDA PyTorch, nvcc, CMake, ninja, g++, no Debian dev packages, no
 # network). In under 8 minutes in all:
-#   1. builds gpt_train and fsdprun against that machine's PyTorch (Release, Ninja) into build-gpu/;
+#   1. builds gpt_train and fsdprun against that machine's PyTorch (Release, Ninja) into build-gpu/,
+#      then runs two steps of every program on a tiny model (the smoke step: seconds; it stops the
+#      check at the first program that fails, naming it);
 #   2. tests/gpu_check.py: parity with plain LibTorch over NCCL (W = 1), in the staged mode (W = 2
 #      and 4 sharing the GPU), with CPU offload and in bf16; memory against the bound;
 #   3. bench/gpu_bench.py: the 1.3 B GPT in bf16: fsdp-cpp, plain LibTorch, PyTorch FSDP2, offload;
@@ -132,6 +134,38 @@ if [ "$BUILD_ONLY" = 1 ]; then
   printf '  %s\n' "${STEP_TIMES[@]}"
   exit 0
 fi
+
+step smoke
+# Two steps of every program the checks run, on a tiny model: a build that cannot run on this GPU
+# (or a peer that this torch cannot run) stops the check here in seconds, naming the program,
+# instead of failing every run of the minutes-long steps below.
+SMOKE=$BUILD/smoke
+mkdir -p "$SMOKE"
+TINY=(--layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 --data "$BUILD/test-corpus"
+      --max-data-mb 1)
+smoke() {
+  local name=$1 start=$SECONDS
+  shift
+  if ! timeout 60 "$@" >"$SMOKE/$name.log" 2>&1; then
+    echo "device_check: smoke run '$name' failed: $*"
+    tail -20 "$SMOKE/$name.log"
+    exit 1
+  fi
+  printf '  %-16s ok (%d s)\n' "$name" $((SECONDS - start))
+}
+GPT=("$BUILD/bin/gpt_train")
+RUN1=("$BUILD/bin/fsdprun" --nproc-per-node 1 "$BUILD/bin/gpt_train")
+smoke reference "${GPT[@]}" --reference --device cuda "${TINY[@]}" --log-every 1
+smoke fsdp-w1 "${RUN1[@]}" --device cuda "${TINY[@]}" --log-every 1
+smoke fsdp-w2-staged env FSDP_CUDA_COLLECTIVES=staged "$BUILD/bin/fsdprun" --nproc-per-node 2 \
+  "$BUILD/bin/gpt_train" --device cuda "${TINY[@]}" --log-every 1
+smoke offload "${RUN1[@]}" --device cuda --cpu-offload "${TINY[@]}" --log-every 1
+smoke bf16 "${RUN1[@]}" --device cuda --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
+smoke peer-inputs "${GPT[@]}" --reference "${TINY[@]}" --save-full "$SMOKE/init.pt" \
+  --dump-batches "$SMOKE/batches.pt"
+smoke fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 bench/peer_fsdp2.py \
+  --device cuda --layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 \
+  --init-from "$SMOKE/init.pt" --batches "$SMOKE/batches.pt"
 
 # A failed check does not skip the benchmark (one device run should bring back both).
 FAILED=()

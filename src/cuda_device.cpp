@@ -15,6 +15,7 @@
 // the over-allocation FSDP users report.
 #include "device.h"
 
+#include <ATen/Context.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -134,18 +135,27 @@ MemoryStats cuda_memory_stats(const c10::Device& device) {
   return out;
 }
 
+// [Note: CUDA's lazy init]
+// LibTorch initialises CUDA on first use by a tensor operation, not when a process starts; until
+// then the caching allocator knows no device (its device count is 0) and refuses any index:
+// getDeviceStats(0) before the first CUDA tensor throws "Invalid device argument". Every entry of
+// this file that LibTorch may refuse before that (making the device, reading and resetting the
+// allocator's statistics) therefore goes through initialized(), which runs the lazy init first
+// (idempotent and cheap once done); nothing outside this file calls the CUDA runtime directly.
+c10::Device initialized(const c10::Device& device) {
+  at::globalContext().lazyInitDevice(c10::kCUDA);
+  // "cuda" without an index: the current device, as LibTorch reads it.
+  return device.has_index() ? device : c10::Device(c10::kCUDA, c10::cuda::current_device());
+}
+
 }  // namespace
 
 void register_cuda_device() {
-  // "cuda" without an index: the current device, as LibTorch reads it.
-  auto indexed = [](const c10::Device& device) {
-    return device.has_index() ? device : c10::Device(c10::kCUDA, c10::cuda::current_device());
-  };
   DeviceSupport cuda;
-  cuda.make = [=](const c10::Device& device) { return std::make_unique<CudaDevice>(indexed(device)); };
-  cuda.memory_stats = [=](const c10::Device& device) { return cuda_memory_stats(indexed(device)); };
-  cuda.reset_peak_memory = [=](const c10::Device& device) {
-    c10::cuda::CUDACachingAllocator::resetPeakStats(indexed(device).index());
+  cuda.make = [](const c10::Device& device) { return std::make_unique<CudaDevice>(initialized(device)); };
+  cuda.memory_stats = [](const c10::Device& device) { return cuda_memory_stats(initialized(device)); };
+  cuda.reset_peak_memory = [](const c10::Device& device) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(initialized(device).index());
   };
   register_device(c10::kCUDA, std::move(cuda));
 }
