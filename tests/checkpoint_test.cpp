@@ -79,9 +79,9 @@ const gpt::ByteCorpus& corpus() {
 // A sharded GPT and its AdamW, as a fresh process would build them.
 struct Training {
   explicit Training(uint64_t init_seed, gpt::GPTConfig config = small_config(),
-               fsdp::FullyShardOptions options = {})
+               fsdp::FullyShardOptions options = {}, bool fused_optimizer = true)
       : gpt(gpt::make_gpt(config, init_seed)),
-        optim(gpt::make_optimizer(gpt, 3e-3, 0.1)),
+        optim(gpt::make_optimizer(gpt, 3e-3, 0.1, fused_optimizer)),
         model(fsdp::fully_shard(gpt, *dist().world, options)) {}
 
   // Trains steps [first, last) on the global batches of kDataSeed; returns the global losses.
@@ -132,6 +132,27 @@ TEST(Checkpoint, SaveLoadGivesTheSameParametersAndOptimizerState) {
   const auto state = saved.optimizer_state();
   EXPECT_EQ(state.size(), 3 * saved.params().size());  // exp_avg, exp_avg_sq, step
   expect_bitwise_equal(loaded.optimizer_state(), state);
+}
+
+// Both AdamWs keep the same state (names, moments, step), so a checkpoint saved with one resumes
+// with the other: the state loads bitwise, and the resumed losses are the uninterrupted run's to
+// fp32 rounding (the two compute the same update in different kernels).
+TEST(Checkpoint, ACheckpointOfOneAdamWResumesWithTheOther) {
+  for (const bool saved_fused : {false, true}) {
+    SharedTempDir tmp;
+    const auto expected = Training(1, small_config(), {}, saved_fused).train(0, 8);
+    Training first(1, small_config(), {}, saved_fused);
+    first.train(0, 4);
+    fsdp::save_sharded(first.model, *first.optim, tmp / "ckpt", {{"step", 4}});
+    Training resumed(2, small_config(), {}, !saved_fused);
+    fsdp::load_sharded(resumed.model, *resumed.optim, tmp / "ckpt");
+    expect_bitwise_equal(resumed.optimizer_state(), first.optimizer_state());
+    const auto losses = resumed.train(4, 8);
+    for (size_t k = 0; k < losses.size(); ++k) {
+      EXPECT_NEAR(losses[k], expected[4 + k], 1e-5 * std::abs(expected[4 + k]))
+          << "step " << 4 + k << ", saved with " << (saved_fused ? "fused" : "LibTorch's") << " AdamW";
+    }
+  }
 }
 
 TEST(Checkpoint, ResumeGivesBitwiseTheLossesOfAnUninterruptedRun) {

@@ -1,5 +1,7 @@
 #include "gpt.h"
 
+#include <fsdp/fused_adamw.h>
+
 #include <cmath>
 
 namespace gpt {
@@ -107,7 +109,8 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
                                               targets.reshape({-1}));
 }
 
-std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay) {
+std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay,
+                                                    bool fused) {
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& item : model->named_parameters()) {
     const bool is_matrix = item.key().find("ln_") == std::string::npos &&
@@ -120,6 +123,7 @@ std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, doubl
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(options));
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(no_decay_options));
+  if (fused) return std::make_unique<fsdp::optim::AdamW>(std::move(groups), options);
   return std::make_unique<torch::optim::AdamW>(std::move(groups), options);
 }
 

@@ -85,7 +85,10 @@ void init_parameter(const GPTConfig& config, const std::string& name, torch::Ten
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
 /// AdamW with weight decay on matrices only (decided from the original shapes, so call it
-/// before or after sharding alike: the parameters stay the same tensors).
-std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay);
+/// before or after sharding alike: the parameters stay the same tensors). `fused`: ATen's fused
+/// kernel (fsdp::optim::AdamW, the default), else LibTorch's loop (torch::optim::AdamW); the same
+/// state either way, so a checkpoint of one resumes with the other.
+std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay,
+                                                    bool fused = true);
 
 }  // namespace gpt

@@ -239,6 +239,13 @@ int main(int argc, char** argv) {
       ->check(integer_in(0, kMaxCount));
   app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
       ->check(real_at_least(0));
+  std::string optimizer = "fused";
+  app.add_option("--optimizer", optimizer,
+                 "fused: AdamW in ATen's fused kernel (fsdp::optim::AdamW); torch: LibTorch's "
+                 "torch::optim::AdamW (a loop of kernels per parameter); checkpoints of either "
+                 "resume with the other")
+      ->check(CLI::IsMember({"fused", "torch"}))
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the initial weights and of the batches")
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
   std::string data_tokens;
@@ -356,6 +363,7 @@ int main(int argc, char** argv) {
       ->check(integer_in(1, kMaxCount));
   CLI11_PARSE(app, argc, argv);
   o.max_data_bytes = max_data_mb << 20;
+  o.fused_optimizer = optimizer == "fused";
   o.resume = app.count("--resume") > 0;
   o.resume_if_none = resume == "auto";
   o.fsdp.strategy(fsdp::parse_sharding_strategy(strategy))

@@ -393,7 +393,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   SetupMemory setup_memory = start_setup_memory(device);
   fsdp::Unit<GPT> model = build_model(o, dist);
   GPT gpt = model.module();
-  auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay);
+  auto optimizer = make_optimizer(gpt, o.lr, o.weight_decay, o.fused_optimizer);
   end_build_memory(device, setup_memory);
   if (!o.init_from.empty()) {
     fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);

@@ -23,6 +23,7 @@ struct TrainOptions {
   double lr = 1e-3;          // peak learning rate
   int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to lr/10 (0: constant lr)
   double weight_decay = 0.1;
+  bool fused_optimizer = true;  // fsdp::optim::AdamW (ATen's fused kernel), else LibTorch's AdamW
   uint64_t seed = 1234;
   std::string data;
   std::string data_flag = "--data";  // the flag that named `data` (--data or --data-tokens)
