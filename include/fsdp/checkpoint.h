@@ -64,9 +64,8 @@
 namespace fsdp {
 
 /// The largest metadata.json that loading reads; a larger one is refused unread (it would take
-/// minutes and gigabytes to parse). A real one holds ~220 bytes per box and up to 3 boxes per
-/// piece, and about units x (ranks + parameters per unit) pieces: 1024 ranks x 100 units x 3
-/// boxes is ~70 MB, so this bound leaves room beyond that.
+/// minutes and gigabytes to parse). A real one holds ~250 bytes per box, up to 3 boxes per piece
+/// and about units x (ranks + parameters per unit) pieces: 1024 ranks x 100 units is ~80 MB.
 constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
 
 namespace detail {
