@@ -220,8 +220,9 @@ void SafetensorsReader::read_range_into(const std::string& name, int64_t begin,
                                         const at::Tensor& out) const {
   const auto& e = entry(name);
   const int64_t count = out.numel();
-  TORCH_CHECK(begin >= 0 && begin <= e.numel() && count <= e.numel() - begin, path_, ": elements [", begin, ", ",
-              begin + count, ") lie outside tensor '", name, "' of ", e.numel(), " elements");
+  TORCH_CHECK(begin >= 0 && begin <= e.numel() && count <= e.numel() - begin, path_,
+              ": elements [", begin, ", ", begin + count, ") lie outside tensor '", name, "' of ",
+              e.numel(), " elements");
   TORCH_CHECK(out.is_contiguous() && out.device().is_cpu() && out.scalar_type() == e.dtype,
               "read_range_into needs a contiguous CPU tensor of ", e.dtype);
   const int64_t item = static_cast<int64_t>(c10::elementSize(e.dtype));
