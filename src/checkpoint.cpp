@@ -9,6 +9,7 @@
 // Loading stages everything in fresh tensors first and copies into the model and the optimizer
 // only after the exchange said every rank succeeded: a bad checkpoint changes nothing.
 #include <fsdp/checkpoint.h>
+#include <fsdp/file_checks.h>
 #include <fsdp/safetensors.h>
 
 #include "checkpoint_format.h"
@@ -24,7 +25,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
@@ -308,12 +308,11 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
                                                    const std::map<std::string, const ParamMeta*>& params) {
   const std::string path = folder + "/" + file.name;
   std::error_code ec;
-  const auto bytes = static_cast<int64_t>(fs::file_size(path, ec));
-  TORCH_CHECK(!ec, "cannot open ", path, ": ", ec.message(),
-              " (a shard file is missing: was the checkpoint copied completely?)");
-  TORCH_CHECK(bytes == file.bytes, path, " is ", bytes, " bytes but ", kMetadataFile, " says ",
-              file.bytes, ": the file is truncated or was replaced");
-  auto reader = std::make_unique<SafetensorsReader>(path);
+  TORCH_CHECK(fs::exists(fs::symlink_status(path, ec)), "cannot open ", path,
+              ": no such file (a shard file is missing: was the checkpoint copied completely?)");
+  auto reader = std::make_unique<SafetensorsReader>(path);  // refuses a FIFO or a device unread
+  TORCH_CHECK(reader->file_bytes() == file.bytes, path, " is ", reader->file_bytes(), " bytes but ",
+              kMetadataFile, " says ", file.bytes, ": the file is truncated or was replaced");
   for (const auto& piece : file.pieces) {
     const ParamMeta& param = *params.at(piece.param);
     std::vector<std::string> kinds{"param"};
@@ -440,20 +439,61 @@ std::string step_folder_name(int64_t step) {
   return name;
 }
 
-// The step of a folder named step-NNNNNNNN, or -1.
+// Any number of up to 18 digits fits int64; save_checkpoint writes 8 or more.
+constexpr size_t kMaxStepDigits = 18;
+
+// The step of a folder named step-N (N of 1 to kMaxStepDigits digits), or -1.
 int64_t step_of(const std::string& name) {
-  if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) return -1;
+  const size_t digits = name.size() - std::min<size_t>(name.size(), 5);
+  if (digits == 0 || digits > kMaxStepDigits || name.compare(0, 5, "step-") != 0) return -1;
+  int64_t step = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;
+    step = step * 10 + (name[i] - '0');
   }
-  return std::stoll(name.substr(5));
+  return step;
 }
 
+// `text` as a message can show it: at most 64 bytes, control bytes escaped.
+std::string visible(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text.substr(0, 64)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
+      out += escaped;
+    }
+  }
+  return text.size() > 64 ? out + "..." : out;
+}
+
+// `latest` holds a step folder's name: ~15 bytes. A larger file is no pointer.
+constexpr int64_t kMaxLatestBytes = 4096;
+
+// The step folder that `dir`/latest names, or "" when there is no `latest`. A `latest` that is not
+// exactly what save_checkpoint writes (a regular file: the name of a step folder inside `dir`,
+// then a newline) throws, naming the file and the rule: resuming silently from another step
+// than the published one (or from none) would continue the run from the wrong state.
 std::string read_latest_name(const std::string& dir) {
-  std::ifstream in(dir + "/" + kLatestFile);
-  std::string name;
-  if (in) std::getline(in, name);
-  return step_of(name) >= 0 ? name : "";
+  const std::string path = dir + "/" + kLatestFile;
+  std::error_code ec;
+  const fs::file_status status = fs::symlink_status(path, ec);
+  if (!fs::exists(status)) return "";
+  TORCH_CHECK(!fs::is_symlink(status), path, " is a symbolic link: `latest` must be the regular "
+              "file that save_checkpoint writes (a link may name another run's pointer); remove "
+              "it to load the newest complete step folder, or write that folder's name into it");
+  const std::vector<char> bytes = read_regular_file(path, kMaxLatestBytes,
+                                                    "a checkpoint directory's `latest` pointer");
+  std::string name(bytes.begin(), bytes.end());
+  if (!name.empty() && name.back() == '\n') name.pop_back();
+  TORCH_CHECK(step_of(name) >= 0, path, " holds '", visible(name), "', not the name of a step "
+              "folder: `latest` must hold step-N (N of 1 to ", kMaxStepDigits, " digits) and a "
+              "newline, as save_checkpoint writes it; write the name of the step folder to load "
+              "into it, or remove it to load the newest complete one");
+  check_name_inside(dir, name, path);
+  return name;
 }
 
 // Removes step folders older than the newest `keep_last` ones up to `published`. Best effort:
@@ -521,9 +561,11 @@ nlohmann::json load_sharded(FsdpState& state, AdamW& optimizer, const std::strin
   std::string error = try_local([&] {
     TORCH_CHECK(fs::exists(metadata), metadata, " does not exist: ", folder,
                 " is not a complete checkpoint (a save interrupted before it finished?)");
-    const std::vector<char> text = read_file(metadata);
+    const std::vector<char> text =
+        read_regular_file(metadata, kMaxMetadataBytes, "a checkpoint's metadata.json");
     metadata_crc = crc32(text.data(), text.size());
     meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
+    for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
     check_matches_model(meta, describe_model(state, optimizer), metadata);
     staged = stage(state, optimizer, meta, folder);
   });

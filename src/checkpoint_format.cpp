@@ -4,10 +4,7 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <map>
 
 namespace fsdp {
@@ -205,17 +202,6 @@ uint32_t crc32(const void* data, size_t size, uint32_t crc) {
   }
   for (; size > 0; --size, ++p) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
   return ~crc;
-}
-
-std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  TORCH_CHECK(in, "cannot open ", path, ": ", std::strerror(errno),
-              " (a shard file is missing: was the checkpoint copied completely?)");
-  std::vector<char> bytes(static_cast<size_t>(in.tellg()));
-  in.seekg(0);
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  TORCH_CHECK(in || bytes.empty(), "cannot read ", path, ": ", std::strerror(errno));
-  return bytes;
 }
 
 }  // namespace fsdp

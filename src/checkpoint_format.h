@@ -75,7 +75,4 @@ void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta
 /// CRC-32 (IEEE, as zlib.crc32 in Python) of `size` bytes, continuing from `crc`.
 uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
 
-/// The whole file; throws naming it when it is missing or unreadable.
-std::vector<char> read_file(const std::string& path);
-
 }  // namespace fsdp

@@ -1,5 +1,7 @@
 #include <fsdp/safetensors.h>
 
+#include <fsdp/file_checks.h>
+
 #include "atomic_file.h"
 #include "checkpoint_format.h"
 
@@ -10,8 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 namespace fsdp {
@@ -58,29 +60,55 @@ void read_exactly(int fd, void* out, size_t size, int64_t offset, const std::str
   }
 }
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// The bytes that `shape` x `dtype` need, or nothing when they exceed what int64 counts: a header
+// may claim any shape, and a product that wraps around could match a small span.
+std::optional<int64_t> bytes_of(const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int64_t size : shape) {
+    if (__builtin_mul_overflow(bytes, size, &bytes)) return std::nullopt;
+  }
+  return bytes;
+}
+
 SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& j,
                              const std::string& path) {
   SafetensorsEntry entry;
   entry.name = name;
+  int64_t end = 0;
   try {
     entry.dtype = parse_dtype(j.at("dtype").get<std::string>(), path, name);
     entry.shape = j.at("shape").get<std::vector<int64_t>>();
     const auto offsets = j.at("data_offsets").get<std::vector<int64_t>>();
     if (offsets.size() != 2) fail_file(path, "tensor '" + name + "' has no [begin, end] offsets");
     entry.offset = offsets[0];
-    entry.bytes = offsets[1] - offsets[0];
+    end = offsets[1];
   } catch (const nlohmann::json::exception& e) {
     fail_file(path, "the header entry of tensor '" + name + "' is malformed (" + e.what() + ")");
   }
   for (int64_t size : entry.shape) {
     if (size < 0) fail_file(path, "tensor '" + name + "' has a negative size in its shape");
   }
-  const int64_t expected = entry.numel() * static_cast<int64_t>(c10::elementSize(entry.dtype));
-  if (entry.offset < 0 || entry.bytes != expected) {
-    fail_file(path, "the header says tensor '" + name + "' spans bytes [" +
-                        std::to_string(entry.offset) + ", " +
-                        std::to_string(entry.offset + entry.bytes) + "), but its shape and dtype " +
-                        "need " + std::to_string(expected) + " bytes");
+  const std::string span = "[" + std::to_string(entry.offset) + ", " + std::to_string(end) + ")";
+  if (entry.offset < 0 || end < entry.offset) {
+    fail_file(path, "the header says tensor '" + name + "' spans bytes " + span +
+                        ", which is not a range of the data");
+  }
+  entry.bytes = end - entry.offset;
+  const std::optional<int64_t> expected = bytes_of(entry.shape, entry.dtype);
+  if (!expected) {
+    fail_file(path, "tensor '" + name + "' has shape " + shape_text(entry.shape) + " of " +
+                        safetensors_dtype_name(entry.dtype) + ", more bytes than int64 counts " +
+                        "(the header says it spans bytes " + span + ")");
+  }
+  if (entry.bytes != *expected) {
+    fail_file(path, "the header says tensor '" + name + "' spans bytes " + span +
+                        ", but its shape and dtype need " + std::to_string(*expected) + " bytes");
   }
   return entry;
 }
@@ -124,11 +152,7 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
 }
 
 SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  TORCH_CHECK(fd_ >= 0, "cannot open ", path_, ": ", std::strerror(errno));
-  struct stat info {};
-  TORCH_CHECK(::fstat(fd_, &info) == 0, "cannot stat ", path_, ": ", std::strerror(errno));
-  file_bytes_ = info.st_size;
+  fd_ = open_regular_file(path_, "a safetensors file", &file_bytes_);
   ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);  // a larger read-ahead: boxes are read whole
   if (file_bytes_ < 8) fail_file(path_, "it has " + std::to_string(file_bytes_) + " bytes, fewer than "
                                       "the 8 of its header length");
@@ -196,8 +220,9 @@ void SafetensorsReader::read_range_into(const std::string& name, int64_t begin,
                                         const at::Tensor& out) const {
   const auto& e = entry(name);
   const int64_t count = out.numel();
-  TORCH_CHECK(begin >= 0 && begin + count <= e.numel(), path_, ": elements [", begin, ", ",
-              begin + count, ") lie outside tensor '", name, "' of ", e.numel(), " elements");
+  TORCH_CHECK(begin >= 0 && begin <= e.numel() && count <= e.numel() - begin, path_,
+              ": elements [", begin, ", ", begin + count, ") lie outside tensor '", name, "' of ",
+              e.numel(), " elements");
   TORCH_CHECK(out.is_contiguous() && out.device().is_cpu() && out.scalar_type() == e.dtype,
               "read_range_into needs a contiguous CPU tensor of ", e.dtype);
   const int64_t item = static_cast<int64_t>(c10::elementSize(e.dtype));

@@ -1,5 +1,7 @@
 #include <fsdp/tensor_file.h>
 
+#include <fsdp/file_checks.h>
+
 #include "atomic_file.h"
 #include "checkpoint_format.h"
 
@@ -11,9 +13,7 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
+#include <limits>
 
 namespace fsdp {
 
@@ -125,9 +125,8 @@ void save_tensor_dict(const std::string& path, const NamedTensors& tensors) {
 }
 
 NamedTensors load_tensor_dict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, "cannot open ", path, ": ", std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<char> bytes = read_regular_file(path, std::numeric_limits<int64_t>::max(),
+                                                    "a torch.save file");
   check_zip_crcs(bytes, path);
   c10::IValue value;
   try {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace {
@@ -113,6 +114,30 @@ TEST(Safetensors, FilesThatLieGiveNamedErrors) {
   expect_error(tmp / "past.safetensors", {"describes 16 bytes", "holds 8", "truncated"});
   write_raw(tmp / "json.safetensors", R"({"a": {"dtype": )", 0);
   expect_error(tmp / "json.safetensors", {"not JSON"});
+}
+
+// A header may claim any shape: one whose bytes wrap around int64 must not pass for the small span
+// it claims (2^62 + 96 floats are 2^64 + 384 bytes, 384 modulo 2^64), or read_range would hand
+// out the bytes of the tensors after it.
+TEST(Safetensors, ShapesWhoseBytesOverflowAreRefusedNamingTheTensor) {
+  TempDir tmp;
+  write_raw(tmp / "wrap.safetensors",
+            R"({"w":{"dtype":"F32","shape":[4611686018427388000],"data_offsets":[0,384]}})", 384);
+  expect_error(tmp / "wrap.safetensors", {"wrap.safetensors", "'w'", "more bytes than int64"});
+  // The elements alone overflow, in the middle of the shape: 2^32 * 2^32 * 2 wraps to the 0 bytes
+  // of the span [0, 0) that it claims.
+  write_raw(tmp / "numel.safetensors",
+            R"({"v":{"dtype":"U8","shape":[4294967296,4294967296,2],"data_offsets":[0,0]}})", 0);
+  expect_error(tmp / "numel.safetensors", {"'v'", "more bytes than int64"});
+  write_raw(tmp / "inverted.safetensors",
+            R"({"u":{"dtype":"U8","shape":[4],"data_offsets":[8,4]}})", 8);
+  expect_error(tmp / "inverted.safetensors", {"'u'", "[8, 4)", "not a range"});
+}
+
+TEST(Safetensors, AFifoIsRefusedWithoutBlocking) {
+  TempDir tmp;
+  ASSERT_EQ(::mkfifo((tmp / "fifo.safetensors").c_str(), 0600), 0);
+  expect_error(tmp / "fifo.safetensors", {"fifo.safetensors", "is a FIFO", "regular file"});
 }
 
 // Every range of every small tensor: the boxes tile it exactly, in order, each box being the

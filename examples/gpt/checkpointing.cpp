@@ -1,6 +1,7 @@
 #include "checkpointing.h"
 
 #include <fsdp/checkpoint.h>
+#include <fsdp/file_checks.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -48,10 +49,10 @@ std::vector<std::string> checkpoint_entries(const std::string& dir) {
 // The `extra` JSON of the checkpoint folder `path`, or null if its metadata cannot be read (the
 // load then reports exactly what is wrong with it).
 nlohmann::json saved_run(const std::string& path) {
-  std::ifstream in(path + "/metadata.json");
-  if (!in) return nullptr;
   try {
-    return nlohmann::json::parse(in).at("extra");
+    const std::vector<char> text = fsdp::read_regular_file(
+        path + "/metadata.json", fsdp::kMaxMetadataBytes, "a checkpoint's metadata.json");
+    return nlohmann::json::parse(text).at("extra");
   } catch (const std::exception&) {
     return nullptr;
   }

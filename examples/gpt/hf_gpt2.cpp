@@ -1,11 +1,11 @@
 #include "hf_gpt2.h"
 
+#include <fsdp/file_checks.h>
 #include <fsdp/safetensors.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 namespace gpt {
@@ -19,11 +19,15 @@ const char* const kSingleFile = "model.safetensors";
 const char* const kIndexFile = "model.safetensors.index.json";
 const char* const kPrefix = "transformer.";
 
-json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  TORCH_CHECK(in, "--init-from-hf: cannot read ", path.string());
+// config.json is ~1 KB; an index holds ~60 bytes per tensor name (a few hundred thousand for the
+// largest models). Larger files are not these, and are refused unread.
+constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
+constexpr int64_t kMaxIndexBytes = int64_t{64} << 20;
+
+json read_json(const fs::path& path, int64_t max_bytes, const std::string& what) {
+  const std::vector<char> text = fsdp::read_regular_file(path.string(), max_bytes, what);
   try {
-    return json::parse(in);
+    return json::parse(text);
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "--init-from-hf: ", path.string(), " is not valid JSON: ", e.what());
   }
@@ -85,7 +89,7 @@ std::vector<std::string> weight_files(const fs::path& dir, json* weight_map) {
   TORCH_CHECK(fs::exists(index), "--init-from-hf ", dir.string(), " has neither ", kSingleFile,
               " nor ", kIndexFile, " (save the model with save_pretrained(DIR), which writes "
               "safetensors; pytorch_model.bin is not read)");
-  const json parsed = read_json(index);
+  const json parsed = read_json(index, kMaxIndexBytes, "a Hugging Face model's index");
   TORCH_CHECK(parsed.contains("weight_map") && parsed["weight_map"].is_object(), index.string(),
               " has no \"weight_map\" object of tensor name -> file");
   *weight_map = parsed["weight_map"];
@@ -93,7 +97,9 @@ std::vector<std::string> weight_files(const fs::path& dir, json* weight_map) {
   for (const auto& [tensor, file] : weight_map->items()) {
     TORCH_CHECK(file.is_string(), index.string(), ": the file of '", tensor, "' is not a string");
     const std::string name = file.get<std::string>();
-    TORCH_CHECK(name.find('/') == std::string::npos && name != ".." && fs::exists(dir / name),
+    // Names, not resolved paths: the Hugging Face cache's snapshot files are links to ../../blobs.
+    fsdp::check_relative_name(name, index.string());
+    TORCH_CHECK(fs::exists(dir / name),
                 index.string(), " names ", name, " for tensor '", tensor, "', but ",
                 (dir / name).string(), " does not exist (a shard of the checkpoint is missing: "
                 "copy the whole folder)");
@@ -112,7 +118,7 @@ HfGpt2Config HfGpt2Config::read(const std::string& dir) {
               "that save_pretrained wrote)");
   const std::string where = path.string();
   HfGpt2Config c;
-  c.json = read_json(path);
+  c.json = read_json(path, kMaxConfigBytes, "a Hugging Face model's config.json");
   TORCH_CHECK(c.json.is_object(), where, " is not a JSON object");
   require(c.json, "model_type", "gpt2", where, "is GPT-2");
   c.vocab_size = positive_size(c.json, "vocab_size", where);

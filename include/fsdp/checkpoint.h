@@ -63,6 +63,11 @@
 
 namespace fsdp {
 
+/// The largest metadata.json that loading reads; a larger one is refused unread (it would take
+/// minutes and gigabytes to parse). A real one holds ~250 bytes per box, up to 3 boxes per piece
+/// and about units x (ranks + parameters per unit) pieces: 1024 ranks x 100 units is ~80 MB.
+constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
+
 namespace detail {
 void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& folder,
                   const nlohmann::json& extra);
@@ -122,6 +127,11 @@ std::string save_checkpoint(Unit<M>& root, torch::optim::AdamW& optimizer, const
 
 /// The folder of the newest complete checkpoint in `dir` (the one `dir`/latest names), or ""
 /// when there is none yet (no `dir`, or no save was ever published). Not a collective.
+/// Without `latest`, the newest step folder that holds its metadata.json. A `latest` that is not
+/// what save_checkpoint writes throws, naming it and the rule, rather than being ignored (which
+/// would resume from another step): a link, a FIFO or anything but a regular file, over 4 KiB, or
+/// a text other than "step-N" (N of 1 to 18 digits) and one optional newline, or a step folder
+/// that a link puts outside `dir`.
 ///
 /// Example:
 ///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) fsdp::load_sharded(...);

@@ -31,8 +31,9 @@ struct SafetensorsEntry {
 };
 
 /// A safetensors file opened for reading. The constructor reads only the header and checks it
-/// against the file: a truncated file, a header that is not JSON, an unknown dtype, offsets that
-/// overlap, leave holes or disagree with a shape and dtype all throw, naming the file, the tensor
+/// against the file: a FIFO or a device (refused without blocking), a truncated file, a header
+/// that is not JSON, an unknown dtype, offsets that overlap, leave holes or disagree with a shape
+/// and dtype (whose bytes are counted with overflow checks) all throw, naming the file, the tensor
 /// and the cause.
 ///
 /// Example:
