@@ -106,13 +106,16 @@ def lm_loss(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
-def make_optimizer(model, lr, weight_decay):
+def make_optimizer(model, lr, weight_decay, fused=False):
+    """gpt_train's AdamW; fused=True: PyTorch's fused kernel (gpt_train --optimizer fused), else
+    its default, the foreach implementation."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if ("ln_" in name or "bias" in name) else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay,
+                             fused=fused or None)
 
 
 class CommCounter:
@@ -197,6 +200,8 @@ def main():
     ap.add_argument("--metrics", default="", help="JSON lines per step; {rank} becomes the rank")
     ap.add_argument("--log-every", type=int, default=0)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--fused", action="store_true",
+                    help="AdamW(fused=True), as gpt_train --optimizer fused (default: foreach)")
     args = ap.parse_args()
 
     device = setup_device(args.device)
@@ -226,7 +231,7 @@ def main():
     for block in model.h:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    optimizer = make_optimizer(model, args.lr, args.weight_decay)
+    optimizer = make_optimizer(model, args.lr, args.weight_decay, fused=args.fused)
 
     metrics = None
     if args.metrics:

@@ -211,9 +211,10 @@ def precision_args(c):
 
 
 def train_args(c, data):
+    # gpt_train and its floors step the fused AdamW; the peer the same kernel (AdamW(fused=True)).
     return model_args(c) + precision_args(c) + [
         "--lr", str(c["lr"]), "--seed", str(SEED), "--data", data, "--max-data-mb", str(MAX_DATA_MB),
-        "--steps", str(c["steps"]), "--batch", str(c["batch"])]
+        "--steps", str(c["steps"]), "--batch", str(c["batch"]), "--optimizer", "fused"]
 
 
 def commands(kind, r, c, d, world, data):
@@ -230,7 +231,7 @@ def commands(kind, r, c, d, world, data):
         return [[os.path.join(VENV, "torchrun"), "--standalone", "--nproc-per-node", str(world), PEER]
                 + model_args(c) + precision_args(c) + [
             "--batch", str(c["batch"]), "--steps", str(c["steps"]), "--lr", str(c["lr"]),
-            "--init-from", init, "--batches", batches, "--metrics", metrics]], paths
+            "--init-from", init, "--batches", batches, "--metrics", metrics, "--fused"]], paths
     floor = [GPT_TRAIN, "--reference", "--world-size", "1"] + train_args(c, data) + ["--init-from", init]
     if kind == "floor":
         return [floor + ["--metrics", paths[0]]], paths[:1]

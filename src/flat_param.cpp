@@ -52,7 +52,8 @@ void point_data(at::Tensor& param, const at::Tensor& data) {
 
 FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank,
                      int world_size, std::optional<c10::ScalarType> compute_dtype,
-                     std::optional<c10::Device> compute_device)
+                     std::optional<c10::Device> compute_device,
+                     std::optional<c10::ScalarType> grad_dtype)
     : rank_(rank), world_size_(world_size) {
   TORCH_INTERNAL_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size);
   for (auto& [name, param] : params) {
@@ -103,7 +104,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
   const auto full_options = options.dtype(compute_dtype_).device(compute_device_).pinned_memory(false);
   full_ = needs_unshard() ? unallocated(padded_numel(), full_options) : shard_;
   use_sharded_params();  // releases the parameters' original storage
-  full_grad_ = unallocated(padded_numel(), full_options);
+  full_grad_ = unallocated(padded_numel(), full_options.dtype(grad_dtype.value_or(compute_dtype_)));
 }
 
 int64_t FlatParam::element_size() const { return static_cast<int64_t>(shard_.element_size()); }
@@ -125,8 +126,12 @@ void FlatParam::free_full() {
   if (needs_unshard()) release_storage(full_);
 }
 
-void FlatParam::begin_full_grad(bool keep) {
-  if (!keep) {
+void FlatParam::begin_full_grad(bool keep, bool into_shard) {
+  TORCH_INTERNAL_ASSERT(!into_shard || (!keep && world_size_ == 1 && !offloaded()));
+  grads_in_shard_ = into_shard;
+  if (into_shard) {
+    grad_written_.assign(entries_.size(), false);
+  } else if (!keep) {
     refill_storage(full_grad_);
     grad_written_.assign(entries_.size(), false);
     const int64_t padding = padded_numel() - numel_;
@@ -142,7 +147,7 @@ void FlatParam::take_grad(size_t i) {
   const at::Tensor grad = e.param.grad();
   if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
-  at::Tensor part = full_grad_.narrow(0, e.offset, e.numel).view(e.shape);
+  at::Tensor part = grad_sink().narrow(0, e.offset, e.numel).view(e.shape);
   if (grad_written_[i]) {
     part.add_(grad);
   } else {
@@ -155,7 +160,7 @@ void FlatParam::take_grad(size_t i) {
 void FlatParam::complete_full_grad() {
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (grad_written_[i]) continue;
-    full_grad_.narrow(0, entries_[i].offset, entries_[i].numel).zero_();
+    grad_sink().narrow(0, entries_[i].offset, entries_[i].numel).zero_();
     grad_written_[i] = true;
   }
 }

@@ -52,11 +52,14 @@ class FlatParam {
  public:
   /// Copies this rank's part of `params` (same dtype and device) into its shard; the parameters'
   /// own storage is released once they point into it. The unsharded buffer is in
-  /// `compute_dtype` (the parameters' dtype if unset).
+  /// `compute_dtype` (the parameters' dtype if unset), the unsharded gradient in `grad_dtype`
+  /// (the reductions' dtype; `compute_dtype` if unset): each gradient is cast once, as it is
+  /// copied in, and the reduction needs no converted copy of the whole buffer.
   /// With `compute_device` (CPU offload), the unsharded buffers are there, the shards pinned.
   FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank, int world_size,
             std::optional<c10::ScalarType> compute_dtype = std::nullopt,
-            std::optional<c10::Device> compute_device = std::nullopt);
+            std::optional<c10::Device> compute_device = std::nullopt,
+            std::optional<c10::ScalarType> grad_dtype = std::nullopt);
 
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_size_; }
@@ -111,7 +114,13 @@ class FlatParam {
   /// the tensor the last op produced (no copy); take_grad then copies it into the flat buffer
   /// once. Pointing .grad at the flat buffer instead would cost a zero-fill of the whole buffer
   /// and an in-place add per gradient (FSDP2 copies once too, in foreach_reduce).
-  void begin_full_grad(bool keep);
+  ///
+  /// With `into_shard` the gradients go straight into the gradient shard instead (cast to its
+  /// dtype): for a shard group of one rank without replicas, whose shard is the whole unsharded
+  /// gradient and whose "reduction" would be a copy. No unsharded gradient is allocated then.
+  void begin_full_grad(bool keep, bool into_shard = false);
+  /// Whether this backward's gradients were written straight into the gradient shard.
+  bool grads_in_shard() const { return grads_in_shard_; }
   /// Entry i's gradient has just been accumulated by autograd: moves it into the unsharded
   /// gradient (copied the first time in this sum, added after) and clears it.
   void take_grad(size_t i);
@@ -141,6 +150,9 @@ class FlatParam {
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward
   at::Tensor grad_shard_;  // 1-D [S], reduced gradient of this rank's shard
   std::vector<bool> grad_written_;  // per entry: its part of full_grad_ holds a gradient
+  bool grads_in_shard_ = false;     // this backward writes grad_shard_, not full_grad_
+  // Where this backward's gradients go: full_grad_, or grad_shard_ (grads_in_shard_).
+  at::Tensor& grad_sink() { return grads_in_shard_ ? grad_shard() : full_grad_; }
 };
 
 }  // namespace fsdp

@@ -185,7 +185,7 @@ void ParamGroup::begin_accumulating() {
   if (flat_.requires_grad()) {
     // Under no_sync the sum so far is kept: keep adding to it.
     if (!full_grad_kept_) accumulate_into_shard_ = flat_.has_sharded_grads();
-    flat_.begin_full_grad(/*keep=*/full_grad_kept_);
+    flat_.begin_full_grad(/*keep=*/full_grad_kept_, /*into_shard=*/grads_need_no_reduction());
   }
   grads_pending_ = flat_.requires_grad_count();
   backward_state_ = BackwardState::Accumulating;
@@ -214,6 +214,11 @@ void ParamGroup::post_backward() {
   flat_.complete_full_grad();
   if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost && !is_part_) {
     state_.prefetch_backward_after(*this);
+  }
+  if (flat_.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
+    backward_state_ = BackwardState::Reduced;
+    reshard(/*with_parts=*/false);
+    return;
   }
   if (state_.no_sync()) {  // keep the unsharded gradient for the next backward
     full_grad_kept_ = true;
@@ -244,6 +249,16 @@ void ParamGroup::issue_reduce_scatter() {
   });
 }
 
+// A shard group of one rank without replicas (W = 1, not offloaded) whose reduction would be a
+// copy: the gradients can go straight into the gradient shard, unless they add to a sum kept
+// there (accumulation) or kept unsharded (no_sync).
+bool ParamGroup::grads_need_no_reduction() const {
+  const ReducePlan plan = reduce_plan();
+  return flat_.shard_numel() == flat_.padded_numel() && !flat_.sharded() &&
+         state_.replicate_collectives() == nullptr && !flat_.offloaded() && plan.pre == 1.0 &&
+         plan.post == 1.0 && !accumulate_into_shard_ && !full_grad_kept_ && !state_.no_sync();
+}
+
 ReducePlan ParamGroup::reduce_plan() const {
   const c10::ScalarType grad_dtype = flat_.full_grad().scalar_type();
   ReducePlan plan;
@@ -258,6 +273,8 @@ void ParamGroup::finish_backward() {
   if (backward_state_ == BackwardState::Reducing) {
     WaitSpan waiting("reduce_scatter", label_);
     reduce_scatter_.wait();
+  }
+  if (backward_state_ == BackwardState::Reducing || backward_state_ == BackwardState::Reduced) {
     flat_.use_sharded_grads();
   }
   reshard();  // e.g. a prefetched unit whose backward never ran

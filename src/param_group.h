@@ -29,6 +29,7 @@ enum class BackwardState {
   Idle,          ///< no backward under way for this unit
   Accumulating,  ///< unsharded for backward; each gradient autograd makes goes into the full buffer
   Reducing,      ///< parameters resharded; the gradient's reduce-scatter is in flight
+  Reduced,       ///< parameters resharded; the gradient shard holds the gradient (no reduction)
 };
 
 class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
@@ -89,6 +90,7 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   void issue_reduce_scatter();
   /// How this unit's gradient is reduced now (dtype, divisors, accumulation).
   ReducePlan reduce_plan() const;
+  bool grads_need_no_reduction() const;
   /// Installs the post-hook on the gradient accumulator of the flat parameter's entry `entry`.
   void hook(size_t entry);
 

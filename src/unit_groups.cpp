@@ -39,12 +39,16 @@ std::vector<GroupPlan> split_by_kind(NamedParams params, const TensorSet& full_p
 std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name, GroupPlan plan,
                                        bool is_root) {
   ProcessGroup& shard_group = state.shard_group();
-  const auto compute_dtype =
-      plan.full_precision ? std::nullopt : state.options().mixed_precision().param_dtype();
+  const auto& policy = state.options().mixed_precision();
+  const auto compute_dtype = plan.full_precision ? std::nullopt : policy.param_dtype();
+  // Gradients are reduced in reduce_dtype (else the compute dtype): kept in it from the start.
+  const auto grad_dtype =
+      plan.full_precision ? std::nullopt
+                          : policy.reduce_dtype().has_value() ? policy.reduce_dtype() : compute_dtype;
   auto group = std::make_shared<ParamGroup>(
       name,
       FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype,
-                state.compute_device()),
+                state.compute_device(), grad_dtype),
       state, is_root);
   if (plan.full_precision) group->keep_full_precision();
   group->install_grad_hooks();

@@ -249,6 +249,29 @@ TEST(Options, DtypesThatCannotBeReducedAreRejectedNamingThem) {
   EXPECT_EQ(fsdp::parse_dtype("fp16"), at::kHalf);
 }
 
+// bf16 compute with fp32 reduction: the unsharded gradient is fp32 from the start, each bf16
+// gradient cast exactly as it is copied in (the reduction then converts nothing); at W = 1 the
+// gradients can go straight into the fp32 gradient shard, with no unsharded gradient at all.
+TEST(FlatParam, GradientsAreKeptInTheReductionDtype) {
+  for (const bool into_shard : {false, true}) {
+    std::vector<std::pair<std::string, at::Tensor>> params{
+        {"w", torch::zeros({3, 4}).requires_grad_()}, {"b", torch::zeros({5}).requires_grad_()}};
+    fsdp::FlatParam flat(params, 0, 1, at::kBFloat16, std::nullopt, at::kFloat);
+    EXPECT_EQ(flat.full_grad().scalar_type(), at::kFloat);
+    flat.begin_full_grad(/*keep=*/false, into_shard);
+    EXPECT_EQ(flat.grads_in_shard(), into_shard);
+    const auto grad = (torch::randn({3, 4}) * 1e3).to(at::kBFloat16);
+    flat.entries()[0].param.mutable_grad() = grad;
+    flat.take_grad(0);
+    flat.complete_full_grad();
+    const at::Tensor sum = into_shard ? flat.grad_shard() : flat.full_grad();
+    EXPECT_TRUE(torch::equal(sum.narrow(0, 0, 12).view({3, 4}), grad.to(at::kFloat)));
+    EXPECT_TRUE(torch::equal(sum.narrow(0, 12, 5), torch::zeros({5})));  // no gradient: zero
+    // Into the shard: the unsharded gradient's storage was never allocated.
+    EXPECT_EQ(flat.full_grad().storage().nbytes() == 0, into_shard);
+  }
+}
+
 TEST(FlatParam, ShardsPartitionEveryParameterForAnyWorldSize) {
   for (int world : {1, 2, 3, 5}) {
     std::vector<int64_t> covered(4, 0);
