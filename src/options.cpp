@@ -39,6 +39,13 @@ bool reshards_after_forward(ShardingStrategy strategy) {
   return strategy == ShardingStrategy::FullShard || strategy == ShardingStrategy::HybridShard;
 }
 
+bool FullyShardOptions::unit_reshards_after_forward(const std::string& name) const {
+  if (reshard_after_forward_of()) {
+    if (const std::optional<bool> choice = reshard_after_forward_of()(name)) return *choice;
+  }
+  return reshard_after_forward().value_or(reshards_after_forward(strategy()));
+}
+
 bool is_hybrid(ShardingStrategy strategy) {
   return strategy == ShardingStrategy::HybridShard ||
          strategy == ShardingStrategy::HybridShardGradOp;

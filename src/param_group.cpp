@@ -159,8 +159,9 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
     }
   }
   // The root's parameters are needed again at once by backward (its output is the loss);
-  // SHARD_GRAD_OP keeps every unit's until its backward.
-  const bool keep = will_backward && (is_root_ || !reshards_after_forward(state_.options().strategy()));
+  // SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward.
+  const bool keep =
+      will_backward && (is_root_ || !state_.options().unit_reshards_after_forward(name_));
   if (!keep) reshard();
   record_span("forward " + label_, TraceLane::Compute, span_start_);
 }

@@ -193,5 +193,49 @@ TEST(Accounting, BytesPerStepMatchTheRingFormulas) {
               (long long)expected_all_gather, (long long)expected_reduce_scatter);
 }
 
+// reshard_after_forward(false), for every unit or for one by name: a unit that keeps its
+// parameters after forward is not gathered again in backward (one all-gather pass instead of
+// two), and its gradients are bitwise the default's.
+TEST(Accounting, ReshardAfterForwardFalseSkipsTheBackwardAllGather) {
+  const auto config = small_gpt();
+  const int64_t w = dist().world_size();
+  const std::string last = "h." + std::to_string(config.layers - 1);
+  auto [x, y] = local_batch(3, 2, config.max_seq);
+  struct Step {
+    int64_t all_gather_bytes;
+    std::vector<torch::Tensor> grads;  // this rank's gradient shards
+  };
+  const auto step = [&](const fsdp::FullyShardOptions& options) {
+    auto model = fsdp::fully_shard(gpt::make_gpt(config, 3), *dist().world, options);
+    const auto before = fsdp::comm_stats();
+    gpt::lm_loss(model(x), y).backward();
+    Step out{fsdp::comm_stats().all_gather_bytes - before.all_gather_bytes, {}};
+    for (auto& p : model->parameters()) out.grads.push_back(p.grad().clone());
+    return out;
+  };
+  int64_t one_pass = 0, last_block = 0;
+  for (const auto& [unit, numel] : gpt_unit_numels(config)) {
+    const int64_t ring = (w - 1) * 4 * shard_elements(numel, w);
+    one_pass += ring;
+    if (unit == last) last_block = ring;
+  }
+  const int64_t root = (w - 1) * 4 * shard_elements(gpt_unit_numels(config).at(""), w);
+  const Step by_default = step({});
+  const Step kept = step(fsdp::FullyShardOptions().reshard_after_forward(false));
+  const Step last_kept = step(fsdp::FullyShardOptions().reshard_after_forward_of(
+      [&](const std::string& unit) -> std::optional<bool> {
+        return unit == last ? std::optional<bool>(false) : std::nullopt;
+      }));
+  EXPECT_EQ(by_default.all_gather_bytes, 2 * one_pass - root);  // the root: forward only
+  EXPECT_EQ(kept.all_gather_bytes, one_pass);
+  EXPECT_EQ(last_kept.all_gather_bytes, 2 * one_pass - root - last_block);
+  for (const Step* other : {&kept, &last_kept}) {
+    ASSERT_EQ(other->grads.size(), by_default.grads.size());
+    for (size_t i = 0; i < by_default.grads.size(); ++i) {
+      EXPECT_TRUE(torch::equal(other->grads[i], by_default.grads[i])) << "parameter " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fsdp_test

@@ -305,6 +305,10 @@ int main(int argc, char** argv) {
   app.add_option("--limit-all-gathers", limit_all_gathers,
                  "rate limiter: units holding unsharded memory at once (0: no limit)")
       ->check(integer_in(0, 1 << 20));
+  bool keep_after_forward = false;
+  app.add_flag("--no-reshard-after-forward", keep_after_forward,
+               "keep every unit's unsharded parameters from its forward to its backward (no "
+               "second all-gather; more memory); default: the strategy's");
   app.add_flag("--check-order", check_order,
                "debug: check in the first step that all ranks run units in the same order");
   std::string param_dtype, reduce_dtype;
@@ -372,6 +376,7 @@ int main(int argc, char** argv) {
       .forward_prefetch(forward_prefetch)
       .limit_all_gathers(limit_all_gathers)
       .check_execution_order(check_order)
+      .reshard_after_forward(keep_after_forward ? std::optional<bool>(false) : std::nullopt)
       .activation_checkpointing(activation_checkpointing)
       .cpu_offload(cpu_offload);
   auto& precision = o.fsdp.mixed_precision();

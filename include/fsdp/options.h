@@ -6,6 +6,7 @@
 #include <torch/arg.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -116,8 +117,21 @@ struct FullyShardOptions {
   /// unit's shard is copied to `device` for its all-gather and its reduced gradient back; the
   /// optimizer steps on the CPU. Needs `device` to be a GPU.
   TORCH_ARG(bool, cpu_offload) = false;
+  /// Whether a unit frees its unsharded parameters after its forward (FSDP2's
+  /// reshard_after_forward). true saves their memory until backward, at the cost of gathering
+  /// them (and, under mixed precision, casting them) again there; false keeps them, trading that
+  /// memory for the second all-gather. Unset: the strategy's (true for FULL_SHARD and
+  /// HYBRID_SHARD, false for SHARD_GRAD_OP and HYBRID_SHARD_GRAD_OP). The root unit never
+  /// reshards after forward: backward starts with it.
+  TORCH_ARG(std::optional<bool>, reshard_after_forward) = std::nullopt;
+  /// The same per unit, by name ("h.3"): where it returns a value, that unit's choice (e.g.
+  /// false for the last block, whose backward runs first); nullopt leaves the unit to the above.
+  TORCH_ARG(std::function<std::optional<bool>(const std::string& unit)>, reshard_after_forward_of) =
+      nullptr;
 
  public:
+  /// Whether the unit `name` (not the root) frees its unsharded parameters after forward.
+  bool unit_reshards_after_forward(const std::string& name) const;
   /// Throws with a message naming the bad value and the fix; `world_size` is the process
   /// group's size (hybrid strategies need a shard group size that divides it).
   void validate(int world_size) const;
