@@ -98,7 +98,7 @@ GROUPS = [
         ("peer-rank-unnamed", "src/distributed.cpp",
          "  std::string out;\n  bool unknown = false;",
          "  return message;\n  std::string out;\n  bool unknown = false;",
-         ["peer killed mid-training (survivor)"]),
+         ["peer killed mid-training, ring (survivor)"]),
         ("omp-threads-unchecked", "src/distributed.cpp",
          "  check_omp_num_threads();\n", "", ["OMP_NUM_THREADS=abc"]),
     ],

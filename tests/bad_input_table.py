@@ -590,35 +590,39 @@ def cases(t):
         t.check("... every rank exits non-zero", "3 non-zero exits", joined,
                 all(r.rc not in (0, "hang") for r in ranks))
 
-        # A peer that dies: the survivor's error says a peer died, without a backtrace.
-        port = str(free_port())
-        env2 = lambda r: {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
-                          "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                          "FSDP_TIMEOUT_SECONDS": "10"}
-        procs = [subprocess.Popen([GPT, *gpt_args("--steps", "100000", "--log-every", "1")],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env={**BASE_ENV, **env2(r)}, start_new_session=True)
-                 for r in (0, 1)]
-        start = time.monotonic()
-        first = procs[0].stdout.readline()  # rank 0's first progress line: training runs
-        procs[1].kill()
-        try:
-            out, _ = procs[0].communicate(timeout=30)
-            rc = procs[0].returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(procs[0].pid, signal.SIGKILL)
-            out, rc = procs[0].communicate()[0] + "\nHANG", "hang"
-        procs[1].wait()
-        # The shared-memory collectives (the default on one host) name the rank they wait for
-        # ("waiting for rank 1 on HOST): it exited"); over Gloo (a collective of the loss, or
-        # FSDP_CPU_COLLECTIVES=ring) the address is rank 1's listening port ("(rank 1)") or the
-        # far end of a connection rank 1 opened ("one of rank(s) 1"), depending on which side
-        # connected.
-        died = Run(rc, time.monotonic() - start, first + out)
-        named = ("waiting for rank 1 " in out or "(rank 1)" in out or "one of rank(s) 1 " in out)
-        t.check("peer killed mid-training (survivor)", "error naming rank 1", died,
-                rc not in (0, "hang") and named, "the survivor does not name rank 1")
+        # A peer that dies: the survivor's error says a peer died, without a backtrace; over the
+        # shared-memory collectives (the default on one host) and over Gloo's ring.
+        peer_killed_mid_training(t, "peer killed mid-training (survivor)", {})
+        peer_killed_mid_training(t, "peer killed mid-training, ring (survivor)",
+                                 {"FSDP_CPU_COLLECTIVES": "ring"})
 
+
+def peer_killed_mid_training(t, name, extra_env):
+    port = str(free_port())
+    env2 = lambda r: {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r),
+                      "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                      "FSDP_TIMEOUT_SECONDS": "10", **extra_env}
+    procs = [subprocess.Popen([GPT, *gpt_args("--steps", "100000", "--log-every", "1")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**BASE_ENV, **env2(r)}, start_new_session=True)
+             for r in (0, 1)]
+    start = time.monotonic()
+    first = procs[0].stdout.readline()  # rank 0's first progress line: training runs
+    procs[1].kill()
+    try:
+        out, _ = procs[0].communicate(timeout=30)
+        rc = procs[0].returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        out, rc = procs[0].communicate()[0] + "\nHANG", "hang"
+    procs[1].wait()
+    # The shared-memory collectives name the rank they wait for ("waiting for rank 1 on HOST): it
+    # exited"); over Gloo the address is rank 1's listening port ("(rank 1)") or the far end of a
+    # connection rank 1 opened ("one of rank(s) 1"), depending on which side connected.
+    died = Run(rc, time.monotonic() - start, first + out)
+    named = ("waiting for rank 1 " in out or "(rank 1)" in out or "one of rank(s) 1 " in out)
+    t.check(name, "error naming rank 1", died, rc not in (0, "hang") and named,
+            "the survivor does not name rank 1")
 
 if __name__ == "__main__":
     main()
