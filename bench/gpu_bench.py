@@ -1,4 +1,4 @@
-"""The GPU benchmark of issue 10: a 1.3 B-parameter GPT in bf16 on one GPU, four ways.
+"""The GPU benchmark: a 1.3 B-parameter GPT in bf16 on one GPU, interleaved with its peers.
 
     python3 bench/gpu_bench.py [--build build-gpu] [--out bench/results/gpu-bench.json]
     python3 bench/gpu_bench.py --dry-run                # print the commands, run nothing
@@ -8,41 +8,46 @@ scripts/device_check.sh runs it after the GPU checks (and the last form during t
 weights takes a minute of CPU work, which must not overlap a timed run). The model: 26 layers x
 2048, 16 heads (head dim 128), seq 2048, the byte vocabulary: 1.314e9 parameters (GPT-3 XL's
 shape, whose 1.3 B count includes a 50k-token vocabulary; 26 layers instead of 24 make up for our
-256). All four runs train it in bf16 with fp32 masters, AdamW and fp32 gradient reduction, from the
+256). Every run trains it in bf16 with fp32 masters, AdamW and fp32 gradient reduction, from the
 same weights (the seed's, which gpt_train builds; FSDP2 loads them from a file that
-gpt_train --reference --steps 0 --save-full writes) on the same batches (the fsdp-cpp run's
+gpt_train --reference --steps 0 --save-full writes) on the same batches (the first fsdp-cpp run's
 --dump-batches):
-  fsdp-cpp          fsdprun --nproc-per-node 1 gpt_train --device cuda --param-dtype bf16
-                    --reduce-dtype fp32 (FULL_SHARD, W = 1, NCCL)
-  plain LibTorch    gpt_train --reference --device cuda, same flags: no FSDP, the same model and
-                    step, mixed precision emulated (bf16 copies of the fp32 masters for forward and
-                    backward, gradients added to the masters in fp32)
-  PyTorch FSDP2     bench/peer_fsdp2.py --device cuda under torchrun (W = 1, NCCL), the same policy
-  fsdp-cpp offload  the fsdp-cpp run with --cpu-offload (shards and AdamW on the CPU)
+  fsdp_cpp         fsdprun --nproc-per-node 1 gpt_train --device cuda --param-dtype bf16
+                   --reduce-dtype fp32 (FULL_SHARD, W = 1, NCCL; the fused AdamW)
+  plain_libtorch   gpt_train --reference --device cuda, same flags and the same fused AdamW: no
+                   FSDP, mixed precision emulated (bf16 copies of the fp32 masters for forward and
+                   backward, gradients added to the masters in fp32)
+  fsdp2_foreach    bench/peer_fsdp2.py --device cuda under torchrun (W = 1, NCCL), the same
+                   policy, PyTorch's default AdamW (foreach)
+  fsdp2_fused      the same with AdamW(fused=True), FSDP2's best
+  fsdp_cpp_offload the fsdp-cpp run with --cpu-offload (one run after the rounds: its steps take
+                   seconds)
 
-Batch: the largest power of two that fits fsdp-cpp, tried from the largest that the estimate
-below puts under 90% of the GPU's memory downwards until a run does not run out of memory; the
-others start at that batch (and go down only if they run out of memory there). Steps, kept small
-for the device check's 8 minutes: 3 warm-up + 10 timed (offload: 1 + 3, its steps take seconds).
+Device machines differ by ~10% from one start to the next, and a GPU's clock moves with its
+temperature and power, so the four are compared only interleaved: ROUNDS rounds, each running all
+four once in a rotating order (A B C D, B C D A, ...); each run's nvidia-smi SM clock and power
+(sampled every 500 ms) are logged with it. Per contender: the median over rounds of each run's
+median step time, with the rounds' min and max. Batch: --batch (16), or the largest power of two
+below it that fsdp-cpp fits in the first round. On a machine with more than one GPU, fsdp-cpp also
+runs at W = GPU count (NCCL, batch / W per rank: the same global rows), for parity with W = 1 and
+tokens/s per GPU.
 
 Metrics, over the timed steps: tokens/s = batch x seq / median step time; model FLOP/s =
 tokens/s x (6 N + 12 L d seq), with N the parameters less wpe's (a lookup, no matmul; wte counts,
 as the tied head) and 12 L d seq the attention scores and values, forward and backward (PaLM's
 and nanoGPT's convention: the causal mask's skipped half is counted); MFU = model FLOP/s / 989.4
-TFLOP/s, the H100/H200 SXM datasheet's dense bf16 peak (a large bf16 matmul measured ~790 TFLOP/s
-on the device tool's H200, so 80% MFU is about the ceiling). Memory: the caching allocator's peak
-allocated bytes in a step (mem_peak_bytes) and its reserved bytes (mem_reserved_bytes), the
-maximum over all steps.
+TFLOP/s, the H100/H200 SXM datasheet's dense bf16 peak. Memory: the caching allocator's peak
+allocated bytes in a step (mem_peak_bytes) and its reserved bytes, the maximum over all steps.
 
 The losses must agree (same weights, rows and policy; bf16 rounding and kernels that accumulate
-with atomics let them drift): relative difference <= 2e-2 at every step against fsdp-cpp, for runs
-of the same batch. A mismatch or a failed run exits 1 (after writing the results); the issue's
-goals (fsdp-cpp >= 0.97 x plain LibTorch's tokens/s, >= 45% MFU, >= FSDP2's tokens/s) are
-reported, not enforced.
+with atomics let them drift): relative difference <= 2e-2 at every step against fsdp-cpp. A
+mismatch or a failed run exits 1 (after writing the results); the goals (GOALS) are reported, not
+enforced. Writes --out (JSON) and the same name with .md.
 """
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,15 +61,20 @@ BENCH_MODEL = Model(layers=26, dim=2048, heads=16, seq=2048)
 BF16 = ["--param-dtype", "bf16", "--reduce-dtype", "fp32"]
 LR, SEED = "3e-4", "1234"
 PEAK_TFLOPS = 989.4
-BATCHES = (32, 16, 8, 4, 2, 1)
-FITS_FRACTION = 0.9
-WARMUP, TIMED = 3, 10
+BATCH = 16
+ROUNDS = 3
+WARMUP, TIMED = 2, 6
 OFFLOAD_WARMUP, OFFLOAD_TIMED = 1, 3
 LOSS_TOLERANCE = 2e-2
-H200_BYTES = 143771 << 20  # nvidia-smi's total on the device tool's H200 (for --dry-run)
 GIB = 1 << 30
-
-GOALS = {"cpp_vs_plain_tokens_per_s": 0.97, "cpp_mfu": 0.45, "cpp_vs_fsdp2_tokens_per_s": 1.0}
+CONTENDERS = ("fsdp_cpp", "plain_libtorch", "fsdp2_foreach", "fsdp2_fused")
+LABELS = {"fsdp_cpp": "fsdp-cpp FULL_SHARD W=1", "plain_libtorch": "plain LibTorch (fused AdamW)",
+          "fsdp2_foreach": "PyTorch FSDP2 W=1 (foreach)", "fsdp2_fused": "PyTorch FSDP2 W=1 (fused)",
+          "fsdp_cpp_offload": "fsdp-cpp + CPU offload"}
+GOALS = {"cpp_vs_fsdp2_fused_tokens_per_s": 1.02, "cpp_vs_plain_tokens_per_s": 1.0, "cpp_mfu": 0.58,
+         "cpp_peak_vs_fsdp2_fused": 1.0, "offload_vs_cpp_tokens_per_s": 0.5,
+         "offload_peak_vs_cpp_peak": 0.75}
+LOWER_IS_BETTER = {"cpp_peak_vs_fsdp2_fused", "offload_peak_vs_cpp_peak"}
 
 
 def flops_per_token(model):
@@ -72,39 +82,43 @@ def flops_per_token(model):
     return 6 * matmul_params + 12 * model.layers * model.dim * model.seq
 
 
-def estimated_bytes(model, batch):
-    """A rough peak: fp32 masters, gradients and AdamW's moments (16 N), bf16 copies of the
-    parameters (2 N, plain LibTorch's), and per sequence the bf16 activations a block keeps for
-    backward (17 tensors of seq x dim: Korthikanti et al.'s 34 s h bytes without dropout, flash
-    attention keeping no seq x seq scores) plus the logits in bf16 and fp32 and their gradient."""
-    per_sequence = model.layers * 34 * model.seq * model.dim + 12 * model.seq * VOCAB
-    return 18 * model.params() + batch * per_sequence
-
-
-def gpu_memory_bytes(dry_run):
-    """The GPU's memory, asked in a child process: this one holds no CUDA context."""
+def gpu_count(dry_run):
+    """GPUs visible, asked in a child process: this one holds no CUDA context."""
     if dry_run:
-        return H200_BYTES
-    return int(subprocess.run([sys.executable, "-c", "import torch; "
-                               "print(torch.cuda.get_device_properties(0).total_memory)"],
+        return 1
+    return int(subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                               capture_output=True, text=True, check=True).stdout)
 
 
-def candidate_batches(gpu_bytes):
-    fitting = [b for b in BATCHES if estimated_bytes(BENCH_MODEL, b) <= FITS_FRACTION * gpu_bytes]
-    return fitting or [1]
+class Telemetry:
+    """nvidia-smi's SM clock (MHz) and power (W) of GPU 0, every 500 ms while a run lasts."""
 
+    def __init__(self, path, dry_run):
+        self.path, self.process = path, None
+        if dry_run or not shutil.which("nvidia-smi"):
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = open(path, "w")
+        self.process = subprocess.Popen(
+            ["nvidia-smi", "--id=0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+             "-lms", "500"], stdout=self.file, stderr=subprocess.DEVNULL)
 
-def search(runner, make_run, batches, timeout_s):
-    """Runs make_run(batch) for each batch in turn until one does not run out of memory; returns
-    that run (or the failed one) and the batches tried."""
-    tried = []
-    for batch in batches:
-        run = runner.execute(make_run(batch), timeout_s)
-        tried.append({"batch": batch, "rc": run.rc, "out_of_memory": run.out_of_memory})
-        if runner.dry_run or not run.out_of_memory:
-            break
-    return run, batch, tried
+    def stop(self):
+        if self.process is None:
+            return {"sm_clock_mhz": None, "power_w": None}
+        self.process.terminate()
+        self.process.wait()
+        self.file.close()
+        rows = []
+        for line in self.path.read_text().splitlines():
+            try:
+                rows.append([float(x) for x in line.split(",")])
+            except ValueError:
+                continue
+        if not rows:
+            return {"sm_clock_mhz": None, "power_w": None}
+        return {"sm_clock_mhz": statistics.median(r[0] for r in rows),
+                "power_w": statistics.median(r[1] for r in rows), "samples": len(rows)}
 
 
 def slice_batches(source, rows, destination):
@@ -140,108 +154,169 @@ class Bench:
             raise SystemExit(f"gpu_bench: writing {self.init} failed; see {run.log}")
 
     def gpt_args(self, batch, steps):
-        return ["--device", "cuda", *self.common, *BF16, "--batch", str(batch), "--steps", str(steps)]
+        return ["--device", "cuda", *self.common, *BF16, "--batch", str(batch), "--steps", str(steps),
+                "--optimizer", "fused"]
 
-    def fsdp_cpp(self, batch):
-        return self.runner.fsdp(f"fsdp_cpp_b{batch}", 1, [*self.gpt_args(batch, self.steps),
-                                                          "--dump-batches", str(self.batches_file(batch))])
-
-    def plain(self, batch):
-        return self.runner.reference(f"plain_b{batch}", 1, self.gpt_args(batch, self.steps))
-
-    def offload(self, batch):
-        steps = OFFLOAD_WARMUP + OFFLOAD_TIMED
-        return self.runner.fsdp(f"offload_b{batch}", 1, [*self.gpt_args(batch, steps), "--cpu-offload"])
-
-    def fsdp2(self, batch, dumped_batch):
-        if batch != dumped_batch and not self.dry_run:
-            slice_batches(self.batches_file(dumped_batch), batch, self.batches_file(batch))
-        name = f"fsdp2_b{batch}"
+    def make(self, kind, batch, tag, world=1):
+        """The run of `kind` at `batch` (per rank), named with `tag`."""
+        name = f"{kind}_b{batch}_{tag}"
+        if kind == "fsdp_cpp":
+            dump = ["--dump-batches", str(self.batches_file(batch))] if tag == "r1" else []
+            return self.runner.fsdp(name, world, [*self.gpt_args(batch, self.steps), *dump])
+        if kind == "plain_libtorch":
+            return self.runner.reference(name, 1, self.gpt_args(batch, self.steps))
+        if kind == "fsdp_cpp_offload":
+            return self.runner.fsdp(name, 1, [*self.gpt_args(batch, OFFLOAD_WARMUP + OFFLOAD_TIMED),
+                                              "--cpu-offload"])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                REPO / "bench" / "peer_fsdp2.py", "--device", "cuda", *BENCH_MODEL.flags(), *BF16,
                "--batch", str(batch), "--steps", str(self.steps), "--lr", LR,
                "--init-from", self.init, "--batches", self.batches_file(batch),
                "--metrics", self.runner.metrics_pattern(name)]
-        return Run(name, cmd)
+        return Run(name, cmd + (["--fused"] if kind == "fsdp2_fused" else []))
+
+    def execute(self, run, timeout_s=240):
+        telemetry = Telemetry(self.work / run.name / "nvidia-smi.csv", self.dry_run)
+        self.runner.execute(run, timeout_s)
+        run.telemetry = telemetry.stop()
+        return run
 
 
-def measure(run, batch, warmup):
-    """Throughput and memory of a run over its timed steps."""
+def measure(run, batch, warmup, world=1):
+    """Throughput and memory of a run over its timed steps (tokens/s of all ranks together)."""
+    base = {"batch": batch, "world": world, "rc": run.rc, "log": str(run.log),
+            "telemetry": getattr(run, "telemetry", None)}
     if not run.ok:
-        return {"batch": batch, "ok": False, "rc": run.rc, "out_of_memory": run.out_of_memory,
-                "log": str(run.log)}
+        return {**base, "ok": False, "out_of_memory": run.out_of_memory}
     records = run.metrics[0]
     step_ms = statistics.median(r["step_ms"] for r in records[warmup:])
-    tokens_per_s = batch * BENCH_MODEL.seq / (step_ms / 1000)
+    tokens_per_s = world * batch * BENCH_MODEL.seq / (step_ms / 1000)
     tflops = tokens_per_s * flops_per_token(BENCH_MODEL) / 1e12
-    return {"batch": batch, "ok": True, "warmup_steps": warmup, "timed_steps": len(records) - warmup,
-            "step_ms_median": step_ms, "step_ms": [r["step_ms"] for r in records],
-            "tokens_per_s": tokens_per_s, "model_tflops": tflops, "mfu": tflops / PEAK_TFLOPS,
+    return {**base, "ok": True, "step_ms_median": step_ms, "step_ms": [r["step_ms"] for r in records],
+            "tokens_per_s": tokens_per_s, "model_tflops": tflops, "mfu": tflops / PEAK_TFLOPS / world,
             "mem_peak_bytes": run.max_over_ranks_and_steps("mem_peak_bytes"),
             "mem_reserved_bytes": run.max_over_ranks_and_steps("mem_reserved_bytes"),
-            "losses": run.losses(), "seconds": round(run.seconds, 1), "log": str(run.log)}
+            "losses": run.losses(), "seconds": round(run.seconds, 1)}
 
 
-def ratio(results, a, b, key):
-    if results[a]["ok"] and results[b]["ok"]:
-        return results[a][key] / results[b][key]
+def first_fitting_cpp(bench, batch):
+    """Round 1's fsdp-cpp run at `batch`, halved while it runs out of memory."""
+    while True:
+        run = bench.execute(bench.make("fsdp_cpp", batch, "r1"))
+        if bench.dry_run or not run.out_of_memory or batch == 1:
+            return run, batch
+        batch //= 2
+
+
+def interleaved_rounds(bench, batch):
+    """ROUNDS rounds of the four contenders in rotating order; returns the runs' measurements per
+    contender and the batch (fsdp-cpp's, after the first round's search)."""
+    runs = {kind: [] for kind in CONTENDERS}
+    for r in range(ROUNDS):
+        order = CONTENDERS[r % len(CONTENDERS):] + CONTENDERS[:r % len(CONTENDERS)]
+        for kind in order:
+            if kind == "fsdp_cpp" and r == 0:
+                run, batch = first_fitting_cpp(bench, batch)  # first: it dumps the batches
+            else:
+                run = bench.execute(bench.make(kind, batch, f"r{r + 1}"))
+            runs[kind].append(measure(run, batch, WARMUP))
+            m = runs[kind][-1]
+            if not bench.dry_run:
+                say(f"gpu_bench round {r + 1} {kind}: " + (
+                    f"{m['step_ms_median']:.0f} ms/step, {m['tokens_per_s']:.0f} tokens/s, "
+                    f"SM {m['telemetry'].get('sm_clock_mhz')} MHz, {m['telemetry'].get('power_w')} W"
+                    if m["ok"] else f"failed (exit {m['rc']})"))
+    return runs, batch
+
+
+def summarize(measurements):
+    """Median over rounds of the runs' median step times, with the rounds' min and max."""
+    ok = [m for m in measurements if m["ok"]]
+    if len(ok) < len(measurements) or not ok:
+        return {"ok": False, "runs": measurements}
+    tokens = [m["tokens_per_s"] for m in ok]
+    median = statistics.median(tokens)
+    return {"ok": True, "batch": ok[0]["batch"], "tokens_per_s": median, "tokens_per_s_min": min(tokens),
+            "tokens_per_s_max": max(tokens),
+            "step_ms": ok[0]["batch"] * BENCH_MODEL.seq / median * 1000,
+            "mfu": median * flops_per_token(BENCH_MODEL) / 1e12 / PEAK_TFLOPS,
+            "mem_peak_bytes": max(m["mem_peak_bytes"] for m in ok),
+            "mem_reserved_bytes": max(m["mem_reserved_bytes"] for m in ok),
+            "losses": ok[0]["losses"], "runs": measurements}
+
+
+def ratio(a, b, key):
+    if a and b and a.get("ok") and b.get("ok"):
+        return a[key] / b[key]
     return None
 
 
-def loss_agreement(results):
-    """Each run's losses against fsdp-cpp's, where the batch is the same."""
-    base = results["fsdp_cpp"]
+def loss_agreement(results, base_name="fsdp_cpp"):
+    """Each run's losses against fsdp-cpp's (same batch, same rows)."""
+    base = results[base_name]
     agreement = {}
-    for name in ("plain_libtorch", "fsdp2", "fsdp_cpp_offload"):
-        other = results[name]
-        if not (base["ok"] and other["ok"]) or other["batch"] != base["batch"]:
+    for name, other in results.items():
+        if name == base_name or not (base.get("ok") and other.get("ok")) or other["batch"] * other.get(
+                "world", 1) != base["batch"]:
             continue
-        diffs = relative_differences(other["losses"], base["losses"])
+        diffs = relative_differences(other["losses"], base["losses"][:len(other["losses"])])
         agreement[name] = {"max_rel_diff": max(diffs), "step0_rel_diff": diffs[0],
                            "passed": max(diffs) <= LOSS_TOLERANCE}
     return agreement
 
 
-def goals(results, ratios):
-    values = {"cpp_vs_plain_tokens_per_s": ratios["cpp_vs_plain_tokens_per_s"],
-              "cpp_mfu": results["fsdp_cpp"].get("mfu"),
-              "cpp_vs_fsdp2_tokens_per_s": ratios["cpp_vs_fsdp2_tokens_per_s"]}
-    return {name: {"value": value, "goal": GOALS[name], "met": value is not None and value >= GOALS[name]}
-            for name, value in values.items()}
+def goals(results):
+    cpp, fused = results["fsdp_cpp"], results["fsdp2_fused"]
+    offload = results.get("fsdp_cpp_offload")
+    values = {"cpp_vs_fsdp2_fused_tokens_per_s": ratio(cpp, fused, "tokens_per_s"),
+              "cpp_vs_plain_tokens_per_s": ratio(cpp, results["plain_libtorch"], "tokens_per_s"),
+              "cpp_mfu": cpp.get("mfu"),
+              "cpp_peak_vs_fsdp2_fused": ratio(cpp, fused, "mem_peak_bytes"),
+              "offload_vs_cpp_tokens_per_s": ratio(offload, cpp, "tokens_per_s"),
+              "offload_peak_vs_cpp_peak": ratio(offload, cpp, "mem_peak_bytes")}
+    met = lambda n, v: v is not None and (v <= GOALS[n] if n in LOWER_IS_BETTER else v >= GOALS[n])
+    return {n: {"value": v, "goal": GOALS[n], "lower_is_better": n in LOWER_IS_BETTER, "met": met(n, v)}
+            for n, v in values.items()}
 
 
-LABELS = {"fsdp_cpp": "fsdp-cpp FULL_SHARD W=1", "plain_libtorch": "plain LibTorch (no FSDP)",
-          "fsdp2": "PyTorch FSDP2 W=1", "fsdp_cpp_offload": "fsdp-cpp + CPU offload"}
-
-
-def table(summary):
-    lines = [f"{'run':26} {'batch':>5} {'step ms':>8} {'tokens/s':>9} {'TFLOP/s':>8} {'MFU':>6} "
-             f"{'peak GiB':>9} {'rsvd GiB':>9}"]
+def markdown(summary):
+    lines = [f"# GPU benchmark: {BENCH_MODEL.params() / 1e9:.2f} B GPT, bf16, batch "
+             f"{summary['batch']}, {ROUNDS} interleaved rounds", "",
+             f"{summary['environment']}", "",
+             "| run | tokens/s (median [min-max]) | step ms | MFU | peak GiB | reserved GiB |",
+             "|---|---|---|---|---|---|"]
     for name, r in summary["results"].items():
-        if not r["ok"]:
-            lines.append(f"{LABELS[name]:26} {r['batch']:>5} failed (exit {r['rc']}"
-                         f"{', out of memory' if r['out_of_memory'] else ''})")
+        if not r.get("ok"):
+            lines.append(f"| {LABELS.get(name, name)} | failed | | | | |")
             continue
-        lines.append(f"{LABELS[name]:26} {r['batch']:>5} {r['step_ms_median']:8.0f} {r['tokens_per_s']:9.0f} "
-                     f"{r['model_tflops']:8.1f} {100 * r['mfu']:5.1f}% {r['mem_peak_bytes'] / GIB:9.1f} "
-                     f"{r['mem_reserved_bytes'] / GIB:9.1f}")
+        spread = (f" [{r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}]"
+                  if "tokens_per_s_min" in r else "")
+        lines.append(f"| {LABELS.get(name, name)} | {r['tokens_per_s']:.0f}{spread} | {r['step_ms']:.0f} | "
+                     f"{100 * r['mfu']:.1f}% | {r['mem_peak_bytes'] / GIB:.1f} | "
+                     f"{r['mem_reserved_bytes'] / GIB:.1f} |")
+    lines += ["", "| goal | value | target | |", "|---|---|---|---|"]
     for name, g in summary["goals"].items():
         value = "n/a" if g["value"] is None else f"{g['value']:.3f}"
-        lines.append(f"goal {name}: {value} (>= {g['goal']}): {'met' if g['met'] else 'NOT met'}")
-    o = summary["offload"]
-    if o["tokens_per_s_ratio"] is not None:
-        lines.append(f"offload: {o['tokens_per_s_ratio']:.2f} x fsdp-cpp's tokens/s, peak "
-                     f"{o['peak_saving_bytes'] / GIB:.1f} GiB lower ({100 * o['peak_saving_fraction']:.0f}%)")
+        lines.append(f"| {name} | {value} | {'<=' if g['lower_is_better'] else '>='} {g['goal']} | "
+                     f"{'met' if g['met'] else 'NOT met'} |")
+    lines += ["", "Runs (round, SM clock MHz, power W, ms/step):"]
+    for name, r in summary["results"].items():
+        for k, m in enumerate(r.get("runs", [])):
+            t = m.get("telemetry") or {}
+            lines.append(f"- {name} run {k + 1}: {t.get('sm_clock_mhz')} MHz, {t.get('power_w')} W, "
+                         f"{m.get('step_ms_median', 'failed')}")
     for name, a in summary["loss_agreement"].items():
-        lines.append(f"losses {name} vs fsdp-cpp: max rel diff {a['max_rel_diff']:.1e} "
+        lines.append(f"- losses {name} vs fsdp-cpp: max rel diff {a['max_rel_diff']:.1e} "
                      f"(<= {LOSS_TOLERANCE}): {'ok' if a['passed'] else 'MISMATCH'}")
-    return "\n".join(lines)
+    lines += ["", f"Command: `python3 bench/gpu_bench.py` (scripts/device_check.sh); {summary['seconds']} s"]
+    return "\n".join(lines) + "\n"
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build-gpu", help="the build folder (its bin/ and test-corpus/)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu-bench.json"))
+    ap.add_argument("--batch", type=int, default=BATCH, help="sequences per step (halved if fsdp-cpp runs out of memory)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     ap.add_argument("--initial-weights-only", action="store_true",
                     help="only write the starting weights (device_check.sh: during the checks)")
@@ -252,52 +327,31 @@ def main():
     if args.initial_weights_only:
         bench.write_initial_weights()
         return 0
-    gpu_bytes = gpu_memory_bytes(args.dry_run)
-    candidates = candidate_batches(gpu_bytes)
-    say(f"gpu_bench: {BENCH_MODEL.params() / 1e9:.3f} B parameters; batches to try "
-        f"{candidates} (estimate at {candidates[0]}: {estimated_bytes(BENCH_MODEL, candidates[0]) / GIB:.0f} "
-        f"GiB of {gpu_bytes / GIB:.0f})")
+    say(f"gpu_bench: {BENCH_MODEL.params() / 1e9:.3f} B parameters, batch {args.batch}, {ROUNDS} rounds of "
+        f"{', '.join(CONTENDERS)}")
     if not bench.init.exists():  # else written during the checks (scripts/device_check.sh)
         bench.write_initial_weights()
-
-    run, batch, tried_cpp = search(bench.runner, bench.fsdp_cpp, candidates, 240)
-    from_batch = [b for b in candidates if b <= batch]
-    runs = {"fsdp_cpp": (measure(run, batch, WARMUP), tried_cpp)}
-    run, b, tried = search(bench.runner, bench.plain, from_batch, 240)
-    runs["plain_libtorch"] = (measure(run, b, WARMUP), tried)
-    run, b, tried = search(bench.runner, lambda b: bench.fsdp2(b, batch), from_batch, 240)
-    runs["fsdp2"] = (measure(run, b, WARMUP), tried)
-    run, b, tried = search(bench.runner, bench.offload, from_batch, 240)
-    runs["fsdp_cpp_offload"] = (measure(run, b, OFFLOAD_WARMUP), tried)
+    runs, batch = interleaved_rounds(bench, args.batch)
+    results = {kind: summarize(measurements) for kind, measurements in runs.items()}
+    offload = bench.execute(bench.make("fsdp_cpp_offload", batch, "once"))
+    results["fsdp_cpp_offload"] = summarize([measure(offload, batch, OFFLOAD_WARMUP)])
+    gpus = gpu_count(args.dry_run)
+    if gpus > 1 and batch % gpus == 0:  # the first multi-GPU machine measures scaling as it is
+        run = bench.execute(bench.make("fsdp_cpp", batch // gpus, f"w{gpus}", world=gpus))
+        results[f"fsdp_cpp_w{gpus}"] = summarize([measure(run, batch // gpus, WARMUP, world=gpus)])
     if args.dry_run:
         return 0
-
-    results = {name: {**result, "batches_tried": tried} for name, (result, tried) in runs.items()}
-    ratios = {"cpp_vs_plain_tokens_per_s": ratio(results, "fsdp_cpp", "plain_libtorch", "tokens_per_s"),
-              "cpp_vs_fsdp2_tokens_per_s": ratio(results, "fsdp_cpp", "fsdp2", "tokens_per_s")}
-    offload_ok = results["fsdp_cpp"]["ok"] and results["fsdp_cpp_offload"]["ok"]
-    saving = (results["fsdp_cpp"]["mem_peak_bytes"] - results["fsdp_cpp_offload"]["mem_peak_bytes"]
-              if offload_ok else None)
-    summary = {
-        "environment": environment(), "seconds": None,
-        "model": {**vars(BENCH_MODEL), "vocab": VOCAB, "params": BENCH_MODEL.params(),
-                  "flops_per_token": flops_per_token(BENCH_MODEL),
-                  "flops_formula": "6 N + 12 L d seq, N = parameters less wpe"},
-        "precision": " ".join(BF16), "lr": LR, "peak_tflops": PEAK_TFLOPS,
-        "peak_note": "H100/H200 SXM dense bf16 datasheet peak", "gpu_memory_bytes": gpu_bytes,
-        "estimated_bytes": {b: estimated_bytes(BENCH_MODEL, b) for b in BATCHES},
-        "results": results, "ratios": ratios, "goals": goals(results, ratios),
-        "offload": {"tokens_per_s_ratio": ratio(results, "fsdp_cpp_offload", "fsdp_cpp", "tokens_per_s"),
-                    "peak_saving_bytes": saving,
-                    "peak_saving_fraction": saving / results["fsdp_cpp"]["mem_peak_bytes"] if offload_ok else None},
-        "loss_agreement": loss_agreement(results),
-    }
-    summary["seconds"] = round(time.monotonic() - start, 1)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
-    say(table(summary))
-    say(f"gpu_bench: {summary['seconds']:.0f} s; {args.out}")
-    failed = [name for name, r in results.items() if not r["ok"]]
+    summary = {"environment": environment(), "seconds": round(time.monotonic() - start, 1), "batch": batch,
+               "model": {**vars(BENCH_MODEL), "vocab": VOCAB, "params": BENCH_MODEL.params(),
+                         "flops_per_token": flops_per_token(BENCH_MODEL)},
+               "precision": " ".join(BF16), "lr": LR, "peak_tflops": PEAK_TFLOPS, "rounds": ROUNDS,
+               "results": results, "goals": goals(results), "loss_agreement": loss_agreement(results)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    out.with_suffix(".md").write_text(markdown(summary))
+    say(markdown(summary))
+    failed = [name for name, r in results.items() if not r.get("ok")]
     mismatched = [name for name, a in summary["loss_agreement"].items() if not a["passed"]]
     if failed or mismatched:
         say(f"gpu_bench: FAILED: runs {failed or 'none'}, loss mismatch {mismatched or 'none'}")

@@ -7,8 +7,9 @@
 #      check at the first program that fails, naming it);
 #   2. tests/gpu_check.py: parity with plain LibTorch over NCCL (W = 1), in the staged mode (W = 2
 #      and 4 sharing the GPU), with CPU offload and in bf16; memory against the bound;
-#   3. bench/gpu_bench.py: the 1.3 B GPT in bf16: fsdp-cpp, plain LibTorch, PyTorch FSDP2, offload;
-# writes bench/results/gpu-check.json and gpu-bench.json, and copies them with the log to $OUT
+#   3. bench/gpu_bench.py: the 1.3 B GPT in bf16, interleaved rounds of fsdp-cpp, plain LibTorch
+#      and PyTorch FSDP2 (foreach and fused AdamW), then offload;
+# writes bench/results/gpu-check.json and gpu-bench.{json,md}, and copies them with the log to $OUT
 # when OUT is set (the device tool brings that folder back).
 #
 #   bash scripts/device_deps.sh              # first, here: .device-deps/ (Gloo's headers, ...)
@@ -180,9 +181,11 @@ wait "$INITIAL_WEIGHTS" ||
   echo "device_check: writing the initial weights failed ($BUILD/initial-weights.log); gpu_bench retries"
 
 step gpu-bench
-timeout 300 "$PY" bench/gpu_bench.py --build "$BUILD" --out bench/results/gpu-bench.json ||
+# Three interleaved rounds of four 1.3 B runs (~20 s each, mostly set-up) and one offload run.
+timeout 480 "$PY" bench/gpu_bench.py --build "$BUILD" --out bench/results/gpu-bench.json ||
   FAILED+=("gpu-bench (exit $?)")
 deliver bench/results/gpu-bench.json
+deliver bench/results/gpu-bench.md
 
 step summary
 printf '  %s\n' "${STEP_TIMES[@]}"
