@@ -5,7 +5,7 @@ order on the same weights and batches; step times are medians over the timed ste
 
     .venv/bin/python bench/optimizer_bench.py [--config small|medium] [--rounds 3] [--out DIR]
 
-Writes DIR/optimizer.{json,md} (default bench/results). The ratio that matters is fused / loop
+Writes DIR/optimizer-CONFIG.{json,md} (default bench/results). The ratio that matters is fused / loop
 within each system, measured in one run (this machine is shared and noisy)."""
 import argparse
 import json
@@ -84,7 +84,7 @@ def main():
               "fsdp2_fused_over_foreach": median["fsdp2 fused"] / median["fsdp2 foreach"],
               "cpp_fused_over_fsdp2_fused": median["cpp fused"] / median["fsdp2 fused"]}
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "optimizer.json"), "w") as f:
+    with open(os.path.join(args.out, f"optimizer-{args.config}.json"), "w") as f:
         json.dump(result, f, indent=1)
     lines = [f"# AdamW: fused kernel vs loop ({args.config}, W = {WORLD}, {args.rounds} rounds, "
              "interleaved)", "", "| run | median step ms |", "|---|---|"]
@@ -94,7 +94,7 @@ def main():
               f"- gpt_train fused / FSDP2 fused: {result['cpp_fused_over_fsdp2_fused']:.3f}",
               "", f"Command: `.venv/bin/python bench/optimizer_bench.py --config {args.config} "
               f"--rounds {args.rounds}`"]
-    with open(os.path.join(args.out, "optimizer.md"), "w") as f:
+    with open(os.path.join(args.out, f"optimizer-{args.config}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
