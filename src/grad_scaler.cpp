@@ -4,6 +4,10 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 namespace fsdp {
 
 ShardedGradScaler::ShardedGradScaler(ProcessGroup& group, GradScalerOptions options)
@@ -27,17 +31,23 @@ void ShardedGradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(!unscaled_, "ShardedGradScaler::unscale_ was already called this step; call "
               "update() after step() to start the next one");
   torch::NoGradGuard no_grad;
-  bool local_inf = false;
+  // One fused pass per device and dtype that divides by the scale and notes a non-finite value
+  // (ATen's kernel behind torch.amp.GradScaler): no host sync per gradient.
+  std::map<std::string, std::vector<at::Tensor>> grads;
   for (auto& param_group : optimizer.param_groups()) {
     for (auto& param : param_group.params()) {
-      at::Tensor grad = param.grad();
-      if (!grad.defined()) continue;
-      grad.mul_(1.0 / scale_);
-      local_inf = local_inf || !grad.isfinite().all().item<bool>();
+      const at::Tensor& grad = param.grad();
+      if (grad.defined()) grads[grad.device().str() + c10::toString(grad.scalar_type())].push_back(grad);
     }
   }
+  auto overflowed = at::zeros({1});
+  for (auto& [key, same] : grads) {
+    const auto options = same.front().options().dtype(at::kFloat);
+    at::Tensor found_inf = at::zeros({1}, options);
+    at::_amp_foreach_non_finite_check_and_unscale_(same, found_inf, at::full({1}, 1.0 / scale_, options));
+    overflowed += found_inf.cpu();
+  }
   // Every rank sees only its shard: agree, or some ranks would step and others not.
-  auto overflowed = at::full({1}, local_inf ? 1.0f : 0.0f);
   if (group_) all_reduce_sum(*group_, overflowed);
   found_inf_ = overflowed.item<float>() > 0;
   unscaled_ = true;
