@@ -6,6 +6,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -274,6 +275,27 @@ void ignore_sigpipe_by_default() {
 
 }  // namespace
 
+namespace {
+
+// [Note: a quiet rendezvous]
+// c10d logs each failed store operation (a peer's store that closed, a timeout) as a warning
+// with a C++ backtrace before it throws. During the rendezvous every such failure reaches this
+// file's own one-line message (the rank that never came, the port in use), so c10's log level is
+// raised to FATAL while the rendezvous runs; training's logs are untouched.
+class QuietC10dLogs {
+ public:
+  QuietC10dLogs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = kFatal; }
+  ~QuietC10dLogs() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10dLogs(const QuietC10dLogs&) = delete;
+  QuietC10dLogs& operator=(const QuietC10dLogs&) = delete;
+
+ private:
+  static constexpr int kFatal = 3;  // c10's INFO 0, WARNING 1, ERROR 2, FATAL 3
+  int saved_;
+};
+
+}  // namespace
+
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   ignore_sigpipe_by_default();
   auto dist = std::make_shared<Distributed>();
@@ -285,6 +307,7 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   auto timeout = timeout_from_env(options.timeout());
   // The rendezvous, on every rank, ends within one timeout: a lone rank gives up in time.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  QuietC10dLogs quiet;
 
   auto store = this_attempts_store(connect_store(env, timeout, deadline), env);
   announce_host(*store, env.rank);

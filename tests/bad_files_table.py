@@ -159,26 +159,17 @@ def hf_cases(t, tmp):
             absent=("does not exist",))
 
 
+def all_cases(t):
+    with tempfile.TemporaryDirectory(prefix="bad_files_") as tmp:
+        tmp = Path(tmp)
+        bt.make_text(tmp / "text.txt", 64 << 10)
+        bt.DATA[:] = ["--data", str(tmp / "text.txt")]
+        checkpoint_cases(t, tmp)
+        hf_cases(t, tmp)
+
+
 def main():
-    t = bt.Table()
-    try:
-        with tempfile.TemporaryDirectory(prefix="bad_files_") as tmp:
-            tmp = Path(tmp)
-            bt.make_text(tmp / "text.txt", 64 << 10)
-            bt.DATA[:] = ["--data", str(tmp / "text.txt")]
-            checkpoint_cases(t, tmp)
-            hf_cases(t, tmp)
-    except Exception as e:  # a broken case must still print the table and fail the test
-        import traceback
-        t.failures.append(f"the script itself failed: {e!r}\n{traceback.format_exc()}")
-    table = t.markdown()
-    print(table)
-    TABLE.write_text(table + "\n")
-    if t.failures:
-        print("\n\n".join(t.failures), file=sys.stderr)
-        print(f"\n{len(t.failures)} problem(s) in {len(t.rows)} cases: FAILED", file=sys.stderr)
-        sys.exit(1)
-    print(f"\nall {len(t.rows)} bad-file cases pass; table in {TABLE}")
+    bt.run_table(all_cases, "bad-file", TABLE)
 
 
 if __name__ == "__main__":

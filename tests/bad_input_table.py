@@ -151,21 +151,27 @@ class Table:
         return "\n".join(out)
 
 
-def main():
+def run_table(fill, what, table_path):
+    """Runs fill(table), prints the table and writes it to `table_path`; exits 1 if any case (or
+    the script itself) failed."""
     t = Table()
     try:
-        cases(t)
+        fill(t)
     except Exception as e:  # a broken case must still print the table and fail the test
         import traceback
         t.failures.append(f"the script itself failed: {e!r}\n{traceback.format_exc()}")
     table = t.markdown()
     print(table)
-    TABLE.write_text(table + "\n")
+    table_path.write_text(table + "\n")
     if t.failures:
         print("\n\n".join(t.failures), file=sys.stderr)
         print(f"\n{len(t.failures)} problem(s) in {len(t.rows)} cases: FAILED", file=sys.stderr)
         sys.exit(1)
-    print(f"\nall {len(t.rows)} bad-input cases pass; table in {TABLE}")
+    print(f"\nall {len(t.rows)} {what} cases pass; table in {table_path}")
+
+
+def main():
+    run_table(cases, "bad-input", TABLE)
 
 
 def gpu_flags_without_a_gpu(t):

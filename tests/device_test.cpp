@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
+
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -16,14 +18,7 @@
 
 namespace {
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
+using fsdp_test::error_of;
 
 TEST(DeviceSeam, CpuRunsBothLanesInSubmissionOrderOffTheCallersThread) {
   auto device = fsdp::make_device(c10::Device(c10::kCPU));

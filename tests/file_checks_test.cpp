@@ -5,6 +5,8 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,20 +17,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("fsdp-file-checks-" + std::to_string(::getpid()) + "-" + test->name());
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using fsdp_test::TempDir;
 
 void expect_error(const std::function<void()>& call, const std::vector<std::string>& parts) {
   try {

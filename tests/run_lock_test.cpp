@@ -3,6 +3,10 @@
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+
+#include "error_of.h"
+
+#include "temp_dir.h"
 #include <nlohmann/json.hpp>
 
 #include <sys/wait.h>
@@ -17,23 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct TempFolder {
-  TempFolder() {
-    char name[] = "/tmp/run_lock_test_XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempFolder() { fs::remove_all(path); }
-  std::string path;
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.msg();
-  }
-  return "";
-}
+using fsdp_test::error_of;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -59,8 +47,8 @@ long dead_pid() {
 }  // namespace
 
 TEST(RunLock, ASecondLockOnTheFolderIsRefusedNamingTheHolder) {
-  TempFolder tmp;
-  const std::string folder = tmp.path + "/ck";  // created by the lock
+  fsdp_test::TempDir tmp;
+  const std::string folder = tmp.path() + "/ck";  // created by the lock
   fsdp::RunLock first(folder);
   EXPECT_TRUE(fs::is_directory(folder));
   const auto holder = nlohmann::json::parse(read_text(first.path()));
@@ -73,19 +61,19 @@ TEST(RunLock, ASecondLockOnTheFolderIsRefusedNamingTheHolder) {
 }
 
 TEST(RunLock, AReleasedLockIsFreeAndEmpty) {
-  TempFolder tmp;
-  { fsdp::RunLock first(tmp.path); }
-  EXPECT_EQ(read_text(tmp.path + "/run.lock"), "");  // a clean end names nobody
-  fsdp::RunLock again(tmp.path);
+  fsdp_test::TempDir tmp;
+  { fsdp::RunLock first(tmp.path()); }
+  EXPECT_EQ(read_text(tmp.path() + "/run.lock"), "");  // a clean end names nobody
+  fsdp::RunLock again(tmp.path());
   EXPECT_EQ(again.taken_over_from(), "");
 }
 
 TEST(RunLock, TheLockOfADeadRunIsTakenOverNamingIt) {
-  TempFolder tmp;
+  fsdp_test::TempDir tmp;
   const long pid = dead_pid();
-  std::ofstream(tmp.path + "/run.lock")
+  std::ofstream(tmp.path() + "/run.lock")
       << nlohmann::json{{"host", host()}, {"pid", pid}, {"pid_start", 1}, {"started", "then"}}.dump();
-  fsdp::RunLock lock(tmp.path);
+  fsdp::RunLock lock(tmp.path());
   EXPECT_EQ(lock.taken_over_from(), "host " + host() + ", pid " + std::to_string(pid) +
                                         ", started then");
   EXPECT_EQ(nlohmann::json::parse(read_text(lock.path())).at("pid").get<long>(),
@@ -95,33 +83,33 @@ TEST(RunLock, TheLockOfADeadRunIsTakenOverNamingIt) {
 // A file system whose flock does nothing would grant the lock while its holder lives: on this
 // host the holder's pid and start time still tell.
 TEST(RunLock, AHolderAliveOnThisHostIsRefusedEvenWhenItsFlockIsFree) {
-  TempFolder tmp;
+  fsdp_test::TempDir tmp;
   std::string line;
   {
-    fsdp::RunLock mine(tmp.path);
+    fsdp::RunLock mine(tmp.path());
     line = read_text(mine.path());
   }
-  std::ofstream(tmp.path + "/run.lock") << line;  // this process's line, its flock released
-  const std::string error = error_of([&] { fsdp::RunLock again(tmp.path); });
+  std::ofstream(tmp.path() + "/run.lock") << line;  // this process's line, its flock released
+  const std::string error = error_of([&] { fsdp::RunLock again(tmp.path()); });
   EXPECT_NE(error.find("is in use by another run"), std::string::npos) << error;
   EXPECT_NE(error.find("flock"), std::string::npos) << error;
 }
 
 // A holder on another host is judged by its flock alone: a pid there says nothing here.
 TEST(RunLock, AHolderOnAnotherHostIsTakenOverWhenItsFlockIsFree) {
-  TempFolder tmp;
-  std::ofstream(tmp.path + "/run.lock")
+  fsdp_test::TempDir tmp;
+  std::ofstream(tmp.path() + "/run.lock")
       << nlohmann::json{{"host", host() + "-other"}, {"pid", static_cast<long>(::getpid())},
                         {"pid_start", 0}, {"started", "then"}}
              .dump();
-  fsdp::RunLock lock(tmp.path);
+  fsdp::RunLock lock(tmp.path());
   EXPECT_NE(lock.taken_over_from().find(host() + "-other"), std::string::npos);
 }
 
 TEST(RunLock, ASymbolicLinkAsTheLockFileIsRefused) {
-  TempFolder tmp;
-  std::ofstream(tmp.path + "/elsewhere") << "";
-  fs::create_symlink(tmp.path + "/elsewhere", tmp.path + "/run.lock");
-  const std::string error = error_of([&] { fsdp::RunLock lock(tmp.path); });
+  fsdp_test::TempDir tmp;
+  std::ofstream(tmp.path() + "/elsewhere") << "";
+  fs::create_symlink(tmp.path() + "/elsewhere", tmp.path() + "/run.lock");
+  const std::string error = error_of([&] { fsdp::RunLock lock(tmp.path()); });
   EXPECT_NE(error.find("symbolic link"), std::string::npos) << error;
 }

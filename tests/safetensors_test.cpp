@@ -7,6 +7,8 @@
 #include <fsdp/safetensors.h>
 
 #include <gtest/gtest.h>
+
+#include "temp_dir.h"
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -19,21 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh folder per test, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            ("fsdp-safetensors-" + std::to_string(::getpid()) + "-" + test->name());
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using fsdp_test::TempDir;
 
 // Writes a safetensors file by hand: the header text as given, then `data_bytes` zero bytes.
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes) {

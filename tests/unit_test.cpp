@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "error_of.h"
+
 #include <cstdlib>
 #include <map>
 
@@ -42,14 +44,7 @@ class EnvGuard {
   std::map<std::string, std::string> saved_;
 };
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
+using fsdp_test::error_of;
 
 TEST(LaunchEnv, ReadsTorchrunVariables) {
   EnvGuard env;
