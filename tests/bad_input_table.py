@@ -269,6 +269,22 @@ def data_folder_with_an_unreadable_file(t, tmp, text):
         path.chmod(0o755 if path.is_dir() else 0o644)
     result = run([GPT, "--reference", *gpt_args("--data", str(folder))], preexec_fn=as_nobody)
     t.fails("--data folder with an unreadable file", result, "--data", "b-secret.txt", "cannot read")
+    secret.chmod(0o644)
+    closed = folder / "c-closed"  # a folder that cannot be listed, read before the budget is spent
+    closed.mkdir()
+    shutil.copy(text, closed / "d.txt")
+    closed.chmod(0)
+    result = run([GPT, "--reference", *gpt_args("--data", str(folder), "--max-data-mb", "1")],
+                 preexec_fn=as_nobody)
+    t.fails("--data folder with a folder that cannot be listed", result, "--data", "c-closed",
+            "cannot list")
+    # The same folder past --max-data-mb: never reached, never named; the run trains.
+    (folder / "a.txt").write_text(text.read_text() * 20)  # > 1 MiB before c-closed
+    result = run([GPT, "--reference", *gpt_args("--data", str(folder), "--max-data-mb", "1")],
+                 preexec_fn=as_nobody)
+    t.check("... the same folder past --max-data-mb", "exit 0", result, result.rc == 0,
+            "a folder beyond what --max-data-mb reads stopped the run")
+    closed.chmod(0o755)
 
 
 def hf_config_too_large(t, tmp):

@@ -44,16 +44,26 @@ bool looks_like_text(const std::string& content) {
   return content.find('\0') == std::string::npos;
 }
 
+// Every regular file below `folder`, and every folder below it that cannot be listed (in the
+// place its files would take, so that it is named only if reading gets that far), in path order.
+// Links to folders are not followed, as recursive_directory_iterator does not.
+void collect(const fs::path& folder, std::vector<fs::path>& out) {
+  std::error_code ec;
+  fs::directory_iterator it(folder, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type;
+    if (it->is_directory(type) && !it->is_symlink(type)) {
+      collect(it->path(), out);
+    } else if (it->is_regular_file(type)) {
+      out.push_back(it->path());
+    }
+  }
+  if (ec) out.push_back(folder);
+}
+
 std::vector<fs::path> files_below(const fs::path& folder) {
   std::vector<fs::path> files;
-  try {
-    for (const auto& entry : fs::recursive_directory_iterator(folder)) {
-      if (entry.is_regular_file()) files.push_back(entry.path());
-    }
-  } catch (const fs::filesystem_error& e) {
-    TORCH_CHECK(false, "--data ", folder.string(), ": cannot list ", e.path1().string(), " (",
-                e.code().message(), "); make it readable, or move it out of the folder");
-  }
+  collect(folder, files);
   std::sort(files.begin(), files.end());
   return files;
 }
@@ -77,6 +87,12 @@ Corpus Corpus::load(const std::string& path, int64_t max_bytes, int64_t min_byte
   if (fs::is_directory(status)) {
     for (const auto& file : files_below(path)) {
       if (static_cast<int64_t>(text.size()) >= max_bytes) break;
+      if (fs::is_directory(file, ec)) {  // only folders that could not be listed are entries
+        std::error_code unlisted;
+        fs::directory_iterator(file, unlisted);
+        TORCH_CHECK(false, "--data ", path, ": cannot list ", file.string(), " (",
+                    unlisted.message(), "); make it readable, or move it out of the folder");
+      }
       append(file);
     }
   } else {
