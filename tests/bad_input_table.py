@@ -285,6 +285,14 @@ def data_folder_with_an_unreadable_file(t, tmp, text):
     t.check("... the same folder past --max-data-mb", "exit 0", result, result.rc == 0,
             "a folder beyond what --max-data-mb reads stopped the run")
     closed.chmod(0o755)
+    # --data below a folder the user may not enter: named as such, not as missing.
+    locked = tmp / "locked"
+    locked.mkdir(mode=0o700)
+    shutil.copy(text, locked / "data.txt")
+    result = run([GPT, "--reference", *gpt_args("--data", str(locked / "data.txt"))],
+                 preexec_fn=as_nobody)
+    t.fails("--data below a folder closed to the user", result, "--data", "cannot be reached",
+            "Permission denied")
 
 
 def hf_config_too_large(t, tmp):

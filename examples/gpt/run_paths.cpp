@@ -21,10 +21,16 @@ struct PathUse {
   bool output = false;
 };
 
+// "no such file", or why it cannot be reached (a folder above it this user may not enter).
+std::string why_missing(const std::error_code& ec, const char* what) {
+  if (!ec || ec == std::errc::no_such_file_or_directory) return std::string("no such ") + what;
+  return "cannot be reached (" + ec.message() + "; a folder above it may not be open to this user)";
+}
+
 void check_input_file(const std::string& flag, const std::string& path) {
   std::error_code ec;
   const auto status = fs::status(path, ec);
-  TORCH_CHECK(fs::exists(status), flag, " ", path, ": no such file");
+  TORCH_CHECK(fs::exists(status), flag, " ", path, ": ", why_missing(ec, "file"));
   TORCH_CHECK(fs::is_regular_file(status), flag, " ", path,
               " is not a regular file (a folder, FIFO or device?)");
   TORCH_CHECK(::access(path.c_str(), R_OK) == 0, flag, " ", path, " is not readable");
@@ -36,7 +42,7 @@ void check_data(const TrainOptions& o) {
   TORCH_CHECK(!o.data.empty(), flag, " is empty: pass a text file or a folder of text files");
   std::error_code ec;
   const auto status = fs::status(o.data, ec);
-  TORCH_CHECK(fs::exists(status), flag, " ", o.data, ": no such file or folder");
+  TORCH_CHECK(fs::exists(status), flag, " ", o.data, ": ", why_missing(ec, "file or folder"));
   TORCH_CHECK(fs::is_regular_file(status) || (fs::is_directory(status) && !o.data_is_tokens),
               flag, " ", o.data, " is not a regular file", o.data_is_tokens ? "" : " or a folder",
               " (a FIFO or a device cannot be read to an end); pass ",
