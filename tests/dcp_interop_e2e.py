@@ -111,11 +111,7 @@ def fsdp2_worker(folder, batches_path, out_path):
         losses[step] = total.item() / world
     if rank == 0:
         Path(out_path).write_text(json.dumps(losses))
-    # Every rank's last collective is done before any rank tears its group down: Gloo's pairs
-    # to a peer that already left abort the process ("terminate called without an active
-    # exception") on some CPUs.
-    dist.barrier()
-    dist.destroy_process_group()
+    peer.leave_together()
 
 
 def main(bin_dir, corpus):
