@@ -20,25 +20,24 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 import run_bench as rb  # noqa: E402  (the benchmark's configurations and data)
 
 WORLD = 2
-KINDS = {  # name: (system, optimizer flag)
-    "cpp fused": ("cpp", ["--optimizer", "fused"]),
-    "cpp torch loop": ("cpp", ["--optimizer", "torch"]),
-    "fsdp2 fused": ("peer", ["--fused"]),
-    "fsdp2 foreach": ("peer", []),
+KINDS = {  # name: (system, optimizer): gpt_train's --optimizer, or the peer's AdamW(fused=...)
+    "cpp fused": ("cpp", "fused"),
+    "cpp torch loop": ("cpp", "torch"),
+    "fsdp2 fused": ("peer", "fused"),
+    "fsdp2 foreach": ("peer", "foreach"),
 }
 
 
 def command(kind, c, d, data, metrics):
-    system, flag = KINDS[kind]
+    system, optimizer = KINDS[kind]
     init, batches = os.path.join(d, "init.pt"), os.path.join(d, "batches.pt")
-    args = rb.model_args(c) + ["--batch", str(c["batch"]), "--steps", str(c["steps"]),
-                               "--lr", str(c["lr"]), "--init-from", init, "--metrics", metrics]
     if system == "cpp":
-        train = [a for a in rb.train_args(c, data) if a not in ("--optimizer", "fused")]
-        return [rb.FSDPRUN, "--nproc-per-node", str(WORLD), rb.GPT_TRAIN, *train, "--init-from", init,
-                "--metrics", metrics, *flag]
+        return [rb.FSDPRUN, "--nproc-per-node", str(WORLD), rb.GPT_TRAIN,
+                *rb.train_args(c, data, optimizer), "--init-from", init, "--metrics", metrics]
     return [os.path.join(rb.VENV, "torchrun"), "--standalone", "--nproc-per-node", str(WORLD),
-            rb.PEER, *args, "--batches", batches, *flag]
+            rb.PEER, *rb.model_args(c), "--batch", str(c["batch"]), "--steps", str(c["steps"]),
+            "--lr", str(c["lr"]), "--init-from", init, "--metrics", metrics, "--batches", batches,
+            *(["--fused"] if optimizer == "fused" else [])]
 
 
 def step_times(path, warmup):

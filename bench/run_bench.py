@@ -210,11 +210,11 @@ def precision_args(c):
     return [] if c["dtype"] == "fp32" else ["--param-dtype", c["dtype"], "--reduce-dtype", "fp32"]
 
 
-def train_args(c, data):
+def train_args(c, data, optimizer="fused"):
     # gpt_train and its floors step the fused AdamW; the peer the same kernel (AdamW(fused=True)).
     return model_args(c) + precision_args(c) + [
         "--lr", str(c["lr"]), "--seed", str(SEED), "--data", data, "--max-data-mb", str(MAX_DATA_MB),
-        "--steps", str(c["steps"]), "--batch", str(c["batch"]), "--optimizer", "fused"]
+        "--steps", str(c["steps"]), "--batch", str(c["batch"]), "--optimizer", optimizer]
 
 
 def commands(kind, r, c, d, world, data):

@@ -273,10 +273,6 @@ void ignore_sigpipe_by_default() {
   }
 }
 
-}  // namespace
-
-namespace {
-
 // [Note: a quiet rendezvous]
 // c10d logs each failed store operation (a peer's store that closed, a timeout) as a warning
 // with a C++ backtrace before it throws. During the rendezvous every such failure reaches this

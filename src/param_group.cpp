@@ -265,8 +265,8 @@ void ParamGroup::issue_reduce_scatter() {
 // there (accumulation) or kept unsharded (no_sync).
 bool ParamGroup::grads_need_no_reduction() const {
   const ReducePlan plan = reduce_plan();
-  return flat_.shard_numel() == flat_.padded_numel() && !flat_.sharded() &&
-         state_.replicate_collectives() == nullptr && !flat_.offloaded() && plan.pre == 1.0 &&
+  return !flat_.sharded() && state_.replicate_collectives() == nullptr && !flat_.offloaded() &&
+         plan.pre == 1.0 &&
          plan.post == 1.0 && !accumulate_into_shard_ && !full_grad_kept_ && !state_.no_sync();
 }
 
