@@ -4,11 +4,12 @@
 // factory has returned (shard_model).
 #include <fsdp/fully_shard.h>
 
-#include "unit_groups.h"
+#include "shard_pipeline.h"
 
 #include <c10/util/Exception.h>
 
 #include <unordered_set>
+#include <vector>
 
 namespace fsdp::detail {
 
@@ -42,37 +43,24 @@ void DeferredScope::close() {
 std::shared_ptr<FsdpState> DeferredScope::state() const { return sharding_->state; }
 const ParamInit& DeferredScope::init() const { return sharding_->init; }
 
+// The pipeline of [Note: one sharding pipeline] for one unit, as its Unit holder is constructed.
 void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>& module) {
   if (!active || slot.group) return;
   DeferredSharding& sharding = *active;
   FsdpState& state = *sharding.state;
-  // Built where the factory runs, sharded where the model computes (offloaded: the parameters
-  // stay in host memory, the buffers go where forward runs).
-  if (state.options().cpu_offload()) {
-    for (auto& buffer : module->buffers()) buffer.set_data(buffer.to(state.compute_device()));
-  } else if (!state.compute_device().is_cpu()) {
-    module->to(state.compute_device());
-  }
+  // Built where the factory runs, sharded where the model computes.
+  place_on_device(*module, state.compute_device(), state.options().cpu_offload());
+  std::vector<UnitPlan> plans(1);
+  UnitPlan& plan = plans[0];
+  plan.name = "deferred unit #" + std::to_string(sharding.units++);
+  plan.slot = &slot;
   // Parameters of units nested inside this one are sharded already; a tie is sharded once.
-  NamedParams params;
-  std::unordered_set<const c10::TensorImpl*> seen;
   for (const auto& item : module->named_parameters()) {
     const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
-    if (sharding.sharded.count(impl) || !seen.insert(impl).second) continue;
-    params.emplace_back(item.key(), item.value());
+    if (sharding.sharded.insert(impl).second) plan.params.emplace_back(item.key(), item.value());
   }
-  if (sharding.init) initialise(params, sharding.init);
-  const std::string label = "deferred unit #" + std::to_string(sharding.units++);
-  // Checked unit by unit, before any collective touches the unit (the sync below, the shards).
-  if (state.options().verify_model()) {
-    ModelDescription description;
-    add_description(description, label, params);
-    check_same_model_on_all_ranks(state.world(), description);
-  }
-  if (state.options().sync_module_states()) broadcast_from_rank0(tensors_of(params), state.world());
-  for (const auto& item : params) sharding.sharded.insert(item.second.unsafeGetTensorImpl());
-  slot.group = add_unit_groups(state, label, std::move(params), /*is_root=*/false,
-                               full_precision_params(*module, state.options().mixed_precision()));
+  shard_units(state, plans, sharding.init,
+              full_precision_params(*module, state.options().mixed_precision()));
 }
 
 }  // namespace fsdp::detail

@@ -50,25 +50,42 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
     if (world.rank() == 0 && !warning.empty()) std::cerr << warning << std::endl;
   }
   shard_collectives_ = device_->collectives(*shard_group_);
+  unit_env_ = std::make_unique<UnitEnv>(UnitEnv{
+      *device_, *shard_collectives_, replicate_collectives_.get(), limiter_,
+      ReduceSettings{options_.mixed_precision().reduce_dtype(), w}});
 }
 
 FsdpState::~FsdpState() { device_.reset(); }
 
-c10::ScalarType FsdpState::reduce_dtype(c10::ScalarType grad_dtype) const {
-  return options_.mixed_precision().reduce_dtype().value_or(grad_dtype);
+void FsdpState::pre_forward(ParamGroup& unit) {
+  record_forward_order(unit);
+  unit.begin_forward();
+  prefetch_forward_after(unit);
+  unit.wait_unshard();
 }
 
-std::pair<double, double> FsdpState::gradient_divide_factors(c10::ScalarType dtype) const {
-  const int w = world_.size();
-  // fp32/fp64 sums of W gradients cannot overflow: one division of the (W times smaller) shard.
-  if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w)};
-  // PyTorch FSDP's choice: double p while it divides W and p < W / p (W = 4: 2 and 2).
-  int pre = 1;
-  while (w % pre == 0 && w / pre > pre) pre *= 2;
-  return {static_cast<double>(pre), static_cast<double>(w) / pre};
+void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
+                             const std::vector<at::Tensor>& outputs) {
+  // The root's parameters are needed again at once by backward (its output is the loss);
+  // SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward.
+  unit.post_forward(inputs, outputs,
+                    !unit.is_root() && options_.unit_reshards_after_forward(unit.name()));
 }
 
-void FsdpState::before_unit_forward(ParamGroup& group) {
+void FsdpState::backward_reached(ParamGroup& unit) {
+  if (unit.is_root()) queue_finish_backward();
+  unit.issue_unshard(/*optional=*/false);
+  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPre) prefetch_backward_after(unit);
+  unit.begin_backward(no_sync_);
+}
+
+void FsdpState::gradient_ready(ParamGroup& unit) {
+  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPost && !unit.is_part()) {
+    prefetch_backward_after(unit);
+  }
+}
+
+void FsdpState::record_forward_order(ParamGroup& group) {
   if (group.is_root()) {
     if (!forward_order_.empty()) previous_forward_order_ = forward_order_;
     forward_order_.clear();

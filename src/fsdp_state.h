@@ -1,26 +1,31 @@
 #pragma once
 // The state of one sharded model: its units (root first), the process groups of its mesh (shard
 // group × replicate group), the collectives and the communication thread they share, the rate
-// limiter, the forward order that drives prefetching, and the end-of-backward callback that the
-// root queues on the autograd engine.
+// limiter, and the orchestration of its units: the execution order that drives prefetching, and
+// the end-of-backward callback that the root queues on the autograd engine. Calls go one way:
+// the model calls its units (ParamGroup), which report back through UnitEvents.
 
 #include "collectives.h"
 #include "device.h"
 #include "param_group.h"
 #include "rate_limiter.h"
 
+#include <fsdp/options.h>
+
 #include <memory>
 #include <vector>
 
 namespace fsdp {
 
-class FsdpState {
+class FsdpState final : public UnitEvents {
  public:
   /// Builds the mesh over `world`: shard groups of F consecutive ranks, replicated W/F times;
   /// communication for parameters on `device`.
   FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::Device& device);
-  ~FsdpState();
+  ~FsdpState() override;
 
+  /// What every unit of this model works with.
+  const UnitEnv& unit_env() const { return *unit_env_; }
   /// Collectives inside this rank's shard group (all-gather, reduce-scatter).
   Collectives& collectives() { return *shard_collectives_; }
   /// All-reduce across the replicas of this rank's shard; null when there is one replica.
@@ -29,32 +34,34 @@ class FsdpState {
   ProcessGroup& shard_group() { return *shard_group_; }
   Device& device() { return *device_; }
   c10::Device compute_device() const { return device_->device(); }
-  RateLimiter& limiter() { return limiter_; }
   const FullyShardOptions& options() const { return options_; }
-  bool no_sync() const { return no_sync_; }
   void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
-  /// The dtype gradients are reduced in, for a unit whose unsharded gradient is in `grad_dtype`.
-  c10::ScalarType reduce_dtype(c10::ScalarType grad_dtype) const;
-  /// (pre, post): gradients reduced in `dtype` are divided by `pre` before the sum and by `post`
-  /// after; pre*post = W.
-  std::pair<double, double> gradient_divide_factors(c10::ScalarType dtype) const;
   std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
   const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
 
-  /// Called by every unit's pre-forward: records the forward order (the root starts an iteration)
-  /// and, in the first iteration with check_execution_order, checks it against the other ranks.
-  void before_unit_forward(ParamGroup& group);
-  /// Forward prefetch: issue the all-gather of the unit that ran after `group` last iteration.
-  void prefetch_forward_after(ParamGroup& group);
-  /// Backward prefetch: issue the all-gather of the unit whose backward comes after `group`'s,
-  /// i.e. the one that ran before it in this iteration's forward.
-  void prefetch_backward_after(ParamGroup& group);
-  /// Called from the root's pre-backward hook: queue finish_backward() on the autograd engine.
-  void queue_finish_backward();
+  /// A unit's forward starts: records the forward order (the root starts an iteration; in the
+  /// first iteration with check_execution_order it is checked against the other ranks), unshards
+  /// the unit, prefetches the next one.
+  void pre_forward(ParamGroup& unit);
+  /// A unit's forward ended: it reshards unless it keeps its parameters for backward.
+  void post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
+                    const std::vector<at::Tensor>& outputs);
+
+  // UnitEvents
+  void backward_reached(ParamGroup& unit) override;
+  void gradient_ready(ParamGroup& unit) override;
 
  private:
+  void record_forward_order(ParamGroup& unit);
+  void check_execution_order(const ParamGroup& unit, size_t index);
+  /// Forward prefetch: issue the all-gather of the unit that ran after `unit` last iteration.
+  void prefetch_forward_after(ParamGroup& unit);
+  /// Backward prefetch: issue the all-gather of the unit whose backward comes after `unit`'s,
+  /// i.e. the one that ran before it in this iteration's forward.
+  void prefetch_backward_after(ParamGroup& unit);
+  /// Called from the root's pre-backward: queue finish_backward() on the autograd engine.
+  void queue_finish_backward();
   void finish_backward();
-  void check_execution_order(const ParamGroup& group, size_t index);
 
   ProcessGroup& world_;
   std::shared_ptr<ProcessGroup> shard_group_;      // the world itself unless hybrid / no-shard
@@ -63,6 +70,7 @@ class FsdpState {
   std::unique_ptr<Collectives> replicate_collectives_;
   FullyShardOptions options_;
   RateLimiter limiter_;
+  std::unique_ptr<UnitEnv> unit_env_;
   std::vector<std::shared_ptr<ParamGroup>> groups_;  // groups_[0] is the root unit
   std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
   std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's

@@ -3,8 +3,7 @@
 #include <fsdp/fully_shard.h>
 
 #include "fsdp_state.h"
-#include "model_check.h"
-#include "unit_groups.h"
+#include "shard_pipeline.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -39,23 +38,6 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
   return it == registry().slots.end() ? nullptr : it->second.lock();
 }
 
-struct UnitPlan {
-  std::string name;                  // module path; "" for the root
-  std::shared_ptr<UnitSlot> slot;
-  NamedParams params;
-  bool presharded = false;  // built and sharded by fully_shard_deferred
-};
-
-// The entries of all of a unit's flat parameters: its leading group's and its parts'.
-std::vector<FlatEntry*> unit_entries(ParamGroup& group) {
-  std::vector<FlatEntry*> entries;
-  for (auto& entry : group.flat().entries()) entries.push_back(&entry);
-  for (const auto& part : group.parts()) {
-    for (auto& entry : part->flat().entries()) entries.push_back(&entry);
-  }
-  return entries;
-}
-
 // The innermost unit whose module path is a prefix of the parameter's name ("" for the root).
 const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::string& param) {
   const std::string* best = &plans[0].name;
@@ -77,10 +59,10 @@ std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
   for (const auto& item : root->named_modules("", /*include_self=*/false)) {
     auto slot = find_unit(item.value().get());
     if (!slot) continue;
-    const bool presharded = slot->group && deferred && &slot->group->state() == deferred;
+    const bool presharded = slot->group && deferred && slot->model == deferred;
     TORCH_CHECK(!slot->group || presharded, "fully_shard: module '", item.key(),
                 "' is already a unit of another sharded model");
-    plans.push_back(UnitPlan{item.key(), slot, {}, presharded});
+    plans.push_back(UnitPlan{item.key(), slot.get(), {}, presharded});
     for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
   }
   // A parameter registered under two names (tied weights) is sharded once, under its first
@@ -107,22 +89,19 @@ std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
   return plans;
 }
 
-// Every rank's description of the model, in plan order. Units built by fully_shard_deferred are
-// sharded already: their shapes come from their flat parameters' entries.
-ModelDescription describe(const std::vector<UnitPlan>& plans) {
-  ModelDescription description;
-  for (const auto& plan : plans) {
-    if (!plan.presharded) {
-      add_description(description, plan.name, plan.params);
-      continue;
-    }
-    for (const FlatEntry* entry : unit_entries(*plan.slot->group)) {
-      description.names.push_back(entry->name);
-      description.lines.push_back(describe_param(plan.name, entry->name, entry->param, entry->shape,
-                                                 entry->param.requires_grad()));
-    }
-  }
-  return description;
+UnitInfo info_of(const ParamGroup& group) {
+  const FlatParam& flat = group.flat();
+  UnitInfo info;
+  info.name = group.name();
+  info.num_params = static_cast<int64_t>(flat.entries().size());
+  info.numel = flat.numel();
+  info.padded_numel = flat.padded_numel();
+  info.shard_numel = flat.shard_numel();
+  info.element_size = flat.element_size();
+  info.compute_element_size = flat.compute_element_size();
+  info.is_root = group.is_root();
+  info.trainable = flat.requires_grad();
+  return info;
 }
 
 // A deferred unit was sharded before its place in the model was known: give it its path.
@@ -135,19 +114,12 @@ void name_presharded_unit(const UnitPlan& plan) {
   plan.slot->group->set_name(plan.name);
 }
 
-// The device the model computes on: options.device() (the model moves there), else its
-// parameters' (all on one device), else CPU. A deferred model's units are on the state's already.
+// The device the model computes on: options.device(), else its parameters' (all on one device),
+// else CPU. A deferred model's is its state's.
 c10::Device compute_device(torch::nn::Module& root, const FullyShardOptions& options,
                            const FsdpState* deferred) {
   if (deferred) return deferred->compute_device();
-  if (options.cpu_offload()) {  // parameters stay on the CPU, buffers go where forward runs
-    for (auto& buffer : root.buffers()) buffer.set_data(buffer.to(*options.device()));
-    return *options.device();
-  }
-  if (options.device()) {
-    root.to(*options.device());
-    return *options.device();
-  }
+  if (options.device()) return *options.device();
   std::optional<c10::Device> device;
   std::string first;
   for (const auto& item : root.named_parameters()) {
@@ -162,6 +134,24 @@ c10::Device compute_device(torch::nn::Module& root, const FullyShardOptions& opt
   return device.value_or(c10::Device(c10::kCPU));
 }
 
+// groups[0] must be the root: moves its group(s) before those of the units sharded earlier.
+void put_root_first(FsdpState& state, size_t groups_before) {
+  auto& groups = state.groups();
+  std::rotate(groups.begin(), groups.begin() + groups_before, groups.end());
+}
+
+// Every group of the units built inside a deferred factory belongs to a unit of the model.
+void check_presharded_claimed(const std::vector<UnitPlan>& plans, size_t presharded_groups) {
+  size_t claimed = 0;
+  for (const auto& plan : plans) {
+    if (plan.presharded) claimed += 1 + plan.slot->group->parts().size();
+  }
+  TORCH_CHECK(claimed == presharded_groups, "fully_shard_deferred: ",
+              presharded_groups - claimed, " flat parameter group(s) of units built inside the "
+              "factory are not part of the model it returned; construct fsdp::Unit holders only "
+              "for modules the model registers");
+}
+
 }  // namespace
 
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
@@ -174,6 +164,8 @@ std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
   return slot;
 }
 
+// The pipeline of [Note: one sharding pipeline] for the whole model: every unit at once, or, after
+// fully_shard_deferred, the root (its units are presharded).
 std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
                                        UnitSlot& root_slot, ProcessGroup& group,
                                        const FullyShardOptions& options,
@@ -181,68 +173,46 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   options.validate(group.size());
   TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
   const c10::Device device = compute_device(*root, options, deferred.get());
+  place_on_device(*root, device, options.cpu_offload());
   std::vector<UnitPlan> plans = plans_of(root, deferred.get());
+  plans[0].slot = &root_slot;
+  plans[0].is_root = true;
   for (auto& plan : plans) {
     if (plan.presharded) name_presharded_unit(plan);
-    if (!plan.presharded && init) initialise(plan.params, init);
   }
-  if (options.verify_model()) check_same_model_on_all_ranks(group, describe(plans));
-
   auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options, device);
+  const size_t presharded_groups = state->groups().size();
+  shard_units(*state, plans, init, full_precision_params(*root, options.mixed_precision()));
+  put_root_first(*state, presharded_groups);
+  check_presharded_claimed(plans, presharded_groups);
   if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
-  if (options.sync_module_states()) {
-    for (auto& plan : plans) {
-      if (!plan.presharded) broadcast_from_rank0(tensors_of(plan.params), group);
-    }
-  }
   cast_floating_buffers(*root, options.mixed_precision());
-  const TensorSet full_precision = full_precision_params(*root, options.mixed_precision());
-
-  auto& groups = state->groups();
-  const size_t presharded_groups = groups.size();
-  size_t claimed = 0;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    if (plans[i].presharded) {
-      claimed += 1 + plans[i].slot->group->parts().size();
-      continue;
-    }
-    const bool is_root = i == 0;
-    auto unit = add_unit_groups(*state, plans[i].name, std::move(plans[i].params), is_root,
-                                full_precision);
-    (is_root ? root_slot : *plans[i].slot).group = unit;
-    // groups[0] must be the root: move its group(s) before the deferred units'.
-    if (is_root) std::rotate(groups.begin(), groups.begin() + presharded_groups, groups.end());
-  }
-  TORCH_CHECK(claimed == presharded_groups, "fully_shard_deferred: ",
-              presharded_groups - claimed, " flat parameter group(s) of units built inside the "
-              "factory are not part of the model it returned; construct fsdp::Unit holders only "
-              "for modules the model registers");
   return state;
 }
 
 std::vector<UnitInfo> unit_infos(const FsdpState& state) {
   std::vector<UnitInfo> infos;
-  for (const auto& group : state.groups()) infos.push_back(group->info());
+  for (const auto& group : state.groups()) infos.push_back(info_of(*group));
   return infos;
 }
 
 void set_no_sync(FsdpState& state, bool no_sync) { state.set_no_sync(no_sync); }
 
-const std::string& unit_name(const ParamGroup& group) { return group.name(); }
+const std::string& unit_name(const UnitSlot& unit) { return unit.group->name(); }
 
-std::optional<c10::ScalarType> input_dtype(const ParamGroup& group) {
-  return group.state().options().mixed_precision().param_dtype();
+std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit) {
+  return unit.model->options().mixed_precision().param_dtype();
 }
 
-bool checkpoints_activations(const ParamGroup& group) {
-  return group.state().options().activation_checkpointing() && !group.is_root();
+bool checkpoints_activations(const UnitSlot& unit) {
+  return unit.model->options().activation_checkpointing() && !unit.group->is_root();
 }
 
-void pre_forward(ParamGroup& group) { group.pre_forward(); }
+void pre_forward(UnitSlot& unit) { unit.model->pre_forward(*unit.group); }
 
-void post_forward(ParamGroup& group, const std::vector<at::Tensor>& inputs,
+void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
                   const std::vector<at::Tensor>& outputs) {
-  group.post_forward(inputs, outputs);
+  unit.model->post_forward(*unit.group, inputs, outputs);
 }
 
 }  // namespace detail

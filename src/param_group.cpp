@@ -1,8 +1,8 @@
 #include "param_group.h"
 
-#include "fsdp_state.h"
+#include "device.h"
+#include "rate_limiter.h"
 #include "trace.h"
-#include "unit_comm.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -10,7 +10,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <tuple>
 
 namespace fsdp {
 
@@ -24,10 +23,7 @@ class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
   GradAccumulatedHook(std::weak_ptr<ParamGroup> group, size_t entry)
       : group_(std::move(group)), entry_(entry) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (auto group = group_.lock()) group->on_grad_accumulated(entry_);
-    return outputs;
-  }
+                                            const torch::autograd::variable_list&) override;
 
  private:
   std::weak_ptr<ParamGroup> group_;
@@ -36,11 +32,13 @@ class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
 
 }  // namespace
 
-ParamGroup::ParamGroup(std::string name, FlatParam flat, FsdpState& state, bool is_root)
+ParamGroup::ParamGroup(std::string name, FlatParam flat, UnitEnv env, UnitEvents& events,
+                       bool is_root)
     : name_(std::move(name)),
       label_(is_root ? "root" : name_),
       flat_(std::move(flat)),
-      state_(state),
+      env_(std::move(env)),
+      events_(events),
       is_root_(is_root) {}
 
 void ParamGroup::install_grad_hooks() {
@@ -70,6 +68,11 @@ bool ParamGroup::has_frozen_part() const {
                      [](const auto& part) { return !part->flat_.requires_grad(); });
 }
 
+void ParamGroup::begin_forward() {
+  span_start_ = trace_now();
+  issue_unshard(/*optional=*/false);
+}
+
 bool ParamGroup::issue_unshard(bool optional) {
   if (sharded_state_ != ShardedState::Sharded) return true;
   if (!flat_.needs_unshard()) {  // a shard group of one in full precision: the shard is the unit
@@ -78,8 +81,8 @@ bool ParamGroup::issue_unshard(bool optional) {
     return true;
   }
   if (rate_limited()) {
-    WaitSpan waiting("rate_limiter", label_);
-    if (!state_.limiter().acquire(optional)) return false;
+    TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
+    if (!env_.limiter.acquire(optional)) return false;
     holds_limiter_slot_ = true;
   }
   for (auto& part : parts_) part->issue_unshard(optional);
@@ -89,15 +92,14 @@ bool ParamGroup::issue_unshard(bool optional) {
     // in order. On a lane's high-priority stream the cast would overlap GEMMs and slow them
     // (measured on an H200: 2.5x the cast's own time), with no communication to hide.
     at::NoGradGuard no_grad;
-    gather_unit(flat_, state_.collectives());
+    gather_unit(flat_, env_.shard_group);
     all_gather_ = CommHandle();
     sharded_state_ = ShardedState::Unsharding;
     return true;
   }
-  const std::string span = "all_gather " + label_;
-  all_gather_ = state_.device().submit(CommLane::AllGather, [this, span] {
-    TraceSpan trace(span, TraceLane::Communication);
-    gather_unit(flat_, state_.collectives());
+  all_gather_ = env_.device.submit(CommLane::AllGather, [this] {
+    TraceSpan trace("all_gather", label_, TraceLane::Communication);
+    gather_unit(flat_, env_.shard_group);
   });
   sharded_state_ = ShardedState::Unsharding;
   return true;
@@ -108,7 +110,7 @@ void ParamGroup::wait_unshard() {
   for (auto& part : parts_) part->wait_unshard();
   if (sharded_state_ == ShardedState::Unsharded) return;
   {
-    WaitSpan waiting("all_gather", label_);
+    TraceSpan waiting("wait all_gather", label_, TraceLane::Waits);
     all_gather_.wait();
   }
   flat_.use_full_params();
@@ -127,20 +129,12 @@ void ParamGroup::reshard(bool with_parts) {
   sharded_state_ = ShardedState::Sharded;
   if (holds_limiter_slot_) {  // [Note: rate limiter slots]
     holds_limiter_slot_ = false;
-    state_.limiter().release();
+    env_.limiter.release();
   }
 }
 
-void ParamGroup::pre_forward() {
-  span_start_ = std::chrono::steady_clock::now();
-  state_.before_unit_forward(*this);
-  issue_unshard(/*optional=*/false);
-  state_.prefetch_forward_after(*this);
-  wait_unshard();
-}
-
 void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
-                              const std::vector<at::Tensor>& outputs) {
+                              const std::vector<at::Tensor>& outputs, bool reshard_after_forward) {
   // A unit with parameters (frozen ones too: backward needs them to reach earlier units) is
   // unsharded again for backward. The root hooks its output even without parameters of its
   // own: its pre-backward queues the end-of-backward callback that completes every reduction.
@@ -168,31 +162,27 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
       });
     }
   }
-  // The root's parameters are needed again at once by backward (its output is the loss);
-  // SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward.
-  const bool keep =
-      will_backward && (is_root_ || !state_.options().unit_reshards_after_forward(name_));
-  if (!keep) reshard();
-  record_span("forward " + label_, TraceLane::Compute, span_start_);
+  if (!will_backward || reshard_after_forward) reshard();
+  record_span("forward", label_, TraceLane::Compute, span_start_);
 }
 
 void ParamGroup::pre_backward() {
   if (backward_state_ != BackwardState::Idle) return;  // another output got there first
-  span_start_ = std::chrono::steady_clock::now();
-  if (is_root_) state_.queue_finish_backward();
+  span_start_ = trace_now();
   backward_ran_ = true;
-  issue_unshard(/*optional=*/false);
-  if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPre) {
-    state_.prefetch_backward_after(*this);
-  }
+  events_.backward_reached(*this);
+}
+
+void ParamGroup::begin_backward(bool no_sync) {
   wait_unshard();
-  begin_accumulating();
+  begin_accumulating(no_sync);
   for (auto& part : parts_) {
-    if (part->flat_.requires_grad()) part->begin_accumulating();
+    if (part->flat_.requires_grad()) part->begin_accumulating(no_sync);
   }
 }
 
-void ParamGroup::begin_accumulating() {
+void ParamGroup::begin_accumulating(bool no_sync) {
+  no_sync_ = no_sync;
   if (flat_.requires_grad()) {
     // Under no_sync the sum so far is kept: keep adding to it.
     if (!full_grad_kept_) accumulate_into_shard_ = flat_.has_sharded_grads();
@@ -216,22 +206,20 @@ void ParamGroup::on_input_grad() {
 }
 
 void ParamGroup::post_backward() {
-  record_span("backward " + label_, TraceLane::Compute, span_start_);
+  record_span("backward", label_, TraceLane::Compute, span_start_);
   if (!flat_.requires_grad()) {  // nothing to reduce: only free the parameters
     backward_state_ = BackwardState::Idle;
     reshard();
     return;
   }
   flat_.complete_full_grad();
-  if (state_.options().backward_prefetch() == BackwardPrefetch::BackwardPost && !is_part_) {
-    state_.prefetch_backward_after(*this);
-  }
+  events_.gradient_ready(*this);
   if (flat_.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
     backward_state_ = BackwardState::Reduced;
     reshard(/*with_parts=*/false);
     return;
   }
-  if (state_.no_sync()) {  // keep the unsharded gradient for the next backward
+  if (no_sync_) {  // keep the unsharded gradient for the next backward
     full_grad_kept_ = true;
     backward_state_ = BackwardState::Idle;
     reshard(/*with_parts=*/false);
@@ -246,17 +234,17 @@ void ParamGroup::post_backward() {
 
 void ParamGroup::issue_reduce_scatter() {
   full_grad_kept_ = false;
-  if (rate_limited()) state_.limiter().reduction_issued();
+  RateLimiter* limiter = rate_limited() ? &env_.limiter : nullptr;
+  if (limiter) limiter->reduction_issued();
   // The count ends when the task is destroyed, whether it ran, threw, or was skipped after an
   // earlier collective failed: a unit waiting in the limiter then meets the error, never hangs.
-  auto end = std::make_shared<ReductionEnd>(rate_limited() ? &state_.limiter() : nullptr);
-  const std::string span = "reduce_scatter " + label_;
+  auto end = std::make_shared<ReductionEnd>(limiter);
   const ReducePlan plan = reduce_plan();
-  reduce_scatter_ = state_.device().submit(CommLane::Reduce, [this, span, plan, end] {
-    TraceSpan trace(span, TraceLane::Communication);
+  reduce_scatter_ = env_.device.submit(CommLane::Reduce, [this, plan, end] {
+    TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
     at::NoGradGuard no_grad;
-    reduce_unit_gradient(flat_, plan, state_.collectives(), state_.replicate_collectives());
-    state_.device().release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
+    reduce_unit_gradient(flat_, plan, env_.shard_group, env_.replicas);
+    env_.device.release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
   });
 }
 
@@ -265,24 +253,19 @@ void ParamGroup::issue_reduce_scatter() {
 // there (accumulation) or kept unsharded (no_sync).
 bool ParamGroup::grads_need_no_reduction() const {
   const ReducePlan plan = reduce_plan();
-  return !flat_.sharded() && state_.replicate_collectives() == nullptr && !flat_.offloaded() &&
-         plan.pre == 1.0 &&
-         plan.post == 1.0 && !accumulate_into_shard_ && !full_grad_kept_ && !state_.no_sync();
+  return !flat_.sharded() && env_.replicas == nullptr && !flat_.offloaded() && plan.pre == 1.0 &&
+         plan.post == 1.0 && !accumulate_into_shard_ && !full_grad_kept_ && !no_sync_;
 }
 
 ReducePlan ParamGroup::reduce_plan() const {
-  const c10::ScalarType grad_dtype = flat_.full_grad().scalar_type();
-  ReducePlan plan;
-  plan.dtype = full_precision_ ? grad_dtype : state_.reduce_dtype(grad_dtype);
-  std::tie(plan.pre, plan.post) = state_.gradient_divide_factors(plan.dtype);
-  plan.accumulate = accumulate_into_shard_;
-  return plan;
+  return plan_reduction(env_.reduce, flat_.full_grad().scalar_type(), full_precision_,
+                        accumulate_into_shard_);
 }
 
 void ParamGroup::finish_backward() {
   if (backward_state_ == BackwardState::Accumulating) post_backward();  // some grads never came
   if (backward_state_ == BackwardState::Reducing) {
-    WaitSpan waiting("reduce_scatter", label_);
+    TraceSpan waiting("wait reduce_scatter", label_, TraceLane::Waits);
     reduce_scatter_.wait();
   }
   if (backward_state_ == BackwardState::Reducing || backward_state_ == BackwardState::Reduced) {
@@ -293,18 +276,10 @@ void ParamGroup::finish_backward() {
   backward_ran_ = false;
 }
 
-UnitInfo ParamGroup::info() const {
-  UnitInfo info;
-  info.name = name_;
-  info.num_params = static_cast<int64_t>(flat_.entries().size());
-  info.numel = flat_.numel();
-  info.padded_numel = flat_.padded_numel();
-  info.shard_numel = flat_.shard_numel();
-  info.element_size = flat_.element_size();
-  info.compute_element_size = flat_.compute_element_size();
-  info.is_root = is_root_;
-  info.trainable = flat_.requires_grad();
-  return info;
+torch::autograd::variable_list GradAccumulatedHook::operator()(
+    const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+  if (auto group = group_.lock()) group->on_grad_accumulated(entry_);
+  return outputs;
 }
 
 }  // namespace fsdp

@@ -12,7 +12,7 @@ namespace fsdp {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = TraceClock;
 
 struct Span {
   std::string name;
@@ -54,11 +54,14 @@ void start_trace() {
 
 bool trace_enabled() { return recorder().on; }
 
-void record_span(const std::string& name, TraceLane lane, Clock::time_point start) {
-  if (!recorder().on) return;
+void record_span(const char* what, const std::string& label, TraceLane lane,
+                 Clock::time_point start) {
+  // A span that started before tracing did (start_trace() mid-span) is not recorded.
+  if (!recorder().on || start == Clock::time_point()) return;
   const auto end = Clock::now();
+  std::string name = std::string(what) + " " + label;
   std::lock_guard<std::mutex> lock(recorder().mutex);
-  recorder().spans.push_back(Span{name, lane, start, end});
+  recorder().spans.push_back(Span{std::move(name), lane, start, end});
 }
 
 void write_trace(const std::string& path, int rank) {

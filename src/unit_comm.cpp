@@ -2,7 +2,28 @@
 
 #include <ATen/ATen.h>
 
+#include <tuple>
+
 namespace fsdp {
+
+std::pair<double, double> ReduceSettings::divide_factors(c10::ScalarType dtype) const {
+  const int w = world_size;
+  // fp32/fp64 sums of W gradients cannot overflow: one division of the (W times smaller) shard.
+  if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w)};
+  // PyTorch FSDP's choice: double p while it divides W and p < W / p (W = 4: 2 and 2).
+  int pre = 1;
+  while (w % pre == 0 && w / pre > pre) pre *= 2;
+  return {static_cast<double>(pre), static_cast<double>(w) / pre};
+}
+
+ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_dtype,
+                          bool full_precision, bool accumulate) {
+  ReducePlan plan;
+  plan.dtype = full_precision ? grad_dtype : settings.dtype_for(grad_dtype);
+  std::tie(plan.pre, plan.post) = settings.divide_factors(plan.dtype);
+  plan.accumulate = accumulate;
+  return plan;
+}
 
 void gather_unit(FlatParam& flat, Collectives& shard_group) {
   at::Tensor local = flat.local_chunk();

@@ -6,7 +6,6 @@
 #include <torch/nn/modules/batchnorm.h>
 
 #include <algorithm>
-#include <sstream>
 #include <unordered_set>
 
 namespace fsdp::detail {
@@ -49,7 +48,7 @@ std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name
       name,
       FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype,
                 state.compute_device(), grad_dtype),
-      state, is_root);
+      state.unit_env(), state, is_root);
   if (plan.full_precision) group->keep_full_precision();
   group->install_grad_hooks();
   state.groups().push_back(group);
@@ -96,39 +95,13 @@ std::shared_ptr<ParamGroup> add_unit_groups(FsdpState& state, const std::string&
   return leader;
 }
 
-std::string describe_param(const std::string& unit, const std::string& name, const at::Tensor& dtype_of,
-                           at::IntArrayRef shape, bool requires_grad) {
-  std::ostringstream line;
-  line << name << " " << dtype_of.dtype() << " " << shape << (requires_grad ? "" : " frozen")
-       << " unit=" << (unit.empty() ? "<root>" : unit);
-  return line.str();
-}
-
-void add_description(ModelDescription& description, const std::string& unit, const NamedParams& params) {
-  for (const auto& [name, p] : params) {
-    description.names.push_back(name);
-    description.lines.push_back(describe_param(unit, name, p, p.sizes(), p.requires_grad()));
+std::vector<FlatEntry*> unit_entries(ParamGroup& leader) {
+  std::vector<FlatEntry*> entries;
+  for (auto& entry : leader.flat().entries()) entries.push_back(&entry);
+  for (const auto& part : leader.parts()) {
+    for (auto& entry : part->flat().entries()) entries.push_back(&entry);
   }
-}
-
-std::vector<at::Tensor> tensors_of(const NamedParams& params) {
-  std::vector<at::Tensor> tensors;
-  for (const auto& item : params) tensors.push_back(item.second);
-  return tensors;
-}
-
-void initialise(NamedParams& params, const ParamInit& init) {
-  torch::NoGradGuard no_grad;
-  for (auto& [name, param] : params) init(name, param);
-}
-
-void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& world) {
-  torch::NoGradGuard no_grad;
-  for (const auto& tensor : tensors) {
-    at::Tensor contiguous = tensor.contiguous();
-    broadcast(world, contiguous, /*root=*/0);
-    if (!contiguous.is_same(tensor)) const_cast<at::Tensor&>(tensor).copy_(contiguous);
-  }
+  return entries;
 }
 
 void cast_floating_buffers(torch::nn::Module& root, const MixedPrecision& policy) {

@@ -1,10 +1,8 @@
 #pragma once
-// Building blocks of fully_shard() shared by its eager and deferred forms: turning one unit's
-// parameters into its flat parameter groups, describing parameters for the cross-rank model
-// check, and the rank-0 broadcasts.
+// A unit's flat parameter groups: one per kind of parameter (trainable or frozen, computed in
+// param_dtype or kept in full precision), and the buffers mixed precision casts.
 
 #include "fsdp_state.h"
-#include "model_check.h"
 
 #include <memory>
 #include <string>
@@ -37,17 +35,9 @@ std::shared_ptr<ParamGroup> add_unit_groups(FsdpState& state, const std::string&
                                             NamedParams params, bool is_root,
                                             const TensorSet& full_precision);
 
-/// One model-check line: "name dtype [shape] (frozen) unit=U".
-std::string describe_param(const std::string& unit, const std::string& name, const at::Tensor& dtype_of,
-                           at::IntArrayRef shape, bool requires_grad);
-void add_description(ModelDescription& description, const std::string& unit, const NamedParams& params);
+/// The entries of all of a unit's flat parameters: its leader's and its parts'.
+std::vector<FlatEntry*> unit_entries(ParamGroup& leader);
 
-std::vector<at::Tensor> tensors_of(const NamedParams& params);
-/// Runs `init` on every parameter, without recording gradients.
-void initialise(NamedParams& params, const ParamInit& init);
-
-/// Makes every rank's tensors equal to rank 0's.
-void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& world);
 /// Casts the floating-point buffers to the policy's buffer_dtype, but those of full-precision modules.
 void cast_floating_buffers(torch::nn::Module& root, const MixedPrecision& policy);
 

@@ -74,14 +74,15 @@ namespace detail {
 /// Where a Unit holder finds its runtime once fully_shard() has run; empty before.
 struct UnitSlot {
   std::shared_ptr<ParamGroup> group;
+  FsdpState* model = nullptr;        // the sharded model the unit belongs to
   std::shared_ptr<FsdpState> state;  // set on the root only: it owns every unit of the model
 };
 
 /// Registers `module` as a unit and returns its slot (fully_shard finds units through this).
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
 
-void pre_forward(ParamGroup& group);
-void post_forward(ParamGroup& group, const std::vector<at::Tensor>& inputs,
+void pre_forward(UnitSlot& unit);
+void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
                   const std::vector<at::Tensor>& outputs);
 
 /// Shards the model; `deferred` holds the units fully_shard_deferred has sharded already.
@@ -110,10 +111,10 @@ class DeferredScope {
 };
 std::vector<UnitInfo> unit_infos(const FsdpState& state);
 void set_no_sync(FsdpState& state, bool no_sync);
-const std::string& unit_name(const ParamGroup& group);
+const std::string& unit_name(const UnitSlot& unit);
 
 /// Mixed precision: the dtype a unit's floating-point inputs are cast to (none: unchanged).
-std::optional<c10::ScalarType> input_dtype(const ParamGroup& group);
+std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit);
 inline at::Tensor cast_input(std::optional<c10::ScalarType> dtype, const at::Tensor& t) {
   return dtype && t.defined() && t.is_floating_point() ? t.to(*dtype) : t;
 }
@@ -123,7 +124,7 @@ T&& cast_input(std::optional<c10::ScalarType>, T&& arg) {
 }
 
 /// Whether the unit's forward is recomputed in backward (activation checkpointing).
-bool checkpoints_activations(const ParamGroup& group);
+bool checkpoints_activations(const UnitSlot& unit);
 /// Runs `forward(inputs)` keeping only `inputs` for backward, which runs it again with gradients
 /// (and the same random numbers) and backpropagates through the recomputed graph.
 at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> forward,
@@ -157,9 +158,8 @@ class Unit {
   template <class... Args>
   auto operator()(Args&&... args) {
     if (!slot_ || !slot_->group) return module_->forward(std::forward<Args>(args)...);
-    ParamGroup& group = *slot_->group;
-    const auto dtype = detail::input_dtype(group);
-    return sharded_call(group, detail::cast_input(dtype, std::forward<Args>(args))...);
+    const auto dtype = detail::input_dtype(*slot_);
+    return sharded_call(detail::cast_input(dtype, std::forward<Args>(args))...);
   }
 
   M& module() { return module_; }
@@ -179,23 +179,23 @@ class Unit {
  private:
   // Unshard, forward, reshard; the pre-backward hook goes on the outputs.
   template <class... Args>
-  auto sharded_call(ParamGroup& group, Args&&... args) {
+  auto sharded_call(Args&&... args) {
     std::vector<at::Tensor> inputs, outputs;
     (detail::collect_tensors(args, inputs), ...);
-    detail::pre_forward(group);
-    auto output = forward_maybe_checkpointed(group, std::forward<Args>(args)...);
+    detail::pre_forward(*slot_);
+    auto output = forward_maybe_checkpointed(std::forward<Args>(args)...);
     detail::collect_tensors(output, outputs);
-    detail::post_forward(group, inputs, outputs);
+    detail::post_forward(*slot_, inputs, outputs);
     return output;
   }
 
   template <class... Args>
-  auto forward_maybe_checkpointed(ParamGroup& group, Args&&... args) {
+  auto forward_maybe_checkpointed(Args&&... args) {
     using Output = std::decay_t<decltype(module_->forward(std::forward<Args>(args)...))>;
     constexpr bool checkpointable = std::is_same_v<Output, at::Tensor> &&
                                     (std::is_convertible_v<Args, const at::Tensor&> && ...);
     if constexpr (checkpointable) {
-      if (detail::checkpoints_activations(group)) {
+      if (detail::checkpoints_activations(*slot_)) {
         M module = module_;
         return detail::run_checkpointed(
             [module](const std::vector<at::Tensor>& inputs) {
@@ -204,8 +204,8 @@ class Unit {
             {at::Tensor(args)...});
       }
     } else {
-      TORCH_CHECK(!detail::checkpoints_activations(group), "activation_checkpointing: the forward "
-                  "of unit '", detail::unit_name(group), "' must take only tensors and return one "
+      TORCH_CHECK(!detail::checkpoints_activations(*slot_), "activation_checkpointing: the forward "
+                  "of unit '", detail::unit_name(*slot_), "' must take only tensors and return one "
                   "tensor to be recomputed; turn the option off or change the unit's forward");
     }
     return module_->forward(std::forward<Args>(args)...);
