@@ -1,6 +1,7 @@
 // Parity: FSDP training over W real ranks computes what unsharded training on the same global
 // batch computes. Every rank also runs the reference in-process, so the comparison needs no file.
 #include "dist_env.h"
+#include "fsdp_state.h"
 #include "parity_check.h"
 #include "test_models.h"
 
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 
 namespace fsdp_test {
 namespace {
@@ -103,6 +105,38 @@ TEST(Prefetch, NoPrefetchGathersTheBlocksOnceEachInReverseForwardOrder) {
 
 TEST(Prefetch, BackwardPostGathersTheBlocksOnceEachInReverseForwardOrder) {
   expect_backward_gathers_in_reverse_forward_order(fsdp::BackwardPrefetch::BackwardPost);
+}
+
+// BACKWARD_PRE: when a unit's backward starts, the model gathers the unit whose backward comes
+// next at once; without backward prefetch that unit is gathered only when its own backward
+// starts. Probed between the two: the gradient of a tensor that only the later unit's backward
+// produces, read before the earlier unit's own pre-backward hook can run.
+TEST(Prefetch, BackwardPreGathersTheNextUnitAsSoonAsABackwardStarts) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "one rank holds whole units: nothing to gather";
+  constexpr int64_t kWidth = 32;
+  auto first_unit_gathered_at_probe = [&](fsdp::BackwardPrefetch prefetch) {
+    torch::manual_seed(0);
+    std::shared_ptr<fsdp::FsdpState> state;
+    std::optional<bool> gathered;
+    torch::nn::Sequential net(
+        torch::nn::Linear(kWidth, kWidth), torch::nn::Functional([&](at::Tensor x) {
+          at::Tensor y = x * 1;  // its gradient comes from unit "2"'s backward, before x's
+          y.register_hook([&](const at::Tensor&) {
+            for (const auto& group : state->groups()) {
+              if (group->name() == "0") gathered = group->sharded_state() != fsdp::ShardedState::Sharded;
+            }
+          });
+          return y;
+        }),
+        torch::nn::Linear(kWidth, kWidth), torch::nn::Linear(kWidth, kWidth));
+    fsdp::wrap_blocks<torch::nn::Linear>(net);
+    auto model = fsdp::fully_shard(net, *dist().world, fsdp::FullyShardOptions().backward_prefetch(prefetch));
+    state = model.slot().state;
+    model(torch::ones({1, kWidth})).sum().backward();
+    return gathered;
+  };
+  EXPECT_EQ(first_unit_gathered_at_probe(fsdp::BackwardPrefetch::BackwardPre), std::optional<bool>(true));
+  EXPECT_EQ(first_unit_gathered_at_probe(fsdp::BackwardPrefetch::None), std::optional<bool>(false));
 }
 
 // Forward prefetch (on by default): from the second iteration on, unit k+1's all-gather is issued
