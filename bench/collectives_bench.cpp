@@ -10,8 +10,8 @@
 // All-gather runs in place (the shard is the full buffer's own chunk), as FSDP calls it.
 //
 //   fsdprun --nproc-per-node W collectives_bench --out results.jsonl   (one JSON object a line)
-#include "collectives.h"
-#include "shm_collectives.h"
+#include "comm/collectives.h"
+#include "comm/shm_collectives.h"
 
 #include <fsdp/distributed.h>
 

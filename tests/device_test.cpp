@@ -1,8 +1,8 @@
-// The device seam's contract ([Note: the device seam] in src/device.h), on the CPU device: work
+// The device seam's contract ([Note: the device seam] in src/device/device.h), on the CPU device: work
 // submitted on either lane runs in submission order, off the caller's thread; wait() rethrows a
 // task's error and later work fails at once with it; memory is counted by the counting allocator;
 // bytes handed to release_after are freed; a device this build lacks is a clear error.
-#include "device.h"
+#include "device/device.h"
 
 #include <fsdp/memory.h>
 

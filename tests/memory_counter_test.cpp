@@ -1,5 +1,5 @@
 // The counting allocator honours the whole c10::Allocator contract ([Note: the allocator
-// contract] in src/memory_counter.cpp) and counts exactly. The contract is tested directly, on
+// contract] in src/device/memory_counter.cpp) and counts exactly. The contract is tested directly, on
 // every CPU: which kernels use raw_allocate (oneDNN's bf16 matmul, convolutions) depends on the
 // CPU, the operations below run wherever they land.
 #include <fsdp/memory.h>

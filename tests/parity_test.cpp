@@ -1,7 +1,7 @@
 // Parity: FSDP training over W real ranks computes what unsharded training on the same global
 // batch computes. Every rank also runs the reference in-process, so the comparison needs no file.
 #include "dist_env.h"
-#include "fsdp_state.h"
+#include "core/fsdp_state.h"
 #include "parity_check.h"
 #include "test_models.h"
 

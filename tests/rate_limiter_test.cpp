@@ -1,9 +1,9 @@
-// The rate limiter's contract ([Note: rate limiter slots] in src/rate_limiter.h): whether a
+// The rate limiter's contract ([Note: rate limiter slots] in src/core/rate_limiter.h): whether a
 // prefetch is refused depends only on the slots the caller's thread holds, never on reductions in
 // flight (that would let ranks issue different collectives); below the limit a unit waits while
 // more than one reduce-scatter is in flight; a unit that must run at the limit waits for all.
-#include "device.h"
-#include "rate_limiter.h"
+#include "device/device.h"
+#include "core/rate_limiter.h"
 
 #include <gtest/gtest.h>
 
@@ -81,7 +81,7 @@ TEST(RateLimiter, AUnitThatMustRunAtTheLimitWaitsForEveryReduction) {
   EXPECT_TRUE(required.granted());
 }
 
-// A reduce-scatter's task holds a ReductionEnd (src/param_group.cpp): after one collective fails,
+// A reduce-scatter's task holds a ReductionEnd (src/core/param_group.cpp): after one collective fails,
 // the communication thread skips the tasks behind it without running them, and destroying them
 // must still end their count, or a unit waiting for every reduction would hang.
 TEST(RateLimiter, ReductionsSkippedAfterAFailureStillEnd) {

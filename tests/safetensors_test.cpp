@@ -2,7 +2,7 @@
 // named errors of files that lie (truncated, offsets that overlap or leave holes, a dtype or shape
 // that disagrees with the bytes). Python's own readers check the same files in
 // tests/dcp_interop_e2e.py.
-#include "tensor_boxes.h"
+#include "io/tensor_boxes.h"
 
 #include <fsdp/safetensors.h>
 

@@ -1,13 +1,13 @@
-// Shared-memory collectives (src/shm_collectives.cpp) with real ranks over real Gloo: bitwise the
+// Shared-memory collectives (src/comm/shm_collectives.cpp) with real ranks over real Gloo: bitwise the
 // rings' results on random data (fp32 and bf16, odd sizes, one round and many), the same byte
 // accounting, a peer that never arrives named within a short timeout, and no segment left in
 // /dev/shm. Fault.SharedMemoryRankKilledMidCollective runs only from tests/shm_kill_e2e.py.
 #include "dist_env.h"
 
-#include "collectives.h"
-#include "device.h"
-#include "shm_collectives.h"
-#include "shm_segment.h"
+#include "comm/collectives.h"
+#include "device/device.h"
+#include "comm/shm_collectives.h"
+#include "comm/shm_segment.h"
 
 #include <fsdp/comm_stats.h>
 

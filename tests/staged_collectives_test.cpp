@@ -1,10 +1,10 @@
-// Staged collectives (src/staged_collectives.cpp: device tensors through host buffers, run by the
+// Staged collectives (src/comm/staged_collectives.cpp: device tensors through host buffers, run by the
 // rings; what lets ranks that share a GPU run the CUDA path) give bitwise the rings' own results,
 // with real ranks over real Gloo. On CPU the staging copies are plain host copies: the logic of
 // copying out, running and copying back, and the chunk offsets, are what is checked here.
 #include "dist_env.h"
 
-#include "collectives.h"
+#include "comm/collectives.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

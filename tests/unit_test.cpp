@@ -3,8 +3,8 @@
 #include <fsdp/fsdp.h>
 
 #include "data.h"
-#include "flat_param.h"
-#include "host_placement.h"
+#include "core/flat_param.h"
+#include "launch/host_placement.h"
 #include "gpt.h"
 
 #include <gtest/gtest.h>

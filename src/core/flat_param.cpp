@@ -1,0 +1,218 @@
+#include "core/flat_param.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/generated/variable_factories.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+namespace fsdp {
+
+namespace {
+
+void release_storage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+
+void refill_storage(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (storage->nbytes() == nbytes) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
+// A 1-D tensor of `numel` elements whose storage holds no bytes yet (refill_storage gives them):
+// creating the unsharded buffers must not allocate them, even for a moment.
+at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, options.device()),
+                       c10::GetAllocator(options.device().type()), /*resizable=*/true);
+  at::Tensor tensor = at::empty({0}, options).set_(storage, 0, {numel}, {1});
+  release_storage(tensor);
+  return tensor;
+}
+
+// A tensor sharing `base`'s storage at [offset, offset + numel) with `shape`, that autograd does
+// not consider a view: optimizers call detach_() on gradients, which views refuse.
+at::Tensor alias(const at::Tensor& base, int64_t offset, at::IntArrayRef shape) {
+  torch::NoGradGuard no_grad;
+  return at::empty({0}, base.options()).set_(base.storage(), base.storage_offset() + offset, shape,
+                                             c10::contiguous_strides(shape));
+}
+
+void point_data(at::Tensor& param, const at::Tensor& data) {
+  torch::NoGradGuard no_grad;
+  param.set_data(data);
+}
+
+}  // namespace
+
+FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int rank,
+                     int world_size, std::optional<c10::ScalarType> compute_dtype,
+                     std::optional<c10::Device> compute_device,
+                     std::optional<c10::ScalarType> grad_dtype)
+    : rank_(rank), world_size_(world_size) {
+  TORCH_INTERNAL_ASSERT(world_size >= 1 && rank >= 0 && rank < world_size);
+  for (auto& [name, param] : params) {
+    TORCH_CHECK(param.scalar_type() == params.front().second.scalar_type() &&
+                    param.device() == params.front().second.device(),
+                "fully_shard: parameters of one unit must share dtype and device, but '", name,
+                "' is ", param.dtype(), " on ", param.device(), " and '", params.front().first,
+                "' is ", params.front().second.dtype(), " on ", params.front().second.device(),
+                ". Cast the module (module->to(dtype)) before sharding.");
+    FlatEntry entry;
+    entry.name = name;
+    entry.param = param;
+    entry.shape = param.sizes().vec();
+    entry.numel = param.numel();
+    entry.offset = numel_;
+    numel_ += entry.numel;
+    if (param.requires_grad()) ++requires_grad_count_;
+    entries_.push_back(std::move(entry));
+  }
+  // Created now, while the parameters have their full shapes: autograd checks incoming
+  // gradients against the shape an accumulator was made with.
+  refresh_grad_accumulators();
+  shard_numel_ = (numel_ + world_size - 1) / world_size;
+  const int64_t shard_offset = rank * shard_numel_;
+  for (auto& e : entries_) {
+    e.shard_begin = std::clamp(e.offset - shard_offset, int64_t{0}, shard_numel_);
+    e.shard_end = std::clamp(e.offset + e.numel - shard_offset, int64_t{0}, shard_numel_);
+  }
+
+  auto options = params.empty() ? at::TensorOptions(at::kFloat)
+                                 : params.front().second.options().requires_grad(false);
+  compute_dtype_ = compute_dtype.value_or(c10::typeMetaToScalarType(options.dtype()));
+  compute_device_ = compute_device.value_or(options.device());
+  // Host memory copied to a GPU is pinned: the copy then needs no bounce buffer.
+  if (compute_device_ != options.device()) options = options.pinned_memory(compute_device_.is_cuda());
+  // Only this rank's part is copied: building a unit never holds more than its parameters plus
+  // one shard (deferred initialisation relies on it).
+  shard_ = at::zeros({shard_numel_}, options);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& e : entries_) {
+      if (e.shard_end == e.shard_begin) continue;
+      shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
+          .copy_(e.param.reshape({-1}).narrow(0, e.shard_begin + shard_offset - e.offset,
+                                              e.shard_end - e.shard_begin));
+    }
+  }
+  const auto full_options = options.dtype(compute_dtype_).device(compute_device_).pinned_memory(false);
+  full_ = needs_unshard() ? unallocated(padded_numel(), full_options) : shard_;
+  use_sharded_params();  // releases the parameters' original storage
+  full_grad_ = unallocated(padded_numel(), full_options.dtype(grad_dtype.value_or(compute_dtype_)));
+}
+
+int64_t FlatParam::element_size() const { return static_cast<int64_t>(shard_.element_size()); }
+int64_t FlatParam::compute_element_size() const {
+  return static_cast<int64_t>(full_.element_size());
+}
+
+at::Tensor FlatParam::local_chunk() const { return full_.narrow(0, rank_ * shard_numel_, shard_numel_); }
+
+at::Tensor& FlatParam::grad_shard() {
+  if (!grad_shard_.defined()) grad_shard_ = at::zeros({shard_numel_}, shard_.options());
+  return grad_shard_;
+}
+
+void FlatParam::allocate_full() {
+  if (needs_unshard()) refill_storage(full_);
+}
+void FlatParam::free_full() {
+  if (needs_unshard()) release_storage(full_);
+}
+
+void FlatParam::begin_full_grad(bool keep, bool into_shard) {
+  TORCH_INTERNAL_ASSERT(!into_shard || (!keep && world_size_ == 1 && !offloaded()));
+  grads_in_shard_ = into_shard;
+  if (into_shard) {
+    grad_written_.assign(entries_.size(), false);
+  } else if (!keep) {
+    refill_storage(full_grad_);
+    grad_written_.assign(entries_.size(), false);
+    const int64_t padding = padded_numel() - numel_;
+    if (padding > 0) full_grad_.narrow(0, numel_, padding).zero_();
+  }
+  for (auto& e : entries_) {
+    if (e.param.requires_grad()) e.param.mutable_grad().reset();
+  }
+}
+
+void FlatParam::take_grad(size_t i) {
+  FlatEntry& e = entries_[i];
+  const at::Tensor grad = e.param.grad();
+  if (!grad.defined()) return;
+  torch::NoGradGuard no_grad;
+  at::Tensor part = grad_sink().narrow(0, e.offset, e.numel).view(e.shape);
+  if (grad_written_[i]) {
+    part.add_(grad);
+  } else {
+    part.copy_(grad);
+  }
+  grad_written_[i] = true;
+  e.param.mutable_grad().reset();
+}
+
+void FlatParam::complete_full_grad() {
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (grad_written_[i]) continue;
+    grad_sink().narrow(0, entries_[i].offset, entries_[i].numel).zero_();
+    grad_written_[i] = true;
+  }
+}
+
+c10::DataPtr FlatParam::take_full_grad_bytes() {
+  c10::StorageImpl* storage = full_grad_.storage().unsafeGetStorageImpl();
+  c10::DataPtr bytes = storage->set_data_ptr(c10::DataPtr(nullptr, full_grad_.device()));
+  storage->set_nbytes(0);
+  return bytes;
+}
+
+void FlatParam::use_full_params() {
+  for (auto& e : entries_) point_data(e.param, full_.narrow(0, e.offset, e.numel).view(e.shape));
+}
+
+void FlatParam::use_sharded_params() {
+  for (auto& e : entries_) {
+    // A shard group of one keeps the shapes (the shard is the whole unit).
+    point_data(e.param, sharded() ? shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
+                                  : shard_.narrow(0, e.offset, e.numel).view(e.shape));
+  }
+}
+
+void FlatParam::use_sharded_grads() {
+  at::Tensor& grads = grad_shard();
+  for (auto& e : entries_) {
+    if (!e.param.requires_grad()) continue;
+    e.param.mutable_grad() = sharded()
+                                 ? alias(grads, e.shard_begin, {e.shard_end - e.shard_begin})
+                                 : alias(grads, e.offset, e.shape);
+  }
+}
+
+bool FlatParam::has_sharded_grads() const {
+  if (!grad_shard_.defined()) return false;
+  for (const auto& e : entries_) {
+    if (e.param.requires_grad() && !e.param.grad().defined()) return false;
+  }
+  return true;
+}
+
+std::vector<size_t> FlatParam::refresh_grad_accumulators() {
+  std::vector<size_t> fresh;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    FlatEntry& e = entries_[i];
+    if (!e.param.requires_grad()) continue;
+    auto accumulator = torch::autograd::impl::grad_accumulator(e.param);
+    if (accumulator == e.grad_accumulator) continue;
+    e.grad_accumulator = std::move(accumulator);
+    fresh.push_back(i);
+  }
+  return fresh;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,164 @@
+#include "core/fsdp_state.h"
+
+#include "launch/host_placement.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <iostream>
+
+namespace fsdp {
+
+namespace {
+
+std::vector<int> shard_group_ranks(int rank, int f) {
+  std::vector<int> ranks;
+  for (int r = rank / f * f; r < rank / f * f + f; ++r) ranks.push_back(r);
+  return ranks;
+}
+
+std::vector<int> replicate_group_ranks(int rank, int f, int world) {
+  std::vector<int> ranks;
+  for (int r = rank % f; r < world; r += f) ranks.push_back(r);
+  return ranks;
+}
+
+// A non-owning handle for the world group, which the caller owns.
+std::shared_ptr<ProcessGroup> borrow(ProcessGroup& group) {
+  return std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
+}
+
+}  // namespace
+
+FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::Device& device)
+    : world_(world),
+      options_(std::move(options)),
+      limiter_(options_.limit_all_gathers()),
+      order_key_(world.next_store_key("fsdp/order")),
+      device_(make_device(device)) {
+  const int w = world.size(), f = options_.shard_group_size_for(w);
+  // Every rank creates its shard group, then its replicate group: the same sequence everywhere.
+  shard_group_ = f == w ? borrow(world)
+                        : world.subgroup(shard_group_ranks(world.rank(), f),
+                                         world.next_store_key("shard"));
+  if (f < w) {
+    replicate_group_ = world.subgroup(replicate_group_ranks(world.rank(), f, w),
+                                      world.next_store_key("replicate"));
+    replicate_collectives_ = device_->collectives(*replicate_group_);
+    const std::string warning = shard_groups_spanning_hosts(world.hosts(), f);
+    if (world.rank() == 0 && !warning.empty()) std::cerr << warning << std::endl;
+  }
+  shard_collectives_ = device_->collectives(*shard_group_);
+  unit_env_ = std::make_unique<UnitEnv>(UnitEnv{
+      *device_, *shard_collectives_, replicate_collectives_.get(), limiter_,
+      ReduceSettings{options_.mixed_precision().reduce_dtype(), w}});
+}
+
+FsdpState::~FsdpState() { device_.reset(); }
+
+void FsdpState::pre_forward(ParamGroup& unit) {
+  record_forward_order(unit);
+  unit.begin_forward();
+  prefetch_forward_after(unit);
+  unit.wait_unshard();
+}
+
+void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
+                             const std::vector<at::Tensor>& outputs) {
+  // The root's parameters are needed again at once by backward (its output is the loss);
+  // SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward.
+  unit.post_forward(inputs, outputs,
+                    !unit.is_root() && options_.unit_reshards_after_forward(unit.name()));
+}
+
+void FsdpState::backward_reached(ParamGroup& unit) {
+  if (unit.is_root()) queue_finish_backward();
+  unit.issue_unshard(/*optional=*/false);
+  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPre) prefetch_backward_after(unit);
+  unit.begin_backward(no_sync_);
+}
+
+void FsdpState::gradient_ready(ParamGroup& unit) {
+  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPost && !unit.is_part()) {
+    prefetch_backward_after(unit);
+  }
+}
+
+void FsdpState::record_forward_order(ParamGroup& group) {
+  if (group.is_root()) {
+    if (!forward_order_.empty()) previous_forward_order_ = forward_order_;
+    forward_order_.clear();
+    finish_queued_ = false;  // a backward that threw never ran its callback
+    return;
+  }
+  forward_order_.push_back(&group);
+  if (options_.check_execution_order() && !order_checked_) {
+    check_execution_order(group, forward_order_.size() - 1);
+  }
+}
+
+void FsdpState::check_execution_order(const ParamGroup& group, size_t index) {
+  const std::string key = order_key_ + "/" + std::to_string(index) + "/";
+  world_.store().set(key + std::to_string(world_.rank()),
+                     std::vector<uint8_t>(group.name().begin(), group.name().end()));
+  for (int other = 0; other < world_.size(); ++other) {
+    if (other == world_.rank()) continue;
+    std::vector<uint8_t> bytes;
+    try {
+      bytes = world_.store().get(key + std::to_string(other));
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "fsdp: rank ", other, " never ran a unit #", index, " in its forward (rank ",
+                  world_.rank(), " ran '", group.name(), "'): the ranks' execution orders differ");
+    }
+    const std::string theirs(bytes.begin(), bytes.end());
+    TORCH_CHECK(theirs == group.name(), "fsdp: the forward execution order differs across ranks: ",
+                "unit #", index, " is '", group.name(), "' on rank ", world_.rank(), " but '", theirs,
+                "' on rank ", other, ". Every rank must call the units in the same order (no "
+                "rank-dependent control flow around units).");
+  }
+}
+
+void FsdpState::prefetch_forward_after(ParamGroup& group) {
+  if (!options_.forward_prefetch()) return;
+  const auto& order = previous_forward_order_;
+  // The unit that followed `group` last time; the root is followed by the first unit.
+  auto next = order.begin();
+  if (!group.is_root()) {
+    next = std::find(order.begin(), order.end(), &group);
+    if (next != order.end()) ++next;
+  }
+  if (next != order.end()) (*next)->issue_unshard(/*optional=*/true);
+}
+
+void FsdpState::prefetch_backward_after(ParamGroup& group) {
+  if (options_.backward_prefetch() == BackwardPrefetch::None) return;
+  const auto& order = forward_order_;
+  ParamGroup* next = nullptr;
+  if (group.is_root()) {
+    if (!order.empty()) next = order.back();
+  } else {
+    auto it = std::find(order.rbegin(), order.rend(), &group);
+    if (it != order.rend() && ++it != order.rend()) next = *it;
+  }
+  // BACKWARD_POST: the root's gradients may complete last (an embedding used first in forward),
+  // when the unit "after" it is long done: gathering it again would be wasted.
+  if (next && !next->backward_ran()) next->issue_unshard(/*optional=*/true);
+}
+
+void FsdpState::queue_finish_backward() {
+  if (finish_queued_) return;
+  finish_queued_ = true;
+  // Queued from the root's pre-backward hook, i.e. from the outer backward: a callback queued
+  // inside a nested backward (activation recomputation) would run when that one ends.
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
+}
+
+void FsdpState::finish_backward() {
+  finish_queued_ = false;
+  // Reverse forward order issues any late reduce-scatters in the order backward would have.
+  for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) (*it)->finish_backward();
+  order_checked_ = true;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,84 @@
+#pragma once
+// The state of one sharded model: its units (root first), the process groups of its mesh (shard
+// group × replicate group), the collectives and the communication thread they share, the rate
+// limiter, and the orchestration of its units: the execution order that drives prefetching, and
+// the end-of-backward callback that the root queues on the autograd engine. Calls go one way:
+// the model calls its units (ParamGroup), which report back through UnitEvents.
+
+#include "comm/collectives.h"
+#include "device/device.h"
+#include "core/param_group.h"
+#include "core/rate_limiter.h"
+
+#include <fsdp/options.h>
+
+#include <memory>
+#include <vector>
+
+namespace fsdp {
+
+class FsdpState final : public UnitEvents {
+ public:
+  /// Builds the mesh over `world`: shard groups of F consecutive ranks, replicated W/F times;
+  /// communication for parameters on `device`.
+  FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::Device& device);
+  ~FsdpState() override;
+
+  /// What every unit of this model works with.
+  const UnitEnv& unit_env() const { return *unit_env_; }
+  /// Collectives inside this rank's shard group (all-gather, reduce-scatter).
+  Collectives& collectives() { return *shard_collectives_; }
+  /// All-reduce across the replicas of this rank's shard; null when there is one replica.
+  Collectives* replicate_collectives() { return replicate_collectives_.get(); }
+  ProcessGroup& world() { return world_; }
+  ProcessGroup& shard_group() { return *shard_group_; }
+  Device& device() { return *device_; }
+  c10::Device compute_device() const { return device_->device(); }
+  const FullyShardOptions& options() const { return options_; }
+  void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
+  std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
+  const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
+
+  /// A unit's forward starts: records the forward order (the root starts an iteration; in the
+  /// first iteration with check_execution_order it is checked against the other ranks), unshards
+  /// the unit, prefetches the next one.
+  void pre_forward(ParamGroup& unit);
+  /// A unit's forward ended: it reshards unless it keeps its parameters for backward.
+  void post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
+                    const std::vector<at::Tensor>& outputs);
+
+  // UnitEvents
+  void backward_reached(ParamGroup& unit) override;
+  void gradient_ready(ParamGroup& unit) override;
+
+ private:
+  void record_forward_order(ParamGroup& unit);
+  void check_execution_order(const ParamGroup& unit, size_t index);
+  /// Forward prefetch: issue the all-gather of the unit that ran after `unit` last iteration.
+  void prefetch_forward_after(ParamGroup& unit);
+  /// Backward prefetch: issue the all-gather of the unit whose backward comes after `unit`'s,
+  /// i.e. the one that ran before it in this iteration's forward.
+  void prefetch_backward_after(ParamGroup& unit);
+  /// Called from the root's pre-backward: queue finish_backward() on the autograd engine.
+  void queue_finish_backward();
+  void finish_backward();
+
+  ProcessGroup& world_;
+  std::shared_ptr<ProcessGroup> shard_group_;      // the world itself unless hybrid / no-shard
+  std::shared_ptr<ProcessGroup> replicate_group_;  // null with a single replica
+  std::unique_ptr<Collectives> shard_collectives_;
+  std::unique_ptr<Collectives> replicate_collectives_;
+  FullyShardOptions options_;
+  RateLimiter limiter_;
+  std::unique_ptr<UnitEnv> unit_env_;
+  std::vector<std::shared_ptr<ParamGroup>> groups_;  // groups_[0] is the root unit
+  std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
+  std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
+  bool finish_queued_ = false;
+  bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
+  bool order_checked_ = false;  // the first iteration's order was compared across ranks
+  std::string order_key_;       // store prefix of this model's order check
+  std::unique_ptr<Device> device_;  // last: its work finishes first, before the buffers it uses go away
+};
+
+}  // namespace fsdp

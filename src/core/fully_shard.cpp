@@ -1,0 +1,220 @@
+// fully_shard(): find the units of a model, check the ranks agree on it, build one FlatParam per
+// unit (the root takes every parameter outside all units), and connect the Unit holders.
+#include <fsdp/fully_shard.h>
+
+#include "core/fsdp_state.h"
+#include "core/shard_pipeline.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+namespace fsdp {
+
+namespace detail {
+
+namespace {
+
+// Which modules are held by a Unit. Keyed by address; a slot expires with its Unit holder.
+struct UnitRegistry {
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<UnitSlot>> slots;
+};
+
+UnitRegistry& registry() {
+  static UnitRegistry instance;
+  return instance;
+}
+
+std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().slots.find(module);
+  return it == registry().slots.end() ? nullptr : it->second.lock();
+}
+
+// The innermost unit whose module path is a prefix of the parameter's name ("" for the root).
+const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::string& param) {
+  const std::string* best = &plans[0].name;
+  for (const auto& plan : plans) {
+    const bool inside = !plan.name.empty() && param.size() > plan.name.size() &&
+                        param.compare(0, plan.name.size(), plan.name) == 0 &&
+                        param[plan.name.size()] == '.';
+    if (inside && plan.name.size() > best->size()) best = &plan.name;
+  }
+  return *best;
+}
+
+// Assigns every parameter to the innermost unit that holds it, the root taking the rest.
+// named_modules() lists parents before children, so an inner unit overrides its parent.
+std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
+                               const FsdpState* deferred) {
+  std::vector<UnitPlan> plans(1);  // plans[0]: the root
+  std::unordered_map<const c10::TensorImpl*, size_t> owner;
+  for (const auto& item : root->named_modules("", /*include_self=*/false)) {
+    auto slot = find_unit(item.value().get());
+    if (!slot) continue;
+    const bool presharded = slot->group && deferred && slot->model == deferred;
+    TORCH_CHECK(!slot->group || presharded, "fully_shard: module '", item.key(),
+                "' is already a unit of another sharded model");
+    plans.push_back(UnitPlan{item.key(), slot.get(), {}, presharded});
+    for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
+  }
+  // A parameter registered under two names (tied weights) is sharded once, under its first
+  // name; ties across units cannot be: each unit gathers and frees its own flat buffer.
+  std::unordered_map<const c10::TensorImpl*, std::string> first_name;
+  for (const auto& item : root->named_parameters()) {
+    const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+    auto [first, inserted] = first_name.emplace(impl, item.key());
+    if (!inserted) {
+      const std::string& unit_a = unit_holding(plans, first->second);
+      const std::string& unit_b = unit_holding(plans, item.key());
+      TORCH_CHECK(unit_a == unit_b, "fully_shard: parameters '", first->second, "' (unit '",
+                  unit_a.empty() ? "<root>" : unit_a, "') and '", item.key(), "' (unit '",
+                  unit_b.empty() ? "<root>" : unit_b, "') are the same tensor (tied), but sit in "
+                  "different units, which gather and free their parameters separately. Put both "
+                  "modules in one unit (wrap their common parent, or leave them to the root), or "
+                  "tie them in forward (e.g. F::linear(x, wte->weight)) instead of registering "
+                  "the tensor twice.");
+      continue;
+    }
+    auto it = owner.find(impl);
+    plans[it == owner.end() ? 0 : it->second].params.emplace_back(item.key(), item.value());
+  }
+  return plans;
+}
+
+UnitInfo info_of(const ParamGroup& group) {
+  const FlatParam& flat = group.flat();
+  UnitInfo info;
+  info.name = group.name();
+  info.num_params = static_cast<int64_t>(flat.entries().size());
+  info.numel = flat.numel();
+  info.padded_numel = flat.padded_numel();
+  info.shard_numel = flat.shard_numel();
+  info.element_size = flat.element_size();
+  info.compute_element_size = flat.compute_element_size();
+  info.is_root = group.is_root();
+  info.trainable = flat.requires_grad();
+  return info;
+}
+
+// A deferred unit was sharded before its place in the model was known: give it its path.
+void name_presharded_unit(const UnitPlan& plan) {
+  std::unordered_map<const c10::TensorImpl*, std::string> full_names;
+  for (const auto& [name, p] : plan.params) full_names.emplace(p.unsafeGetTensorImpl(), name);
+  for (FlatEntry* entry : unit_entries(*plan.slot->group)) {
+    entry->name = full_names.at(entry->param.unsafeGetTensorImpl());
+  }
+  plan.slot->group->set_name(plan.name);
+}
+
+// The device the model computes on: options.device(), else its parameters' (all on one device),
+// else CPU. A deferred model's is its state's.
+c10::Device compute_device(torch::nn::Module& root, const FullyShardOptions& options,
+                           const FsdpState* deferred) {
+  if (deferred) return deferred->compute_device();
+  if (options.device()) return *options.device();
+  std::optional<c10::Device> device;
+  std::string first;
+  for (const auto& item : root.named_parameters()) {
+    if (!device) {
+      device = item.value().device();
+      first = item.key();
+    }
+    TORCH_CHECK(item.value().device() == *device, "fully_shard: parameter '", item.key(), "' is on ",
+                item.value().device().str(), " but '", first, "' on ", device->str(),
+                ": move the model to one device (or pass FullyShardOptions::device)");
+  }
+  return device.value_or(c10::Device(c10::kCPU));
+}
+
+// groups[0] must be the root: moves its group(s) before those of the units sharded earlier.
+void put_root_first(FsdpState& state, size_t groups_before) {
+  auto& groups = state.groups();
+  std::rotate(groups.begin(), groups.begin() + groups_before, groups.end());
+}
+
+// Every group of the units built inside a deferred factory belongs to a unit of the model.
+void check_presharded_claimed(const std::vector<UnitPlan>& plans, size_t presharded_groups) {
+  size_t claimed = 0;
+  for (const auto& plan : plans) {
+    if (plan.presharded) claimed += 1 + plan.slot->group->parts().size();
+  }
+  TORCH_CHECK(claimed == presharded_groups, "fully_shard_deferred: ",
+              presharded_groups - claimed, " flat parameter group(s) of units built inside the "
+              "factory are not part of the model it returned; construct fsdp::Unit holders only "
+              "for modules the model registers");
+}
+
+}  // namespace
+
+std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
+  auto slot = std::make_shared<UnitSlot>();
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  for (auto it = registry().slots.begin(); it != registry().slots.end();) {
+    it = it->second.expired() ? registry().slots.erase(it) : std::next(it);
+  }
+  registry().slots[module] = slot;
+  return slot;
+}
+
+// The pipeline of [Note: one sharding pipeline] for the whole model: every unit at once, or, after
+// fully_shard_deferred, the root (its units are presharded).
+std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
+                                       UnitSlot& root_slot, ProcessGroup& group,
+                                       const FullyShardOptions& options,
+                                       std::shared_ptr<FsdpState> deferred, const ParamInit& init) {
+  options.validate(group.size());
+  TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
+  const c10::Device device = compute_device(*root, options, deferred.get());
+  place_on_device(*root, device, options.cpu_offload());
+  std::vector<UnitPlan> plans = plans_of(root, deferred.get());
+  plans[0].slot = &root_slot;
+  plans[0].is_root = true;
+  for (auto& plan : plans) {
+    if (plan.presharded) name_presharded_unit(plan);
+  }
+  auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options, device);
+  const size_t presharded_groups = state->groups().size();
+  shard_units(*state, plans, init, full_precision_params(*root, options.mixed_precision()));
+  put_root_first(*state, presharded_groups);
+  check_presharded_claimed(plans, presharded_groups);
+  if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
+  cast_floating_buffers(*root, options.mixed_precision());
+  return state;
+}
+
+std::vector<UnitInfo> unit_infos(const FsdpState& state) {
+  std::vector<UnitInfo> infos;
+  for (const auto& group : state.groups()) infos.push_back(info_of(*group));
+  return infos;
+}
+
+void set_no_sync(FsdpState& state, bool no_sync) { state.set_no_sync(no_sync); }
+
+const std::string& unit_name(const UnitSlot& unit) { return unit.group->name(); }
+
+std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit) {
+  return unit.model->options().mixed_precision().param_dtype();
+}
+
+bool checkpoints_activations(const UnitSlot& unit) {
+  return unit.model->options().activation_checkpointing() && !unit.group->is_root();
+}
+
+void pre_forward(UnitSlot& unit) { unit.model->pre_forward(*unit.group); }
+
+void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
+                  const std::vector<at::Tensor>& outputs) {
+  unit.model->post_forward(*unit.group, inputs, outputs);
+}
+
+}  // namespace detail
+
+}  // namespace fsdp

@@ -1,0 +1,46 @@
+#pragma once
+// [Note: one sharding pipeline]
+// fully_shard (every unit at once) and fully_shard_deferred (each unit as its factory builds it,
+// then the root) turn parameters into units by the same steps, in this order:
+//  1. place: the module moves to the compute device (offloaded: only its buffers);
+//  2. collect: each parameter once, in the innermost unit that holds it (a tie under its first
+//     name); fully_shard plans the whole model, a deferred unit takes what no inner unit took;
+//  3. initialise: the user's ParamInit, without recording gradients;
+//  4. verify: every rank holds the same parameters (verify_model), before any collective
+//     touches them;
+//  5. sync: every rank takes rank 0's values (sync_module_states);
+//  6. build: the unit's flat parameter groups ([Note: full-precision modules]).
+// Steps 3-6 are shard_units; fully_shard then syncs and casts the buffers of the whole model.
+
+#include "core/fsdp_state.h"
+#include "core/model_check.h"
+#include "core/unit_groups.h"
+
+#include <fsdp/fully_shard.h>
+
+#include <string>
+#include <vector>
+
+namespace fsdp::detail {
+
+/// One unit on its way through the pipeline.
+struct UnitPlan {
+  std::string name;           ///< module path; "" for the root; "deferred unit #N" while deferred
+  UnitSlot* slot = nullptr;   ///< where its Unit holder finds it
+  NamedTensors params;         ///< step 2's result
+  bool presharded = false;    ///< built and sharded by fully_shard_deferred already
+  bool is_root = false;
+};
+
+/// Step 1.
+void place_on_device(torch::nn::Module& module, const c10::Device& device, bool offload);
+
+/// Steps 3-6 for every plan that is not presharded (presharded ones are verified with them, in
+/// plan order): their groups are appended to state.groups() and their slots filled in.
+void shard_units(FsdpState& state, std::vector<UnitPlan>& plans, const ParamInit& init,
+                 const TensorSet& full_precision);
+
+/// Makes every rank's tensors equal to rank 0's.
+void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& world);
+
+}  // namespace fsdp::detail

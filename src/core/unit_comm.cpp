@@ -1,0 +1,57 @@
+#include "core/unit_comm.h"
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace fsdp {
+
+std::pair<double, double> ReduceSettings::divide_factors(c10::ScalarType dtype) const {
+  const int w = world_size;
+  // fp32/fp64 sums of W gradients cannot overflow: one division of the (W times smaller) shard.
+  if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w)};
+  // PyTorch FSDP's choice: double p while it divides W and p < W / p (W = 4: 2 and 2).
+  int pre = 1;
+  while (w % pre == 0 && w / pre > pre) pre *= 2;
+  return {static_cast<double>(pre), static_cast<double>(w) / pre};
+}
+
+ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_dtype,
+                          bool full_precision, bool accumulate) {
+  ReducePlan plan;
+  plan.dtype = full_precision ? grad_dtype : settings.dtype_for(grad_dtype);
+  std::tie(plan.pre, plan.post) = settings.divide_factors(plan.dtype);
+  plan.accumulate = accumulate;
+  return plan;
+}
+
+void gather_unit(FlatParam& flat, Collectives& shard_group) {
+  at::Tensor local = flat.local_chunk();
+  local.copy_(flat.shard());
+  if (flat.sharded()) shard_group.all_gather(flat.full(), local);
+}
+
+void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
+                          Collectives* replicas) {
+  at::Tensor& grad_shard = flat.grad_shard();
+  at::Tensor full_grad = flat.full_grad().to(plan.dtype);  // no copy when the dtypes agree
+  const bool into_shard = !plan.accumulate && grad_shard.scalar_type() == plan.dtype &&
+                         grad_shard.device() == full_grad.device();  // not offloaded
+  at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
+  // In low precision, the mean over W ranks as a division before the sum and one after, each
+  // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones
+  // underflow.
+  if (plan.pre != 1.0) full_grad.div_(plan.pre);
+  shard_group.reduce_scatter_sum(reduced, full_grad);
+  if (replicas) replicas->all_reduce_sum(reduced);
+  if (plan.post != 1.0) reduced.div_(plan.post);
+  // Offloaded, the copy to host memory is synchronous: the optimizer steps on the CPU as soon
+  // as the reduction's handle is waited on.
+  if (plan.accumulate) {
+    grad_shard.add_(reduced.to(grad_shard.device()));
+  } else if (!into_shard) {
+    grad_shard.copy_(reduced);
+  }
+}
+
+}  // namespace fsdp

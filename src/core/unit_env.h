@@ -1,0 +1,22 @@
+#pragma once
+// What a unit (ParamGroup) works with, built once by the model (FsdpState) and handed to each of
+// its units: where its communication runs, over which process groups, under which rate limiter,
+// and how its gradients are reduced. A unit calls nothing above it: what it has to say goes
+// through UnitEvents (param_group.h).
+
+#include "core/unit_comm.h"
+
+namespace fsdp {
+
+class Device;
+class RateLimiter;
+
+struct UnitEnv {
+  Device& device;
+  Collectives& shard_group;  ///< all-gather and reduce-scatter inside this rank's shard group
+  Collectives* replicas;     ///< all-reduce across the replicas of the shard; null: one replica
+  RateLimiter& limiter;
+  ReduceSettings reduce;
+};
+
+}  // namespace fsdp

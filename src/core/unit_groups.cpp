@@ -1,0 +1,121 @@
+#include "core/unit_groups.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <torch/nn/modules/batchnorm.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace fsdp::detail {
+
+namespace {
+
+// One flat parameter of a unit: parameters that are all trainable or all frozen, and all
+// computed in param_dtype or all kept in full precision.
+struct GroupPlan {
+  bool trainable;
+  bool full_precision;
+  NamedTensors params;
+};
+
+// A unit's parameters by kind, in the order that makes the first non-empty one the unit's leading
+// group: trainable before frozen (a frozen leader would learn of the end of backward only from
+// the unit's input gradient).
+std::vector<GroupPlan> split_by_kind(NamedTensors params, const TensorSet& full_precision) {
+  std::vector<GroupPlan> plans = {{true, false, {}}, {true, true, {}}, {false, false, {}}, {false, true, {}}};
+  for (auto& item : params) {
+    const bool keep = full_precision.count(item.second.unsafeGetTensorImpl()) > 0;
+    const size_t kind = (item.second.requires_grad() ? 0 : 2) + (keep ? 1 : 0);
+    plans[kind].params.push_back(std::move(item));
+  }
+  plans.erase(std::remove_if(plans.begin(), plans.end(), [](const GroupPlan& p) { return p.params.empty(); }),
+              plans.end());
+  return plans;
+}
+
+std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name, GroupPlan plan,
+                                       bool is_root) {
+  ProcessGroup& shard_group = state.shard_group();
+  const auto& policy = state.options().mixed_precision();
+  const auto compute_dtype = plan.full_precision ? std::nullopt : policy.param_dtype();
+  // Gradients are reduced in reduce_dtype (else the compute dtype): kept in it from the start.
+  const auto grad_dtype =
+      plan.full_precision ? std::nullopt
+                          : policy.reduce_dtype().has_value() ? policy.reduce_dtype() : compute_dtype;
+  auto group = std::make_shared<ParamGroup>(
+      name,
+      FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype,
+                state.compute_device(), grad_dtype),
+      state.unit_env(), state, is_root);
+  if (plan.full_precision) group->keep_full_precision();
+  group->install_grad_hooks();
+  state.groups().push_back(group);
+  return group;
+}
+
+bool is_batch_norm(const torch::nn::Module& module) {
+  return dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&module) ||
+         dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&module) ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&module);
+}
+
+// The modules mixed precision leaves in full precision: see [Note: full-precision modules].
+std::vector<const torch::nn::Module*> full_precision_modules(const torch::nn::Module& root,
+                                                             const MixedPrecision& policy) {
+  std::vector<const torch::nn::Module*> modules;
+  if (!policy.param_dtype() || !policy.keep_batch_norm_in_full_precision()) return modules;
+  if (is_batch_norm(root)) modules.push_back(&root);
+  for (const auto& child : root.modules(/*include_self=*/false)) {
+    if (is_batch_norm(*child)) modules.push_back(child.get());
+  }
+  return modules;
+}
+
+}  // namespace
+
+TensorSet full_precision_params(const torch::nn::Module& root, const MixedPrecision& policy) {
+  TensorSet params;
+  for (const torch::nn::Module* module : full_precision_modules(root, policy)) {
+    for (const auto& p : module->parameters(/*recurse=*/false)) params.insert(p.unsafeGetTensorImpl());
+  }
+  return params;
+}
+
+std::shared_ptr<ParamGroup> add_unit_groups(FsdpState& state, const std::string& name,
+                                            NamedTensors params, bool is_root,
+                                            const TensorSet& full_precision) {
+  std::vector<GroupPlan> plans = split_by_kind(std::move(params), full_precision);
+  if (plans.empty()) plans.push_back({true, false, {}});  // a unit without parameters
+  auto leader = make_group(state, name, std::move(plans[0]), is_root);
+  for (size_t i = 1; i < plans.size(); ++i) {
+    leader->attach_part(make_group(state, name, std::move(plans[i]), /*is_root=*/false));
+  }
+  return leader;
+}
+
+std::vector<FlatEntry*> unit_entries(ParamGroup& leader) {
+  std::vector<FlatEntry*> entries;
+  for (auto& entry : leader.flat().entries()) entries.push_back(&entry);
+  for (const auto& part : leader.parts()) {
+    for (auto& entry : part->flat().entries()) entries.push_back(&entry);
+  }
+  return entries;
+}
+
+void cast_floating_buffers(torch::nn::Module& root, const MixedPrecision& policy) {
+  if (!policy.buffer_dtype()) return;
+  torch::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> kept;
+  for (const torch::nn::Module* module : full_precision_modules(root, policy)) {
+    for (const auto& b : module->buffers(/*recurse=*/false)) kept.insert(b.unsafeGetTensorImpl());
+  }
+  for (auto& buffer : root.buffers()) {
+    if (buffer.is_floating_point() && !kept.count(buffer.unsafeGetTensorImpl())) {
+      buffer.set_data(buffer.to(*policy.buffer_dtype()));
+    }
+  }
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,65 @@
+#pragma once
+// [Note: the device seam]
+// FSDP works the same on every device but for four things, which a Device provides:
+//  - where a unit's communication runs (submit): on CPU the model's communication thread; on
+//    CUDA its lane's own stream, ordered after the compute stream's work so far by an event, and
+//    the compute stream waits on the lane's event only when CommHandle::wait() says it needs the
+//    data;
+//  - the collectives (rings over Gloo's send/recv on CPU; NCCL's own on CUDA);
+//  - the memory in use (the counting allocator on CPU; the caching allocator's statistics);
+//  - when the bytes a collective read may be reused (release_after): at once on CPU; on CUDA
+//    once the lane's work has completed, so that the caching allocator cannot hand them to the
+//    compute stream while a collective still reads them (without recordStream, which over-holds
+//    memory until the allocator next looks).
+// The policy of a unit's communication (copy-in, casts, divisors, reductions, accumulation:
+// unit_comm.h) and the state machine (ParamGroup) are shared. A device is a file with a function
+// register_<name>_device() that calls register_device for its c10::DeviceType, named in
+// FSDP_DEVICES in src/CMakeLists.txt, which generates the call of every such function (a static
+// initializer would be dropped by the linker from a static library).
+
+#include "comm/collectives.h"
+#include "comm/comm_thread.h"
+
+#include <fsdp/memory.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <functional>
+#include <memory>
+
+namespace fsdp {
+
+/// The two streams of work a unit's communication runs on; their order within a lane is the
+/// order of submission on every rank ([Note: collective order]).
+enum class CommLane { AllGather, Reduce };
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual c10::Device device() const = 0;
+  /// Runs `task` (a unit's communication work) off the compute path, after the compute work
+  /// issued so far; wait() on the handle orders the caller after it.
+  virtual CommHandle submit(CommLane lane, std::function<void()> task) = 0;
+  /// Collectives over `group` for tensors on this device.
+  virtual std::unique_ptr<Collectives> collectives(ProcessGroup& group) = 0;
+  /// Called from inside a task of `lane`: frees `bytes` once that task's work has completed.
+  virtual void release_after(CommLane lane, c10::DataPtr bytes) = 0;
+};
+
+/// What a device type provides: its Device, and its memory statistics (fsdp/memory.h).
+struct DeviceSupport {
+  std::function<std::unique_ptr<Device>(const c10::Device&)> make;
+  std::function<MemoryStats(const c10::Device&)> memory_stats;
+  std::function<void(const c10::Device&)> reset_peak_memory;
+};
+
+/// Makes `type` available (from the device's register_<name>_device()).
+void register_device(c10::DeviceType type, DeviceSupport support);
+/// Registers the devices this build has (generated from FSDP_DEVICES).
+void register_builtin_devices();
+
+/// The Device for `device`; an error naming the fix when this build does not support it.
+std::unique_ptr<Device> make_device(const c10::Device& device);
+
+}  // namespace fsdp

@@ -1,0 +1,207 @@
+#include "io/checkpoint_format.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <map>
+
+namespace fsdp {
+
+namespace {
+
+constexpr const char* kFormat = "fsdp-cpp sharded checkpoint";
+constexpr int kVersion = 2;  // 1: torch.save shard files (fsdp-cpp 0.x); 2: safetensors
+
+// Slicing-by-8 tables of the reflected IEEE polynomial: ~8x faster than a byte at a time, so the
+// checksum stays well above disk speed.
+struct Crc32Tables {
+  std::array<std::array<uint32_t, 256>, 8> t{};
+  Crc32Tables() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i) {
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    }
+  }
+};
+
+const Crc32Tables& crc_tables() {
+  static const Crc32Tables tables;
+  return tables;
+}
+
+nlohmann::json to_json(const ParamMeta& p) {
+  nlohmann::json j = {{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype}};
+  j["optimizer_step"] = p.step ? nlohmann::json(*p.step) : nlohmann::json(nullptr);
+  j["optimizer_moments"] = p.moments;
+  return j;
+}
+
+ParamMeta param_from_json(const nlohmann::json& j) {
+  ParamMeta p;
+  p.name = j.at("name").get<std::string>();
+  p.shape = j.at("shape").get<std::vector<int64_t>>();
+  p.dtype = j.at("dtype").get<std::string>();
+  if (!j.at("optimizer_step").is_null()) p.step = j.at("optimizer_step").get<int64_t>();
+  p.moments = j.at("optimizer_moments").get<std::vector<std::string>>();
+  return p;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Every element [0, numel) of every parameter in exactly one piece.
+void check_coverage(const CheckpointMeta& meta, const std::string& source) {
+  std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  for (const auto& file : meta.files) {
+    for (const auto& piece : file.pieces) {
+      TORCH_CHECK(piece.begin >= 0 && piece.begin < piece.end, source, ": ", file.name,
+                  " holds an empty or inverted piece [", piece.begin, ", ", piece.end, ") of '",
+                  piece.param, "'");
+      ranges[piece.param].emplace_back(piece.begin, piece.end);
+    }
+  }
+  for (const auto& param : meta.params) {
+    auto& list = ranges[param.name];
+    std::sort(list.begin(), list.end());
+    int64_t covered = 0;
+    for (const auto& [begin, end] : list) {
+      TORCH_CHECK(begin == covered, source, ": the pieces of '", param.name, "' ",
+                  begin > covered ? "leave out" : "overlap at", " elements [",
+                  std::min(begin, covered), ", ", std::max(begin, covered),
+                  "): a shard file is missing from the metadata, or it is corrupt");
+      covered = end;
+    }
+    TORCH_CHECK(covered == param.numel(), source, ": the pieces of '", param.name, "' cover [0, ",
+                covered, ") of its ", param.numel(), " elements");
+  }
+}
+
+}  // namespace
+
+int64_t ParamMeta::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shard_file_name(int shard, int part, int parts) {
+  char name[80];
+  std::snprintf(name, sizeof name, "shard-%05d-model-%05d-of-%05d.safetensors", shard, part + 1,
+                parts);
+  return name;
+}
+
+std::string tensor_key(const std::string& kind, const std::string& param) {
+  return kind == "param" ? param : "state." + param + "." + kind;
+}
+
+nlohmann::json to_json(const FileMeta& f) {
+  nlohmann::json pieces = nlohmann::json::array();
+  for (const auto& piece : f.pieces) {
+    pieces.push_back({{"param", piece.param}, {"begin", piece.begin}, {"end", piece.end},
+                      {"crc32", piece.crc32}});
+  }
+  return {{"name", f.name}, {"bytes", f.bytes}, {"pieces", pieces}};
+}
+
+FileMeta parse_file_meta(const nlohmann::json& j) {
+  FileMeta f;
+  f.name = j.at("name").get<std::string>();
+  f.bytes = j.at("bytes").get<int64_t>();
+  for (const auto& piece : j.at("pieces")) {
+    f.pieces.push_back(PieceMeta{piece.at("param").get<std::string>(),
+                                 piece.at("begin").get<int64_t>(), piece.at("end").get<int64_t>(),
+                                 piece.at("crc32").get<std::map<std::string, uint32_t>>()});
+  }
+  return f;
+}
+
+nlohmann::json to_json(const CheckpointMeta& meta) {
+  nlohmann::json params = nlohmann::json::array(), files = nlohmann::json::array();
+  for (const auto& p : meta.params) params.push_back(to_json(p));
+  for (const auto& f : meta.files) files.push_back(to_json(f));
+  return {{"format", kFormat},         {"version", kVersion},
+          {"world_size", meta.world_size}, {"shard_group_size", meta.shard_group_size},
+          {"strategy", meta.strategy}, {"params", params},
+          {"files", files},            {"extra", meta.extra}};
+}
+
+CheckpointMeta parse_metadata(const std::string& text, const std::string& source) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    TORCH_CHECK(j.value("format", "") == kFormat, source, " is not the metadata of a sharded "
+                "checkpoint (no \"format\": \"", kFormat, "\")");
+    TORCH_CHECK(j.at("version").get<int>() == kVersion, source, " has format version ",
+                j.at("version").dump(), "; this build reads version ", kVersion,
+                " (safetensors shards); load a version-1 checkpoint (torch.save shards) with the "
+                "build that wrote it and save it again");
+    CheckpointMeta meta;
+    meta.world_size = j.at("world_size").get<int>();
+    meta.shard_group_size = j.at("shard_group_size").get<int>();
+    meta.strategy = j.at("strategy").get<std::string>();
+    for (const auto& p : j.at("params")) meta.params.push_back(param_from_json(p));
+    for (const auto& f : j.at("files")) meta.files.push_back(parse_file_meta(f));
+    meta.extra = j.at("extra");
+    return meta;
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, source, " is malformed (truncated or edited?): ", e.what());
+  }
+}
+
+void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta>& model,
+                         const std::string& source) {
+  std::map<std::string, const ParamMeta*> saved;
+  for (const auto& p : meta.params) {
+    TORCH_CHECK(saved.emplace(p.name, &p).second, source, " lists parameter '", p.name, "' twice");
+  }
+  for (const auto& p : model) {
+    auto it = saved.find(p.name);
+    TORCH_CHECK(it != saved.end(), source, " has no parameter '", p.name,
+                "': it was saved from another model");
+    TORCH_CHECK(it->second->shape == p.shape, source, ": parameter '", p.name, "' has shape ",
+                shape_text(it->second->shape), " but the model's is ", shape_text(p.shape),
+                ": it was saved from another model configuration");
+    TORCH_CHECK(it->second->dtype == p.dtype, source, ": parameter '", p.name, "' is ",
+                it->second->dtype, " but the model's is ", p.dtype);
+  }
+  if (saved.size() != model.size()) {
+    std::map<std::string, bool> known;
+    for (const auto& p : model) known[p.name] = true;
+    for (const auto& p : meta.params) {
+      TORCH_CHECK(known.count(p.name), source, " has parameter '", p.name,
+                  "' that the model does not have: it was saved from another model");
+    }
+  }
+  for (const auto& file : meta.files) {
+    for (const auto& piece : file.pieces) {
+      TORCH_CHECK(saved.count(piece.param), source, ": ", file.name, " holds a piece of '",
+                  piece.param, "', which is not among its parameters");
+    }
+  }
+  check_coverage(meta, source);
+}
+
+uint32_t crc32(const void* data, size_t size, uint32_t crc) {
+  const auto& t = crc_tables().t;
+  const auto* p = static_cast<const unsigned char*>(data);
+  crc = ~crc;
+  for (; size >= 8; size -= 8, p += 8) {
+    const uint32_t lo = crc ^ (uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 |
+                               uint32_t(p[3]) << 24);
+    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+          t[3][p[4]] ^ t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
+  }
+  for (; size > 0; --size, ++p) crc = t[0][(crc ^ *p) & 0xFF] ^ (crc >> 8);
+  return ~crc;
+}
+
+}  // namespace fsdp

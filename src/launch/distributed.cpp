@@ -1,0 +1,381 @@
+#include <fsdp/distributed.h>
+#include <fsdp/peer_errors.h>
+
+#include "launch/gloo_backend.h"
+#include "launch/listener_probe.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <arpa/inet.h>
+#include <csignal>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <thread>
+
+namespace fsdp {
+
+namespace {
+
+// A week: longer is a typo, and every wait converts it to int milliseconds somewhere.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
+std::chrono::milliseconds timeout_from_env(std::chrono::milliseconds fallback) {
+  const char* value = std::getenv("FSDP_TIMEOUT_SECONDS");
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const double seconds = std::strtod(value, &end);
+  TORCH_CHECK(end == value + std::strlen(value) && std::isfinite(seconds) && seconds >= 0.001 &&
+                  seconds <= kMaxTimeoutSeconds,
+              "environment variable FSDP_TIMEOUT_SECONDS='", value,
+              "' must be a number of seconds in [0.001, ", static_cast<int64_t>(kMaxTimeoutSeconds),
+              "] (how long to wait for a peer rank before failing; unset: 300)");
+  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
+}
+
+// What an exception says, without the C++ backtrace that c10::Error::what() appends.
+std::string message_of(const std::exception& e) {
+  if (auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  return e.what();
+}
+
+void check_omp_num_threads() {
+  const char* value = std::getenv("OMP_NUM_THREADS");
+  if (value == nullptr || *value == '\0') return;
+  char* end = nullptr;
+  const long threads = std::strtol(value, &end, 10);
+  TORCH_CHECK(end == value + std::strlen(value) && threads >= 1 && threads <= 4096,
+              "environment variable OMP_NUM_THREADS='", value,
+              "' must be a whole number of threads in [1, 4096] (or unset it: each rank then "
+              "gets cores / LOCAL_WORLD_SIZE)");
+}
+
+// Every rank announces itself in the store before the process group forms, so that a RANK
+// used twice or a rank that never starts is named instead of surfacing as a store key.
+void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout,
+                        std::chrono::milliseconds left) {
+  const std::string prefix = "fsdp_joined/";
+  std::vector<std::string> keys;
+  for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+  const int64_t count = store.add(prefix + std::to_string(env.rank), 1);
+  // A store where every rank had joined before this one most likely belongs to a job that is
+  // running: this process reached another job's rank 0 (its own could not take the port).
+  TORCH_CHECK(count == 1 || !store.check(keys), "rank ", env.rank, ": the rendezvous at ",
+              env.master_addr, ":", env.master_port, " already has all ", env.world_size,
+              " ranks: MASTER_PORT ", env.master_port, " is most likely in use by another job "
+              "that is running; give this job a free MASTER_PORT (fsdprun picks one when "
+              "--master-port is not given). Otherwise another process of this job also has RANK=",
+              env.rank);
+  TORCH_CHECK(count == 1, "rank ", env.rank, ": another process also has RANK=", env.rank,
+              " (WORLD_SIZE=", env.world_size, "); every process needs its own RANK in [0, ",
+              env.world_size - 1, "] (launch with fsdprun or torchrun, which set them)");
+  try {
+    store.wait(keys, left);
+  } catch (const std::exception&) {
+    std::string missing;
+    for (int r = 0; r < env.world_size; ++r) {
+      bool joined = false;
+      try {
+        joined = store.check({keys[r]});
+      } catch (const std::exception&) {
+      }
+      if (!joined) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
+                " timed out after ", timeout.count() / 1000.0, " s (FSDP_TIMEOUT_SECONDS) waiting for ",
+                missing.empty() ? "the other ranks" : "rank(s) " + missing, " of WORLD_SIZE=",
+                env.world_size, ": did they start, with the same MASTER_ADDR/MASTER_PORT, each with "
+                "its own RANK?");
+  }
+}
+
+// Gloo names a peer by its socket address ("[127.0.0.1]:41234"), not by its rank. Every rank's
+// Gloo listening address, read once from the store after the world group connects (the key Gloo's
+// full-mesh rendezvous writes: "0/RANK" under the group's prefix, whose serialized address has
+// the sockaddr's family at byte 18 and the port and IPv4 address after it, in torch 2.13's
+// layout; anything else is skipped).
+struct PeerTable {
+  std::map<int, int> rank_of_port;
+  std::multimap<std::string, int> ranks_of_address;
+  int my_rank = -1;
+};
+
+PeerTable& peers() {
+  static PeerTable table;
+  return table;
+}
+
+void record_gloo_addresses(c10d::Store& world_store, int world_size) {
+  for (int r = 0; r < world_size; ++r) {
+    try {
+      const std::vector<uint8_t> blob = world_store.get("0/" + std::to_string(r));
+      for (size_t at = 16; at + 8 <= blob.size() && at <= 24; at += 2) {
+        const bool inet = (blob[at] == AF_INET || blob[at] == AF_INET6) && blob[at + 1] == 0;
+        const int port = blob[at + 2] << 8 | blob[at + 3];
+        if (!inet || port == 0) continue;
+        peers().rank_of_port[port] = r;
+        if (blob[at] == AF_INET) {
+          char text[INET_ADDRSTRLEN] = {};
+          if (inet_ntop(AF_INET, &blob[at + 4], text, sizeof(text))) {
+            peers().ranks_of_address.emplace(text, r);
+          }
+        }
+        break;
+      }
+    } catch (const std::exception&) {
+      // Best effort: without the table, errors keep Gloo's own wording.
+    }
+  }
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
+  return out;
+}
+
+// [Note: attempts under torchrun's agent]
+// torchrun's elastic agent serves the store and keeps it across restarts, so the keys of a
+// failed attempt (who joined, Gloo's addresses) are still there when the ranks start again: each
+// attempt needs keys of its own. TORCHELASTIC_RESTART_COUNT cannot name the attempt: an agent
+// whose own ranks were healthy restarts them for another node's failure without counting a
+// restart, so nodes disagree. Every attempt restarts every rank of the world, so the number of
+// times this rank (of a world this size) has joined the store is the same on every rank.
+c10::intrusive_ptr<c10d::Store> this_attempts_store(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    const LaunchEnv& env) {
+  if (!env.agent_store) return store;
+  const int64_t attempt = store->add("fsdp_starts/w" + std::to_string(env.world_size) + "/r" +
+                                         std::to_string(env.rank), 1);
+  return c10::make_intrusive<c10d::PrefixStore>("fsdp_attempt_" + std::to_string(attempt), store);
+}
+
+// The time left until `deadline`, at least 1 ms (c10d takes 0 as "no timeout").
+std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  return std::max(std::chrono::milliseconds(1),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(
+                      deadline - std::chrono::steady_clock::now()));
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                              std::chrono::steady_clock::time_point deadline) {
+  c10d::TCPStoreOptions options;
+  options.port = static_cast<uint16_t>(env.master_port);
+  options.isServer = env.rank == 0 && !env.agent_store;
+  options.numWorkers = env.world_size;
+  try {
+    if (!options.isServer) wait_for_listener(env.master_addr, env.master_port, deadline);
+    options.timeout = left_until(deadline);
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
+                " failed within FSDP_TIMEOUT_SECONDS (", timeout.count() / 1000.0, " s) (",
+                env.agent_store ? "the elastic agent's store: is its node reachable?"
+                                             : "is MASTER_PORT free, is MASTER_ADDR this job's first "
+                                               "host and reachable from here, and are all ",
+                env.agent_store ? "" : std::to_string(env.world_size) + " ranks started?",
+                "): ", message_of(e));
+  }
+}
+
+std::string this_host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "?";
+  return name;
+}
+
+// Before joining: so that every rank's name is in the store once all have joined.
+void announce_host(c10d::Store& store, int rank) {
+  const std::string name = this_host_name();
+  store.set("fsdp_host/" + std::to_string(rank), std::vector<uint8_t>(name.begin(), name.end()));
+}
+
+std::vector<std::string> read_hosts(c10d::Store& store, int world_size) {
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world_size; ++r) {
+    const std::vector<uint8_t> name = store.get("fsdp_host/" + std::to_string(r));
+    hosts.emplace_back(name.begin(), name.end());
+  }
+  return hosts;
+}
+
+void set_threads_per_rank(int local_world_size) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;  // the user (or fsdprun) decided
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(std::max(1, cores / local_world_size));
+}
+
+}  // namespace
+
+ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend,
+                           c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                           std::chrono::milliseconds timeout, std::string name,
+                           std::string hostname)
+    : backend_(std::move(backend)),
+      store_(std::move(store)),
+      rank_(rank),
+      size_(size),
+      timeout_(timeout),
+      name_(std::move(name)),
+      hostname_(std::move(hostname)) {
+  for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
+}
+
+std::string ProcessGroup::describe_member(int group_rank) const {
+  std::string out = "rank " + std::to_string(world_ranks_.at(group_rank));
+  if (!hosts_.empty()) out += " on " + hosts_.at(group_rank);
+  return out;
+}
+
+std::string ProcessGroup::next_store_key(const std::string& what) {
+  return what + "/" + std::to_string(store_sequence_++);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ranks,
+                                                    const std::string& name) {
+  auto me = std::find(ranks.begin(), ranks.end(), rank_);
+  TORCH_CHECK(me != ranks.end(), "subgroup '", name, "': rank ", rank_, " is not a member");
+  std::string key = name_ + "/" + name;
+  for (int r : ranks) key += "." + std::to_string(r);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(key, store_);
+  const int rank = static_cast<int>(me - ranks.begin());
+  const int size = static_cast<int>(ranks.size());
+  auto backend = make_gloo_backend(store, rank, size, timeout_, hostname_);
+  auto group = std::make_shared<ProcessGroup>(backend, store, rank, size, timeout_, key, hostname_);
+  group->world_ranks_.clear();
+  for (int r : ranks) group->world_ranks_.push_back(world_ranks_.at(r));
+  if (!hosts_.empty()) {
+    std::vector<std::string> hosts;
+    for (int r : ranks) hosts.push_back(hosts_.at(r));
+    group->set_hosts(std::move(hosts));
+  }
+  return group;
+}
+
+namespace {
+
+// A write to the socket of a peer that died raises SIGPIPE, which kills a process by default
+// before Gloo can report the failed write (EPIPE) as an error naming the peer. A program that
+// installed its own handler keeps it.
+void ignore_sigpipe_by_default() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+// [Note: a quiet rendezvous]
+// c10d logs each failed store operation (a peer's store that closed, a timeout) as a warning
+// with a C++ backtrace before it throws. During the rendezvous every such failure reaches this
+// file's own one-line message (the rank that never came, the port in use), so c10's log level is
+// raised to FATAL while the rendezvous runs; training's logs are untouched.
+class QuietC10dLogs {
+ public:
+  QuietC10dLogs() : saved_(FLAGS_caffe2_log_level) { FLAGS_caffe2_log_level = kFatal; }
+  ~QuietC10dLogs() { FLAGS_caffe2_log_level = saved_; }
+  QuietC10dLogs(const QuietC10dLogs&) = delete;
+  QuietC10dLogs& operator=(const QuietC10dLogs&) = delete;
+
+ private:
+  static constexpr int kFatal = 3;  // c10's INFO 0, WARNING 1, ERROR 2, FATAL 3
+  int saved_;
+};
+
+}  // namespace
+
+std::shared_ptr<Distributed> init_distributed(InitOptions options) {
+  ignore_sigpipe_by_default();
+  auto dist = std::make_shared<Distributed>();
+  dist->env = LaunchEnv::from_environment();
+  const LaunchEnv& env = dist->env;
+  if (env.launcher != "torchrun") env.export_to_environment();  // [Note: launchers]
+  check_omp_num_threads();
+  if (options.set_threads()) set_threads_per_rank(env.local_world_size);
+  auto timeout = timeout_from_env(options.timeout());
+  // The rendezvous, on every rank, ends within one timeout: a lone rank gives up in time.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  QuietC10dLogs quiet;
+
+  auto store = this_attempts_store(connect_store(env, timeout, deadline), env);
+  announce_host(*store, env.rank);
+  check_ranks_joined(*store, env, timeout, left_until(deadline));
+  auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
+  c10::intrusive_ptr<c10d::Backend> backend;
+  try {
+    backend = make_gloo_backend(world_store, env.rank, env.world_size, timeout, env.master_addr);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "rank ", env.rank, ": connecting the ", env.world_size,
+                " ranks (Gloo) failed: ", message_of(e),
+                " (a peer rank may have died during start-up; GLOO_SOCKET_IFNAME, if set, must "
+                "name a network interface of this machine)");
+  }
+  dist->world = std::make_shared<ProcessGroup>(backend, world_store, env.rank, env.world_size,
+                                               timeout, "world", env.master_addr);
+  dist->world->set_hosts(read_hosts(*store, env.world_size));
+  peers().my_rank = env.rank;
+  record_gloo_addresses(*world_store, env.world_size);
+  return dist;
+}
+
+namespace {
+
+// The rank a Gloo peer address belongs to: " (rank 2)", " (one of rank(s) 2, 3 at 10.0.0.2)"
+// when only the host is known, or "" when any other rank could own it.
+std::string rank_of_peer(const std::string& address, int port) {
+  const PeerTable& table = peers();
+  // Gloo prints the port in network byte order (e.g. 42513 as 4518): try both.
+  for (int candidate : {port, (port & 0xFF) << 8 | (port >> 8 & 0xFF)}) {
+    auto rank = table.rank_of_port.find(candidate);
+    if (rank != table.rank_of_port.end()) return " (rank " + std::to_string(rank->second) + ")";
+  }
+  // The far end of a connection the peer opened: its address still names its host.
+  std::vector<int> on_host;
+  auto [begin, end] = table.ranks_of_address.equal_range(address);
+  for (auto it = begin; it != end; ++it) {
+    if (it->second != table.my_rank) on_host.push_back(it->second);
+  }
+  const size_t others = table.rank_of_port.size() - 1;
+  if (on_host.empty() || on_host.size() >= others) return "";
+  return " (one of rank(s) " + join_ranks(on_host) + " at " + address + ")";
+}
+
+}  // namespace
+
+std::string name_peer_ranks(const std::string& message) {
+  static const std::regex address_re(R"(\[([0-9a-fA-F.:]+)\]:([0-9]{1,5}))");
+  std::string out;
+  bool unknown = false;
+  auto begin = std::sregex_iterator(message.begin(), message.end(), address_re);
+  size_t last = 0;
+  for (auto it = begin; it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    const size_t end = static_cast<size_t>(m.position(0) + m.length(0));
+    out += message.substr(last, end - last);
+    last = end;
+    const std::string rank = rank_of_peer(m[1].str(), std::stoi(m[2].str()));
+    out += rank;
+    unknown = unknown || rank.empty();
+  }
+  out += message.substr(last);
+  if (unknown && !peers().rank_of_port.empty()) {
+    std::vector<int> others;
+    for (const auto& entry : peers().rank_of_port) {
+      if (entry.second != peers().my_rank) others.push_back(entry.second);
+    }
+    out += "\n(Gloo names the peer by a socket address that is not a rank's listening port; the "
+           "peer that failed is one of rank(s) " + join_ranks(others) + " of this rank " +
+           std::to_string(peers().my_rank) + "; its own log, or fsdprun's summary, names the cause)";
+  }
+  return out;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""The layer check: every file in src/ lives in one layer's folder and includes only from its own
+layer and the layers below it (docs/architecture.md). A public header <fsdp/X.h> belongs to the
+layer that implements it (PUBLIC below). Exits 1 naming each upward include.
+
+    python3 tools/layers/check_layers.py [REPO]
+"""
+import os
+import re
+import sys
+
+# Lowest first: a layer may include from itself and the layers before it.
+LAYERS = ["util", "launch", "comm", "device", "core", "optim", "io"]
+
+# Public headers (include/fsdp/) by the layer whose sources implement them.
+PUBLIC = {
+    "file_checks.h": "util", "named_tensors.h": "util", "memory.h": "util", "run_lock.h": "util", "trace.h": "util",
+    "distributed.h": "launch", "peer_errors.h": "launch",
+    "comm_stats.h": "comm",
+    "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core",
+    "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
+    "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
+    "state_dict.h": "io", "param_loader.h": "io",
+    "fsdp.h": "io",  # the umbrella header: everything
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+SOURCE = (".h", ".cpp", ".in")
+
+
+def rank(layer):
+    return LAYERS.index(layer)
+
+
+def included_layer(kind, target, own_layer):
+    """The layer of an include, or None for a header from outside the project."""
+    if kind == "<":
+        if not target.startswith("fsdp/"):
+            return None
+        name = target[len("fsdp/"):]
+        if name not in PUBLIC:
+            raise LookupError(f"<{target}> is not in tools/layers/check_layers.py's PUBLIC table")
+        return PUBLIC[name]
+    head = target.split("/")[0]
+    return head if "/" in target and head in LAYERS else own_layer
+
+
+def check_file(path, own_layer, shown):
+    errors = []
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for kind, target in INCLUDE.findall(text):
+        try:
+            layer = included_layer(kind, target, own_layer)
+        except LookupError as e:
+            errors.append(f"{shown}: {e}")
+            continue
+        if layer is not None and rank(layer) > rank(own_layer):
+            errors.append(f"{shown}: includes {kind}{target}{'>' if kind == '<' else kind} of layer "
+                          f"'{layer}', above its own layer '{own_layer}' (order, lowest first: "
+                          f"{' < '.join(LAYERS)})")
+    return errors
+
+
+def check(repo):
+    errors = []
+    src = os.path.join(repo, "src")
+    for entry in sorted(os.listdir(src)):
+        path = os.path.join(src, entry)
+        if os.path.isfile(path):
+            if entry.endswith(SOURCE):
+                errors.append(f"src/{entry}: outside every layer folder ({', '.join(LAYERS)})")
+            continue
+        if entry not in LAYERS:
+            errors.append(f"src/{entry}/: not a layer (add it to LAYERS and docs/architecture.md)")
+            continue
+        for name in sorted(os.listdir(path)):
+            if name.endswith(SOURCE):
+                errors += check_file(os.path.join(path, name), entry, f"src/{entry}/{name}")
+    public = os.path.join(repo, "include", "fsdp")
+    for name in sorted(os.listdir(public)):
+        if name not in PUBLIC:
+            errors.append(f"include/fsdp/{name}: not in tools/layers/check_layers.py's PUBLIC table")
+            continue
+        errors += check_file(os.path.join(public, name), PUBLIC[name], f"include/fsdp/{name}")
+    return errors
+
+
+def main():
+    repo = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))
+    errors = check(repo)
+    for error in errors:
+        print(error)
+    print(f"layer check: {len(errors)} upward or unplaced include(s)" if errors else
+          "layer check: every include goes to the same layer or one below")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
