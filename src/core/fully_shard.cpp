@@ -21,7 +21,12 @@ namespace detail {
 
 namespace {
 
-// Which modules are held by a Unit. Keyed by address; a slot expires with its Unit holder.
+// [Note: the unit registry]
+// Which modules are held by a Unit, keyed by the module's address; a slot expires with its Unit
+// holder. It is process-wide state on purpose: a torch::nn::Module has no place for our data and
+// a Unit holder is built inside the user's constructor, before any model or process group
+// exists, so fully_shard can only learn that a module it walks is a unit by looking it up here.
+// Nothing else is kept globally: everything a unit needs at run time hangs off its slot.
 struct UnitRegistry {
   std::mutex mutex;
   std::unordered_map<const torch::nn::Module*, std::weak_ptr<UnitSlot>> slots;
