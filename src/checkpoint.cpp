@@ -13,6 +13,7 @@
 #include <fsdp/safetensors.h>
 
 #include "checkpoint_format.h"
+#include "crc32.h"
 #include "fsdp_state.h"
 #include "tensor_boxes.h"
 

@@ -3,7 +3,7 @@
 #include <fsdp/file_checks.h>
 
 #include "atomic_file.h"
-#include "checkpoint_format.h"
+#include "crc32.h"
 
 #include <ATen/core/Dict.h>
 #include <ATen/core/ivalue.h>
