@@ -80,7 +80,7 @@ MUTATIONS = [
      "grad_shard.copy_(reduced.to(grad_shard.device()));",
      [(2, "Training.GradientAccumulationWithCommunicationEqualsTheLargeBatch")]),
     ("clip-norm-local-only", "src/clip.cpp",
-     "state.collectives().all_reduce_sum(sum_of_squares);",
+     "all_reduce_over_shard_group(state, sum_of_squares);",
      "(void)state;",
      [(2, "Strategy.EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm"),
       (2, "Training.GlobalGradientNormEqualsTheUnshardedNormForEveryStrategy")]),
