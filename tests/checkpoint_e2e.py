@@ -15,10 +15,10 @@ from pathlib import Path
 LOSS_REL_TOL = 1e-4  # 10 steps after resharding: float reassociation of W-way sums, amplified
 
 
-def run(bin_dir, corpus, world, *args, env=None):
+def run(bin_dir, corpus, world, *args):
     command = [f"{bin_dir}/fsdprun", "--nproc-per-node", str(world), f"{bin_dir}/checkpoint_tool",
                "--data", corpus, "--batch", str(6 // world), *map(str, args)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     result = {"loss": {}, "digest": {}}
     for line in out.splitlines():
         words = line.split(": ", 1)[-1].split()
@@ -48,10 +48,10 @@ def children_of(pid):
 def kill_during_save(bin_dir, corpus, ckpt):
     """Resume from `ckpt` (step 10), train 2 steps, start saving step 12 slowly, SIGKILL every rank
     once their shard files exist (before the metadata)."""
-    env = dict(os.environ, FSDP_TEST_SLOW_SAVE="60000")
     command = [f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/checkpoint_tool",
-               "--data", corpus, "--batch", "3", "--load", ckpt, "--steps", "2", "--save", ckpt]
-    launcher = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               "--data", corpus, "--batch", "3", "--load", ckpt, "--steps", "2", "--save", ckpt,
+               "--pause-after-shard-files", "60000"]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = Path(ckpt) / "step-00000012"
     deadline = time.time() + 120
     while not all(list(folder.glob(f"shard-{r:05d}-model-*.safetensors")) for r in (0, 1)):

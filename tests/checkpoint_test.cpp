@@ -16,6 +16,7 @@
 #include <functional>
 #include <fstream>
 #include <map>
+#include <stdexcept>
 #include <unistd.h>
 
 namespace fsdp_test {
@@ -310,6 +311,39 @@ TEST(Checkpoint, InterruptedSaveLeavesThePreviousCheckpointTheOneThatLoads) {
   barrier();
   EXPECT_FALSE(fs::exists(dir + "/step-00000002"));
   EXPECT_FALSE(fs::exists(dir + "/step-00000004"));
+}
+
+TEST(Checkpoint, SaveHooksRunBetweenTheShardFilesAndTheMetadata) {
+  SharedTempDir tmp;
+  const std::string dir = tmp / "ckpt";
+  Training run(1);
+  run.train(0, 1);
+  fsdp::save_checkpoint(run.model, *run.optim, dir, 1, {{"step", 1}});
+  int calls = 0;
+  fsdp::SaveHooks hooks;
+  hooks.after_shard_files = [&] {
+    ++calls;
+    const std::string folder = dir + "/step-00000002";
+    EXPECT_TRUE(fs::exists(folder + "/" + first_file_of_shard(folder, dist().rank())));
+    EXPECT_FALSE(fs::exists(folder + "/metadata.json"));
+    EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-00000001");
+  };
+  fsdp::save_checkpoint(run.model, *run.optim, dir, 2, {{"step", 2}}, 0, hooks);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-00000002");
+
+  // A save that fails there (on one rank) fails on every rank and publishes nothing.
+  hooks.after_shard_files = [] {
+    if (dist().rank() == dist().world_size() - 1) throw std::runtime_error("stopped by the test");
+  };
+  try {
+    fsdp::save_checkpoint(run.model, *run.optim, dir, 3, {{"step", 3}}, 0, hooks);
+    ADD_FAILURE() << "the save did not throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stopped by the test"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/step-00000003/metadata.json"));
+  EXPECT_EQ(fsdp::latest_checkpoint(dir), dir + "/step-00000002");
 }
 
 TEST(Checkpoint, NoPointerMeansNoCheckpointOrTheNewestComplete) {

@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <string_view>
+#include <thread>
 
 namespace {
 
@@ -79,6 +80,10 @@ int main(int argc, char** argv) {
   int shard_group_size = 0;
   app.add_option("--strategy", strategy, "full | grad_op | none | hybrid | hybrid_grad_op");
   app.add_option("--shard-group-size", shard_group_size, "hybrid: ranks per shard group");
+  int64_t pause_after_shard_files_ms = 0;
+  app.add_option("--pause-after-shard-files", pause_after_shard_files_ms,
+                 "milliseconds each writing rank sleeps between its shard files and the metadata "
+                 "of --save (a save the tests kill half-way)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -131,7 +136,14 @@ int main(int argc, char** argv) {
         if (print) fsdp::save_tensor_dict(full_state_path, full);
       }
       const auto start = Clock::now();
-      const std::string folder = fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}});
+      fsdp::SaveHooks hooks;
+      if (pause_after_shard_files_ms > 0) {
+        hooks.after_shard_files = [pause_after_shard_files_ms] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(pause_after_shard_files_ms));
+        };
+      }
+      const std::string folder =
+          fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}}, 0, hooks);
       if (print) std::printf("save_seconds %.6f %lld\n", seconds_since(start), (long long)folder_bytes(folder));
     }
     std::fflush(stdout);

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <regex>
+#include <thread>
 
 namespace gpt {
 
@@ -210,7 +212,14 @@ void save_checkpoint_if_due(fsdp::Unit<GPT>& model, torch::optim::AdamW& optimiz
   TORCH_CHECK(!dir.empty(), "--save-every needs --checkpoint-dir");
   const int64_t next_step = step + 1;
   if (next_step % every != 0 && next_step != o.steps) return;
-  fsdp::save_checkpoint(model, optimizer, dir, next_step, describe_run(o, next_step), kKeepLast);
+  fsdp::SaveHooks hooks;
+  if (o.test_pause_after_shard_files_ms > 0) {
+    hooks.after_shard_files = [ms = o.test_pause_after_shard_files_ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    };
+  }
+  fsdp::save_checkpoint(model, optimizer, dir, next_step, describe_run(o, next_step), kKeepLast,
+                        hooks);
 }
 
 }  // namespace gpt

@@ -365,6 +365,12 @@ int main(int argc, char** argv) {
                  "stop with an error after this many consecutive steps with a NaN/inf loss")
       ->capture_default_str()
       ->check(integer_in(1, kMaxCount));
+  // A test flag, hidden from --help: stalls every save between its shard files and its metadata,
+  // so that a test can kill the run half-way through a save.
+  app.add_option("--test-pause-after-shard-files", o.test_pause_after_shard_files_ms,
+                 "milliseconds each writing rank sleeps before a save's metadata")
+      ->check(integer_in(0, kMaxCount))
+      ->group("");
   CLI11_PARSE(app, argc, argv);
   o.max_data_bytes = max_data_mb << 20;
   o.fused_optimizer = optimizer == "fused";

@@ -59,6 +59,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace fsdp {
@@ -68,14 +69,21 @@ namespace fsdp {
 /// and about units x (ranks + parameters per unit) pieces: 1024 ranks x 100 units is ~80 MB.
 constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
 
+/// A test seam of save_sharded and save_checkpoint: code run at a chosen moment of a save.
+struct SaveHooks {
+  /// Runs on every rank that writes shard files, once they are written and before the
+  /// metadata.json that completes the folder: tests stall a save there to kill it half-way.
+  std::function<void()> after_shard_files;
+};
+
 namespace detail {
 void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& folder,
-                  const nlohmann::json& extra);
+                  const nlohmann::json& extra, const SaveHooks& hooks);
 nlohmann::json load_sharded(FsdpState& state, torch::optim::AdamW& optimizer,
                             const std::string& folder);
 std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
                             const std::string& dir, int64_t step, const nlohmann::json& extra,
-                            int keep_last);
+                            int keep_last, const SaveHooks& hooks);
 NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::AdamW& optimizer);
 
 template <class M>
@@ -87,14 +95,16 @@ FsdpState& sharded_state(Unit<M>& root, const char* what) {
 
 /// Writes one checkpoint into `folder` (created if needed): this rank's shard file, then rank 0's
 /// metadata.json with `extra` (any JSON: the step, the seed...). A collective; every rank throws
-/// if any rank could not write.
+/// if any rank could not write. `hooks`: for tests (SaveHooks).
 ///
 /// Example:
 ///   fsdp::save_sharded(model, optim, "ckpt/final", {{"step", 1000}});
 template <class M>
 void save_sharded(Unit<M>& root, torch::optim::AdamW& optimizer, const std::string& folder,
-                  const nlohmann::json& extra = nlohmann::json::object()) {
-  detail::save_sharded(detail::sharded_state(root, "save_sharded"), optimizer, folder, extra);
+                  const nlohmann::json& extra = nlohmann::json::object(),
+                  const SaveHooks& hooks = {}) {
+  detail::save_sharded(detail::sharded_state(root, "save_sharded"), optimizer, folder, extra,
+                       hooks);
 }
 
 /// Loads the checkpoint in `folder` (saved by any number of ranks, any strategy) into the model
@@ -113,16 +123,16 @@ nlohmann::json load_sharded(Unit<M>& root, torch::optim::AdamW& optimizer,
 /// Saves into `dir`/step-NNNNNNNN (save_sharded), then publishes it as `dir`/latest. With
 /// keep_last > 0, removes older step folders so that the newest `keep_last` remain. Returns the
 /// folder. Saving the step that `latest` already names again throws (it would overwrite the only
-/// complete checkpoint in place).
+/// complete checkpoint in place). `hooks`: for tests (SaveHooks).
 ///
 /// Example:
 ///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"step", step}}, /*keep_last=*/2);
 template <class M>
 std::string save_checkpoint(Unit<M>& root, torch::optim::AdamW& optimizer, const std::string& dir,
                             int64_t step, const nlohmann::json& extra = nlohmann::json::object(),
-                            int keep_last = 0) {
+                            int keep_last = 0, const SaveHooks& hooks = {}) {
   return detail::save_checkpoint(detail::sharded_state(root, "save_checkpoint"), optimizer, dir,
-                                 step, extra, keep_last);
+                                 step, extra, keep_last, hooks);
 }
 
 /// The folder of the newest complete checkpoint in `dir` (the one `dir`/latest names), or ""

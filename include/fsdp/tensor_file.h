@@ -2,6 +2,8 @@
 /// Files of named tensors that Python reads with torch.load (a dict of name to tensor) and that
 /// C++ reads back; written atomically, so a crash mid-write leaves the previous file intact.
 
+#include <fsdp/named_tensors.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <string>
@@ -9,8 +11,6 @@
 #include <vector>
 
 namespace fsdp {
-
-using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 /// Writes `tensors` as a dict in torch.save's format: to a temporary file beside `path`, fsync,
 /// then rename over `path`. Throws naming the path on failure.

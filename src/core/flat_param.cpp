@@ -95,10 +95,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
   {
     torch::NoGradGuard no_grad;
     for (auto& e : entries_) {
-      if (e.shard_end == e.shard_begin) continue;
-      shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
-          .copy_(e.param.reshape({-1}).narrow(0, e.shard_begin + shard_offset - e.offset,
-                                              e.shard_end - e.shard_begin));
+      if (!e.outside_shard()) e.in_shard(shard_).copy_(local_part(e, e.param));
     }
   }
   const auto full_options = options.dtype(compute_dtype_).device(compute_device_).pinned_memory(false);
@@ -147,7 +144,7 @@ void FlatParam::take_grad(size_t i) {
   const at::Tensor grad = e.param.grad();
   if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
-  at::Tensor part = grad_sink().narrow(0, e.offset, e.numel).view(e.shape);
+  at::Tensor part = e.in_full(grad_sink());
   if (grad_written_[i]) {
     part.add_(grad);
   } else {
@@ -160,7 +157,7 @@ void FlatParam::take_grad(size_t i) {
 void FlatParam::complete_full_grad() {
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (grad_written_[i]) continue;
-    grad_sink().narrow(0, entries_[i].offset, entries_[i].numel).zero_();
+    entries_[i].in_full(grad_sink()).zero_();
     grad_written_[i] = true;
   }
 }
@@ -173,14 +170,13 @@ c10::DataPtr FlatParam::take_full_grad_bytes() {
 }
 
 void FlatParam::use_full_params() {
-  for (auto& e : entries_) point_data(e.param, full_.narrow(0, e.offset, e.numel).view(e.shape));
+  for (auto& e : entries_) point_data(e.param, e.in_full(full_));
 }
 
 void FlatParam::use_sharded_params() {
   for (auto& e : entries_) {
     // A shard group of one keeps the shapes (the shard is the whole unit).
-    point_data(e.param, sharded() ? shard_.narrow(0, e.shard_begin, e.shard_end - e.shard_begin)
-                                  : shard_.narrow(0, e.offset, e.numel).view(e.shape));
+    point_data(e.param, sharded() ? e.in_shard(shard_) : e.in_full(shard_));
   }
 }
 

@@ -46,6 +46,19 @@ struct FlatEntry {
   int64_t shard_begin = 0;      // this rank's part of the parameter, as [begin, end) offsets
   int64_t shard_end = 0;        //   into the local shard (empty when begin == end)
   GradAccumulatorPtr grad_accumulator;  // kept alive: hooks live on it
+
+  /// This parameter in `full`, a buffer laid out like the unsharded flat buffer (the parameters,
+  /// their gradients, a gathered optimizer state), in its original shape.
+  at::Tensor in_full(const at::Tensor& full) const {
+    return full.narrow(0, offset, numel).view(shape);
+  }
+  /// This rank's part of the parameter in `shard`, a buffer laid out like the shard (1-D,
+  /// possibly empty).
+  at::Tensor in_shard(const at::Tensor& shard) const {
+    return shard.narrow(0, shard_begin, shard_end - shard_begin);
+  }
+  /// Whether this rank's shard holds none of the parameter.
+  bool outside_shard() const { return shard_end == shard_begin; }
 };
 
 class FlatParam {
@@ -71,6 +84,12 @@ class FlatParam {
     if (length == 0) return {0, 0};
     const int64_t begin = rank_ * shard_numel_ + entry.shard_begin - entry.offset;
     return {begin, begin + length};
+  }
+  /// This rank's part of `whole` (the whole parameter `entry`, in any shape), flattened: what
+  /// goes into entry.in_shard(shard()).
+  at::Tensor local_part(const FlatEntry& entry, const at::Tensor& whole) const {
+    const auto [begin, end] = local_range(entry);
+    return whole.reshape({-1}).narrow(0, begin, end - begin);
   }
   int64_t element_size() const;          // of the shard
   int64_t compute_element_size() const;  // of the unsharded buffer (what the all-gather moves)

@@ -6,7 +6,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -71,8 +70,5 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
 /// shapes, dtypes) and the pieces of every parameter cover each of its elements exactly once.
 void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta>& model,
                          const std::string& source);
-
-/// CRC-32 (IEEE, as zlib.crc32 in Python) of `size` bytes, continuing from `crc`.
-uint32_t crc32(const void* data, size_t size, uint32_t crc = 0);
 
 }  // namespace fsdp

@@ -46,7 +46,7 @@ void load_params_from(FsdpState& state, const ParamRangeReader& read) {
     for (const auto& e : flat.entries()) {
       const auto [begin, end] = flat.local_range(e);
       if (begin == end) continue;
-      flat.shard().narrow(0, e.shard_begin, end - begin).copy_(read_checked(read, e.name, begin, end));
+      e.in_shard(flat.shard()).copy_(read_checked(read, e.name, begin, end));
     }
   }
 }

@@ -3,7 +3,7 @@
 #include <fsdp/file_checks.h>
 
 #include "util/atomic_file.h"
-#include "io/checkpoint_format.h"
+#include "util/crc32.h"
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>

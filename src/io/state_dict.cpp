@@ -1,6 +1,6 @@
 #include <fsdp/state_dict.h>
 
-#include "core/fsdp_state.h"
+#include "core/model_collectives.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -46,12 +46,8 @@ NamedTensors gather_full_params(FsdpState& state) {
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
-    const auto options = flat.shard().options().device(state.compute_device()).pinned_memory(false);
-    at::Tensor full = at::empty({flat.padded_numel()}, options);
-    state.collectives().all_gather(full, flat.shard().to(state.compute_device()));
-    for (const auto& e : flat.entries()) {
-      params.emplace_back(e.name, full.narrow(0, e.offset, e.numel).view(e.shape).clone());
-    }
+    const at::Tensor full = gather_flat(state, flat, flat.shard().to(state.compute_device()));
+    for (const auto& e : flat.entries()) params.emplace_back(e.name, e.in_full(full).clone());
   }
   return params;
 }
@@ -66,7 +62,8 @@ void save_full_params(FsdpState& state, const std::string& path) {
       error = e.what();
     }
   }
-  // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone.
+  // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone: agreement
+  // over the world process group itself, outside the model's collectives.
   auto failed = at::full({1}, error.empty() ? 0.0f : 1.0f);
   all_reduce_sum(state.world(), failed);
   TORCH_CHECK(failed.item<float>() == 0.0f, "save_full_params: rank 0 could not write ", path,
@@ -80,16 +77,10 @@ void load_full_params(FsdpState& state, const NamedTensors& tensors, const std::
   }
   auto by_name = check_complete(expected, tensors, source);
   torch::NoGradGuard no_grad;
-  const int rank = state.collectives().rank();
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
-    const int64_t shard_offset = rank * flat.shard_numel();
     for (const auto& e : flat.entries()) {
-      const int64_t length = e.shard_end - e.shard_begin;
-      if (length == 0) continue;
-      const int64_t first = shard_offset + e.shard_begin - e.offset;  // within the parameter
-      flat.shard().narrow(0, e.shard_begin, length)
-          .copy_(by_name.at(e.name).reshape({-1}).narrow(0, first, length));
+      if (!e.outside_shard()) e.in_shard(flat.shard()).copy_(flat.local_part(e, by_name.at(e.name)));
     }
   }
 }

@@ -1,6 +1,6 @@
 #include <fsdp/clip.h>
 
-#include "core/fsdp_state.h"
+#include "core/model_collectives.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -25,7 +25,7 @@ double clip_grad_norm(FsdpState& state, double max_norm) {
   const c10::Device device = state.compute_device();
   auto sum_of_squares = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
   for (const auto& grad : grads) sum_of_squares += grad.to(device, at::kDouble).pow(2).sum();
-  state.collectives().all_reduce_sum(sum_of_squares);
+  all_reduce_over_shard_group(state, sum_of_squares);
   const double norm = std::sqrt(sum_of_squares.item<double>());
   const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula
   if (scale < 1.0) {

@@ -29,7 +29,8 @@ two ranks each (ranks 0,1 on host 0; 2,3 on host 1; GLOO_SOCKET_IFNAME=eth0, MAS
      (--max-restarts 2, c10d rendezvous), SIGKILL rank 2 once a checkpoint exists: the agents
      restart every rank, `--resume auto` continues from the newest checkpoint, and the final
      parameters are bitwise those of a run that never failed; (iv) SIGKILL host 1 while a
-     checkpoint is being saved (FSDP_TEST_SLOW_SAVE holds every rank after its shard file):
+     checkpoint is being saved (gpt_train --test-pause-after-shard-files holds every rank after
+     its shard file):
      host 0's ranks exit non-zero within 10 + 5 s, `latest` still names the previous
      checkpoint, and a run resumed from it reproduces the reference's losses.
 
@@ -391,8 +392,9 @@ def interrupted_save(hosts, bin_dir, corpus, ref, tmp):
     ckpt = f"{tmp}/interrupted"
     launch = cluster.Launch(hosts, f"{bin_dir}/gpt_train",
                             ["--data", corpus, *MODEL, "--strategy", "full", "--steps", str(STEPS),
-                             "--save-every", "2", "--checkpoint-dir", ckpt], per_host=PER_HOST,
-                            env={"FSDP_TIMEOUT_SECONDS": str(FAULT_TIMEOUT), "FSDP_TEST_SLOW_SAVE": "1500"})
+                             "--save-every", "2", "--checkpoint-dir", ckpt,
+                             "--test-pause-after-shard-files", "1500"], per_host=PER_HOST,
+                            env={"FSDP_TIMEOUT_SECONDS": str(FAULT_TIMEOUT)})
     try:
         folder = Path(ckpt) / "step-00000004"
         while not (folder.is_dir() and len([f for f in folder.iterdir() if f.suffix != ".json"]) >= W):

@@ -1,0 +1,41 @@
+#include "io/checkpoint_pieces.h"
+
+#include "io/adamw_state.h"
+
+#include <c10/util/Exception.h>
+
+namespace fsdp::detail {
+
+std::vector<LocalPiece> local_pieces(FsdpState& state) {
+  std::vector<LocalPiece> pieces;
+  for (auto& group : state.groups()) {
+    FlatParam& flat = group->flat();
+    TORCH_CHECK(!flat.sharded() || group->sharded_state() == ShardedState::Sharded,
+                "unit '", group->name(), "' is unsharded: save and load checkpoints between "
+                "steps, not between a forward and its backward");
+    for (auto& e : flat.entries()) {
+      const auto [begin, end] = flat.local_range(e);
+      pieces.push_back(LocalPiece{&e, e.in_shard(flat.shard()), begin, end});
+    }
+  }
+  return pieces;
+}
+
+std::vector<ParamMeta> describe_model(FsdpState& state, torch::optim::AdamW& optimizer) {
+  std::vector<ParamMeta> params;
+  for (auto& group : state.groups()) {
+    for (auto& e : group->flat().entries()) {
+      ParamMeta meta{e.name, e.shape, std::string(c10::toString(e.param.scalar_type())), {}, {}};
+      if (const auto* adam = adamw_state(optimizer, e.param)) {
+        meta.step = adam->step();
+        for (const char* kind : kMomentKinds) {
+          if (moment(*adam, kind).defined()) meta.moments.push_back(kind);
+        }
+      }
+      params.push_back(std::move(meta));
+    }
+  }
+  return params;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,30 @@
+#pragma once
+// The model as a checkpoint sees it: this rank's pieces of the parameters (what it saves and
+// what it loads), and the description of every parameter that metadata.json holds.
+
+#include "io/checkpoint_format.h"
+#include "core/fsdp_state.h"
+
+#include <torch/optim/adamw.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace fsdp::detail {
+
+/// One parameter's part of this rank's shard.
+struct LocalPiece {
+  FlatEntry* entry = nullptr;
+  at::Tensor data;    // 1-D [end - begin], a view of the flat shard (the optimizer's master copy)
+  int64_t begin = 0;  // the same elements as [begin, end) of the flattened parameter
+  int64_t end = 0;
+};
+
+/// Every parameter's part of this rank's shards, unit by unit; throws when a unit is unsharded
+/// (between a forward and its backward).
+std::vector<LocalPiece> local_pieces(FsdpState& state);
+
+/// The model's parameters as metadata: names, shapes, dtypes, and this rank's AdamW steps.
+std::vector<ParamMeta> describe_model(FsdpState& state, torch::optim::AdamW& optimizer);
+
+}  // namespace fsdp::detail
