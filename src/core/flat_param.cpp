@@ -89,13 +89,13 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
   compute_device_ = compute_device.value_or(options.device());
   // Host memory copied to a GPU is pinned: the copy then needs no bounce buffer.
   if (compute_device_ != options.device()) options = options.pinned_memory(compute_device_.is_cuda());
-  // Only this rank's part is copied: building a unit never holds more than its parameters plus
+  // Only this rank's pieces are copied: building a unit never holds more than its parameters plus
   // one shard (deferred initialisation relies on it).
   shard_ = at::zeros({shard_numel_}, options);
   {
     torch::NoGradGuard no_grad;
     for (auto& e : entries_) {
-      if (!e.outside_shard()) e.in_shard(shard_).copy_(local_part(e, e.param));
+      if (!e.outside_shard()) e.in_shard(shard_).copy_(local_piece(e, e.param));
     }
   }
   const auto full_options = options.dtype(compute_dtype_).device(compute_device_).pinned_memory(false);
@@ -109,7 +109,7 @@ int64_t FlatParam::compute_element_size() const {
   return static_cast<int64_t>(full_.element_size());
 }
 
-at::Tensor FlatParam::local_chunk() const { return full_.narrow(0, rank_ * shard_numel_, shard_numel_); }
+at::Tensor FlatParam::shard_in_full() const { return full_.narrow(0, rank_ * shard_numel_, shard_numel_); }
 
 at::Tensor& FlatParam::grad_shard() {
   if (!grad_shard_.defined()) grad_shard_ = at::zeros({shard_numel_}, shard_.options());
@@ -144,11 +144,11 @@ void FlatParam::take_grad(size_t i) {
   const at::Tensor grad = e.param.grad();
   if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
-  at::Tensor part = e.in_full(grad_sink());
+  at::Tensor slot = e.in_full(grad_sink());
   if (grad_written_[i]) {
-    part.add_(grad);
+    slot.add_(grad);
   } else {
-    part.copy_(grad);
+    slot.copy_(grad);
   }
   grad_written_[i] = true;
   e.param.mutable_grad().reset();

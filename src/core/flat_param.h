@@ -43,7 +43,7 @@ struct FlatEntry {
   std::vector<int64_t> shape;   // original shape
   int64_t numel = 0;
   int64_t offset = 0;           // start in the unsharded flat buffer
-  int64_t shard_begin = 0;      // this rank's part of the parameter, as [begin, end) offsets
+  int64_t shard_begin = 0;      // this rank's piece of the parameter, as [begin, end) offsets
   int64_t shard_end = 0;        //   into the local shard (empty when begin == end)
   GradAccumulatorPtr grad_accumulator;  // kept alive: hooks live on it
 
@@ -52,7 +52,7 @@ struct FlatEntry {
   at::Tensor in_full(const at::Tensor& full) const {
     return full.narrow(0, offset, numel).view(shape);
   }
-  /// This rank's part of the parameter in `shard`, a buffer laid out like the shard (1-D,
+  /// This rank's piece of the parameter in `shard`, a buffer laid out like the shard (1-D,
   /// possibly empty).
   at::Tensor in_shard(const at::Tensor& shard) const {
     return shard.narrow(0, shard_begin, shard_end - shard_begin);
@@ -63,7 +63,7 @@ struct FlatEntry {
 
 class FlatParam {
  public:
-  /// Copies this rank's part of `params` (same dtype and device) into its shard; the parameters'
+  /// Copies this rank's piece of each of `params` (same dtype and device) into its shard; the parameters'
   /// own storage is released once they point into it. The unsharded buffer is in
   /// `compute_dtype` (the parameters' dtype if unset), the unsharded gradient in `grad_dtype`
   /// (the reductions' dtype; `compute_dtype` if unset): each gradient is cast once, as it is
@@ -77,7 +77,7 @@ class FlatParam {
   int64_t numel() const { return numel_; }
   int64_t padded_numel() const { return shard_numel_ * world_size_; }
   int64_t shard_numel() const { return shard_numel_; }
-  /// This rank's part of `entry` as [begin, end) elements of the flattened parameter ({0, 0}
+  /// This rank's piece of `entry` as [begin, end) elements of the flattened parameter ({0, 0}
   /// when it holds none): what checkpoints save and loaders read for this rank.
   std::pair<int64_t, int64_t> local_range(const FlatEntry& entry) const {
     const int64_t length = entry.shard_end - entry.shard_begin;
@@ -85,9 +85,9 @@ class FlatParam {
     const int64_t begin = rank_ * shard_numel_ + entry.shard_begin - entry.offset;
     return {begin, begin + length};
   }
-  /// This rank's part of `whole` (the whole parameter `entry`, in any shape), flattened: what
+  /// This rank's piece of `whole` (the whole parameter `entry`, in any shape), flattened: what
   /// goes into entry.in_shard(shard()).
-  at::Tensor local_part(const FlatEntry& entry, const at::Tensor& whole) const {
+  at::Tensor local_piece(const FlatEntry& entry, const at::Tensor& whole) const {
     const auto [begin, end] = local_range(entry);
     return whole.reshape({-1}).narrow(0, begin, end - begin);
   }
@@ -102,8 +102,8 @@ class FlatParam {
   bool mixed_precision() const { return compute_dtype_ != shard_.scalar_type(); }
   /// The shards live in host memory, the unsharded buffers on the compute device.
   bool offloaded() const { return compute_device_ != shard_.device(); }
-  /// This rank's chunk of the unsharded buffer, where its shard goes before the all-gather.
-  at::Tensor local_chunk() const;
+  /// Where this rank's shard sits in the unsharded buffer (it goes there before the all-gather).
+  at::Tensor shard_in_full() const;
   std::vector<FlatEntry>& entries() { return entries_; }
   const std::vector<FlatEntry>& entries() const { return entries_; }
   bool requires_grad() const { return requires_grad_count_ > 0; }
@@ -125,7 +125,7 @@ class FlatParam {
 
   /// Parameters become views of the unsharded buffer, in their original shapes.
   void use_full_params();
-  /// Parameters become 1-D views of their part of this rank's shard (possibly empty).
+  /// Parameters become 1-D views of their piece of this rank's shard (possibly empty).
   void use_sharded_params();
   /// Starts a backward's unsharded gradient: allocates it, unless `keep` (no_sync: keep adding to
   /// the sum of the previous backwards), and clears the trainable parameters' gradients.
@@ -143,7 +143,7 @@ class FlatParam {
   /// Entry i's gradient has just been accumulated by autograd: moves it into the unsharded
   /// gradient (copied the first time in this sum, added after) and clears it.
   void take_grad(size_t i);
-  /// Zero-fills the parts of the unsharded gradient no gradient reached (parameters unused in
+  /// Zero-fills the entries of the unsharded gradient no gradient reached (parameters unused in
   /// this backward): the buffer then holds the whole sum.
   void complete_full_grad();
   /// Gradients become views of this rank's gradient shard.
@@ -168,7 +168,7 @@ class FlatParam {
   at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward
   at::Tensor grad_shard_;  // 1-D [S], reduced gradient of this rank's shard
-  std::vector<bool> grad_written_;  // per entry: its part of full_grad_ holds a gradient
+  std::vector<bool> grad_written_;  // per entry: its piece of full_grad_ holds a gradient
   bool grads_in_shard_ = false;     // this backward writes grad_shard_, not full_grad_
   // Where this backward's gradients go: full_grad_, or grad_shard_ (grads_in_shard_).
   at::Tensor& grad_sink() { return grads_in_shard_ ? grad_shard() : full_grad_; }

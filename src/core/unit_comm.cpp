@@ -26,7 +26,7 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
 }
 
 void gather_unit(FlatParam& flat, Collectives& shard_group) {
-  at::Tensor local = flat.local_chunk();
+  at::Tensor local = flat.shard_in_full();
   local.copy_(flat.shard());
   if (flat.sharded()) shard_group.all_gather(flat.full(), local);
 }

@@ -21,77 +21,77 @@ namespace {
 namespace fs = std::filesystem;
 
 // The tensors of one shard file: for each box, the parameter's and its AdamW moments' views.
-struct ShardPart {
+struct ShardFileContents {
   NamedTensors tensors;
   nlohmann::json sharding_info = nlohmann::json::object();  // DCP_SHARDING_INFO
   std::vector<PieceMeta> pieces;
 };
 
-// torch.distributed.checkpoint's HuggingFaceStorageReader reads a chunk's place in the full tensor
+// torch.distributed.checkpoint's HuggingFaceStorageReader reads a box's place in the full tensor
 // from the file's __metadata__: {"DCP_SHARDING_INFO": "{KEY: {\"saved_offsets\": [...]}}"}.
-void add_box(ShardPart& part, const std::string& key, const at::Tensor& data,
+void add_box(ShardFileContents& contents, const std::string& key, const at::Tensor& data,
              const std::vector<int64_t>& offsets) {
-  part.tensors.emplace_back(key, data);
-  part.sharding_info[key] = {{"saved_offsets", offsets}};
+  contents.tensors.emplace_back(key, data);
+  contents.sharding_info[key] = {{"saved_offsets", offsets}};
 }
 
-// Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); part k of the files holds
-// the k-th box of every piece. AdamW's step goes, as a 0-d float ("state.NAME.step", as PyTorch's
+// Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); shard file k holds the
+// k-th box of every piece. AdamW's step goes, as a 0-d float ("state.NAME.step", as PyTorch's
 // AdamW keeps it), with the box that starts the parameter.
-std::vector<ShardPart> shard_parts(FsdpState& state, torch::optim::AdamW& optimizer) {
-  std::vector<ShardPart> parts;
+std::vector<ShardFileContents> shard_files_contents(FsdpState& state, torch::optim::AdamW& optimizer) {
+  std::vector<ShardFileContents> files;
   for (const auto& piece : local_pieces(state)) {
     const FlatEntry& entry = *piece.entry;
     const auto* adam = adamw_state(optimizer, entry.param);
     const auto boxes = boxes_of_range(entry.shape, piece.begin, piece.end);
-    if (parts.size() < boxes.size()) parts.resize(boxes.size());
+    if (files.size() < boxes.size()) files.resize(boxes.size());
     for (size_t k = 0; k < boxes.size(); ++k) {
       const TensorBox& box = boxes[k];
-      ShardPart& part = parts[k];
+      ShardFileContents& contents = files[k];
       auto view = [&](const at::Tensor& flat) {
         return flat.narrow(0, box.begin - piece.begin, box.end - box.begin).view(box.sizes);
       };
-      add_box(part, tensor_key("param", entry.name), view(piece.data), box.offsets);
-      part.pieces.push_back(PieceMeta{entry.name, box.begin, box.end, {}});
+      add_box(contents, tensor_key("param", entry.name), view(piece.data), box.offsets);
+      contents.pieces.push_back(PieceMeta{entry.name, box.begin, box.end, {}});
       if (!adam) continue;
       for (const char* kind : kMomentKinds) {
         const at::Tensor m = moment(*adam, kind);
-        if (m.defined()) add_box(part, tensor_key(kind, entry.name), view(m.reshape({-1})), box.offsets);
+        if (m.defined()) add_box(contents, tensor_key(kind, entry.name), view(m.reshape({-1})), box.offsets);
       }
       if (box.begin == 0) {
-        add_box(part, tensor_key("step", entry.name),
+        add_box(contents, tensor_key("step", entry.name),
                 at::scalar_tensor(static_cast<double>(adam->step()), at::kFloat), {});
       }
     }
   }
-  return parts;
+  return files;
 }
 
 // Writes this rank's shard files; returns their descriptions for metadata.json.
 std::vector<FileMeta> write_shard_files(FsdpState& state, torch::optim::AdamW& optimizer,
                                         const std::string& folder) {
-  auto parts = shard_parts(state, optimizer);
+  auto contents_by_file = shard_files_contents(state, optimizer);
   std::vector<FileMeta> files;
-  for (size_t k = 0; k < parts.size(); ++k) {
-    ShardPart& part = parts[k];
+  for (size_t k = 0; k < contents_by_file.size(); ++k) {
+    ShardFileContents& contents = contents_by_file[k];
     FileMeta file;
     file.name = shard_file_name(state.collectives().rank(), static_cast<int>(k),
-                                static_cast<int>(parts.size()));
+                                static_cast<int>(contents_by_file.size()));
     const WrittenFile written = save_safetensors(
-        folder + "/" + file.name, part.tensors,
-        {{"DCP_SHARDING_INFO", part.sharding_info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}});
+        folder + "/" + file.name, contents.tensors,
+        {{"DCP_SHARDING_INFO", contents.sharding_info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}});
     file.bytes = written.bytes;
     std::map<std::string, uint32_t> crc_of_key;
-    for (size_t t = 0; t < part.tensors.size(); ++t) {
-      crc_of_key[part.tensors[t].first] = written.tensor_crc32[t];
+    for (size_t t = 0; t < contents.tensors.size(); ++t) {
+      crc_of_key[contents.tensors[t].first] = written.tensor_crc32[t];
     }
-    for (auto& piece : part.pieces) {
+    for (auto& piece : contents.pieces) {
       for (const char* kind : {"param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"}) {
         auto it = crc_of_key.find(tensor_key(kind, piece.param));
         if (it != crc_of_key.end()) piece.crc32[kind] = it->second;
       }
     }
-    file.pieces = std::move(part.pieces);
+    file.pieces = std::move(contents.pieces);
     files.push_back(std::move(file));
   }
   return files;

@@ -80,7 +80,7 @@ void load_full_params(FsdpState& state, const NamedTensors& tensors, const std::
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
     for (const auto& e : flat.entries()) {
-      if (!e.outside_shard()) e.in_shard(flat.shard()).copy_(flat.local_part(e, by_name.at(e.name)));
+      if (!e.outside_shard()) e.in_shard(flat.shard()).copy_(flat.local_piece(e, by_name.at(e.name)));
     }
   }
 }
