@@ -65,12 +65,13 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-void register_cpu_device() {
+DeviceSupport cpu_device_support() {
   DeviceSupport cpu;
+  cpu.type = c10::kCPU;
   cpu.make = [](const c10::Device&) { return std::make_unique<CpuDevice>(); };
   cpu.memory_stats = [](const c10::Device&) { return memory_stats(); };
   cpu.reset_peak_memory = [](const c10::Device&) { reset_peak_memory(); };
-  register_device(c10::kCPU, std::move(cpu));
+  return cpu;
 }
 
 }  // namespace fsdp

@@ -150,14 +150,15 @@ c10::Device initialized(const c10::Device& device) {
 
 }  // namespace
 
-void register_cuda_device() {
+DeviceSupport cuda_device_support() {
   DeviceSupport cuda;
+  cuda.type = c10::kCUDA;
   cuda.make = [](const c10::Device& device) { return std::make_unique<CudaDevice>(initialized(device)); };
   cuda.memory_stats = [](const c10::Device& device) { return cuda_memory_stats(initialized(device)); };
   cuda.reset_peak_memory = [](const c10::Device& device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(initialized(device).index());
   };
-  register_device(c10::kCUDA, std::move(cuda));
+  return cuda;
 }
 
 }  // namespace fsdp
