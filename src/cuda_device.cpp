@@ -23,7 +23,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
 #include <deque>
 #include <iostream>
 #include <vector>
@@ -41,9 +40,6 @@ class CudaDevice final : public Device {
     TORCH_CHECK(device.has_index() && device.index() < count, "fsdp: ", device.str(), " does not ",
                 "exist: this machine has ", count, " CUDA device(s). Put each rank's model on its ",
                 "own device, e.g. torch::Device(torch::kCUDA, LOCAL_RANK % device_count)");
-    // ProcessGroupNCCL then keeps a collective's tensors until it completes instead of calling
-    // recordStream ([Note: CUDA memory and streams]); read when the process group is made.
-    setenv("TORCH_NCCL_AVOID_RECORD_STREAMS", "1", /*overwrite=*/0);
     for (auto& stream : streams_) {
       stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
     }
