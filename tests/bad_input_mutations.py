@@ -89,8 +89,8 @@ GROUPS = [
     [
         ("zip-crc-unchecked", "src/io/tensor_file.cpp",
          "  check_zip_crcs(bytes, path);\n", "", ["--init-from, one tensor corrupted"]),
-        ("timeout-loose", "src/launch/distributed.cpp",
-         "TORCH_CHECK(end == value + std::strlen(value) && std::isfinite(seconds) && seconds >= 0.001 &&\n"
+        ("timeout-loose", "src/launch/environment_settings.cpp",
+         "TORCH_CHECK(end == value.c_str() + value.size() && std::isfinite(seconds) && seconds >= 0.001 &&\n"
          "                  seconds <= kMaxTimeoutSeconds,",
          "TORCH_CHECK(seconds > 0 || seconds != seconds,", ["FSDP_TIMEOUT_SECONDS=1e10"]),
         ("duplicate-rank-unnamed", "src/launch/distributed.cpp",
@@ -99,8 +99,8 @@ GROUPS = [
          "  std::string out;\n  bool unknown = false;",
          "  return message;\n  std::string out;\n  bool unknown = false;",
          ["peer killed mid-training, ring (survivor)"]),
-        ("omp-threads-unchecked", "src/launch/distributed.cpp",
-         "  check_omp_num_threads();\n", "", ["OMP_NUM_THREADS=abc"]),
+        ("omp-threads-unchecked", "src/launch/environment_settings.cpp",
+         "  check_omp_num_threads(threads);\n", "", ["OMP_NUM_THREADS=abc"]),
     ],
     [
         ("outputs-onto-inputs-unchecked", "examples/gpt/run_paths.cpp",

@@ -248,8 +248,9 @@ TEST(ShmCollectives, LeaveNoSegmentBehind) {
 
 TEST(ShmCollectives, AreTheCpuDevicesDefaultOnOneHost) {
   fsdp::ProcessGroup& world = *dist().world;
-  const char* forced = std::getenv("FSDP_CPU_COLLECTIVES");
-  if (world.size() == 1 || (forced && std::string(forced) == "ring")) GTEST_SKIP();
+  if (world.size() == 1 || world.settings().cpu_collectives == fsdp::CpuCollectives::Ring) {
+    GTEST_SKIP();
+  }
   ASSERT_TRUE(fsdp::all_on_one_host(world));
   const size_t mapped_before = mapped_segments().size();
   auto collectives = fsdp::make_device(c10::Device(c10::kCPU))->collectives(world);

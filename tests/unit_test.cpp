@@ -3,13 +3,17 @@
 #include <fsdp/fsdp.h>
 
 #include "data.h"
+#include "launch/environment_settings.h"
 #include "core/flat_param.h"
+#include "launch/gloo_backend.h"
 #include "launch/host_placement.h"
 #include "gpt.h"
 
 #include <gtest/gtest.h>
 
 #include "error_of.h"
+
+#include <sys/socket.h>
 
 #include <cstdlib>
 #include <map>
@@ -167,6 +171,55 @@ TEST(LaunchEnv, NamesEveryMissingVariableOfItsLauncher) {
   task["SLURM_NODEID"] = "2";  // only two nodes in 3(x2)
   message = error_of([&] { fsdp::LaunchEnv::from(lookup_in(task)); });
   EXPECT_NE(message.find("SLURM_NODEID='2'"), std::string::npos) << message;
+}
+
+TEST(EnvironmentSettings, ReadsTheLibrarysVariables) {
+  auto settings = fsdp::EnvironmentSettings::from(lookup_in({}));
+  EXPECT_FALSE(settings.threads_chosen);
+  EXPECT_FALSE(settings.timeout || settings.cpu_collectives || settings.cuda_collectives);
+  EXPECT_EQ(settings.gloo_socket_ifname, "");
+  settings = fsdp::EnvironmentSettings::from(lookup_in(
+      {{"OMP_NUM_THREADS", "2"}, {"FSDP_TIMEOUT_SECONDS", "1.5"}, {"FSDP_CPU_COLLECTIVES", "ring"},
+       {"FSDP_CUDA_COLLECTIVES", "staged"}, {"GLOO_SOCKET_IFNAME", "eth1"}}));
+  EXPECT_TRUE(settings.threads_chosen);
+  EXPECT_EQ(settings.timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(settings.cpu_collectives, fsdp::CpuCollectives::Ring);
+  EXPECT_EQ(settings.cuda_collectives, fsdp::CudaCollectives::Staged);
+  EXPECT_EQ(settings.gloo_socket_ifname, "eth1");
+  settings = fsdp::EnvironmentSettings::from(
+      lookup_in({{"FSDP_CPU_COLLECTIVES", "shm"}, {"FSDP_CUDA_COLLECTIVES", "nccl"}}));
+  EXPECT_EQ(settings.cpu_collectives, fsdp::CpuCollectives::SharedMemory);
+  EXPECT_EQ(settings.cuda_collectives, fsdp::CudaCollectives::Nccl);
+}
+
+TEST(EnvironmentSettings, MalformedValuesNameTheVariable) {
+  const std::pair<const char*, const char*> bad[] = {{"OMP_NUM_THREADS", "two"},
+                                                     {"FSDP_TIMEOUT_SECONDS", "1e10"},
+                                                     {"FSDP_CPU_COLLECTIVES", "bogus"},
+                                                     {"FSDP_CUDA_COLLECTIVES", "bogus"}};
+  for (const auto& [name, value] : bad) {
+    const std::string message =
+        error_of([&] { fsdp::EnvironmentSettings::from(lookup_in({{name, value}})); });
+    EXPECT_NE(message.find(std::string(name) + "='" + value + "'"), std::string::npos) << message;
+  }
+}
+
+// A blob as torch 2.13's Gloo writes it: the sockaddr_in's family (little-endian) at byte 18,
+// then the port (network order) and the IPv4 address.
+TEST(GlooAddress, ReadsThePortAndAddressOfTheKnownLayout) {
+  std::vector<uint8_t> blob(40, 0);
+  const uint8_t sockaddr[] = {AF_INET, 0, 0xA1, 0x22, 127, 0, 0, 1};
+  std::copy(std::begin(sockaddr), std::end(sockaddr), blob.begin() + 18);
+  const fsdp::GlooListeningAddress address = fsdp::parse_gloo_listening_address(blob);
+  EXPECT_EQ(address.port, 0xA122);
+  EXPECT_EQ(address.ipv4, "127.0.0.1");
+}
+
+TEST(GlooAddress, AnUnknownLayoutSaysSo) {
+  for (const std::vector<uint8_t>& blob : {std::vector<uint8_t>(40, 0xFF), std::vector<uint8_t>(10, 0)}) {
+    const std::string message = error_of([&] { fsdp::parse_gloo_listening_address(blob); });
+    EXPECT_NE(message.find("not in the layout this build knows"), std::string::npos) << message;
+  }
 }
 
 TEST(LaunchEnv, SlurmListsAreExpanded) {

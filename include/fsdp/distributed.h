@@ -50,12 +50,41 @@ std::string first_slurm_node(const std::string& node_list);
 /// "2(x3),1" -> {2, 2, 2, 1}: Slurm's tasks per node, one entry per node.
 std::vector<int> parse_slurm_tasks_per_node(const std::string& text);
 
+/// How the collectives of CPU tensors run. Every rank of a job must choose the same.
+enum class CpuCollectives {
+  /// Through a shared-memory segment when every rank of a group is on one host (one copy in and
+  /// one out per byte; the same results and byte counts as the ring), else Ring.
+  SharedMemory,
+  /// Rings over Gloo's send/recv, also across hosts.
+  Ring,
+};
+
+/// How the collectives of CUDA tensors run. Every rank of a job must choose the same.
+enum class CudaCollectives {
+  Nccl,    ///< NCCL's own
+  Staged,  ///< rings over Gloo through pinned host buffers: for ranks that share a GPU
+};
+
+/// What the members of a process group agreed on when the job started; subgroups inherit it.
+struct GroupSettings {
+  CpuCollectives cpu_collectives = CpuCollectives::SharedMemory;
+  CudaCollectives cuda_collectives = CudaCollectives::Nccl;
+  /// The network interface Gloo listens on (GLOO_SOCKET_IFNAME); empty: the one that reaches the
+  /// master's address.
+  std::string socket_interface;
+};
+
 struct InitOptions {
   /// How long a collective or a rendezvous waits for a peer before it fails (never a hang).
   /// The environment variable FSDP_TIMEOUT_SECONDS overrides it.
   TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(5);
-  /// Give each rank cores / LOCAL_WORLD_SIZE intra-op threads, so local ranks do not thrash.
+  /// Give each rank cores / LOCAL_WORLD_SIZE intra-op threads, so local ranks do not thrash
+  /// (unless OMP_NUM_THREADS is set).
   TORCH_ARG(bool, set_threads) = true;
+  /// Unset: FSDP_CPU_COLLECTIVES ("shm" or "ring"), else shared memory.
+  TORCH_ARG(std::optional<CpuCollectives>, cpu_collectives) = std::nullopt;
+  /// Unset: FSDP_CUDA_COLLECTIVES ("nccl" or "staged"), else NCCL.
+  TORCH_ARG(std::optional<CudaCollectives>, cuda_collectives) = std::nullopt;
 };
 
 /// A set of ranks that communicate through one c10d backend (Gloo on CPU), plus a store for
@@ -64,7 +93,7 @@ class ProcessGroup {
  public:
   ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend, c10::intrusive_ptr<c10d::Store> store,
                int rank, int size, std::chrono::milliseconds timeout, std::string name,
-               std::string hostname);
+               std::string hostname, GroupSettings settings = {});
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -72,6 +101,7 @@ class ProcessGroup {
   std::chrono::milliseconds timeout() const { return timeout_; }
   c10d::Backend& backend() const { return *backend_; }
   c10d::Store& store() const { return *store_; }
+  const GroupSettings& settings() const { return settings_; }
   /// The host name of each rank of this group (gethostname(), exchanged at start-up).
   const std::vector<std::string>& hosts() const { return hosts_; }
   void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }
@@ -91,6 +121,7 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   std::string name_;
   std::string hostname_;  // picks the network device of subgroups
+  GroupSettings settings_;
   std::vector<std::string> hosts_;
   std::vector<int> world_ranks_;  // of each member
   int64_t store_sequence_ = 0;
@@ -106,7 +137,9 @@ struct Distributed {
 
 /// Joins the job described by the environment (LaunchEnv): TCPStore rendezvous on
 /// MASTER_ADDR:MASTER_PORT (rank 0 serves it, or torchrun's elastic agent does), the ranks'
-/// host names exchanged, then a Gloo process group over all ranks.
+/// host names exchanged, then a Gloo process group over all ranks. The library's environment
+/// variables (FSDP_TIMEOUT_SECONDS, FSDP_CPU_COLLECTIVES, FSDP_CUDA_COLLECTIVES, OMP_NUM_THREADS,
+/// GLOO_SOCKET_IFNAME) are read here, once.
 ///
 /// Example:
 ///   auto dist = fsdp::init_distributed();

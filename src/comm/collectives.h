@@ -1,14 +1,15 @@
 #pragma once
 // The collectives FSDP needs, behind one interface: all-gather into a persistent flat buffer,
-// reduce-scatter out of one, all-reduce and broadcast. The ring implementation moves exactly the
-// bytes of DESIGN.md's formulas over any c10d backend's send/recv (Gloo's own all-gather copies
-// through a fresh buffer, and its reduce-scatter is an all-reduce in disguise). A backend with
-// native collectives (NCCL) can implement the same interface.
+// reduce-scatter out of one, all-reduce and broadcast. Implementations: rings over any c10d
+// backend's send/recv (ring_collectives.cpp), shared memory between the ranks of one host
+// (shm_collectives.h), NCCL's own (nccl_collectives.cpp), and device tensors staged through host
+// buffers (staged_collectives.cpp). Each counts the bytes it sends (comm_stats.cpp).
 
 #include <fsdp/distributed.h>
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 
 namespace fsdp {
@@ -39,8 +40,24 @@ std::unique_ptr<Collectives> make_ring_collectives(ProcessGroup& group);
 /// `host` (rings over Gloo): lets ranks that share a GPU, which NCCL refuses, run the CUDA path.
 std::unique_ptr<Collectives> make_staged_collectives(std::unique_ptr<Collectives> host);
 
+/// A host tensor shaped like `t`, pinned when `t` is on a GPU: where a device tensor's
+/// collective over Gloo runs.
+at::Tensor host_staging_buffer(const at::Tensor& t);
+
 /// What one rank sent, for comm_stats(): every Collectives implementation counts here.
 enum class CollectiveKind { AllGather, ReduceScatter, AllReduce, Broadcast };
 void count_sent_bytes(CollectiveKind kind, int64_t bytes);
+
+/// Whom a collective waits on: this rank's ring neighbours, or every other member of the group.
+enum class PeersWaitedOn { RingNeighbours, AllMembers };
+/// Runs `collective` (`what`, over `group`), turning whatever the backend throws (a timeout, a
+/// closed connection) into one error that names the peers waited on and what to look at next.
+void run_guarded(const ProcessGroup& group, const char* what, PeersWaitedOn peers,
+                 const std::function<void()>& collective);
+
+/// t <- the sum of t over `group`, by its backend's own all-reduce; t is a host tensor.
+void backend_all_reduce_sum(ProcessGroup& group, const at::Tensor& t);
+/// t <- rank `root`'s t, by the backend's own broadcast; t is a host tensor.
+void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root);
 
 }  // namespace fsdp

@@ -13,6 +13,24 @@ namespace {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
+// [Note: NCCL without recordStream]
+// By default ProcessGroupNCCL calls recordStream on a collective's tensors, so that the caching
+// allocator keeps their blocks until its NCCL stream is done with them: it then holds such blocks
+// until it next polls its events, the over-allocation [Note: CUDA memory and streams] avoids.
+// Without recordStream it keeps references to the tensors until the work is waited on, which
+// run() does at once (the lane's stream then waits on NCCL's), and release_after keeps the bytes
+// of the gradients until the lane's event has completed. The switch is no field of
+// ProcessGroupNCCL::Options: its constructor reads TORCH_NCCL_AVOID_RECORD_STREAMS into a
+// protected member, which this subclass sets, leaving the process's environment alone.
+class NcclBackendWithoutRecordStream final : public c10d::ProcessGroupNCCL {
+ public:
+  NcclBackendWithoutRecordStream(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                 c10::intrusive_ptr<Options> options)
+      : ProcessGroupNCCL(store, rank, size, std::move(options)) {
+    avoidRecordStreams_ = true;
+  }
+};
+
 class NcclCollectives final : public Collectives {
  public:
   NcclCollectives(ProcessGroup& group, const c10::Device& device) : group_(group), device_(device) {
@@ -23,7 +41,8 @@ class NcclCollectives final : public Collectives {
     auto store = c10::make_intrusive<c10d::PrefixStore>(
         group.next_store_key("nccl"),
         c10::intrusive_ptr<c10d::Store>::unsafe_reclaim_from_nonowning(&group.store()));
-    backend_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, group.rank(), group.size(), options);
+    backend_ = c10::make_intrusive<NcclBackendWithoutRecordStream>(store, group.rank(), group.size(),
+                                                                   options);
   }
 
   int rank() const override { return group_.rank(); }

@@ -19,7 +19,7 @@ class StagedCollectives final : public Collectives {
   int size() const override { return host_->size(); }
 
   void all_gather(const at::Tensor& full, const at::Tensor& shard) override {
-    at::Tensor host_full = staging(full);
+    at::Tensor host_full = host_staging_buffer(full);
     const int64_t s = shard.numel();
     at::Tensor host_shard = host_full.narrow(0, rank() * s, s);
     host_shard.copy_(shard);
@@ -28,7 +28,7 @@ class StagedCollectives final : public Collectives {
   }
 
   void reduce_scatter_sum(const at::Tensor& shard, const at::Tensor& full) override {
-    at::Tensor host_full = staging(full);
+    at::Tensor host_full = host_staging_buffer(full);
     host_full.copy_(full);
     at::Tensor host_shard = host_full.narrow(0, rank() * shard.numel(), shard.numel());
     host_->reduce_scatter_sum(host_shard, host_full);
@@ -36,30 +36,29 @@ class StagedCollectives final : public Collectives {
   }
 
   void all_reduce_sum(const at::Tensor& t) override {
-    at::Tensor host = staging(t);
+    at::Tensor host = host_staging_buffer(t);
     host.copy_(t);
     host_->all_reduce_sum(host);
     t.copy_(host);
   }
 
   void broadcast(const at::Tensor& t, int root) override {
-    at::Tensor host = staging(t);
+    at::Tensor host = host_staging_buffer(t);
     host.copy_(t);
     host_->broadcast(host, root);
     t.copy_(host);
   }
 
  private:
-  // A host tensor like `t` (1-D or not), pinned when `t` is on a GPU.
-  static at::Tensor staging(const at::Tensor& t) {
-    auto options = t.options().device(at::kCPU).pinned_memory(!t.is_cpu());
-    return at::empty(t.sizes(), options);
-  }
-
   std::unique_ptr<Collectives> host_;
 };
 
 }  // namespace
+
+at::Tensor host_staging_buffer(const at::Tensor& t) {
+  auto options = t.options().device(at::kCPU).pinned_memory(!t.is_cpu());
+  return at::empty(t.sizes(), options);
+}
 
 std::unique_ptr<Collectives> make_staged_collectives(std::unique_ptr<Collectives> host) {
   return std::make_unique<StagedCollectives>(std::move(host));

@@ -1,9 +1,10 @@
 #include <fsdp/options.h>
 
+#include "launch/environment_settings.h"
+
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
 #include <utility>
 
 namespace fsdp {
@@ -74,8 +75,7 @@ int FullyShardOptions::shard_group_size_for(int world_size) const {
   if (strategy() == ShardingStrategy::NoShard) return 1;
   if (!is_hybrid(strategy())) return world_size;
   if (shard_group_size() > 0) return shard_group_size();
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");
-  return local ? std::atoi(local) : world_size;
+  return local_world_size_from_environment().value_or(world_size);
 }
 
 c10::ScalarType parse_dtype(const std::string& name) {

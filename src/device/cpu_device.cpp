@@ -5,7 +5,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -17,22 +16,14 @@ namespace {
 // When every rank of a group runs on one host, its collectives go through a shared-memory
 // segment (shm_collectives.h): one copy in and one copy (or reduction) out per byte instead of
 // the ring's send, receive and extra copies through Gloo's sockets, with results bitwise the
-// ring's and the same byte accounting. FSDP_CPU_COLLECTIVES=ring forces the ring (the fallback,
-// for groups across hosts and for tests); unset or "shm" picks shared memory where it applies.
-// A group whose segment cannot be set up on some rank (/dev/shm full or not shared) falls back
-// to the ring on every rank, with a warning. Every rank must see the same setting.
-bool shared_memory_wanted() {
-  const char* value = std::getenv("FSDP_CPU_COLLECTIVES");
-  const std::string choice = value == nullptr ? "" : value;
-  TORCH_CHECK(choice.empty() || choice == "shm" || choice == "ring",
-              "environment variable FSDP_CPU_COLLECTIVES='", choice,
-              "' must be 'shm' (shared memory between ranks on one host, the default) or 'ring' "
-              "(Gloo's send/recv, also across hosts)");
-  return choice != "ring";
-}
-
+// ring's and the same byte accounting. CpuCollectives::Ring (FSDP_CPU_COLLECTIVES=ring) forces
+// the ring (the fallback, for groups across hosts and for tests); the default, SharedMemory,
+// picks shared memory where it applies. A group whose segment cannot be set up on some rank
+// (/dev/shm full or not shared) falls back to the ring on every rank, with a warning. Every rank
+// must choose the same (the group's settings, from init_distributed).
 std::unique_ptr<Collectives> cpu_collectives(ProcessGroup& group) {
-  if (group.size() == 1 || !shared_memory_wanted() || !all_on_one_host(group)) {
+  const bool ring_wanted = group.settings().cpu_collectives == CpuCollectives::Ring;
+  if (group.size() == 1 || ring_wanted || !all_on_one_host(group)) {
     return make_ring_collectives(group);
   }
   std::string why_not;
@@ -65,12 +56,13 @@ class CpuDevice final : public Device {
 
 }  // namespace
 
-void register_cpu_device() {
+DeviceSupport cpu_device_support() {
   DeviceSupport cpu;
+  cpu.type = c10::kCPU;
   cpu.make = [](const c10::Device&) { return std::make_unique<CpuDevice>(); };
   cpu.memory_stats = [](const c10::Device&) { return memory_stats(); };
   cpu.reset_peak_memory = [](const c10::Device&) { reset_peak_memory(); };
-  register_device(c10::kCPU, std::move(cpu));
+  return cpu;
 }
 
 }  // namespace fsdp

@@ -23,7 +23,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
 #include <deque>
 #include <iostream>
 #include <vector>
@@ -34,27 +33,13 @@ std::unique_ptr<Collectives> make_nccl_collectives(ProcessGroup& group, const c1
 
 namespace {
 
-// NCCL refuses ranks that share a GPU; FSDP_CUDA_COLLECTIVES=staged runs the collectives over
-// Gloo through pinned host buffers instead (tests with W ranks on one GPU).
-bool staged_collectives() {
-  const char* mode = std::getenv("FSDP_CUDA_COLLECTIVES");
-  const std::string value = mode ? mode : "";
-  TORCH_CHECK(value.empty() || value == "nccl" || value == "staged", "FSDP_CUDA_COLLECTIVES='",
-              value, "': use 'nccl' (the default) or 'staged' (Gloo through host memory, for ranks "
-              "that share a GPU)");
-  return value == "staged";
-}
-
 class CudaDevice final : public Device {
  public:
-  explicit CudaDevice(const c10::Device& device) : device_(device), staged_(staged_collectives()) {
+  explicit CudaDevice(const c10::Device& device) : device_(device) {
     const int count = c10::cuda::device_count();
     TORCH_CHECK(device.has_index() && device.index() < count, "fsdp: ", device.str(), " does not ",
                 "exist: this machine has ", count, " CUDA device(s). Put each rank's model on its ",
                 "own device, e.g. torch::Device(torch::kCUDA, LOCAL_RANK % device_count)");
-    // ProcessGroupNCCL then keeps a collective's tensors until it completes instead of calling
-    // recordStream ([Note: CUDA memory and streams]); read when the process group is made.
-    setenv("TORCH_NCCL_AVOID_RECORD_STREAMS", "1", /*overwrite=*/0);
     for (auto& stream : streams_) {
       stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index());
     }
@@ -86,7 +71,11 @@ class CudaDevice final : public Device {
   }
 
   std::unique_ptr<Collectives> collectives(ProcessGroup& group) override {
-    if (staged_) return make_staged_collectives(make_ring_collectives(group));
+    // NCCL refuses ranks that share a GPU: staged, their collectives run over Gloo through
+    // pinned host buffers instead (tests with W ranks on one GPU).
+    if (group.settings().cuda_collectives == CudaCollectives::Staged) {
+      return make_staged_collectives(make_ring_collectives(group));
+    }
     return make_nccl_collectives(group, device_);
   }
 
@@ -116,7 +105,6 @@ class CudaDevice final : public Device {
   }
 
   c10::Device device_;
-  bool staged_;
   std::optional<c10::cuda::CUDAStream> streams_[2];
   std::vector<c10::DataPtr> pending_;  // of the running task; communication thread only
   std::deque<Retiring> retiring_;      // communication thread only
@@ -150,14 +138,15 @@ c10::Device initialized(const c10::Device& device) {
 
 }  // namespace
 
-void register_cuda_device() {
+DeviceSupport cuda_device_support() {
   DeviceSupport cuda;
+  cuda.type = c10::kCUDA;
   cuda.make = [](const c10::Device& device) { return std::make_unique<CudaDevice>(initialized(device)); };
   cuda.memory_stats = [](const c10::Device& device) { return cuda_memory_stats(initialized(device)); };
   cuda.reset_peak_memory = [](const c10::Device& device) {
     c10::cuda::CUDACachingAllocator::resetPeakStats(initialized(device).index());
   };
-  register_device(c10::kCUDA, std::move(cuda));
+  return cuda;
 }
 
 }  // namespace fsdp

@@ -13,9 +13,10 @@
 //    memory until the allocator next looks).
 // The policy of a unit's communication (copy-in, casts, divisors, reductions, accumulation:
 // unit_comm.h) and the state machine (ParamGroup) are shared. A device is a file with a function
-// register_<name>_device() that calls register_device for its c10::DeviceType, named in
-// FSDP_DEVICES in src/CMakeLists.txt, which generates the call of every such function (a static
-// initializer would be dropped by the linker from a static library).
+// <name>_device_support() returning its DeviceSupport, named in FSDP_DEVICES in
+// src/CMakeLists.txt, which generates builtin_devices() calling every such function: the set of
+// devices is fixed when the library is built, so it is a constant table rather than a registry
+// filled at run time (a static initializer would be dropped by the linker from a static library).
 
 #include "comm/collectives.h"
 #include "comm/comm_thread.h"
@@ -27,6 +28,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace fsdp {
 
@@ -49,15 +51,14 @@ class Device {
 
 /// What a device type provides: its Device, and its memory statistics (fsdp/memory.h).
 struct DeviceSupport {
+  c10::DeviceType type;
   std::function<std::unique_ptr<Device>(const c10::Device&)> make;
   std::function<MemoryStats(const c10::Device&)> memory_stats;
   std::function<void(const c10::Device&)> reset_peak_memory;
 };
 
-/// Makes `type` available (from the device's register_<name>_device()).
-void register_device(c10::DeviceType type, DeviceSupport support);
-/// Registers the devices this build has (generated from FSDP_DEVICES).
-void register_builtin_devices();
+/// The devices this build has (generated from FSDP_DEVICES).
+std::vector<DeviceSupport> builtin_devices();
 
 /// The Device for `device`; an error naming the fix when this build does not support it.
 std::unique_ptr<Device> make_device(const c10::Device& device);

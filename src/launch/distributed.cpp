@@ -1,6 +1,7 @@
 #include <fsdp/distributed.h>
 #include <fsdp/peer_errors.h>
 
+#include "launch/environment_settings.h"
 #include "launch/gloo_backend.h"
 #include "launch/listener_probe.h"
 
@@ -10,15 +11,10 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <arpa/inet.h>
 #include <csignal>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <regex>
 #include <thread>
@@ -27,37 +23,10 @@ namespace fsdp {
 
 namespace {
 
-// A week: longer is a typo, and every wait converts it to int milliseconds somewhere.
-constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
-
-std::chrono::milliseconds timeout_from_env(std::chrono::milliseconds fallback) {
-  const char* value = std::getenv("FSDP_TIMEOUT_SECONDS");
-  if (value == nullptr || *value == '\0') return fallback;
-  char* end = nullptr;
-  const double seconds = std::strtod(value, &end);
-  TORCH_CHECK(end == value + std::strlen(value) && std::isfinite(seconds) && seconds >= 0.001 &&
-                  seconds <= kMaxTimeoutSeconds,
-              "environment variable FSDP_TIMEOUT_SECONDS='", value,
-              "' must be a number of seconds in [0.001, ", static_cast<int64_t>(kMaxTimeoutSeconds),
-              "] (how long to wait for a peer rank before failing; unset: 300)");
-  return std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000)));
-}
-
 // What an exception says, without the C++ backtrace that c10::Error::what() appends.
 std::string message_of(const std::exception& e) {
   if (auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
   return e.what();
-}
-
-void check_omp_num_threads() {
-  const char* value = std::getenv("OMP_NUM_THREADS");
-  if (value == nullptr || *value == '\0') return;
-  char* end = nullptr;
-  const long threads = std::strtol(value, &end, 10);
-  TORCH_CHECK(end == value + std::strlen(value) && threads >= 1 && threads <= 4096,
-              "environment variable OMP_NUM_THREADS='", value,
-              "' must be a whole number of threads in [1, 4096] (or unset it: each rank then "
-              "gets cores / LOCAL_WORLD_SIZE)");
 }
 
 // Every rank announces itself in the store before the process group forms, so that a RANK
@@ -100,10 +69,8 @@ void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::m
 }
 
 // Gloo names a peer by its socket address ("[127.0.0.1]:41234"), not by its rank. Every rank's
-// Gloo listening address, read once from the store after the world group connects (the key Gloo's
-// full-mesh rendezvous writes: "0/RANK" under the group's prefix, whose serialized address has
-// the sockaddr's family at byte 18 and the port and IPv4 address after it, in torch 2.13's
-// layout; anything else is skipped).
+// Gloo listening address, read once from the store after the world group connects
+// (parse_gloo_listening_address; a rank whose address cannot be read is left out).
 struct PeerTable {
   std::map<int, int> rank_of_port;
   std::multimap<std::string, int> ranks_of_address;
@@ -118,20 +85,10 @@ PeerTable& peers() {
 void record_gloo_addresses(c10d::Store& world_store, int world_size) {
   for (int r = 0; r < world_size; ++r) {
     try {
-      const std::vector<uint8_t> blob = world_store.get("0/" + std::to_string(r));
-      for (size_t at = 16; at + 8 <= blob.size() && at <= 24; at += 2) {
-        const bool inet = (blob[at] == AF_INET || blob[at] == AF_INET6) && blob[at + 1] == 0;
-        const int port = blob[at + 2] << 8 | blob[at + 3];
-        if (!inet || port == 0) continue;
-        peers().rank_of_port[port] = r;
-        if (blob[at] == AF_INET) {
-          char text[INET_ADDRSTRLEN] = {};
-          if (inet_ntop(AF_INET, &blob[at + 4], text, sizeof(text))) {
-            peers().ranks_of_address.emplace(text, r);
-          }
-        }
-        break;
-      }
+      const GlooListeningAddress address =
+          parse_gloo_listening_address(world_store.get("0/" + std::to_string(r)));
+      peers().rank_of_port[address.port] = r;
+      if (!address.ipv4.empty()) peers().ranks_of_address.emplace(address.ipv4, r);
     } catch (const std::exception&) {
       // Best effort: without the table, errors keep Gloo's own wording.
     }
@@ -209,7 +166,6 @@ std::vector<std::string> read_hosts(c10d::Store& store, int world_size) {
 }
 
 void set_threads_per_rank(int local_world_size) {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;  // the user (or fsdprun) decided
   int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(std::max(1, cores / local_world_size));
 }
@@ -219,14 +175,15 @@ void set_threads_per_rank(int local_world_size) {
 ProcessGroup::ProcessGroup(c10::intrusive_ptr<c10d::Backend> backend,
                            c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                            std::chrono::milliseconds timeout, std::string name,
-                           std::string hostname)
+                           std::string hostname, GroupSettings settings)
     : backend_(std::move(backend)),
       store_(std::move(store)),
       rank_(rank),
       size_(size),
       timeout_(timeout),
       name_(std::move(name)),
-      hostname_(std::move(hostname)) {
+      hostname_(std::move(hostname)),
+      settings_(std::move(settings)) {
   for (int r = 0; r < size_; ++r) world_ranks_.push_back(r);
 }
 
@@ -249,8 +206,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ran
   auto store = c10::make_intrusive<c10d::PrefixStore>(key, store_);
   const int rank = static_cast<int>(me - ranks.begin());
   const int size = static_cast<int>(ranks.size());
-  auto backend = make_gloo_backend(store, rank, size, timeout_, hostname_);
-  auto group = std::make_shared<ProcessGroup>(backend, store, rank, size, timeout_, key, hostname_);
+  auto backend =
+      make_gloo_backend(store, rank, size, timeout_, hostname_, settings_.socket_interface);
+  auto group = std::make_shared<ProcessGroup>(backend, store, rank, size, timeout_, key, hostname_,
+                                              settings_);
   group->world_ranks_.clear();
   for (int r : ranks) group->world_ranks_.push_back(world_ranks_.at(r));
   if (!hosts_.empty()) {
@@ -290,6 +249,17 @@ class QuietC10dLogs {
   int saved_;
 };
 
+// The options' choices, else the environment's, else the defaults.
+GroupSettings settings_of_group(const InitOptions& options, const EnvironmentSettings& settings) {
+  GroupSettings group;
+  group.cpu_collectives =
+      options.cpu_collectives().value_or(settings.cpu_collectives.value_or(group.cpu_collectives));
+  group.cuda_collectives = options.cuda_collectives().value_or(
+      settings.cuda_collectives.value_or(group.cuda_collectives));
+  group.socket_interface = settings.gloo_socket_ifname;
+  return group;
+}
+
 }  // namespace
 
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
@@ -298,9 +268,10 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   dist->env = LaunchEnv::from_environment();
   const LaunchEnv& env = dist->env;
   if (env.launcher != "torchrun") env.export_to_environment();  // [Note: launchers]
-  check_omp_num_threads();
-  if (options.set_threads()) set_threads_per_rank(env.local_world_size);
-  auto timeout = timeout_from_env(options.timeout());
+  const EnvironmentSettings settings = EnvironmentSettings::from_environment();
+  if (options.set_threads() && !settings.threads_chosen) set_threads_per_rank(env.local_world_size);
+  const auto timeout = settings.timeout.value_or(options.timeout());
+  const GroupSettings group_settings = settings_of_group(options, settings);
   // The rendezvous, on every rank, ends within one timeout: a lone rank gives up in time.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   QuietC10dLogs quiet;
@@ -311,7 +282,8 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
   c10::intrusive_ptr<c10d::Backend> backend;
   try {
-    backend = make_gloo_backend(world_store, env.rank, env.world_size, timeout, env.master_addr);
+    backend = make_gloo_backend(world_store, env.rank, env.world_size, timeout, env.master_addr,
+                                group_settings.socket_interface);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", env.rank, ": connecting the ", env.world_size,
                 " ranks (Gloo) failed: ", message_of(e),
@@ -319,7 +291,7 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
                 "name a network interface of this machine)");
   }
   dist->world = std::make_shared<ProcessGroup>(backend, world_store, env.rank, env.world_size,
-                                               timeout, "world", env.master_addr);
+                                               timeout, "world", env.master_addr, group_settings);
   dist->world->set_hosts(read_hosts(*store, env.world_size));
   peers().my_rank = env.rank;
   record_gloo_addresses(*world_store, env.world_size);

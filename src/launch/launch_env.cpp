@@ -11,6 +11,8 @@
 // Open MPI gives neither: mpirun -x MASTER_ADDR=... -x MASTER_PORT=... must pass them.
 #include <fsdp/distributed.h>
 
+#include "launch/environment_settings.h"
+
 #include <c10/util/Exception.h>
 
 #include <cstdlib>
@@ -220,13 +222,7 @@ LaunchEnv LaunchEnv::from(const EnvLookup& lookup) {
   return from_torchrun(lookup);
 }
 
-LaunchEnv LaunchEnv::from_environment() {
-  return from([](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    if (value == nullptr) return std::nullopt;
-    return std::string(value);
-  });
-}
+LaunchEnv LaunchEnv::from_environment() { return from(process_environment()); }
 
 void LaunchEnv::export_to_environment() const {
   const std::pair<const char*, std::string> values[] = {

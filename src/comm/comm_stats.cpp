@@ -1,0 +1,59 @@
+// The bytes each kind of collective sent from this process, summed over every process group and
+// every Collectives implementation (comm_stats.h).
+#include "comm/collectives.h"
+
+#include <fsdp/comm_stats.h>
+
+#include <atomic>
+
+namespace fsdp {
+
+namespace {
+
+struct Counters {
+  std::atomic<int64_t> all_gather{0};
+  std::atomic<int64_t> reduce_scatter{0};
+  std::atomic<int64_t> all_reduce{0};
+  std::atomic<int64_t> broadcast{0};
+};
+
+Counters& counters() {
+  static Counters instance;
+  return instance;
+}
+
+std::atomic<int64_t>& counter_of(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::AllGather:
+      return counters().all_gather;
+    case CollectiveKind::ReduceScatter:
+      return counters().reduce_scatter;
+    case CollectiveKind::AllReduce:
+      return counters().all_reduce;
+    case CollectiveKind::Broadcast:
+      break;
+  }
+  return counters().broadcast;
+}
+
+}  // namespace
+
+void count_sent_bytes(CollectiveKind kind, int64_t bytes) { counter_of(kind) += bytes; }
+
+CommStats comm_stats() {
+  CommStats s;
+  s.all_gather_bytes = counters().all_gather.load();
+  s.reduce_scatter_bytes = counters().reduce_scatter.load();
+  s.all_reduce_bytes = counters().all_reduce.load();
+  s.broadcast_bytes = counters().broadcast.load();
+  return s;
+}
+
+void reset_comm_stats() {
+  counters().all_gather = 0;
+  counters().reduce_scatter = 0;
+  counters().all_reduce = 0;
+  counters().broadcast = 0;
+}
+
+}  // namespace fsdp
