@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The device check of issue 10, on a machine with an NVIDIA GPU (made for the device tool's H200:
-# its own python3 with a CUDA PyTorch, nvcc, CMake, ninja, g++, no Debian dev packages, no
-# network). In under 8 minutes in all:
+# The device check (bench/README.md, "On a GPU"), on a machine with an NVIDIA GPU (made for the
+# device tool's H200: its own python3 with a CUDA PyTorch, nvcc, CMake, ninja, g++, no Debian dev
+# packages, no network). In under 8 minutes in all:
 #   1. builds gpt_train and fsdprun against that machine's PyTorch (Release, Ninja) into build-gpu/,
 #      then runs two steps of every program on a tiny model (the smoke step: seconds; it stops the
 #      check at the first program that fails, naming it);

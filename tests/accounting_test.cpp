@@ -1,5 +1,5 @@
 // Memory and communication per rank, measured with the counting allocator and the byte counters,
-// against the formulas of DESIGN.md computed from the units' sizes.
+// against bounds computed from the units' sizes (model_sizes.h), each stated where it is checked.
 #include "dist_env.h"
 #include "model_sizes.h"
 

@@ -1,4 +1,4 @@
-"""The GPU checks of issue 10: gpt_train sharded by fsdp-cpp against plain LibTorch on one GPU.
+"""The GPU checks: gpt_train sharded by fsdp-cpp against plain LibTorch on one GPU.
 
     python3 tests/gpu_check.py [--build build-gpu] [--out bench/results/gpu-check.json]
     python3 tests/gpu_check.py --dry-run           # print the commands, run nothing
@@ -37,7 +37,7 @@ Tolerances (relative difference of the losses, |a - b| / |b|, at step 0 and at e
   bf16 against fp32: every step <= 2e-2: bf16's 8-bit mantissa moves the loss by ~1e-3 at step 0;
     a model that stopped learning or a policy that broke the masters departs by far more.
 
-Memory bound at W = 1 (DESIGN.md's FULL_SHARD formula with F = 1; psi: element counts from the
+Memory bound at W = 1 (the FULL_SHARD bound of bench/README.md, "Bound", with W = 1; psi: element counts from the
 model's shapes, Psi = sum over units):
   bound = 16 Psi                   fp32 parameters, gradients and AdamW's two moments
         + 8 psi_root               the root unit's unsharded parameters and gradients

@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 in and out (issue 13, item 2): a randomly initialised transformers
+"""Hugging Face GPT-2 in and out: a randomly initialised transformers
 GPT2LMHeadModel saved with save_pretrained (one file, and sharded with its index) is loaded by
 gpt_train --init-from-hf at W = 2, each rank reading only its shard; its loss and logits on a
 fixed batch of token ids equal transformers' within 1e-5; the set-up peak per rank stays within

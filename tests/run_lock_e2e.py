@@ -7,8 +7,8 @@ fresh folder within a few milliseconds of each other. Asserted per trial: at lea
 trains to the end; a job that does not was refused by the run lock with a message naming the
 run that holds the folder (host, pid) and the lock file, within seconds; and the checkpoint that
 `latest` names then loads (a third run resumes from it, every tensor's CRC-32 checked) at the
-step the finished job saved. Without the lock, both jobs write the same step folders: in the
-issue that found it, 2 of 5 trials left a `latest` whose checkpoint no longer loaded."""
+step the finished job saved. Without the lock, both jobs write the same step folders: when the
+race was found, 2 of 5 trials left a `latest` whose checkpoint no longer loaded."""
 import os
 import subprocess
 import sys

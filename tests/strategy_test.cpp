@@ -1,5 +1,6 @@
 // Every sharding strategy trains the GPT like unsharded training on the same global batch, and
-// moves exactly the bytes of DESIGN.md's formulas through each kind of collective.
+// moves exactly the bytes that the ring algorithms send, computed from the units' sizes
+// (model_sizes.h), through each kind of collective.
 #include "dist_env.h"
 #include "model_sizes.h"
 #include "parity_check.h"

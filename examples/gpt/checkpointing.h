@@ -5,7 +5,7 @@
 // resuming at step s trains on exactly the batches the uninterrupted run would have.
 
 #include "gpt.h"
-#include "trainer.h"
+#include "train_options.h"
 
 #include <fsdp/run_lock.h>
 #include <torch/optim/adamw.h>

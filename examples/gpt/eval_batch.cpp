@@ -2,6 +2,9 @@
 
 #include "token_file.h"
 
+#include <fsdp/tensor_file.h>
+
+#include <cstdio>
 #include <limits>
 
 namespace gpt {
@@ -21,6 +24,19 @@ EvalResult evaluate(fsdp::Unit<GPT>& model, const EvalBatch& batch, const c10::D
   result.loss = lm_loss(logits, batch.targets.to(device)).item<double>();
   result.logits = logits.to(torch::kCPU, torch::kFloat);
   return result;
+}
+
+void write_eval(const std::string& path, const EvalBatch& batch, const EvalResult& initial,
+                const EvalResult& final) {
+  std::printf("eval loss: initial %.8f final %.8f\n", initial.loss, final.loss);
+  std::fflush(stdout);
+  if (path.empty()) return;
+  fsdp::save_tensor_dict(path, {{"inputs", batch.inputs},
+                                {"targets", batch.targets},
+                                {"loss_initial", torch::tensor(initial.loss, torch::kDouble)},
+                                {"logits_initial", initial.logits},
+                                {"loss_final", torch::tensor(final.loss, torch::kDouble)},
+                                {"logits_final", final.logits}});
 }
 
 }  // namespace gpt

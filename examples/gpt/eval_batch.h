@@ -27,4 +27,10 @@ struct EvalResult {
 /// sharded).
 EvalResult evaluate(fsdp::Unit<GPT>& model, const EvalBatch& batch, const c10::Device& device);
 
+/// Prints both losses and, unless `path` is empty (no --eval-out), writes the batch and both
+/// results there (torch.load: inputs, targets, loss_initial, logits_initial, loss_final,
+/// logits_final).
+void write_eval(const std::string& path, const EvalBatch& batch, const EvalResult& initial,
+                const EvalResult& final);
+
 }  // namespace gpt

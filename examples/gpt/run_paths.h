@@ -3,7 +3,7 @@
 // and can be read to an end, outputs can be written, and no output is an input (or inside an
 // input folder, or holds one): a run never overwrites what it reads.
 
-#include "trainer.h"
+#include "train_options.h"
 
 #include <string>
 

@@ -1,0 +1,209 @@
+#include "command_line.h"
+
+#include "flag_validators.h"
+#include "usage_checks.h"
+
+#include <limits>
+#include <optional>
+
+namespace gpt {
+
+namespace {
+
+// The model, its optimizer and the run's length.
+void add_model_options(CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)")
+      ->check(integer_in(1, 1024));
+  app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, 1 << 16));
+  app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, 1 << 16));
+  app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, 1 << 20));
+  app.add_option("--batch", o.batch, "sequences per rank per step")
+      ->check(integer_in(1, 1 << 20, "sequences per rank per step"));
+  app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
+      ->check(integer_in(0, kMaxCount));
+  app.add_option("--lr", o.lr, "AdamW peak learning rate")->check(real_at_least(0));
+  app.add_option("--warmup-steps", o.warmup_steps,
+                 "linear warm-up steps, then cosine decay to lr/10 (0: constant lr)")
+      ->check(integer_in(0, kMaxCount));
+  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
+      ->check(real_at_least(0));
+  app.add_option("--optimizer", cl.optimizer,
+                 "fused: AdamW in ATen's fused kernel (fsdp::optim::AdamW); torch: LibTorch's "
+                 "torch::optim::AdamW (a loop of kernels per parameter); checkpoints of either "
+                 "resume with the other")
+      ->check(CLI::IsMember({"fused", "torch"}))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the initial weights and of the batches")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
+}
+
+// What the run reads and writes.
+void add_input_output_options(CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  app.add_option("--data", o.data,
+                 "a text file or a folder of text files (bytes), or a .bin file of token ids");
+  app.add_option("--data-tokens", cl.data_tokens,
+                 "pre-tokenized data: uint16 token ids, nanoGPT's .bin (no header) or llm.c's "
+                 "(256-int32 header, magic 20240520)");
+  app.add_option("--vocab", o.model.vocab_size,
+                 "vocabulary size (default 256: bytes; --init-from-hf takes config.json's)")
+      ->check(integer_in(2, 1 << 16));
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "start from a transformers GPT-2 folder (config.json, model.safetensors or its "
+                 "index); sizes come from config.json; each rank reads only its shard");
+  app.add_option("--export-hf", o.export_hf,
+                 "after training, rank 0 writes a transformers GPT-2 folder here (config.json, "
+                 "model.safetensors) for GPT2LMHeadModel.from_pretrained");
+  app.add_option("--eval-tokens", o.eval_tokens,
+                 "a .bin token file: the loss and logits on its rows of --seq + 1 tokens, before "
+                 "the first step and after the last");
+  app.add_option("--eval-out", o.eval_out,
+                 "rank 0 writes those here (torch.load: inputs, targets, loss_initial, "
+                 "logits_initial, loss_final, logits_final)");
+  app.add_option("--max-data-mb", cl.max_data_mb, "read at most this many MiB of text")
+      ->check(integer_in(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("--metrics", o.metrics_path, "JSON lines per step; {rank} becomes the rank");
+  app.add_option("--log-every", o.log_every,
+                 "print a progress line every N steps (rank 0; omit the flag for none)")
+      ->check(integer_in(1, std::numeric_limits<int>::max(), "omit the flag for no progress lines"));
+  app.add_option("--sample", o.sample_bytes, "generate N bytes after training")
+      ->check(integer_in(0, 1 << 24));
+  app.add_option("--prompt", o.sample_prompt, "prompt of the sample");
+  app.add_option("--init-from", o.init_from,
+                 "start from these full parameters (a torch.save dict of name -> tensor)");
+  app.add_option("--save-full", o.save_full,
+                 "rank 0 writes the full parameters here after training (--steps 0: the initial ones)");
+  app.add_option("--dump-batches", o.dump_batches,
+                 "rank 0 writes every global batch of the run here ({inputs, targets}, torch.load)");
+  app.add_option("--trace", o.trace,
+                 "Chrome trace (Perfetto) of one step per rank; {rank} becomes the rank");
+}
+
+// How FSDP shards the model and schedules its collectives.
+void add_sharding_options(CLI::App& app, CommandLine& cl) {
+  app.add_option("--strategy", cl.strategy, "full | grad_op | none | hybrid | hybrid_grad_op")
+      ->check(CLI::IsMember({"full", "grad_op", "none", "hybrid", "hybrid_grad_op"}));
+  app.add_option("--shard-group-size", cl.shard_group_size,
+                 "hybrid strategies: ranks per shard group (default: LOCAL_WORLD_SIZE)")
+      ->check(integer_in(0, 1 << 20));
+  app.add_option("--backward-prefetch", cl.backward_prefetch, "pre | post | none")
+      ->check(CLI::IsMember({"pre", "post", "none"}));
+  app.add_flag("--forward-prefetch,!--no-forward-prefetch", cl.forward_prefetch,
+               "all-gather the next unit before forward (default: on)");
+  app.add_option("--limit-all-gathers", cl.limit_all_gathers,
+                 "rate limiter: units holding unsharded memory at once (0: no limit)")
+      ->check(integer_in(0, 1 << 20));
+  app.add_flag("--no-reshard-after-forward", cl.keep_after_forward,
+               "keep every unit's unsharded parameters from its forward to its backward (no "
+               "second all-gather; more memory); default: the strategy's");
+  app.add_flag("--check-order", cl.check_order,
+               "debug: check in the first step that all ranks run units in the same order");
+}
+
+// How each rank computes: precision, set-up, frozen parameters, device.
+void add_compute_options(CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  const auto dtypes = CLI::IsMember({"fp32", "bf16", "fp16"});
+  app.add_option("--param-dtype", cl.param_dtype,
+                 "mixed precision: compute dtype of forward/backward and the all-gathers "
+                 "(fp32 masters stay sharded; fp16 adds a sharded gradient scaler)")
+      ->check(dtypes);
+  app.add_option("--reduce-dtype", cl.reduce_dtype,
+                 "mixed precision: dtype of the gradient reductions (default: --param-dtype)")
+      ->check(dtypes);
+  app.add_option("--loss-scale", o.loss_scale, "fp16: initial scale of the sharded gradient scaler")
+      ->check(real_at_least(0, /*strictly_above=*/true));
+  app.add_flag("--deferred-init", o.deferred_init,
+               "build, initialise and shard one block at a time (set-up memory: sharded model + one "
+               "block); initial values differ from the eager build's (other random order)");
+  app.add_option("--freeze", o.freeze,
+                 "parameters whose name contains this do not train (repeatable; with "
+                 "--deferred-init a block's names lack the 'h.N.' prefix)");
+  app.add_flag("--activation-checkpointing", cl.activation_checkpointing,
+               "recompute each block's forward in backward instead of keeping its activations");
+  app.add_option("--device", cl.device,
+                 "where the model computes: cpu | cuda (cuda:LOCAL_RANK % GPUs; --reference: "
+                 "cuda:0) | cuda:N")
+      ->check(device_name())
+      ->capture_default_str();
+  app.add_flag("--cpu-offload", cl.cpu_offload,
+               "keep shards, gradient shards and optimizer state in host memory (needs --device "
+               "cuda; the optimizer steps on the CPU)");
+}
+
+// The reference, accumulation, clipping, checkpoints.
+void add_run_options(CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  app.add_flag("--reference", cl.reference, "train unsharded in this process on the global batch");
+  app.add_option("--world-size", o.reference_world_size,
+                 "with --reference: the world size whose global batch to train on")
+      ->check(integer_in(1, 1 << 16));
+  app.add_option("--grad-accum", o.grad_accum, "micro-batches per step (gradient accumulation)")
+      ->check(integer_in(1, 1 << 20));
+  app.add_flag("--no-sync", o.no_sync,
+               "accumulate micro-batches without communication (one reduction per step)");
+  app.add_option("--clip", o.clip, "clip the global gradient norm to this value (0: off)")
+      ->check(real_at_least(0));
+  app.add_option("--save-every", o.save_every, "save a sharded checkpoint every N steps and at the end")
+      ->check(integer_in(1, kMaxCount, "omit the flag to save no checkpoints"));
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "folder of sharded checkpoints (step-N/ and latest)");
+  app.add_option("--resume", cl.resume,
+                 "continue from the newest checkpoint in --checkpoint-dir (an error if it holds "
+                 "none); '--resume auto': start at step 0 when it holds none yet")
+      ->expected(0, 1)
+      ->default_str("always")
+      ->check(CLI::IsMember({"always", "auto"}));
+  app.add_option("--max-nonfinite-steps", o.max_nonfinite_steps,
+                 "stop with an error after this many consecutive steps with a NaN/inf loss")
+      ->capture_default_str()
+      ->check(integer_in(1, kMaxCount));
+  // A test flag, hidden from --help: stalls every save between its shard files and its metadata,
+  // so that a test can kill the run half-way through a save.
+  app.add_option("--test-pause-after-shard-files", o.test_pause_after_shard_files_ms,
+                 "milliseconds each writing rank sleeps before a save's metadata")
+      ->check(integer_in(0, kMaxCount))
+      ->group("");
+}
+
+// The flags whose text becomes options of another form.
+void convert_flag_values(const CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  o.max_data_bytes = cl.max_data_mb << 20;
+  o.fused_optimizer = cl.optimizer == "fused";
+  o.resume = app.count("--resume") > 0;
+  o.resume_if_none = cl.resume == "auto";
+  o.fsdp.strategy(fsdp::parse_sharding_strategy(cl.strategy))
+      .shard_group_size(cl.shard_group_size)
+      .backward_prefetch(fsdp::parse_backward_prefetch(cl.backward_prefetch))
+      .forward_prefetch(cl.forward_prefetch)
+      .limit_all_gathers(cl.limit_all_gathers)
+      .check_execution_order(cl.check_order)
+      .reshard_after_forward(cl.keep_after_forward ? std::optional<bool>(false) : std::nullopt)
+      .activation_checkpointing(cl.activation_checkpointing)
+      .cpu_offload(cl.cpu_offload);
+  auto& precision = o.fsdp.mixed_precision();
+  if (!cl.param_dtype.empty()) precision.param_dtype(fsdp::parse_dtype(cl.param_dtype));
+  if (!cl.reduce_dtype.empty()) precision.reduce_dtype(fsdp::parse_dtype(cl.reduce_dtype));
+}
+
+}  // namespace
+
+void add_options(CLI::App& app, CommandLine& cl) {
+  add_model_options(app, cl);
+  add_input_output_options(app, cl);
+  add_sharding_options(app, cl);
+  add_compute_options(app, cl);
+  add_run_options(app, cl);
+}
+
+std::string finish_options(const CLI::App& app, CommandLine& cl) {
+  convert_flag_values(app, cl);
+  std::string error = apply_data_and_hf_flags(app, cl.data_tokens, cl.train);
+  if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);
+  if (error.empty()) error = check_device_flags(cl.device, cl.cpu_offload, cl.reference);
+  return error;
+}
+
+}  // namespace gpt

@@ -1,0 +1,62 @@
+#include "flag_validators.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+
+namespace gpt {
+
+namespace {
+
+std::string in_parentheses(const std::string& hint) {
+  return hint.empty() ? "" : " (" + hint + ")";
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi, std::string hint) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long value = std::strtoll(text.c_str(), &end, 10);
+        const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+        if (whole && value >= lo && value <= hi) return "";
+        std::string range = hi == std::numeric_limits<int64_t>::max()
+                                ? ">= " + std::to_string(lo)
+                                : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        return "must be a whole number " + range + ", got '" + text + "'" + in_parentheses(hint);
+      },
+      "INT", "integer_in");
+}
+
+CLI::Validator real_at_least(double lo, bool strictly_above, std::string hint) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        const bool number = !text.empty() && end == text.c_str() + text.size();
+        if (number && std::isfinite(value) && (strictly_above ? value > lo : value >= lo)) return "";
+        std::ostringstream bound;
+        bound << lo;
+        return "must be a finite number " + std::string(strictly_above ? "> " : ">= ") +
+               bound.str() + ", got '" + text + "'" + in_parentheses(hint);
+      },
+      "REAL", "real_at_least");
+}
+
+CLI::Validator device_name() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "cpu" || text == "cuda") return "";
+        const std::string index = text.rfind("cuda:", 0) == 0 ? text.substr(5) : "";
+        const bool whole = !index.empty() && index.size() <= 4 &&
+                           index.find_first_not_of("0123456789") == std::string::npos;
+        return whole ? "" : "must be cpu, cuda or cuda:N (N: a GPU's index), got '" + text + "'";
+      },
+      "DEVICE", "device_name");
+}
+
+}  // namespace gpt

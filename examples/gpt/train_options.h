@@ -1,0 +1,63 @@
+#pragma once
+// What gpt_train runs: the model, the data, the sharding and every output, as the command line
+// (command_line.h) or a test sets them.
+
+#include "gpt.h"
+
+#include <fsdp/options.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+struct TrainOptions {
+  GPTConfig model;
+  // Sharding strategy, prefetch, rate limiter; fsdp.device() is where the model computes, the
+  // reference's too (unset: the CPU), and the batches go there.
+  fsdp::FullyShardOptions fsdp;
+  int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
+  int64_t steps = 100;
+  double lr = 1e-3;          // peak learning rate
+  int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to lr/10 (0: constant lr)
+  double weight_decay = 0.1;
+  bool fused_optimizer = true;  // fsdp::optim::AdamW (ATen's fused kernel), else LibTorch's AdamW
+  uint64_t seed = 1234;
+  std::string data;
+  std::string data_flag = "--data";  // the flag that named `data` (--data or --data-tokens)
+  bool data_is_tokens = false;  // data is a .bin file of uint16 token ids (token_file.h)
+  int64_t max_data_bytes = 8 << 20;
+  std::string metrics_path;  // JSON lines; "{rank}" is replaced by the rank
+  int log_every = 0;         // progress line every N steps on rank 0 (0: none)
+  int64_t sample_bytes = 0;  // generate this many bytes after training (0: none)
+  std::string sample_prompt = "def ";
+  int reference_world_size = 1;  // reference only: the world size whose global batch to train on
+  std::string init_from;     // full parameters to start from (torch.save dict of name -> tensor)
+  std::string save_full;     // rank 0 writes the full parameters here after training
+  std::string dump_batches;  // rank 0 writes every global batch here before training
+  std::string trace;         // Chrome trace of one step (the third, or the last if fewer)
+  int64_t grad_accum = 1;    // micro-batches per step (each world_size × batch rows)
+  bool no_sync = false;      // accumulate without communication (one reduction per step)
+  double clip = 0;           // clip the global gradient norm to this (0: off)
+  double loss_scale = 65536;  // fp16: the gradient scaler's initial scale
+  bool deferred_init = false;  // build and shard block by block (fsdp::fully_shard_deferred)
+  std::vector<std::string> freeze;  // parameters whose name contains one of these do not train
+  std::string checkpoint_dir;  // sharded checkpoints: DIR/step-NNNNNNNN, DIR/latest
+  int64_t save_every = 0;      // save every N steps and after the last (0: never)
+  bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
+  bool resume_if_none = false;  // with resume: start at step 0 when checkpoint_dir holds none yet
+  int64_t test_pause_after_shard_files_ms = 0;  // tests: each save sleeps this long before its metadata
+  int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
+  std::string init_from_hf;  // a transformers GPT-2 folder to start from (hf_gpt2.h)
+  std::string export_hf;     // rank 0 writes a transformers GPT-2 folder here after training
+  std::string eval_tokens;   // a .bin token file: loss and logits on it before and after training
+  std::string eval_out;      // rank 0 writes those here (torch.load: inputs, loss_*, logits_*)
+};
+
+/// Where the model computes and the batches go: fsdp.device(), else the CPU.
+inline c10::Device compute_device(const TrainOptions& o) {
+  return o.fsdp.device().value_or(c10::Device(c10::kCPU));
+}
+
+}  // namespace gpt
