@@ -23,12 +23,12 @@ class RingCollectives final : public Collectives {
   void all_gather(const at::Tensor& full, const at::Tensor& shard) override {
     const int w = size(), r = rank();
     const int64_t s = check_flat(full, shard, "all_gather");
-    auto chunk = [&](int i) { return full.narrow(0, (int64_t)i * s, s); };
-    if (!shard.is_same(chunk(r))) chunk(r).copy_(shard);
+    auto shard_of = [&](int i) { return full.narrow(0, (int64_t)i * s, s); };
+    if (!shard.is_same(shard_of(r))) shard_of(r).copy_(shard);
     if (w == 1 || s == 0) return;
-    // Step k: pass on the chunk received at step k-1 (at k = 0, our own).
+    // Step k: pass on the shard received at step k-1 (at k = 0, our own).
     for (int k = 0; k < w - 1; ++k) {
-      exchange(chunk((r - k + w) % w), chunk((r - k - 1 + w) % w));
+      exchange(shard_of((r - k + w) % w), shard_of((r - k - 1 + w) % w));
       count_sent_bytes(CollectiveKind::AllGather, s * full.element_size());
     }
   }
@@ -36,26 +36,26 @@ class RingCollectives final : public Collectives {
   void reduce_scatter_sum(const at::Tensor& shard, const at::Tensor& full) override {
     const int w = size(), r = rank();
     const int64_t s = check_flat(full, shard, "reduce_scatter_sum");
-    auto chunk = [&](int i) { return full.narrow(0, (int64_t)i * s, s); };
-    // The last step's partial sum arrives straight in `shard` and our chunk is added to it there
-    // (a + b == b + a bitwise), unless `shard` shares `full`'s memory (a view of our chunk): no
+    auto shard_of = [&](int i) { return full.narrow(0, (int64_t)i * s, s); };
+    // The last step's partial sum arrives straight in `shard` and our shard of `full` is added to it there
+    // (a + b == b + a bitwise), unless `shard` shares `full`'s memory (a view of our shard of it): no
     // copy-out, and at W = 2 no receive buffer at all.
     const bool into_shard = !shard.is_alias_of(full);
     if (w == 1 || s == 0) {
-      if (into_shard) shard.copy_(chunk(r));
+      if (into_shard) shard.copy_(shard_of(r));
       return;
     }
     at::Tensor incoming = w > 2 || !into_shard ? at::empty({s}, full.options()) : shard;
-    // Step k: send the partial sum of chunk r-k-1, add the received partial of chunk r-k-2
-    // to ours. After w-1 steps chunk r holds the sum over all ranks.
+    // Step k: send the partial sum of shard r-k-1, add the received partial of shard r-k-2
+    // to ours. After w-1 steps shard r holds the sum over all ranks.
     for (int k = 0; k < w - 1; ++k) {
       const int receive_index = (r - k - 2 + 2 * w) % w;
       const bool last = k == w - 2;  // receive_index == r
-      exchange(chunk((r - k - 1 + w) % w), last && into_shard ? shard : incoming);
+      exchange(shard_of((r - k - 1 + w) % w), last && into_shard ? shard : incoming);
       if (last && into_shard) {
-        shard.add_(chunk(r));
+        shard.add_(shard_of(r));
       } else {
-        chunk(receive_index).add_(incoming);
+        shard_of(receive_index).add_(incoming);
       }
       count_sent_bytes(CollectiveKind::ReduceScatter, s * full.element_size());
     }

@@ -98,7 +98,7 @@ class ShmCollectives final : public Collectives {
     const int w = size(), r = rank();
     const int64_t s = check_flat(full, shard, "all_gather");
     const int64_t es = full.element_size();
-    if (!shard.is_same(chunk(full, r, s))) chunk(full, r, s).copy_(shard);
+    if (!shard.is_same(shard_of(full, r, s))) shard_of(full, r, s).copy_(shard);
     if (w == 1 || s == 0) return;
     const int64_t per_round = elements_per_round(es, 1);
     const bool streaming = full.nbytes() >= kStreamingOutputBytes;
@@ -121,7 +121,7 @@ class ShmCollectives final : public Collectives {
     const int64_t s = check_flat(full, shard, "reduce_scatter_sum");
     const int64_t es = full.element_size();
     if (w == 1 || s == 0) {
-      if (!shard.is_same(chunk(full, r, s))) shard.copy_(chunk(full, r, s));
+      if (!shard.is_same(shard_of(full, r, s))) shard.copy_(shard_of(full, r, s));
       return;
     }
     // A round carries this rank's piece of every other rank's chunk.
@@ -187,7 +187,7 @@ class ShmCollectives final : public Collectives {
   }
 
  private:
-  static at::Tensor chunk(const at::Tensor& full, int i, int64_t s) { return full.narrow(0, i * s, s); }
+  static at::Tensor shard_of(const at::Tensor& full, int i, int64_t s) { return full.narrow(0, i * s, s); }
 
   static int64_t check_flat(const at::Tensor& full, const at::Tensor& shard, const char* op) {
     TORCH_INTERNAL_ASSERT(full.dim() == 1 && shard.dim() == 1 && full.is_contiguous() &&
@@ -229,7 +229,7 @@ class ShmCollectives final : public Collectives {
       const int peer = (r + k) % w;
       return peer_piece(peer, piece_index(r, peer) * piece * es, n, full, "reduce_scatter_sum");
     };
-    const at::Tensor own = chunk(full, r, s).narrow(0, first, n);
+    const at::Tensor own = shard_of(full, r, s).narrow(0, first, n);
     const bool streaming = s * es >= kStreamingOutputBytes;
     if (w == 2) {
       sum_into(out, from(1), own, streaming);
@@ -237,7 +237,7 @@ class ShmCollectives final : public Collectives {
     }
     // The partial sum lives in full's chunk of rank r+1, free scratch once copied in (`out` may
     // be `own` itself, which is added last).
-    at::Tensor partial = chunk(full, (r + 1) % w, s).narrow(0, first, n);
+    at::Tensor partial = shard_of(full, (r + 1) % w, s).narrow(0, first, n);
     at::add_out(partial, from(1), from(2));
     for (int k = 3; k < w; ++k) partial.add_(from(k));
     sum_into(out, partial, own, streaming);

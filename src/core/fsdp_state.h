@@ -32,7 +32,7 @@ class FsdpState final : public UnitEvents {
   Collectives* replicate_collectives() { return replicate_collectives_.get(); }
   ProcessGroup& world() { return world_; }
   ProcessGroup& shard_group() { return *shard_group_; }
-  Device& device() { return *device_; }
+  DeviceRuntime& device() { return *device_; }
   c10::Device compute_device() const { return device_->device(); }
   const FullyShardOptions& options() const { return options_; }
   void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
@@ -78,7 +78,7 @@ class FsdpState final : public UnitEvents {
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
-  std::unique_ptr<Device> device_;  // last: its work finishes first, before the buffers it uses go away
+  std::unique_ptr<DeviceRuntime> device_;  // last: its work finishes first, before the buffers it uses go away
 };
 
 }  // namespace fsdp

@@ -1,6 +1,6 @@
 #pragma once
 // The collectives that run between steps (clipping, state dicts, checkpoints), through the
-// model's Device like a unit's own: submitted on a lane and waited for. They are then ordered with
+// model's DeviceRuntime like a unit's own: submitted on a lane and waited for. They are then ordered with
 // the units' collectives on every rank ([Note: collective order]); on a GPU they run on the lane's
 // stream after the compute work issued so far, and the compute stream waits for them.
 
@@ -12,7 +12,7 @@
 
 namespace fsdp::detail {
 
-/// Runs `collective` (calls of the model's Collectives) on `lane` of the model's Device and
+/// Runs `collective` (calls of the model's Collectives) on `lane` of the model's DeviceRuntime and
 /// returns once the caller may use its results; rethrows its error.
 void run_on_device(FsdpState& state, CommLane lane, const std::function<void()>& collective);
 

@@ -2,7 +2,7 @@
 // One FSDP unit at run time: its flat parameter, its state machine, and the moments of the
 // paper's section 3.3: unshard before forward, reshard after, unshard before backward, reduce
 // the gradient and reshard as soon as backward has produced it. Communication is submitted to the
-// model's Device ([Note: the device seam]). Which unit runs when (execution order, prefetching,
+// model's DeviceRuntime ([Note: the device seam]). Which unit runs when (execution order, prefetching,
 // the end of backward) is the model's (FsdpState): it calls a unit; a unit tells it what
 // happened through UnitEvents and calls nothing above it.
 

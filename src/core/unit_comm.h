@@ -1,7 +1,7 @@
 #pragma once
 // The communication work of one unit, the same on every device (as FSDP2's foreach_all_gather
 // and foreach_reduce): what is copied where, in which dtype, divided by what. ParamGroup decides
-// when; the Device (device.h) decides where it runs.
+// when; the DeviceRuntime (device.h) decides where it runs.
 
 #include "comm/collectives.h"
 #include "core/flat_param.h"

@@ -8,11 +8,11 @@
 
 namespace fsdp {
 
-class Device;
+class DeviceRuntime;
 class RateLimiter;
 
 struct UnitEnv {
-  Device& device;
+  DeviceRuntime& device;
   Collectives& shard_group;  ///< all-gather and reduce-scatter inside this rank's shard group
   Collectives* replicas;     ///< all-reduce across the replicas of the shard; null: one replica
   RateLimiter& limiter;

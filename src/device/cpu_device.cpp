@@ -35,7 +35,7 @@ std::unique_ptr<Collectives> cpu_collectives(ProcessGroup& group) {
   return make_ring_collectives(group);
 }
 
-class CpuDevice final : public Device {
+class CpuDevice final : public DeviceRuntime {
  public:
   c10::Device device() const override { return c10::Device(c10::kCPU); }
 

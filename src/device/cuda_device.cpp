@@ -33,7 +33,7 @@ std::unique_ptr<Collectives> make_nccl_collectives(ProcessGroup& group, const c1
 
 namespace {
 
-class CudaDevice final : public Device {
+class CudaDevice final : public DeviceRuntime {
  public:
   explicit CudaDevice(const c10::Device& device) : device_(device) {
     const int count = c10::cuda::device_count();

@@ -23,7 +23,7 @@ const DeviceSupport& support_for(const c10::Device& device) {
 
 }  // namespace
 
-std::unique_ptr<Device> make_device(const c10::Device& device) {
+std::unique_ptr<DeviceRuntime> make_device(const c10::Device& device) {
   return support_for(device).make(device);
 }
 

@@ -1,6 +1,6 @@
 #pragma once
 // [Note: the device seam]
-// FSDP works the same on every device but for four things, which a Device provides:
+// FSDP works the same on every device but for four things, which a DeviceRuntime provides:
 //  - where a unit's communication runs (submit): on CPU the model's communication thread; on
 //    CUDA its lane's own stream, ordered after the compute stream's work so far by an event, and
 //    the compute stream waits on the lane's event only when CommHandle::wait() says it needs the
@@ -36,9 +36,9 @@ namespace fsdp {
 /// order of submission on every rank ([Note: collective order]).
 enum class CommLane { AllGather, Reduce };
 
-class Device {
+class DeviceRuntime {
  public:
-  virtual ~Device() = default;
+  virtual ~DeviceRuntime() = default;
   virtual c10::Device device() const = 0;
   /// Runs `task` (a unit's communication work) off the compute path, after the compute work
   /// issued so far; wait() on the handle orders the caller after it.
@@ -49,10 +49,10 @@ class Device {
   virtual void release_after(CommLane lane, c10::DataPtr bytes) = 0;
 };
 
-/// What a device type provides: its Device, and its memory statistics (fsdp/memory.h).
+/// What a device type provides: its DeviceRuntime, and its memory statistics (fsdp/memory.h).
 struct DeviceSupport {
   c10::DeviceType type;
-  std::function<std::unique_ptr<Device>(const c10::Device&)> make;
+  std::function<std::unique_ptr<DeviceRuntime>(const c10::Device&)> make;
   std::function<MemoryStats(const c10::Device&)> memory_stats;
   std::function<void(const c10::Device&)> reset_peak_memory;
 };
@@ -60,7 +60,7 @@ struct DeviceSupport {
 /// The devices this build has (generated from FSDP_DEVICES).
 std::vector<DeviceSupport> builtin_devices();
 
-/// The Device for `device`; an error naming the fix when this build does not support it.
-std::unique_ptr<Device> make_device(const c10::Device& device);
+/// The DeviceRuntime for `device`; an error naming the fix when this build does not support it.
+std::unique_ptr<DeviceRuntime> make_device(const c10::Device& device);
 
 }  // namespace fsdp

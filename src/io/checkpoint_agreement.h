@@ -7,7 +7,7 @@
 // only after the exchange said every rank succeeded: a bad checkpoint changes nothing.
 //
 // The exchanges are the world process group's own all-reduces, not the model's collectives:
-// agreement among all ranks about the files, which the model's Device does not run.
+// agreement among all ranks about the files, which the model's DeviceRuntime does not run.
 
 #include <fsdp/distributed.h>
 
