@@ -186,7 +186,7 @@ def write_markdown(rows_by_world, goal_rows, path):
         "take cores, wall time also counts a rank's wait for a core, which a collective of W ranks "
         "that must all run at once suffers more than a lone memcpy. "
         "shm: shared memory (src/comm/shm_collectives.cpp); ring: the ring over Gloo's send/recv "
-        "(src/comm/collectives.cpp); gloo: c10d's ProcessGroupGloo allgather / reduce_scatter / allreduce. "
+        "(src/comm/ring_collectives.cpp); gloo: c10d's ProcessGroupGloo allgather / reduce_scatter / allreduce. "
         f"The machine is shared and noisy: compare ratios within one run. {load_text()} "
         "memcpy below 1 MB is erratic here (1–2 GB/s at 4–256 KB against 20–30 GB/s for the "
         "cache-resident 1–4 MB copies), so ratios at those sizes say little.",

@@ -176,16 +176,18 @@ TEST(LaunchEnv, NamesEveryMissingVariableOfItsLauncher) {
 TEST(EnvironmentSettings, ReadsTheLibrarysVariables) {
   auto settings = fsdp::EnvironmentSettings::from(lookup_in({}));
   EXPECT_FALSE(settings.threads_chosen);
-  EXPECT_FALSE(settings.timeout || settings.cpu_collectives || settings.cuda_collectives);
+  EXPECT_FALSE(settings.timeout || settings.cpu_collectives || settings.cuda_collectives ||
+               settings.local_world_size);
   EXPECT_EQ(settings.gloo_socket_ifname, "");
   settings = fsdp::EnvironmentSettings::from(lookup_in(
       {{"OMP_NUM_THREADS", "2"}, {"FSDP_TIMEOUT_SECONDS", "1.5"}, {"FSDP_CPU_COLLECTIVES", "ring"},
-       {"FSDP_CUDA_COLLECTIVES", "staged"}, {"GLOO_SOCKET_IFNAME", "eth1"}}));
+       {"FSDP_CUDA_COLLECTIVES", "staged"}, {"GLOO_SOCKET_IFNAME", "eth1"}, {"LOCAL_WORLD_SIZE", "3"}}));
   EXPECT_TRUE(settings.threads_chosen);
   EXPECT_EQ(settings.timeout, std::chrono::milliseconds(1500));
   EXPECT_EQ(settings.cpu_collectives, fsdp::CpuCollectives::Ring);
   EXPECT_EQ(settings.cuda_collectives, fsdp::CudaCollectives::Staged);
   EXPECT_EQ(settings.gloo_socket_ifname, "eth1");
+  EXPECT_EQ(settings.local_world_size, 3);
   settings = fsdp::EnvironmentSettings::from(
       lookup_in({{"FSDP_CPU_COLLECTIVES", "shm"}, {"FSDP_CUDA_COLLECTIVES", "nccl"}}));
   EXPECT_EQ(settings.cpu_collectives, fsdp::CpuCollectives::SharedMemory);
@@ -270,6 +272,14 @@ TEST(Options, BadShardingOptionsNameTheValueAndTheFix) {
   EXPECT_EQ(hybrid(2).shard_group_size_for(4), 2);
   EXPECT_EQ(fsdp::FullyShardOptions().strategy(S::NoShard).shard_group_size_for(4), 1);
   EXPECT_EQ(fsdp::FullyShardOptions().strategy(S::ShardGradOp).shard_group_size_for(4), 4);
+  // The hybrid default: the ranks of one host, as the world group learnt them at init (never read
+  // from the environment at use); unknown, the whole world.
+  EXPECT_EQ(hybrid(0).shard_group_size_for(8, 2), 2);
+  EXPECT_EQ(hybrid(0).shard_group_size_for(8), 8);
+  EXPECT_EQ(hybrid(4).shard_group_size_for(8, 2), 4);
+  EXPECT_EQ(error_of([&] { hybrid(0).validate(4, 2); }), "");
+  message = error_of([&] { hybrid(0).validate(4, 3); });
+  EXPECT_NE(message.find("shard group size 3 does not divide"), std::string::npos) << message;
   for (const char* name : {"full", "grad_op", "none", "hybrid", "hybrid_grad_op"}) {
     EXPECT_STREQ(fsdp::to_string(fsdp::parse_sharding_strategy(name)), name);
   }

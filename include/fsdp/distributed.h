@@ -72,6 +72,9 @@ struct GroupSettings {
   /// The network interface Gloo listens on (GLOO_SOCKET_IFNAME); empty: the one that reaches the
   /// master's address.
   std::string socket_interface;
+  /// The ranks of one host (LOCAL_WORLD_SIZE), the hybrid strategies' default shard group size;
+  /// unset: unknown (the whole world).
+  std::optional<int> local_world_size;
 };
 
 struct InitOptions {

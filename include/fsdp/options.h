@@ -134,9 +134,9 @@ struct FullyShardOptions {
   bool unit_reshards_after_forward(const std::string& name) const;
   /// Throws with a message naming the bad value and the fix; `world_size` is the process
   /// group's size (hybrid strategies need a shard group size that divides it).
-  void validate(int world_size) const;
+  void validate(int world_size, std::optional<int> local_world_size = std::nullopt) const;
   /// Ranks per shard group F for `world_size` ranks (W for full and grad_op, 1 for none).
-  int shard_group_size_for(int world_size) const;
+  int shard_group_size_for(int world_size, std::optional<int> local_world_size = std::nullopt) const;
 };
 
 }  // namespace fsdp

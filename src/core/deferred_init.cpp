@@ -26,7 +26,7 @@ thread_local DeferredSharding* active = nullptr;
 
 DeferredScope::DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init)
     : sharding_(std::make_unique<DeferredSharding>()) {
-  options.validate(group.size());
+  options.validate(group.size(), group.settings().local_world_size);
   TORCH_CHECK(!active, "fully_shard_deferred: its factory built another deferred model");
   sharding_->state =
       std::make_shared<FsdpState>(group, options, options.device().value_or(c10::Device(c10::kCPU)));

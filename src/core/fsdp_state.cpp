@@ -37,7 +37,7 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
       limiter_(options_.limit_all_gathers()),
       order_key_(world.next_store_key("fsdp/order")),
       device_(make_device(device)) {
-  const int w = world.size(), f = options_.shard_group_size_for(w);
+  const int w = world.size(), f = options_.shard_group_size_for(w, world.settings().local_world_size);
   // Every rank creates its shard group, then its replicate group: the same sequence everywhere.
   shard_group_ = f == w ? borrow(world)
                         : world.subgroup(shard_group_ranks(world.rank(), f),

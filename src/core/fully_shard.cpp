@@ -175,7 +175,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
                                        UnitSlot& root_slot, ProcessGroup& group,
                                        const FullyShardOptions& options,
                                        std::shared_ptr<FsdpState> deferred, const ParamInit& init) {
-  options.validate(group.size());
+  options.validate(group.size(), group.settings().local_world_size);
   TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
   const c10::Device device = compute_device(*root, options, deferred.get());
   place_on_device(*root, device, options.cpu_offload());

@@ -1,6 +1,5 @@
 #include <fsdp/options.h>
 
-#include "launch/environment_settings.h"
 
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
@@ -71,11 +70,12 @@ const char* to_string(BackwardPrefetch prefetch) {
   return "?";
 }
 
-int FullyShardOptions::shard_group_size_for(int world_size) const {
+int FullyShardOptions::shard_group_size_for(int world_size,
+                                            std::optional<int> local_world_size) const {
   if (strategy() == ShardingStrategy::NoShard) return 1;
   if (!is_hybrid(strategy())) return world_size;
   if (shard_group_size() > 0) return shard_group_size();
-  return local_world_size_from_environment().value_or(world_size);
+  return local_world_size.value_or(world_size);
 }
 
 c10::ScalarType parse_dtype(const std::string& name) {
@@ -100,7 +100,7 @@ void MixedPrecision::validate() const {
   }
 }
 
-void FullyShardOptions::validate(int world_size) const {
+void FullyShardOptions::validate(int world_size, std::optional<int> local_world_size) const {
   mixed_precision().validate();
   TORCH_CHECK(!cpu_offload() || (device() && !device()->is_cpu()),
               "FullyShardOptions::cpu_offload(true) keeps the shards in host memory and computes "
@@ -111,12 +111,12 @@ void FullyShardOptions::validate(int world_size) const {
   TORCH_CHECK(shard_group_size() >= 0, "FullyShardOptions::shard_group_size(", shard_group_size(),
               "): must be positive (or 0 for LOCAL_WORLD_SIZE)");
   TORCH_CHECK(is_hybrid(strategy()) || shard_group_size() == 0 ||
-                  shard_group_size() == shard_group_size_for(world_size),
+                  shard_group_size() == shard_group_size_for(world_size, local_world_size),
               "FullyShardOptions::shard_group_size(", shard_group_size(), ") applies to the hybrid "
               "strategies only; strategy '", to_string(strategy()), "' shards over ",
-              shard_group_size_for(world_size), " ranks. Use strategy 'hybrid' or drop the size.");
+              shard_group_size_for(world_size, local_world_size), " ranks. Use strategy 'hybrid' or drop the size.");
   if (!is_hybrid(strategy())) return;
-  const int f = shard_group_size_for(world_size);
+  const int f = shard_group_size_for(world_size, local_world_size);
   TORCH_CHECK(f >= 1 && world_size % f == 0, "shard group size ", f, " does not divide the world ",
               "size ", world_size, ": hybrid sharding needs W = F x R; pick F among the divisors of ",
               world_size, " (e.g. the ranks per host).");

@@ -257,6 +257,7 @@ GroupSettings settings_of_group(const InitOptions& options, const EnvironmentSet
   group.cuda_collectives = options.cuda_collectives().value_or(
       settings.cuda_collectives.value_or(group.cuda_collectives));
   group.socket_interface = settings.gloo_socket_ifname;
+  group.local_world_size = settings.local_world_size;
   return group;
 }
 

@@ -68,6 +68,7 @@ EnvironmentSettings EnvironmentSettings::from(const EnvLookup& lookup) {
   settings.cpu_collectives = parse_cpu_collectives(value_of(lookup, "FSDP_CPU_COLLECTIVES"));
   settings.cuda_collectives = parse_cuda_collectives(value_of(lookup, "FSDP_CUDA_COLLECTIVES"));
   settings.gloo_socket_ifname = value_of(lookup, "GLOO_SOCKET_IFNAME");
+  if (const auto local = lookup("LOCAL_WORLD_SIZE")) settings.local_world_size = std::atoi(local->c_str());
   return settings;
 }
 
@@ -79,12 +80,6 @@ EnvLookup process_environment() {
     if (value == nullptr) return std::nullopt;
     return std::string(value);
   };
-}
-
-std::optional<int> local_world_size_from_environment() {
-  const std::optional<std::string> value = process_environment()("LOCAL_WORLD_SIZE");
-  if (!value) return std::nullopt;
-  return std::atoi(value->c_str());
 }
 
 }  // namespace fsdp

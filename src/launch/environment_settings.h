@@ -25,6 +25,9 @@ struct EnvironmentSettings {
   std::optional<CudaCollectives> cuda_collectives;
   /// GLOO_SOCKET_IFNAME (Gloo's own, as in PyTorch): the network interface Gloo uses.
   std::string gloo_socket_ifname;
+  /// LOCAL_WORLD_SIZE (0 when not a number; unset: nullopt): the ranks of one host, the hybrid
+  /// strategies' default shard group size.
+  std::optional<int> local_world_size;
 
   /// Reads every variable above through `lookup`; a malformed one throws naming it.
   static EnvironmentSettings from(const EnvLookup& lookup);
@@ -33,9 +36,5 @@ struct EnvironmentSettings {
 
 /// The variables of this process's environment.
 EnvLookup process_environment();
-
-/// LOCAL_WORLD_SIZE as a number (0 when not one), nullopt when not set: the ranks of one host,
-/// the hybrid strategies' default shard group size.
-std::optional<int> local_world_size_from_environment();
 
 }  // namespace fsdp
