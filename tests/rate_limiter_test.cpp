@@ -111,3 +111,28 @@ TEST(RateLimiter, ZeroMeansNoLimit) {
 }
 
 }  // namespace
+
+namespace {
+
+// A unit that never unshards (NO_SHARD in full precision) still allocates an unsharded gradient
+// per backward: before it does, it waits until at most one reduction is in flight.
+TEST(RateLimiter, AGradientWaitsWhileTwoReductionsAreInFlight) {
+  fsdp::RateLimiter limiter(2);
+  limiter.reduction_issued();
+  limiter.reduction_issued();
+  std::atomic<bool> done{false};
+  std::thread gradient([&] {
+    limiter.wait_for_reductions();
+    done = true;
+  });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(done) << "two reductions in flight: the gradient must wait";
+  limiter.reduction_finished();
+  const auto end = std::chrono::steady_clock::now() + 2s;
+  while (!done && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(done) << "one reduction in flight: the gradient goes ahead";
+  gradient.join();
+  limiter.reduction_finished();
+}
+
+}  // namespace

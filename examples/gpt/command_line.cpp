@@ -198,8 +198,38 @@ void add_options(CLI::App& app, CommandLine& cl) {
   add_run_options(app, cl);
 }
 
+void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags) {
+  add_plan_flags(app, cl.planner);
+  if (!run_flags) return;
+  app.add_flag("--plan", cl.plan,
+               "print the plan of this run (peak memory per rank broken down, bytes per step, step "
+               "time; with --max-memory-gb the fastest configuration under it) and exit")
+      ->group("Planner");
+  app.add_flag("--auto", cl.autoplan,
+               "train with the fastest configuration (strategy, activation checkpointing, batch per "
+               "rank with gradient accumulation) whose planned peak fits --max-memory-gb")
+      ->group("Planner");
+}
+
+std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
+  convert_flag_values(app, cl);
+  cl.train.data_is_tokens = !cl.data_tokens.empty();
+  if (!cl.data_tokens.empty()) cl.train.data = cl.data_tokens;
+  if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
+  if (cl.train.model.dim % cl.train.model.heads != 0) {
+    return "--dim " + std::to_string(cl.train.model.dim) + " is not a multiple of --heads " +
+           std::to_string(cl.train.model.heads);
+  }
+  if (cl.device != "cpu") cl.train.fsdp.device(c10::Device(cl.device == "cuda" ? "cuda:0" : cl.device));
+  return "";
+}
+
 std::string finish_options(const CLI::App& app, CommandLine& cl) {
   convert_flag_values(app, cl);
+  if (cl.autoplan && cl.planner.max_memory_gb <= 0) {
+    return "--auto needs --max-memory-gb X: the memory each rank may use";
+  }
+  if (cl.autoplan && cl.reference) return "--auto plans the sharded run, not --reference";
   std::string error = apply_data_and_hf_flags(app, cl.data_tokens, cl.train);
   if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);
   if (error.empty()) error = check_device_flags(cl.device, cl.cpu_offload, cl.reference);

@@ -1,6 +1,7 @@
 #pragma once
 // gpt_train's command line: every flag, its default and help text, and the options it becomes.
 
+#include "plan_flags.h"
 #include "train_options.h"
 
 #include <CLI/CLI.hpp>
@@ -29,10 +30,23 @@ struct CommandLine {
   bool check_order = false;
   std::string param_dtype, reduce_dtype;
   bool activation_checkpointing = false;
+
+  // The planner (gpt_train --plan / --auto, fsdp_plan).
+  bool plan = false;      // --plan: print the plan of this run and exit
+  bool autoplan = false;  // --auto: train with the fastest configuration under --max-memory-gb
+  PlanFlags planner;
 };
 
 /// Adds every flag of gpt_train to `app`, bound to `cl`.
 void add_options(CLI::App& app, CommandLine& cl);
+
+/// The planner's flags (plan_flags.h); with `run_flags`, gpt_train's --plan and --auto too.
+void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags);
+
+/// After parsing, for a plan only (fsdp_plan, gpt_train --plan): fills cl.train from the flags
+/// (--init-from-hf's config.json sizes the model) without needing training data. Returns the
+/// usage error, "" when there is none.
+std::string finish_plan_options(const CLI::App& app, CommandLine& cl);
 
 /// After parsing: fills cl.train from the flags (--data-tokens, --init-from-hf's config.json
 /// included) and checks them against each other and this machine, before any work. Returns the

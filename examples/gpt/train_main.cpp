@@ -1,5 +1,6 @@
 // gpt_train: trains the byte-level GPT with FSDP over the ranks that fsdprun or torchrun started,
 // or (--reference) unsharded in one process on the same global batches.
+#include "auto_plan.h"
 #include "checkpointing.h"
 #include "command_line.h"
 #include "run_paths.h"
@@ -11,8 +12,10 @@
 #include <torch/cuda.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <utility>
 
 namespace {
@@ -54,8 +57,19 @@ void run(gpt::CommandLine& cl) {
   if (!cl.reference) dist = fsdp::init_distributed();
   // --device cpu leaves it unset: the CPU, the parameters' device (the reference reads it too).
   if (cl.device != "cpu") o.fsdp.device(gpu(cl.device, dist.get()));
+  std::optional<fsdp::Plan> plan;
+  if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist);
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);
+  if (plan) gpt::print_plan_against_run(*plan, result, *dist);
+}
+
+// gpt_train --plan: the plan of the flags' run (rank 0 alone prints when launched), no training.
+int print_plan(gpt::CommandLine& cl) {
+  const char* rank = std::getenv("RANK");
+  if (rank && std::string(rank) != "0") return 0;
+  gpt::print_plan(cl.train, cl.planner);
+  return 0;
 }
 
 }  // namespace
@@ -64,12 +78,16 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a byte-level GPT with fully sharded data parallelism (FSDP)."};
   gpt::CommandLine command_line;
   gpt::add_options(app, command_line);
+  gpt::add_planner_options(app, command_line, /*run_flags=*/true);
   CLI11_PARSE(app, argc, argv);
-  if (const std::string error = gpt::finish_options(app, command_line); !error.empty()) {
+  const std::string error = command_line.plan ? gpt::finish_plan_options(app, command_line)
+                                              : gpt::finish_options(app, command_line);
+  if (!error.empty()) {
     std::cerr << "gpt_train: error: " << error << std::endl;
     return 2;
   }
   try {
+    if (command_line.plan) return print_plan(command_line);
     run(command_line);
   } catch (const c10::Error& e) {
     std::cerr << "gpt_train: error: " << fsdp::name_peer_ranks(e.what_without_backtrace())

@@ -88,7 +88,8 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   if (eval_batch) eval_initial = evaluate(model, *eval_batch, device);
 
   TrainResult result;
-  result.losses = run_steps(ctx, first_step, log);
+  result.steps = run_steps(ctx, first_step, log);
+  for (const StepRecord& step : result.steps) result.losses.push_back(step.loss);
   if (!o.save_full.empty()) save_full(o, model, dist);
   result.final_params = full_params(model, dist);
   if (eval_batch) {

@@ -83,21 +83,21 @@ void save_checkpoint_if_finite(const StepContext& ctx, int64_t step, double loss
 
 }  // namespace
 
-std::vector<double> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log) {
+std::vector<StepRecord> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log) {
   const TrainOptions& o = ctx.options;
-  std::vector<double> losses;
+  std::vector<StepRecord> records;
   NonFiniteGuard nonfinite(o);
   const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
   for (int64_t step = first_step; step < o.steps; ++step) {
     const StepRecord record = measured_step(ctx, step, !o.trace.empty() && step == traced_step);
-    losses.push_back(record.loss);
+    records.push_back(record);
     log.write(record);
     nonfinite.count(record.loss, step);
     if (checkpoint_due(o, step)) save_checkpoint_if_finite(ctx, step, record.loss);
   }
   GPT gpt = ctx.model.module();
   nonfinite.check_finished(gpt, ctx.dist);
-  return losses;
+  return records;
 }
 
 }  // namespace gpt

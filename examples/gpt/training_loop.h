@@ -10,9 +10,9 @@
 
 namespace gpt {
 
-/// Trains steps [first_step, ctx.options.steps) and returns each one's loss over the global
-/// batch. Throws when the losses stop being finite (nonfinite_guard.h), or when the model is not
+/// Trains steps [first_step, ctx.options.steps) and returns each one's record (loss over the
+/// global batch, time, this rank's memory and collective bytes). Throws when the losses stop being finite (nonfinite_guard.h), or when the model is not
 /// finite at the end.
-std::vector<double> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log);
+std::vector<StepRecord> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log);
 
 }  // namespace gpt

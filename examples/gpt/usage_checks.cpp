@@ -119,6 +119,14 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
   }
   if (o.init_from_hf.empty()) return "";
   if (!o.init_from.empty()) return "--init-from and --init-from-hf both name initial weights; pass one";
+  if (std::string error = apply_hf_sizes(app, o); !error.empty()) return error;
+  // Built block by block and filled from the files shard by shard: never the whole model at once.
+  o.deferred_init = true;
+  return "";
+}
+
+std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
+  if (o.init_from_hf.empty()) return "";
   try {
     const GivenSizes given{app.count("--layers") > 0, app.count("--dim") > 0,
                            app.count("--heads") > 0, app.count("--seq") > 0,
@@ -127,8 +135,6 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
   } catch (const c10::Error& e) {
     return e.msg();
   }
-  // Built block by block and filled from the files shard by shard: never the whole model at once.
-  o.deferred_init = true;
   return "";
 }
 

@@ -18,6 +18,9 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
                                     TrainOptions& o);
 
 /// Flags that contradict or need each other, and sizes that cannot fit this machine's memory.
+/// --init-from-hf: the model's sizes from its config.json (flags given explicitly must agree).
+std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o);
+
 std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, bool reference);
 
 /// --device and --cpu-offload: a GPU run needs a CUDA LibTorch and a GPU.

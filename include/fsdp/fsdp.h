@@ -10,4 +10,5 @@
 #include <fsdp/grad_scaler.h>
 #include <fsdp/memory.h>
 #include <fsdp/options.h>
+#include <fsdp/plan.h>
 #include <fsdp/state_dict.h>

@@ -186,6 +186,10 @@ void ParamGroup::begin_accumulating(bool no_sync) {
   if (flat_.requires_grad()) {
     // Under no_sync the sum so far is kept: keep adding to it.
     if (!full_grad_kept_) accumulate_into_shard_ = flat_.has_sharded_grads();
+    if (!full_grad_kept_ && !grads_need_no_reduction() && rate_limited()) {
+      TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
+      env_.limiter.wait_for_reductions();
+    }
     flat_.begin_full_grad(/*keep=*/full_grad_kept_, /*into_shard=*/grads_need_no_reduction());
   }
   grads_pending_ = flat_.requires_grad_count();

@@ -13,6 +13,12 @@ bool RateLimiter::acquire(bool optional) {
   return true;
 }
 
+void RateLimiter::wait_for_reductions() {
+  if (limit_ <= 0) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  freed_.wait(lock, [&] { return pending_reductions_ <= kReductionsInFlight; });
+}
+
 void RateLimiter::release() {
   std::lock_guard<std::mutex> lock(mutex_);
   --held_;

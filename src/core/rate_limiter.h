@@ -28,6 +28,10 @@ class RateLimiter {
   bool acquire(bool optional);
   /// A unit freed its unsharded parameters.
   void release();
+  /// A unit is about to allocate its unsharded gradient: waits until at most one reduce-scatter
+  /// is in flight. acquire() waits so too, but a unit that never unshards (NO_SHARD in full
+  /// precision) never calls it, and its gradients would queue behind a slow all-reduce unbounded.
+  void wait_for_reductions();
   /// A reduce-scatter of an unsharded gradient was issued / has freed that gradient.
   void reduction_issued();
   void reduction_finished();

@@ -10,7 +10,7 @@ import re
 import sys
 
 # Lowest first: a layer may include from itself and the layers before it.
-LAYERS = ["util", "launch", "comm", "device", "core", "optim", "io"]
+LAYERS = ["util", "launch", "comm", "device", "core", "optim", "io", "plan"]
 
 # Public headers (include/fsdp/) by the layer whose sources implement them.
 PUBLIC = {
@@ -21,7 +21,8 @@ PUBLIC = {
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io",
-    "fsdp.h": "io",  # the umbrella header: everything
+    "plan.h": "plan",
+    "fsdp.h": "plan",  # the umbrella header: everything
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)

@@ -1,0 +1,29 @@
+#pragma once
+// gpt_train --plan and --auto: the plan of the run its flags describe, or the fastest configuration
+// under --max-memory-gb, and at the end of an --auto run the plan against what the run measured.
+
+#include "plan_flags.h"
+#include "trainer.h"
+
+#include <fsdp/distributed.h>
+#include <fsdp/plan.h>
+
+namespace gpt {
+
+/// The plan of `o` (gpt_train --plan): the device probed unless the flags give it.
+fsdp::Plan plan_of_flags(const TrainOptions& o, const PlanFlags& flags);
+
+/// Prints the plan (or, with --max-memory-gb, the search) for `o`; `json` for programs.
+void print_plan(const TrainOptions& o, const PlanFlags& flags);
+
+/// gpt_train --auto: the fastest configuration of strategy, activation checkpointing and batch per
+/// rank (a divisor of --batch; gradient accumulation keeps the global batch) whose planned peak
+/// fits --max-memory-gb. Every rank plans with rank 0's device numbers, so all choose the same.
+/// Throws when nothing fits, naming the smallest peak found. Rank 0 prints the search.
+fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist);
+
+/// Rank 0 prints the plan against the run: the largest peak over the ranks and the median step
+/// time (steps after the first) beside the predicted ones (a collective).
+void print_plan_against_run(const fsdp::Plan& plan, const TrainResult& result, fsdp::Distributed& dist);
+
+}  // namespace gpt

@@ -1,0 +1,163 @@
+#include "plan_flags.h"
+
+#include "flag_validators.h"
+
+#include <fsdp/distributed.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+namespace gpt {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// Achieved, not datasheet, rates: large bf16 GEMMs reach ~55-80% of peak (an H200: ~790 of 989
+// TFLOP/s measured), a copy ~85% of the memory's bandwidth. Links per GPU: NVLink within a host;
+// across hosts one 200 Gb/s NIC per GPU (A100, the paper's cluster) or 400 Gb/s (H100, H200).
+struct GpuPreset {
+  double memory_gib, tflops_fp32, tflops_bf16, memory_gbps, nvlink_gbps, network_gbps;
+};
+const std::map<std::string, GpuPreset>& gpu_presets() {
+  static const std::map<std::string, GpuPreset> presets = {
+      {"a100-40gb", {40, 100, 200, 1300, 240, 25}},
+      {"a100-80gb", {80, 100, 200, 1700, 240, 25}},
+      {"h100-80gb", {80, 300, 600, 2800, 360, 50}},
+      {"h200", {139, 300, 790, 4300, 360, 50}},
+  };
+  return presets;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  return text && *text ? std::atoi(text) : fallback;
+}
+
+double host_memory_bytes() {
+  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+}
+
+}  // namespace
+
+void add_plan_flags(CLI::App& app, PlanFlags& f) {
+  const std::string group = "Planner";
+  std::string presets;
+  for (const auto& [name, preset] : gpu_presets()) presets += (presets.empty() ? "" : " | ") + name;
+  app.add_option("--ranks", f.ranks, "planner: ranks of the run (default: the launcher's WORLD_SIZE, else 1)")
+      ->check(integer_in(1, 1 << 20))->group(group);
+  app.add_option("--ranks-per-host", f.ranks_per_host,
+                 "planner: ranks per host (default: the launcher's LOCAL_WORLD_SIZE, else min(ranks, 8))")
+      ->check(integer_in(1, 1 << 20))->group(group);
+  app.add_option("--gpu", f.gpu, "planner: a GPU preset (" + presets + "); default: probe this machine")
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (const auto& [name, preset] : gpu_presets()) names.push_back(name);
+        return names;
+      }()))->group(group);
+  app.add_option("--memory-gb", f.memory_gb, "planner: device memory per rank in GiB")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--tflops-fp32", f.tflops_fp32, "planner: achieved fp32 matrix TFLOP/s per rank")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--tflops-bf16", f.tflops_bf16, "planner: achieved bf16 matrix TFLOP/s per rank")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--memory-gbps", f.memory_gbps, "planner: device memory bandwidth in GB/s")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--intra-host-gbps", f.intra_host_gbps, "planner: per-rank bandwidth to a rank on the same host, GB/s")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--cross-host-gbps", f.cross_host_gbps, "planner: per-rank bandwidth to another host, GB/s")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--latency-us", f.latency_us, "planner: latency of one step of a collective, microseconds")
+      ->check(real_at_least(0))->group(group);
+  app.add_option("--max-memory-gb", f.max_memory_gb,
+                 "planner: a memory cap per rank in GiB: search for the fastest configuration under it")
+      ->check(real_at_least(0, true))->group(group);
+  app.add_option("--batches", f.batches, "planner: batches per rank the search tries, e.g. 1,2,4 (default: --batch)")
+      ->group(group);
+  app.add_flag("--json", f.json, "planner: print JSON")->group(group);
+}
+
+fsdp::PlanWorld plan_world(const PlanFlags& f) {
+  fsdp::PlanWorld world;
+  world.world_size = f.ranks > 0 ? f.ranks : env_int("WORLD_SIZE", 1);
+  const int local = env_int("LOCAL_WORLD_SIZE", 0);
+  world.ranks_per_host = f.ranks_per_host > 0 ? f.ranks_per_host
+                         : f.ranks == 0 && local > 0 ? local
+                                                     : std::min(world.world_size, 8);
+  return world;
+}
+
+// A GPU's rates from its matrix FLOP/s and memory bandwidth: fused attention at ~60% of the
+// matrix rate (FlashAttention-2's share on A100/H100), GELU bound by its traffic (forward reads
+// and writes an element, backward reads two and writes one: 5 elements moved).
+fsdp::KernelRates gpu_rates(double tflops, double memory_gbps, int64_t element_bytes) {
+  fsdp::KernelRates r;
+  r.matmul_flops = tflops * 1e12;
+  r.attention_flops = 0.6 * r.matmul_flops;
+  r.memory_bandwidth = memory_gbps * 1e9;
+  r.transcendentals = r.memory_bandwidth / (5.0 * element_bytes);
+  return r;
+}
+
+fsdp::PlanDevice plan_device(const PlanFlags& f, const TrainOptions& o, const fsdp::PlanWorld& world) {
+  fsdp::PlanDevice d;
+  const bool given = f.tflops_fp32 > 0 && f.tflops_bf16 > 0 && f.memory_gbps > 0;
+  if (!f.gpu.empty() || given) {
+    const GpuPreset p = f.gpu.empty() ? GpuPreset{0, 0, 0, 0, 0, 0} : gpu_presets().at(f.gpu);
+    d.name = f.gpu.empty() ? "given" : f.gpu;
+    d.memory_bytes = p.memory_gib * kGiB;
+    const double fp32 = f.tflops_fp32 > 0 ? f.tflops_fp32 : p.tflops_fp32;
+    const double bf16 = f.tflops_bf16 > 0 ? f.tflops_bf16 : p.tflops_bf16;
+    const double gbps = f.memory_gbps > 0 ? f.memory_gbps : p.memory_gbps;
+    d.fp32 = gpu_rates(fp32, gbps, 4);
+    d.low_precision = gpu_rates(bf16, gbps, 2);
+    d.op_overhead_s = 5e-6;  // a kernel launch
+  } else {
+    fsdp::ProbeShape shape;
+    shape.tokens = o.batch * o.model.max_seq;
+    shape.width = o.model.dim;
+    shape.sequences = o.batch;
+    shape.sequence = o.model.max_seq;
+    shape.heads = o.model.heads;
+    d = fsdp::probe_device(compute_device(o), shape);
+    d.memory_bytes = host_memory_bytes() / world.ranks_per_host;
+  }
+  if (f.memory_gb > 0) d.memory_bytes = f.memory_gb * kGiB;
+  return d;
+}
+
+fsdp::PlanLinks plan_links(const PlanFlags& f, const fsdp::PlanDevice& device) {
+  fsdp::PlanLinks links;
+  if (!f.gpu.empty()) {
+    const GpuPreset& p = gpu_presets().at(f.gpu);
+    links = {p.nvlink_gbps * 1e9, p.network_gbps * 1e9, 10e-6};
+  } else {
+    links = {device.fp32.memory_bandwidth / 2, 1.25e9, 20e-6};
+  }
+  if (f.intra_host_gbps > 0) links.intra_host_bandwidth = f.intra_host_gbps * 1e9;
+  if (f.cross_host_gbps > 0) links.cross_host_bandwidth = f.cross_host_gbps * 1e9;
+  if (f.latency_us > 0) links.latency_s = f.latency_us * 1e-6;
+  return links;
+}
+
+std::vector<int64_t> search_batches(const PlanFlags& f, int64_t batch) {
+  if (f.batches.empty()) return {batch};
+  std::vector<int64_t> out;
+  std::stringstream s(f.batches);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    char* end = nullptr;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 1) {
+      throw std::invalid_argument("--batches: '" + item + "' is not a batch size >= 1 (e.g. --batches 1,2,4)");
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+}  // namespace gpt

@@ -1,0 +1,222 @@
+#pragma once
+/// The planner: what a run will cost before it starts. From a model's parameters by unit (no
+/// tensor allocated), the activations a unit keeps per sequence, the world, the device, the links
+/// and the sharding policy, it predicts each rank's peak memory broken down, the bytes each kind
+/// of collective sends per step (and on which class of link), and the step time; and it searches
+/// the configurations for the fastest that fits a memory cap. docs/planner.md has the model.
+///
+/// Example:
+///   fsdp::PlanModel model = my_description();            // units, activations, FLOPs
+///   fsdp::PlanSetup setup{model, {/*world=*/8, /*ranks_per_host=*/8}, device, links, policy};
+///   fsdp::Plan plan = fsdp::plan(setup);
+///   std::cout << fsdp::plan_text(plan);
+
+#include <fsdp/options.h>
+
+#include <nlohmann/json.hpp>
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp {
+
+/// One parameter as the planner sees it: a name, a shape, a dtype; nothing allocated.
+struct PlanParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype = c10::kFloat;
+  int64_t numel() const;
+};
+
+/// The activation memory of a piece of the model for ONE sequence, in bytes, at the compute dtype
+/// the description was made for (what autograd saves depends on it).
+struct PlanActivations {
+  int64_t saved = 0;         ///< kept from its forward to its backward (no checkpointing)
+  int64_t checkpointed = 0;  ///< kept instead under activation checkpointing (its output)
+  int64_t forward_transient = 0;   ///< more, only while its forward runs
+  int64_t backward_transient = 0;  ///< more, only while its backward runs (gradients, temporaries)
+};
+
+/// One FSDP unit: its parameters, its activations and its work, per sequence.
+struct PlanUnit {
+  std::string name;
+  std::vector<PlanParam> params;
+  PlanActivations activations;
+  // The work of one sequence's forward, by kind of kernel (its backward is taken as twice it).
+  double forward_flops = 0;            ///< matrix products
+  double forward_attention_flops = 0;  ///< fused attention's products (QKᵀ and PV)
+  double forward_transcendentals = 0;  ///< elements through tanh/exp/erf outside attention (GELU)
+  double forward_memory_bytes = 0;     ///< memory traffic of the other elementwise ops
+  int64_t forward_ops = 0;             ///< kernels of one forward (launch overhead)
+  int64_t backward_workspace = 0;   ///< bytes its backward holds whatever the batch (weight gradients)
+};
+
+/// A model as the planner sees it. The root unit's forward brackets every other unit's (a
+/// transformer's embeddings before the blocks, its head and loss after them): `root_pre` is kept
+/// until the end of backward, `root_post` is the head, freed once its backward has run.
+struct PlanModel {
+  std::string name;
+  PlanUnit root;                   ///< its params, root_post's work
+  PlanActivations root_pre;        ///< e.g. the embeddings' output, the blocks' first input
+  std::vector<PlanUnit> units;     ///< the other units, in forward order
+  int64_t sequence_tokens = 0;     ///< tokens of one sequence (for tokens/s)
+  int64_t input_bytes_per_sequence = 0;  ///< the batch's inputs and targets
+  int64_t resident_bytes = 0;      ///< the program's own tensors (e.g. its training data)
+  int64_t step_all_reduce_bytes = 0;  ///< the program's own all-reduce per step (e.g. the loss)
+  c10::ScalarType compute_dtype = c10::kFloat;  ///< the dtype the activations were counted in
+
+  int64_t numel() const;  ///< Ψ: every parameter element
+};
+
+/// The ranks and how they sit on hosts.
+struct PlanWorld {
+  int world_size = 1;
+  int ranks_per_host = 1;  ///< ranks that share a host (and its fast links)
+};
+
+/// How fast a device runs each kind of kernel in one dtype, forward and backward together
+/// (achieved rates, not datasheet peaks).
+struct KernelRates {
+  double matmul_flops = 0;          ///< FLOP/s of a Linear's three products
+  double attention_flops = 0;       ///< FLOP/s of fused attention, forward and backward
+  double transcendentals = 0;       ///< elements/s through tanh-GELU, forward and backward
+  double memory_bandwidth = 0;      ///< bytes/s of elementwise work
+};
+
+/// One rank's device: its memory and its speed (measured by probe_device(), or given).
+struct PlanDevice {
+  std::string name = "device";
+  double memory_bytes = 0;    ///< usable per rank (0: unknown, nothing is flagged)
+  KernelRates fp32;           ///< computing in fp32
+  KernelRates low_precision;  ///< computing in bf16/fp16
+  double op_overhead_s = 0;   ///< seconds per kernel launch or dispatch
+};
+
+/// Per-rank bandwidth of each class of link (bytes/s), and the latency of one collective step.
+struct PlanLinks {
+  double intra_host_bandwidth = 0;
+  double cross_host_bandwidth = 0;
+  double latency_s = 0;
+};
+
+/// What the run does: FullyShardOptions (strategy, shard group, mixed precision, offload,
+/// prefetch, rate limit, activation checkpointing) and the sequences per rank per step.
+struct PlanPolicy {
+  FullyShardOptions fsdp;
+  int64_t batch = 1;
+};
+
+struct PlanSetup {
+  PlanModel model;
+  PlanWorld world;
+  PlanDevice device;
+  PlanLinks links;
+  PlanPolicy policy;
+};
+
+/// A rank's memory at its peak, by what holds it (bytes).
+struct MemoryBreakdown {
+  int64_t sharded_params = 0;     ///< this rank's shards (padding included)
+  int64_t sharded_grads = 0;      ///< its gradient shards
+  int64_t optimizer_state = 0;    ///< AdamW's two moments of its pieces (and step counters)
+  int64_t unsharded_params = 0;   ///< units all-gathered at that moment (rate limiter, prefetch)
+  int64_t unsharded_grads = 0;    ///< unsharded gradients accumulating or awaiting reduction
+  int64_t activations = 0;        ///< kept for backward
+  int64_t workspace = 0;          ///< transients of the op running then, reduction outputs
+  int64_t program = 0;            ///< the program's own tensors and the batch
+  int64_t total() const;
+};
+
+struct RankMemory {
+  int rank = 0;
+  MemoryBreakdown peak;       ///< at the moment of the peak
+  std::string peak_at;        ///< when it happens, e.g. "backward of h.3"
+  int64_t model_states = 0;   ///< parameters, gradients and optimizer state (ZeRO's 16Ψ/W)
+  int64_t offloaded_bytes = 0;  ///< in host memory with CPU offload (not in peak)
+};
+
+/// Bytes this rank sends per step, by collective (the counters of fsdp::comm_stats()) and by link.
+struct PlanTraffic {
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  int64_t intra_host = 0;
+  int64_t cross_host = 0;
+  int64_t collectives = 0;  ///< calls per step
+};
+
+/// The predicted step time, in seconds.
+struct PlanTime {
+  double compute = 0;        ///< matrix products, other ops, the optimizer
+  double communication = 0;  ///< every collective, back to back
+  double exposed_communication = 0;  ///< the part prefetch cannot hide behind compute
+  double step = 0;           ///< compute + exposed communication
+  double tokens_per_s = 0;   ///< over the world
+};
+
+struct Plan {
+  PlanSetup setup;
+  int shard_group_size = 1;
+  int replicas = 1;
+  std::vector<RankMemory> ranks;   ///< one per distinct rank layout (every rank with W <= 8)
+  int64_t peak_bytes = 0;          ///< the largest over the ranks
+  PlanTraffic traffic;             ///< of rank 0
+  PlanTime time;
+  double headroom = 0;             ///< 1 - peak / device memory (0 if the memory is unknown)
+  bool fits = true;                ///< peak <= device memory
+  bool at_risk = false;            ///< fits, with less headroom than the allocator needs
+  std::string label() const;       ///< e.g. "full, F=8, bf16, AC, batch 2"
+};
+
+/// Headroom below which a plan that fits is flagged at risk: a caching allocator fragments, and
+/// the paper's 175B run at 128 GPUs, batch 2, hit allocator retries with ~5% of the 80 GB free.
+constexpr double kAtRiskHeadroom = 0.10;
+
+/// Predicts the run; throws naming the bad input (e.g. a shard group that does not divide W).
+Plan plan(const PlanSetup& setup);
+
+/// The configurations a search tries: sharding strategies, activation checkpointing, offload
+/// (only with a GPU and the host memory for it) and batches per rank.
+struct SearchSpace {
+  std::vector<ShardingStrategy> strategies = {ShardingStrategy::FullShard, ShardingStrategy::ShardGradOp,
+                                              ShardingStrategy::HybridShard, ShardingStrategy::NoShard};
+  std::vector<bool> activation_checkpointing = {false, true};
+  std::vector<bool> cpu_offload = {false};
+  std::vector<int64_t> batches;  ///< empty: the setup's batch only
+};
+
+struct SearchResult {
+  std::vector<Plan> fitting;   ///< fastest first (tokens/s over the world)
+  std::vector<std::string> slower_because;  ///< per fitting plan: why it loses to the first
+  std::vector<std::pair<Plan, std::string>> rejected;  ///< each with why it loses
+  const Plan* best() const { return fitting.empty() ? nullptr : &fitting.front(); }
+};
+
+/// Every configuration of `space` around `setup`, each planned; those whose peak fits under
+/// `max_memory_bytes` per rank sorted fastest first, the others with the reason.
+SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, double max_memory_bytes);
+
+/// A human-readable report, and the same as JSON (--json).
+std::string plan_text(const Plan& plan);
+nlohmann::json plan_json(const Plan& plan);
+std::string search_text(const SearchResult& result, double max_memory_bytes);
+nlohmann::json search_json(const SearchResult& result, double max_memory_bytes);
+
+/// The shapes a probe measures at: a model's own (rates depend on shapes, on a CPU strongly).
+struct ProbeShape {
+  int64_t tokens = 1024;   ///< rows of a Linear: sequences x tokens per sequence
+  int64_t width = 512;     ///< its input features (its output: 4x, an MLP's first layer)
+  int64_t sequences = 8;   ///< attention: batch
+  int64_t sequence = 128;  ///< attention: tokens per sequence (causal)
+  int64_t heads = 8;
+};
+
+/// Measures this process's device for a few seconds, in fp32 and bf16, forward and backward: a
+/// Linear's products, causal fused attention, tanh-GELU, an elementwise add, one tiny op.
+/// `memory_bytes` is left to the caller (a CPU's is the host's, shared by its ranks).
+PlanDevice probe_device(const c10::Device& device, const ProbeShape& shape);
+
+}  // namespace fsdp

@@ -1,0 +1,72 @@
+#include <fsdp/plan.h>
+
+#include "plan/plan_layout.h"
+#include "plan/plan_memory.h"
+#include "plan/plan_time.h"
+#include "plan/plan_traffic.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <sstream>
+
+namespace fsdp {
+
+int64_t PlanParam::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int64_t PlanModel::numel() const {
+  int64_t n = 0;
+  for (const auto& p : root.params) n += p.numel();
+  for (const auto& u : units) {
+    for (const auto& p : u.params) n += p.numel();
+  }
+  return n;
+}
+
+int64_t MemoryBreakdown::total() const {
+  return sharded_params + sharded_grads + optimizer_state + unsharded_params + unsharded_grads +
+         activations + workspace + program;
+}
+
+std::string Plan::label() const {
+  const FullyShardOptions& o = setup.policy.fsdp;
+  std::ostringstream s;
+  s << to_string(o.strategy()) << " F=" << shard_group_size;
+  if (o.mixed_precision().param_dtype()) s << " " << c10::toString(*o.mixed_precision().param_dtype());
+  if (o.activation_checkpointing()) s << " AC";
+  if (o.cpu_offload()) s << " offload";
+  s << " batch " << setup.policy.batch;
+  return s.str();
+}
+
+Plan plan(const PlanSetup& setup) {
+  planning::validate_setup(setup);
+  Plan result;
+  result.setup = setup;
+  for (int rank = 0; rank < setup.world.world_size; ++rank) {
+    const planning::RankLayout layout = planning::layout_for_rank(setup, rank);
+    RankMemory memory = planning::replay_step_memory(setup, layout);
+    result.peak_bytes = std::max(result.peak_bytes, memory.peak.total());
+    result.ranks.push_back(std::move(memory));
+    if (rank == 0) {
+      result.shard_group_size = layout.shard_group_size;
+      result.replicas = layout.replicas;
+      const auto collectives = planning::step_collectives(setup, layout);
+      result.traffic = planning::total_traffic(collectives);
+      result.time = planning::step_time(setup, layout, collectives);
+    }
+  }
+  const double memory = setup.device.memory_bytes;
+  if (memory > 0) {
+    result.headroom = 1.0 - static_cast<double>(result.peak_bytes) / memory;
+    result.fits = result.headroom >= 0;
+    result.at_risk = result.fits && result.headroom < kAtRiskHeadroom;
+  }
+  return result;
+}
+
+}  // namespace fsdp

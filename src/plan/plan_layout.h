@@ -1,0 +1,51 @@
+#pragma once
+// How a planned model lies on one rank: each unit's flat buffer padded to the shard group, this
+// rank's shard and the pieces of the parameters in it (exactly as FlatParam cuts them, computed
+// without a tensor), and the sizes of the buffers a step allocates.
+
+#include <fsdp/plan.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace fsdp::planning {
+
+/// The dtypes a policy computes, reduces and keeps shards in.
+struct Precision {
+  int64_t shard_bytes = 4;    ///< element size of shards, gradient shards, optimizer state
+  int64_t compute_bytes = 4;  ///< of the unsharded parameters (what the all-gather moves)
+  int64_t reduce_bytes = 4;   ///< of the unsharded gradient (what the reductions move)
+  bool mixed() const { return compute_bytes != shard_bytes; }
+};
+Precision precision_of(const PlanModel& model, const FullyShardOptions& options);
+
+/// One unit on one rank.
+struct UnitLayout {
+  std::string name;
+  int64_t numel = 0;         ///< Ψ_u
+  int64_t shard_numel = 0;   ///< ceil(Ψ_u / F)
+  int64_t piece_numel = 0;   ///< of this rank's shard, held by parameters (padding excluded)
+  int64_t param_tensors = 0;
+  bool trainable = true;
+  bool reshard_after_forward = true;
+  // Bytes of the buffers the step allocates for it.
+  int64_t unsharded_params = 0;  ///< 0 when forward uses the shard itself (F = 1, no cast)
+  int64_t unsharded_grad = 0;    ///< 0 when gradients go straight into the shard (W = 1)
+  int64_t reduce_output = 0;     ///< a reduction's output before it lands in the gradient shard
+};
+
+/// Every unit of `model` on `rank`: the root first, then model.units in order.
+struct RankLayout {
+  int rank = 0;
+  int shard_group_size = 1;
+  int replicas = 1;
+  Precision precision;
+  std::vector<UnitLayout> units;
+};
+
+/// Throws naming the bad value (a shard group that does not divide the world, a batch < 1, ...).
+void validate_setup(const PlanSetup& setup);
+RankLayout layout_for_rank(const PlanSetup& setup, int rank);
+
+}  // namespace fsdp::planning

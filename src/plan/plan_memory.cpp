@@ -1,0 +1,176 @@
+#include "plan/plan_memory.h"
+
+#include <algorithm>
+#include <deque>
+#include <vector>
+
+namespace fsdp::planning {
+
+namespace {
+
+// The running memory of one rank and its highest point so far.
+class Timeline {
+ public:
+  explicit Timeline(MemoryBreakdown start) : now_(start), peak_(start), peak_at_("the optimizer step") {}
+
+  MemoryBreakdown& now() { return now_; }
+  /// A moment that may be the peak: `transient` more workspace than now.
+  void check(int64_t transient, const std::string& when) {
+    MemoryBreakdown m = now_;
+    m.workspace += transient;
+    if (m.total() > peak_.total()) {
+      peak_ = m;
+      peak_at_ = when;
+    }
+  }
+  const MemoryBreakdown& peak() const { return peak_; }
+  const std::string& peak_at() const { return peak_at_; }
+
+ private:
+  MemoryBreakdown now_, peak_;
+  std::string peak_at_;
+};
+
+std::string unit_label(const UnitLayout& unit) { return unit.name.empty() ? "the root" : unit.name; }
+
+// Replays forward and backward of one step over the units (index 0: the root).
+class StepReplay {
+ public:
+  StepReplay(const PlanSetup& setup, const RankLayout& layout, Timeline& timeline)
+      : setup_(setup), layout_(layout), t_(timeline), unsharded_(layout.units.size(), false),
+        batch_(setup.policy.batch), checkpointing_(setup.policy.fsdp.activation_checkpointing()),
+        limit_(setup.policy.fsdp.limit_all_gathers()) {}
+
+  void forward() {
+    const PlanModel& model = setup_.model;
+    unshard(0);
+    t_.check(batch_ * model.root_pre.forward_transient, "forward of the root (before the units)");
+    t_.now().activations += batch_ * model.root_pre.saved;
+    for (size_t u = 1; u < layout_.units.size(); ++u) {
+      unshard(u);
+      if (setup_.policy.fsdp.forward_prefetch() && u + 1 < layout_.units.size()) prefetch(u + 1);
+      const PlanActivations& a = activations(u);
+      // Under checkpointing nothing is saved, but the intermediates exist while it runs: at most
+      // what it would have saved.
+      const int64_t running = a.forward_transient + (checkpointing_ ? a.saved - a.checkpointed : 0);
+      t_.check(batch_ * running, "forward of " + unit_label(layout_.units[u]));
+      t_.now().activations += batch_ * (checkpointing_ ? a.checkpointed : a.saved);
+      if (layout_.units[u].reshard_after_forward) reshard(u);
+    }
+    const PlanActivations& head = model.root.activations;
+    t_.check(batch_ * head.forward_transient, "forward of the root (after the units)");
+    t_.now().activations += batch_ * head.saved;
+  }
+
+  void backward() {
+    const PlanModel& model = setup_.model;
+    const size_t last = layout_.units.size() - 1;
+    begin_gradients(0);
+    if (prefetches_before_backward() && last >= 1) prefetch(last);
+    const PlanActivations& head = model.root.activations;
+    t_.check(batch_ * head.backward_transient + model.root.backward_workspace, "backward of the root (before the units)");
+    // The head frees what it saved and the last unit's output (its input).
+    t_.now().activations -= batch_ * (head.saved + (last >= 1 ? activations(last).checkpointed : 0));
+    for (size_t u = last; u >= 1; --u) {
+      unshard(u);
+      if (prefetches_before_backward() && u > 1) prefetch(u - 1);
+      begin_gradients(u);
+      const PlanActivations& a = activations(u);
+      if (checkpointing_) t_.now().activations += batch_ * a.saved;  // recomputed
+      t_.check(batch_ * a.backward_transient + setup_.model.units[u - 1].backward_workspace,
+               "backward of " + unit_label(layout_.units[u]));
+      // Freed: what it saved but its output (gone with the unit after it: checkpointed, the
+      // recomputed copy too), and its input, the unit before it's output.
+      t_.now().activations -= batch_ * (checkpointing_ ? a.saved : a.saved - a.checkpointed);
+      if (u > 1) t_.now().activations -= batch_ * activations(u - 1).checkpointed;
+      if (setup_.policy.fsdp.backward_prefetch() == BackwardPrefetch::BackwardPost && u > 1) prefetch(u - 1);
+      reshard(u);
+      reduce(u);
+    }
+    t_.check(batch_ * model.root_pre.backward_transient + model.root.backward_workspace,
+             "backward of the root (after the units)");
+    reduce(0);
+  }
+
+ private:
+  const PlanActivations& activations(size_t u) const { return setup_.model.units[u - 1].activations; }
+  bool prefetches_before_backward() const {
+    return setup_.policy.fsdp.backward_prefetch() == BackwardPrefetch::BackwardPre;
+  }
+  bool rate_limited(size_t u) const { return u > 0 && limit_ > 0; }
+
+  void unshard(size_t u) {
+    if (unsharded_[u]) return;
+    unsharded_[u] = true;
+    if (u > 0) ++in_flight_;
+    t_.now().unsharded_params += layout_.units[u].unsharded_params;
+  }
+  // A prefetch at the rate limiter's limit is refused (RateLimiter::acquire).
+  void prefetch(size_t u) {
+    if (unsharded_[u] || (rate_limited(u) && in_flight_ >= limit_)) return;
+    unshard(u);
+  }
+  void reshard(size_t u) {
+    if (!unsharded_[u]) return;
+    unsharded_[u] = false;
+    if (u > 0) --in_flight_;
+    t_.now().unsharded_params -= layout_.units[u].unsharded_params;
+  }
+  void begin_gradients(size_t u) { t_.now().unsharded_grads += layout_.units[u].unsharded_grad; }
+  // The reduce-scatter is issued; the limiter lets one reduction stay in flight while the next
+  // unit computes, so the gradient before it is freed now (planned at its latest).
+  void reduce(size_t u) {
+    while (!pending_.empty()) {
+      const size_t done = pending_.front();
+      pending_.pop_front();
+      t_.now().unsharded_grads -= layout_.units[done].unsharded_grad;
+    }
+    const UnitLayout& unit = layout_.units[u];
+    t_.check(unit.reduce_output, "reduction of " + unit_label(unit));
+    if (u == 0) {  // the end of backward waits for every reduction
+      t_.now().unsharded_grads -= unit.unsharded_grad;
+      reshard(0);
+      return;
+    }
+    pending_.push_back(u);
+  }
+
+  const PlanSetup& setup_;
+  const RankLayout& layout_;
+  Timeline& t_;
+  std::vector<bool> unsharded_;
+  std::deque<size_t> pending_;
+  int64_t batch_;
+  bool checkpointing_;
+  int limit_;
+  int in_flight_ = 0;
+};
+
+}  // namespace
+
+RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) {
+  RankMemory rank;
+  rank.rank = layout.rank;
+  const Precision& p = layout.precision;
+  MemoryBreakdown start;
+  for (const auto& unit : layout.units) {
+    start.sharded_params += unit.shard_numel * p.shard_bytes;
+    if (unit.trainable) start.sharded_grads += unit.shard_numel * p.shard_bytes;
+    start.optimizer_state += 2 * unit.piece_numel * p.shard_bytes;  // AdamW's exp_avg, exp_avg_sq
+  }
+  rank.model_states = start.sharded_params + start.sharded_grads + start.optimizer_state;
+  if (setup.policy.fsdp.cpu_offload()) {  // model states in host memory
+    rank.offloaded_bytes = rank.model_states;
+    start.sharded_params = start.sharded_grads = start.optimizer_state = 0;
+  }
+  start.program = setup.model.resident_bytes + setup.policy.batch * setup.model.input_bytes_per_sequence;
+  Timeline timeline(start);
+  StepReplay replay(setup, layout, timeline);
+  replay.forward();
+  replay.backward();
+  rank.peak = timeline.peak();
+  rank.peak_at = timeline.peak_at();
+  return rank;
+}
+
+}  // namespace fsdp::planning

@@ -1,0 +1,143 @@
+#include <fsdp/plan.h>
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+namespace fsdp {
+
+namespace {
+
+std::string mib(double bytes) {
+  char text[32];
+  if (bytes >= 10.0 * (1 << 30)) {
+    std::snprintf(text, sizeof(text), "%.2f GiB", bytes / (1 << 30));
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f MiB", bytes / (1 << 20));
+  }
+  return text;
+}
+
+nlohmann::json breakdown_json(const MemoryBreakdown& m) {
+  return {{"sharded_params", m.sharded_params}, {"sharded_grads", m.sharded_grads},
+          {"optimizer_state", m.optimizer_state}, {"unsharded_params", m.unsharded_params},
+          {"unsharded_grads", m.unsharded_grads}, {"activations", m.activations},
+          {"workspace", m.workspace}, {"program", m.program}, {"total", m.total()}};
+}
+
+const RankMemory& peak_rank(const Plan& plan) {
+  return *std::max_element(plan.ranks.begin(), plan.ranks.end(), [](const RankMemory& a, const RankMemory& b) {
+    return a.peak.total() < b.peak.total();
+  });
+}
+
+void breakdown_lines(std::ostringstream& s, const MemoryBreakdown& m) {
+  const std::pair<const char*, int64_t> rows[] = {
+      {"sharded parameters", m.sharded_params}, {"gradient shards", m.sharded_grads},
+      {"optimizer state", m.optimizer_state}, {"unsharded parameters", m.unsharded_params},
+      {"unsharded gradients", m.unsharded_grads}, {"activations", m.activations},
+      {"workspace", m.workspace}, {"program (data, batch)", m.program}};
+  for (const auto& [what, bytes] : rows) s << "    " << what << ": " << mib(static_cast<double>(bytes)) << "\n";
+}
+
+}  // namespace
+
+nlohmann::json plan_json(const Plan& plan) {
+  const PlanSetup& setup = plan.setup;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : plan.ranks) {
+    ranks.push_back({{"rank", r.rank}, {"peak_bytes", r.peak.total()}, {"peak_at", r.peak_at},
+                     {"breakdown", breakdown_json(r.peak)}, {"model_states_bytes", r.model_states},
+                     {"offloaded_bytes", r.offloaded_bytes}});
+  }
+  const FullyShardOptions& o = setup.policy.fsdp;
+  return {{"model", setup.model.name}, {"parameters", setup.model.numel()},
+          {"world_size", setup.world.world_size}, {"ranks_per_host", setup.world.ranks_per_host},
+          {"strategy", to_string(o.strategy())}, {"shard_group_size", plan.shard_group_size},
+          {"replicas", plan.replicas}, {"batch_per_rank", setup.policy.batch},
+          {"compute_dtype", c10::toString(setup.model.compute_dtype)},
+          {"activation_checkpointing", o.activation_checkpointing()}, {"cpu_offload", o.cpu_offload()},
+          {"limit_all_gathers", o.limit_all_gathers()}, {"label", plan.label()},
+          {"peak_bytes", plan.peak_bytes}, {"device_memory_bytes", setup.device.memory_bytes},
+          {"fits", plan.fits}, {"at_risk", plan.at_risk}, {"headroom", plan.headroom},
+          {"ranks", ranks},
+          {"traffic", {{"all_gather_bytes", plan.traffic.all_gather}, {"reduce_scatter_bytes", plan.traffic.reduce_scatter},
+                       {"all_reduce_bytes", plan.traffic.all_reduce}, {"intra_host_bytes", plan.traffic.intra_host},
+                       {"cross_host_bytes", plan.traffic.cross_host}, {"collectives", plan.traffic.collectives}}},
+          {"time", {{"compute_s", plan.time.compute}, {"communication_s", plan.time.communication},
+                    {"exposed_communication_s", plan.time.exposed_communication},
+                    {"step_s", plan.time.step}, {"tokens_per_s", plan.time.tokens_per_s}}}};
+}
+
+std::string plan_text(const Plan& plan) {
+  const PlanSetup& setup = plan.setup;
+  std::ostringstream s;
+  s << "plan: " << setup.model.name << ", " << setup.model.numel() << " parameters, W = "
+    << setup.world.world_size << " (" << setup.world.ranks_per_host << " per host): " << plan.label()
+    << ", " << plan.replicas << " replica group(s)\n";
+  const RankMemory& top = peak_rank(plan);
+  s << "  peak memory per rank: " << mib(static_cast<double>(plan.peak_bytes)) << " (rank " << top.rank
+    << ", during " << top.peak_at << ")";
+  if (setup.device.memory_bytes > 0) {
+    char text[96];
+    std::snprintf(text, sizeof(text), " of %s: %s, headroom %.1f%%", mib(setup.device.memory_bytes).c_str(),
+                  !plan.fits ? "DOES NOT FIT" : plan.at_risk ? "fits, AT RISK" : "fits", 100 * plan.headroom);
+    s << text;
+  }
+  s << "\n";
+  breakdown_lines(s, top.peak);
+  s << "    model states (parameters, gradients, optimizer): " << mib(static_cast<double>(top.model_states));
+  if (top.offloaded_bytes > 0) s << " in host memory (CPU offload)";
+  s << "\n";
+  if (plan.ranks.size() > 1) {
+    int64_t low = plan.peak_bytes;
+    for (const auto& r : plan.ranks) low = std::min(low, r.peak.total());
+    s << "  other ranks: " << mib(static_cast<double>(low)) << " to " << mib(static_cast<double>(plan.peak_bytes)) << "\n";
+  }
+  const PlanTraffic& t = plan.traffic;
+  s << "  bytes sent per step per rank: all-gather " << t.all_gather << ", reduce-scatter " << t.reduce_scatter
+    << ", all-reduce " << t.all_reduce << " (intra-host " << t.intra_host << ", cross-host " << t.cross_host
+    << "; " << t.collectives << " collectives)\n";
+  char text[256];
+  std::snprintf(text, sizeof(text), "  step time: %.1f ms (compute %.1f ms, communication %.1f ms of which %.1f ms "
+                "not hidden by prefetch), %.0f tokens/s over the world\n", plan.time.step * 1000,
+                plan.time.compute * 1000, plan.time.communication * 1000,
+                plan.time.exposed_communication * 1000, plan.time.tokens_per_s);
+  s << text;
+  return s.str();
+}
+
+nlohmann::json search_json(const SearchResult& result, double max_memory_bytes) {
+  nlohmann::json fitting = nlohmann::json::array(), rejected = nlohmann::json::array();
+  for (size_t i = 0; i < result.fitting.size(); ++i) {
+    auto j = plan_json(result.fitting[i]);
+    j["slower_because"] = result.slower_because[i];
+    fitting.push_back(j);
+  }
+  for (const auto& [p, why] : result.rejected) {
+    rejected.push_back({{"label", p.label()}, {"peak_bytes", p.peak_bytes}, {"why", why}});
+  }
+  return {{"max_memory_bytes", max_memory_bytes}, {"fitting", fitting}, {"rejected", rejected}};
+}
+
+std::string search_text(const SearchResult& result, double max_memory_bytes) {
+  std::ostringstream s;
+  s << "search under " << mib(max_memory_bytes) << " per rank: " << result.fitting.size() << " configuration(s) fit, "
+    << result.rejected.size() << " do not\n";
+  for (size_t i = 0; i < result.fitting.size(); ++i) {
+    const Plan& p = result.fitting[i];
+    char text[160];
+    std::snprintf(text, sizeof(text), "  %s %-36s peak %s, step %.1f ms, %.0f tokens/s", i == 0 ? "best:     " : i == 1 ? "runner-up:" : "          ",
+                  p.label().c_str(), mib(static_cast<double>(p.peak_bytes)).c_str(), p.time.step * 1000, p.time.tokens_per_s);
+    s << text;
+    if (i > 0) s << ": " << result.slower_because[i];
+    s << "\n";
+  }
+  for (const auto& [p, why] : result.rejected) s << "  no fit:     " << p.label() << ": " << why << "\n";
+  if (!result.fitting.empty()) s << "\n" << plan_text(result.fitting.front());
+  return s.str();
+}
+
+}  // namespace fsdp

@@ -1,0 +1,92 @@
+#include <fsdp/plan.h>
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+namespace fsdp {
+
+namespace {
+
+std::string gib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+  return text;
+}
+
+std::string ms(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f ms", seconds * 1000);
+  return text;
+}
+
+// The shard group size a hybrid strategy takes in a search: the ranks of one host.
+std::optional<FullyShardOptions> options_for(const PlanSetup& setup, ShardingStrategy strategy) {
+  FullyShardOptions o = setup.policy.fsdp;
+  o.strategy(strategy).shard_group_size(0);
+  if (is_hybrid(strategy)) o.shard_group_size(setup.world.ranks_per_host);
+  try {
+    o.validate(setup.world.world_size, setup.world.ranks_per_host);
+  } catch (const c10::Error&) {
+    return std::nullopt;  // e.g. hybrid on one host
+  }
+  return o;
+}
+
+// Why `loser` loses to `best`, from the terms of their plans.
+std::string why_slower(const Plan& loser, const Plan& best) {
+  const PlanTime &l = loser.time, &b = best.time;
+  char text[200];
+  std::snprintf(text, sizeof(text), "%.0f%% fewer tokens/s: compute %s vs %s, exposed communication %s vs %s",
+                100.0 * (1.0 - l.tokens_per_s / b.tokens_per_s), ms(l.compute).c_str(),
+                ms(b.compute).c_str(), ms(l.exposed_communication).c_str(),
+                ms(b.exposed_communication).c_str());
+  std::string why = text;
+  if (loser.setup.policy.batch < best.setup.policy.batch) why += " (a smaller batch per rank)";
+  if (loser.setup.policy.fsdp.activation_checkpointing() && !best.setup.policy.fsdp.activation_checkpointing()) {
+    why += " (recomputes every unit's forward)";
+  }
+  return why;
+}
+
+}  // namespace
+
+SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, double max_memory_bytes) {
+  TORCH_CHECK(max_memory_bytes > 0, "search: the memory cap must be > 0 bytes, got ", max_memory_bytes);
+  const std::vector<int64_t> batches = space.batches.empty() ? std::vector<int64_t>{setup.policy.batch} : space.batches;
+  SearchResult result;
+  for (ShardingStrategy strategy : space.strategies) {
+    const auto options = options_for(setup, strategy);
+    if (!options) continue;
+    for (bool checkpointing : space.activation_checkpointing) {
+      for (bool offload : space.cpu_offload) {
+        for (int64_t batch : batches) {
+          PlanSetup candidate = setup;
+          candidate.policy.fsdp = *options;
+          candidate.policy.fsdp.activation_checkpointing(checkpointing).cpu_offload(offload);
+          candidate.policy.batch = batch;
+          candidate.device.memory_bytes = max_memory_bytes;
+          Plan p = plan(candidate);
+          if (p.peak_bytes <= max_memory_bytes) {
+            result.fitting.push_back(std::move(p));
+          } else {
+            result.rejected.emplace_back(std::move(p), "");
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(result.fitting.begin(), result.fitting.end(),
+                   [](const Plan& a, const Plan& b) { return a.time.tokens_per_s > b.time.tokens_per_s; });
+  for (const Plan& p : result.fitting) {
+    result.slower_because.push_back(&p == &result.fitting.front() ? "" : why_slower(p, result.fitting.front()));
+  }
+  for (auto& [p, why] : result.rejected) {
+    why = "peak " + gib(static_cast<double>(p.peak_bytes)) + " > cap " + gib(max_memory_bytes);
+  }
+  return result;
+}
+
+}  // namespace fsdp

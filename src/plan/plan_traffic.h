@@ -1,0 +1,26 @@
+#pragma once
+// The bytes one rank sends per step, per kind of collective exactly as fsdp::comm_stats() counts
+// them (ring algorithms: an all-gather or reduce-scatter over F ranks sends F-1 shards, an
+// all-reduce of b bytes over R ranks 2(R-1)b/R), and per class of link: a ring sends everything
+// to the next rank of its group, on this host or on another.
+
+#include "plan/plan_layout.h"
+
+#include <vector>
+
+namespace fsdp::planning {
+
+/// One collective of the step, in issue order (the step-time model overlaps them with compute).
+struct PlannedCollective {
+  enum Kind { AllGather, ReduceScatter, AllReduce } kind;
+  size_t unit = 0;          ///< index in RankLayout::units (0: the root); the program's own: 0
+  bool backward = false;    ///< issued during backward
+  int64_t bytes = 0;        ///< sent by this rank
+  int steps = 0;            ///< ring steps (latency)
+  bool cross_host = false;  ///< its ring's next rank is on another host
+};
+
+std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const RankLayout& layout);
+PlanTraffic total_traffic(const std::vector<PlannedCollective>& collectives);
+
+}  // namespace fsdp::planning
