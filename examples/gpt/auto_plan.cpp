@@ -97,10 +97,12 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   return best;
 }
 
-void print_plan_against_run(const fsdp::Plan& plan, const TrainResult& result, fsdp::Distributed& dist) {
+void print_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
+                            fsdp::Distributed& dist) {
   int64_t peak = 0;
   std::vector<double> step_ms;
-  for (size_t s = 1; s < result.steps.size(); ++s) {  // the first step creates the optimizer state
+  const size_t first = result.steps.size() > 1 ? 1 : 0;  // the first step creates the optimizer state
+  for (size_t s = first; s < result.steps.size(); ++s) {
     peak = std::max(peak, result.steps[s].memory.peak_bytes);
     step_ms.push_back(result.steps[s].step_ms);
   }
@@ -110,10 +112,13 @@ void print_plan_against_run(const fsdp::Plan& plan, const TrainResult& result, f
   if (dist.rank() != 0) return;
   const double measured_peak = peaks.max().item<double>();
   const double measured_ms = median(step_ms);
+  const double predicted_ms = plan.time.step * 1000 * o.grad_accum;  // the plan is a micro-batch's
   std::printf("plan vs run: peak per rank predicted %.2f MiB, measured %.2f MiB (max over ranks, "
-              "%.3fx); step predicted %.1f ms, measured %.1f ms (median of rank 0, %.3fx)\n",
+              "%.3fx); step (%lld micro-batch%s) predicted %.1f ms, measured %.1f ms (median of rank "
+              "0, %.3fx)\n",
               plan.peak_bytes / 1048576.0, measured_peak / 1048576.0, measured_peak / plan.peak_bytes,
-              plan.time.step * 1000, measured_ms, measured_ms / (plan.time.step * 1000));
+              static_cast<long long>(o.grad_accum), o.grad_accum == 1 ? "" : "es", predicted_ms,
+              measured_ms, measured_ms / predicted_ms);
   std::fflush(stdout);
 }
 

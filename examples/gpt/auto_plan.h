@@ -24,6 +24,7 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
 
 /// Rank 0 prints the plan against the run: the largest peak over the ranks and the median step
 /// time (steps after the first) beside the predicted ones (a collective).
-void print_plan_against_run(const fsdp::Plan& plan, const TrainResult& result, fsdp::Distributed& dist);
+void print_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
+                            fsdp::Distributed& dist);
 
 }  // namespace gpt

@@ -61,7 +61,7 @@ void run(gpt::CommandLine& cl) {
   if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist);
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);
-  if (plan) gpt::print_plan_against_run(*plan, result, *dist);
+  if (plan) gpt::print_plan_against_run(*plan, o, result, *dist);
 }
 
 // gpt_train --plan: the plan of the flags' run (rank 0 alone prints when launched), no training.

@@ -93,6 +93,9 @@ struct PlanDevice {
   KernelRates fp32;           ///< computing in fp32
   KernelRates low_precision;  ///< computing in bf16/fp16
   double op_overhead_s = 0;   ///< seconds per kernel launch or dispatch
+  /// The share of memory its allocator may hold beyond the bytes allocated: a caching allocator's
+  /// split and per-stream cached blocks. A plan that fits with less headroom is flagged at risk.
+  double allocator_reserve = 0.10;
 };
 
 /// Per-rank bandwidth of each class of link (bytes/s), and the latency of one collective step.
@@ -167,13 +170,9 @@ struct Plan {
   PlanTime time;
   double headroom = 0;             ///< 1 - peak / device memory (0 if the memory is unknown)
   bool fits = true;                ///< peak <= device memory
-  bool at_risk = false;            ///< fits, with less headroom than the allocator needs
+  bool at_risk = false;            ///< fits, with less headroom than device.allocator_reserve
   std::string label() const;       ///< e.g. "full, F=8, bf16, AC, batch 2"
 };
-
-/// Headroom below which a plan that fits is flagged at risk: a caching allocator fragments, and
-/// the paper's 175B run at 128 GPUs, batch 2, hit allocator retries with ~5% of the 80 GB free.
-constexpr double kAtRiskHeadroom = 0.10;
 
 /// Predicts the run; throws naming the bad input (e.g. a shard group that does not divide W).
 Plan plan(const PlanSetup& setup);

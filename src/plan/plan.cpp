@@ -64,7 +64,7 @@ Plan plan(const PlanSetup& setup) {
   if (memory > 0) {
     result.headroom = 1.0 - static_cast<double>(result.peak_bytes) / memory;
     result.fits = result.headroom >= 0;
-    result.at_risk = result.fits && result.headroom < kAtRiskHeadroom;
+    result.at_risk = result.fits && result.headroom < setup.device.allocator_reserve;
   }
   return result;
 }

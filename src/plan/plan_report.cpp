@@ -1,5 +1,7 @@
 #include <fsdp/plan.h>
 
+#include "plan/bytes_text.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <algorithm>
@@ -10,15 +12,7 @@ namespace fsdp {
 
 namespace {
 
-std::string mib(double bytes) {
-  char text[32];
-  if (bytes >= 10.0 * (1 << 30)) {
-    std::snprintf(text, sizeof(text), "%.2f GiB", bytes / (1 << 30));
-  } else {
-    std::snprintf(text, sizeof(text), "%.2f MiB", bytes / (1 << 20));
-  }
-  return text;
-}
+using planning::bytes_text;
 
 nlohmann::json breakdown_json(const MemoryBreakdown& m) {
   return {{"sharded_params", m.sharded_params}, {"sharded_grads", m.sharded_grads},
@@ -39,7 +33,7 @@ void breakdown_lines(std::ostringstream& s, const MemoryBreakdown& m) {
       {"optimizer state", m.optimizer_state}, {"unsharded parameters", m.unsharded_params},
       {"unsharded gradients", m.unsharded_grads}, {"activations", m.activations},
       {"workspace", m.workspace}, {"program (data, batch)", m.program}};
-  for (const auto& [what, bytes] : rows) s << "    " << what << ": " << mib(static_cast<double>(bytes)) << "\n";
+  for (const auto& [what, bytes] : rows) s << "    " << what << ": " << bytes_text(static_cast<double>(bytes)) << "\n";
 }
 
 }  // namespace
@@ -78,23 +72,25 @@ std::string plan_text(const Plan& plan) {
     << setup.world.world_size << " (" << setup.world.ranks_per_host << " per host): " << plan.label()
     << ", " << plan.replicas << " replica group(s)\n";
   const RankMemory& top = peak_rank(plan);
-  s << "  peak memory per rank: " << mib(static_cast<double>(plan.peak_bytes)) << " (rank " << top.rank
+  s << "  peak memory per rank: " << bytes_text(static_cast<double>(plan.peak_bytes)) << " (rank " << top.rank
     << ", during " << top.peak_at << ")";
   if (setup.device.memory_bytes > 0) {
-    char text[96];
-    std::snprintf(text, sizeof(text), " of %s: %s, headroom %.1f%%", mib(setup.device.memory_bytes).c_str(),
-                  !plan.fits ? "DOES NOT FIT" : plan.at_risk ? "fits, AT RISK" : "fits", 100 * plan.headroom);
+    char text[160];
+    std::snprintf(text, sizeof(text), " of %s: %s, headroom %.1f%% (at risk below %.0f%%)",
+                  bytes_text(setup.device.memory_bytes).c_str(),
+                  !plan.fits ? "DOES NOT FIT" : plan.at_risk ? "fits, AT RISK" : "fits", 100 * plan.headroom,
+                  100 * setup.device.allocator_reserve);
     s << text;
   }
   s << "\n";
   breakdown_lines(s, top.peak);
-  s << "    model states (parameters, gradients, optimizer): " << mib(static_cast<double>(top.model_states));
+  s << "    model states (parameters, gradients, optimizer): " << bytes_text(static_cast<double>(top.model_states));
   if (top.offloaded_bytes > 0) s << " in host memory (CPU offload)";
   s << "\n";
   if (plan.ranks.size() > 1) {
     int64_t low = plan.peak_bytes;
     for (const auto& r : plan.ranks) low = std::min(low, r.peak.total());
-    s << "  other ranks: " << mib(static_cast<double>(low)) << " to " << mib(static_cast<double>(plan.peak_bytes)) << "\n";
+    s << "  other ranks: " << bytes_text(static_cast<double>(low)) << " to " << bytes_text(static_cast<double>(plan.peak_bytes)) << "\n";
   }
   const PlanTraffic& t = plan.traffic;
   s << "  bytes sent per step per rank: all-gather " << t.all_gather << ", reduce-scatter " << t.reduce_scatter
@@ -124,13 +120,13 @@ nlohmann::json search_json(const SearchResult& result, double max_memory_bytes) 
 
 std::string search_text(const SearchResult& result, double max_memory_bytes) {
   std::ostringstream s;
-  s << "search under " << mib(max_memory_bytes) << " per rank: " << result.fitting.size() << " configuration(s) fit, "
+  s << "search under " << bytes_text(max_memory_bytes) << " per rank: " << result.fitting.size() << " configuration(s) fit, "
     << result.rejected.size() << " do not\n";
   for (size_t i = 0; i < result.fitting.size(); ++i) {
     const Plan& p = result.fitting[i];
     char text[160];
     std::snprintf(text, sizeof(text), "  %s %-36s peak %s, step %.1f ms, %.0f tokens/s", i == 0 ? "best:     " : i == 1 ? "runner-up:" : "          ",
-                  p.label().c_str(), mib(static_cast<double>(p.peak_bytes)).c_str(), p.time.step * 1000, p.time.tokens_per_s);
+                  p.label().c_str(), bytes_text(static_cast<double>(p.peak_bytes)).c_str(), p.time.step * 1000, p.time.tokens_per_s);
     s << text;
     if (i > 0) s << ": " << result.slower_because[i];
     s << "\n";

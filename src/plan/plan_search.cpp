@@ -1,20 +1,17 @@
 #include <fsdp/plan.h>
 
+#include "plan/bytes_text.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
 namespace fsdp {
 
 namespace {
-
-std::string gib(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f GiB", bytes / (1024.0 * 1024 * 1024));
-  return text;
-}
 
 std::string ms(double seconds) {
   char text[32];
@@ -35,9 +32,18 @@ std::optional<FullyShardOptions> options_for(const PlanSetup& setup, ShardingStr
   return o;
 }
 
+// Speeds within 0.5% of each other are one: the model is not finer than that.
+int64_t speed_class(const Plan& p) {
+  return static_cast<int64_t>(std::floor(std::log(std::max(p.time.tokens_per_s, 1e-9)) / std::log(1.005)));
+}
+
 // Why `loser` loses to `best`, from the terms of their plans.
 std::string why_slower(const Plan& loser, const Plan& best) {
   const PlanTime &l = loser.time, &b = best.time;
+  if (speed_class(loser) == speed_class(best)) {
+    return "as fast, more memory: peak " + planning::bytes_text(static_cast<double>(loser.peak_bytes)) +
+           " vs " + planning::bytes_text(static_cast<double>(best.peak_bytes));
+  }
   char text[200];
   std::snprintf(text, sizeof(text), "%.0f%% fewer tokens/s: compute %s vs %s, exposed communication %s vs %s",
                 100.0 * (1.0 - l.tokens_per_s / b.tokens_per_s), ms(l.compute).c_str(),
@@ -78,13 +84,17 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
       }
     }
   }
-  std::stable_sort(result.fitting.begin(), result.fitting.end(),
-                   [](const Plan& a, const Plan& b) { return a.time.tokens_per_s > b.time.tokens_per_s; });
+  // Fastest first; among equally fast ones, the least memory.
+  std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {
+    const int64_t sa = speed_class(a), sb = speed_class(b);
+    return sa != sb ? sa > sb : a.peak_bytes < b.peak_bytes;
+  });
   for (const Plan& p : result.fitting) {
     result.slower_because.push_back(&p == &result.fitting.front() ? "" : why_slower(p, result.fitting.front()));
   }
   for (auto& [p, why] : result.rejected) {
-    why = "peak " + gib(static_cast<double>(p.peak_bytes)) + " > cap " + gib(max_memory_bytes);
+    why = "peak " + planning::bytes_text(static_cast<double>(p.peak_bytes)) + " > cap " +
+          planning::bytes_text(max_memory_bytes);
   }
   return result;
 }

@@ -1,0 +1,199 @@
+// The planner on its own: the paper's GPT-175B runs (Zhao et al., section 5.4), the search, the
+// layout's padding, and bad setups. Its predictions against real runs: plan_grid_test.cpp.
+#include "gpt_plan.h"
+
+#include <fsdp/plan.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+
+namespace {
+
+using fsdp::Plan;
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+// An A100-80GB as the plans below need it: its memory and a caching allocator's reserve (the
+// share the paper's 128-GPU batch-2 run lost to cached blocks); rates only order the search.
+fsdp::PlanDevice a100_80gb() {
+  fsdp::PlanDevice d;
+  d.memory_bytes = 80 * kGiB;
+  d.allocator_reserve = 0.30;
+  d.fp32 = {100e12, 60e12, 300e9, 1.7e12};
+  d.low_precision = {200e12, 120e12, 170e9, 1.7e12};
+  d.op_overhead_s = 5e-6;
+  return d;
+}
+
+gpt::GPTConfig min_gpt_175b() {
+  gpt::GPTConfig c;
+  c.layers = 96;
+  c.dim = 12288;
+  c.heads = 96;
+  c.max_seq = 2048;
+  c.vocab_size = 50000;
+  return c;
+}
+
+fsdp::PlanSetup paper_setup(int gpus, int64_t batch, fsdp::ShardingStrategy strategy) {
+  fsdp::PlanSetup s;
+  s.model = gpt::describe_gpt(min_gpt_175b(), at::kBFloat16, 0, gpt::GptCode::MinGpt);
+  s.world = {gpus, 8};
+  s.device = a100_80gb();
+  s.links = {240e9, 25e9, 10e-6};
+  s.policy.fsdp.strategy(strategy).activation_checkpointing(true).mixed_precision(
+      fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+  s.policy.batch = batch;
+  return s;
+}
+
+TEST(Planner, PaperGpt175BFitsEveryConfigurationAndBatch2On128GpusIsAtRisk) {
+  // Ψ of minGPT-175B counted here, not by the description: 96 blocks of 12C² + 13C, token and
+  // position embeddings, the untied head, the final LayerNorm.
+  const double C = 12288, V = 50000, T = 2048;
+  const double psi = 96 * (12 * C * C + 13 * C) + 2 * V * C + T * C + 2 * C;
+  const int units = 97;
+  std::map<std::pair<int, int64_t>, fsdp::Plan> plans;
+  std::printf("%5s %5s %12s %10s %8s\n", "GPUs", "batch", "peak GiB", "headroom", "at risk");
+  for (int gpus : {128, 192, 256, 384, 512}) {
+    for (int64_t batch : {1, 2}) {
+      const fsdp::Plan p = fsdp::plan(paper_setup(gpus, batch, fsdp::ShardingStrategy::FullShard));
+      std::printf("%5d %5lld %12.2f %9.1f%% %8s\n", gpus, (long long)batch, p.peak_bytes / kGiB,
+                  100 * p.headroom, p.at_risk ? "yes" : "no");
+      EXPECT_TRUE(p.fits) << gpus << " GPUs, batch " << batch;
+      EXPECT_EQ(p.at_risk, gpus == 128 && batch == 2) << gpus << " GPUs, batch " << batch;
+      // Model states: ZeRO's 16 bytes per parameter over W (bf16 compute, fp32 master, gradient
+      // shard and Adam's two moments), plus at most one padding element per unit.
+      for (const auto& rank : p.ranks) {
+        EXPECT_GE(rank.model_states, static_cast<int64_t>(16 * psi / gpus) - 16);
+        EXPECT_LE(rank.model_states, static_cast<int64_t>(16 * psi / gpus) + 16 * units);
+      }
+      plans.emplace(std::make_pair(gpus, batch), p);
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(plans.begin()->second.setup.model.numel()), psi, 0.5);
+  // Peak memory falls as GPUs are added; batch 2 at 128 GPUs has the least headroom.
+  for (int64_t batch : {1, 2}) {
+    int previous = 0;
+    for (int gpus : {128, 192, 256, 384, 512}) {
+      if (previous) {
+        EXPECT_LT(plans.at({gpus, batch}).peak_bytes, plans.at({previous, batch}).peak_bytes)
+            << gpus << " GPUs, batch " << batch;
+      }
+      previous = gpus;
+    }
+  }
+  for (const auto& [key, p] : plans) {
+    if (key != std::make_pair(128, int64_t{2})) EXPECT_GT(p.headroom, plans.at({128, 2}).headroom);
+  }
+  // Unsharded (every GPU holds the whole model, as DDP) it does not fit at all.
+  const fsdp::Plan unsharded = fsdp::plan(paper_setup(128, 1, fsdp::ShardingStrategy::NoShard));
+  EXPECT_FALSE(unsharded.fits);
+  EXPECT_GT(unsharded.peak_bytes, 16 * psi);
+}
+
+// A GPT of 3 blocks small enough to plan at W = 4, two ranks to a host.
+fsdp::PlanSetup small_setup() {
+  fsdp::PlanSetup s;
+  gpt::GPTConfig c = gpt::GPTConfig::sized(3, 95, 5, 64);  // Ψ_u not multiples of 4: padding
+  s.model = gpt::describe_gpt(c, at::kFloat, 0);
+  s.world = {4, 2};
+  s.device = a100_80gb();
+  s.links = {50e9, 5e9, 20e-6};
+  s.policy.batch = 4;
+  return s;
+}
+
+TEST(Planner, ShardsArePaddedPerUnitAndTheRanksPiecesCoverEveryParameterOnce) {
+  fsdp::PlanSetup s = small_setup();
+  const fsdp::Plan p = fsdp::plan(s);
+  // Ψ_u per unit from the shapes (blocks: 12C² + 13C; root: (V + T)·C + 2C), not the planner's.
+  const int64_t C = 95, block = 12 * C * C + 13 * C, root = (256 + 64) * C + 2 * C;
+  int64_t padded = 0;
+  for (int64_t numel : {root, block, block, block}) padded += (numel + 3) / 4;  // ceil(Ψ_u / 4)
+  int64_t moments = 0;
+  for (const auto& rank : p.ranks) {
+    // A padded fp32 shard and gradient shard per unit; the rest is AdamW's two moments of the
+    // rank's pieces (8 bytes an element), padding excluded.
+    const int64_t rank_moments = rank.model_states - 8 * padded;
+    EXPECT_GE(rank_moments, 8 * (padded - 3 * 4));  // at most 3 padding elements per unit
+    EXPECT_LE(rank_moments, 8 * padded);
+    moments += rank_moments;
+  }
+  EXPECT_EQ(moments, 8 * (root + 3 * block)) << "the pieces of the 4 ranks are each parameter once";
+  ASSERT_EQ(p.ranks.size(), 4u);
+  EXPECT_LT(p.ranks[3].model_states, p.ranks[0].model_states) << "the last rank holds the padding";
+}
+
+TEST(Planner, SearchReturnsTheFastestConfigurationUnderTheCapAndWhyTheOthersLose) {
+  const fsdp::PlanSetup s = small_setup();
+  fsdp::SearchSpace space;
+  space.batches = {1, 2, 4};
+  // A cap between the smallest and the largest peak of the space.
+  const fsdp::SearchResult all = fsdp::search_plans(s, space, 1e15);
+  int64_t low = INT64_MAX, high = 0;
+  for (const auto& p : all.fitting) {
+    low = std::min(low, p.peak_bytes);
+    high = std::max(high, p.peak_bytes);
+  }
+  ASSERT_LT(low, high);
+  const double cap = (low + high) / 2.0;
+  const fsdp::SearchResult r = fsdp::search_plans(s, space, cap);
+  ASSERT_NE(r.best(), nullptr);
+  ASSERT_GE(r.fitting.size(), 2u);
+  EXPECT_FALSE(r.rejected.empty());
+  EXPECT_EQ(r.fitting.size() + r.rejected.size(), all.fitting.size());
+  for (size_t i = 0; i < r.fitting.size(); ++i) {
+    EXPECT_LE(r.fitting[i].peak_bytes, cap);
+    if (i > 0) {  // slower (0.5% is the model's resolution), or as fast with more memory
+      const Plan &a = r.fitting[i - 1], &b = r.fitting[i];
+      EXPECT_LE(b.time.tokens_per_s, a.time.tokens_per_s * 1.005);
+      if (b.time.tokens_per_s > a.time.tokens_per_s / 1.005) EXPECT_GE(b.peak_bytes, a.peak_bytes);
+      EXPECT_TRUE(r.slower_because[i].find("fewer tokens/s") != std::string::npos ||
+                  r.slower_because[i].find("as fast, more memory") != std::string::npos)
+          << r.slower_because[i];
+    }
+  }
+  for (const auto& [p, why] : r.rejected) {
+    EXPECT_GT(p.peak_bytes, cap);
+    EXPECT_NE(why.find("> cap"), std::string::npos) << why;
+  }
+  // Hybrid sharding takes the ranks of a host as its shard group.
+  bool saw_hybrid = false;
+  for (const auto& p : all.fitting) {
+    if (p.setup.policy.fsdp.strategy() == fsdp::ShardingStrategy::HybridShard) {
+      saw_hybrid = true;
+      EXPECT_EQ(p.shard_group_size, 2);
+      EXPECT_EQ(p.replicas, 2);
+    }
+  }
+  EXPECT_TRUE(saw_hybrid);
+  EXPECT_EQ(fsdp::search_plans(s, space, low / 2.0).best(), nullptr);
+}
+
+TEST(Planner, BadSetupsAreRefusedNamingTheCause) {
+  auto message = [](fsdp::PlanSetup s) {
+    try {
+      fsdp::plan(s);
+    } catch (const c10::Error& e) {
+      return e.msg();
+    }
+    return std::string("no error");
+  };
+  fsdp::PlanSetup s = small_setup();
+  s.policy.fsdp.strategy(fsdp::ShardingStrategy::HybridShard).shard_group_size(3);
+  EXPECT_NE(message(s).find("does not divide"), std::string::npos) << message(s);
+  s = small_setup();
+  s.policy.batch = 0;
+  EXPECT_NE(message(s).find("batch per rank must be >= 1"), std::string::npos) << message(s);
+  s = small_setup();
+  s.world.ranks_per_host = 3;
+  EXPECT_NE(message(s).find("ranks per host (3) must divide"), std::string::npos) << message(s);
+  s = small_setup();
+  s.policy.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+  EXPECT_NE(message(s).find("describe the model for the policy's param_dtype"), std::string::npos) << message(s);
+}
+
+}  // namespace
