@@ -314,6 +314,7 @@ def bench_config(name, c, world, data, work, timeout):
                  [os.path.join(d, "init.log")], timeout)
     if res["exit_codes"] != [0]:
         raise SystemExit(f"[bench] FAILED: writing {name}'s init.pt:\n{tail(os.path.join(d, 'init.log'))}")
+    plan = planned(c, world, data, d, timeout)
     metrics = {k: [] for k in KINDS}
     runs, idle = [], []
     for r in range(c["rounds"]):
@@ -328,10 +329,31 @@ def bench_config(name, c, world, data, work, timeout):
                 f"ms/step ({record['wall_s']:.1f} s wall, {record['cpu_s']:.1f} s CPU, others "
                 f"{record['others_busy_cores']:.2f} cores)")
     summary = summarize(c, world, os.path.join(d, "init.pt"), metrics)
+    summary.update(plan_vs_measured(plan, summary))
     summary.update(runs=runs, idle_busy_cores_before_rounds=idle,
                    peer_teardown_failures=sum("teardown_failure" in r for r in runs),
                    rss_peak_bytes={k: max(r["rss_peak_bytes"] for r in runs if r["kind"] == k) for k in KINDS})
     return summary
+
+
+def planned(c, world, data, d, timeout):
+    """gpt_train --plan --json for the configuration (W ranks on this host, the device probed at
+    the model's shapes with one thread, as the ranks run), before the timed runs, on an idle machine."""
+    path = os.path.join(d, "plan.json")
+    res = launch([[GPT_TRAIN, "--plan", "--json", "--ranks", str(world), "--ranks-per-host", str(world)]
+                  + train_args(c, data)], [path], timeout)
+    if res["exit_codes"] != [0]:
+        raise SystemExit(f"[bench] FAILED: gpt_train --plan:\n{tail(path)}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def plan_vs_measured(plan, summary):
+    """The planner's step time and peak beside the C++ runs' (docs/planner.md)."""
+    step_ms = plan["time"]["step_s"] * 1000
+    return {"planned_step_ms": step_ms, "planned_peak_bytes": plan["peak_bytes"],
+            "planned_vs_measured_step": step_ms / summary["cpp_step_ms"],
+            "planned_vs_measured_peak": plan["peak_bytes"] / summary["cpp_peak_bytes"]}
 
 
 def summarize(c, world, init, metrics):
@@ -514,6 +536,10 @@ TABLE_ROWS = [
      lambda s: f"{s['loss_first_rel_diff']:.2e} / {s['loss_max_rel_diff']:.2e} "
                f"({s['loss_tolerance']['first_step']:g} / {s['loss_tolerance']['any_step']:g})"),
     ("C++ peak tensor bytes per rank", lambda s: mib(s["cpp_peak_bytes"])),
+    ("planned step ms / measured (gpt_train --plan)",
+     when("planned_step_ms", lambda v: f"{v:.1f}")),
+    ("planned / measured step time", when("planned_vs_measured_step", lambda v: f"{v:.3f}")),
+    ("planned peak per rank / measured", when("planned_vs_measured_peak", lambda v: f"{v:.3f}")),
     ("bound per rank", when("bound_bytes", mib)),
     ("peak / bound", when("peak_vs_bound", lambda v: f"{v:.3f}")),
     ("grad-aware bound per rank", when("bound_bytes_grad_aware", mib)),

@@ -2,6 +2,7 @@
 // layout's padding, and bad setups. Its predictions against real runs: plan_grid_test.cpp.
 #include "gpt_plan.h"
 
+#include <fsdp/memory.h>
 #include <fsdp/plan.h>
 
 #include <gtest/gtest.h>
@@ -194,6 +195,31 @@ TEST(Planner, BadSetupsAreRefusedNamingTheCause) {
   s = small_setup();
   s.policy.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
   EXPECT_NE(message(s).find("describe the model for the policy's param_dtype"), std::string::npos) << message(s);
+}
+
+}  // namespace
+
+namespace {
+
+// The GPT's analytic activation count (gpt_plan.cpp, [Note: GPT activations]) against a
+// measurement of one block on one sequence, in fp32 and bf16: what forward leaves for backward and
+// the block's output.
+TEST(Planner, AnalyticGptBlockActivationsMatchAMeasuredBlock) {
+  fsdp::install_memory_counter();
+  const gpt::GPTConfig config = gpt::GPTConfig::sized(1, 128, 4, 64);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    gpt::Block block(config);
+    block->to(dtype);
+    const at::Tensor x = at::randn({1, config.max_seq, config.dim}).to(dtype);
+    const fsdp::PlanActivations measured =
+        fsdp::measure_activations([&](const at::Tensor& in) { return block(in); }, x);
+    const fsdp::PlanActivations counted = gpt::describe_gpt(config, dtype, 0).units.at(0).activations;
+    std::printf("%s: saved %lld measured / %lld counted; backward transient %lld / %lld\n",
+                c10::toString(dtype), (long long)measured.saved, (long long)counted.saved,
+                (long long)measured.backward_transient, (long long)counted.backward_transient);
+    EXPECT_NEAR(static_cast<double>(measured.saved) / counted.saved, 1.0, 0.05) << c10::toString(dtype);
+    EXPECT_EQ(measured.checkpointed, counted.checkpointed) << c10::toString(dtype);
+  }
 }
 
 }  // namespace

@@ -17,7 +17,10 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,7 +95,7 @@ struct PlanDevice {
   double memory_bytes = 0;    ///< usable per rank (0: unknown, nothing is flagged)
   KernelRates fp32;           ///< computing in fp32
   KernelRates low_precision;  ///< computing in bf16/fp16
-  double op_overhead_s = 0;   ///< seconds per kernel launch or dispatch
+  double op_overhead_s = 0;   ///< seconds per kernel beyond its arithmetic (launch, dispatch, autograd)
   /// The share of memory its allocator may hold beyond the bytes allocated: a caching allocator's
   /// split and per-stream cached blocks. A plan that fits with less headroom is flagged at risk.
   double allocator_reserve = 0.10;
@@ -204,6 +207,15 @@ nlohmann::json plan_json(const Plan& plan);
 std::string search_text(const SearchResult& result, double max_memory_bytes);
 nlohmann::json search_json(const SearchResult& result, double max_memory_bytes);
 
+/// Measures the activations of a unit for which no count exists: runs `forward` on `input` (ONE
+/// sequence, on the unit's device, in its compute dtype) and backward from its output, counting
+/// bytes (fsdp::memory_stats: call install_memory_counter() first on a CPU). `saved`: what the
+/// forward left allocated (its output included); `checkpointed`: the output; the transients: the
+/// peaks above those. Backward's transient includes the unit's parameter gradients (their share
+/// does not grow with the batch, so at larger batches it is an overestimate).
+PlanActivations measure_activations(const std::function<at::Tensor(const at::Tensor&)>& forward,
+                                    const at::Tensor& input);
+
 /// The shapes a probe measures at: a model's own (rates depend on shapes, on a CPU strongly).
 struct ProbeShape {
   int64_t tokens = 1024;   ///< rows of a Linear: sequences x tokens per sequence
@@ -214,7 +226,8 @@ struct ProbeShape {
 };
 
 /// Measures this process's device for a few seconds, in fp32 and bf16, forward and backward: a
-/// Linear's products, causal fused attention, tanh-GELU, an elementwise add, one tiny op.
+/// Linear's products, causal fused attention, tanh-GELU, an elementwise add; and what one op costs
+/// beyond its arithmetic (a tiny Linear's forward and backward).
 /// `memory_bytes` is left to the caller (a CPU's is the host's, shared by its ranks).
 PlanDevice probe_device(const c10::Device& device, const ProbeShape& shape);
 

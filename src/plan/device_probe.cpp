@@ -84,13 +84,12 @@ PlanDevice probe_device(const c10::Device& device, const ProbeShape& shape) {
   d.name = device.str();
   d.fp32 = rates(device, at::kFloat, shape);
   d.low_precision = rates(device, at::kBFloat16, shape);
-  at::NoGradGuard no_grad;
+  // What an op costs beyond its arithmetic (dispatch, autograd's node, allocations): a tiny
+  // Linear's forward and backward, as a third per kernel (a model's time counts 3 per forward op).
   const auto options = at::TensorOptions().device(device).dtype(at::kFloat);
-  const at::Tensor tiny = at::ones({8}, options);
-  at::Tensor tiny_out = at::empty({8}, options);
-  d.op_overhead_s = seconds_per_call(device, 0.1, [&] {
-    for (int i = 0; i < 100; ++i) at::add_out(tiny_out, tiny, tiny);
-  }) / 100;
+  const double tiny = forward_backward_seconds(device, {at::randn({2, 8}, options), at::randn({8, 8}, options)},
+                                               [](const std::vector<at::Tensor>& v) { return at::linear(v[0], v[1]); });
+  d.op_overhead_s = tiny / 3;
   return d;
 }
 
