@@ -144,7 +144,8 @@ struct RankMemory {
   int64_t offloaded_bytes = 0;  ///< in host memory with CPU offload (not in peak)
 };
 
-/// Bytes this rank sends per step, by collective (the counters of fsdp::comm_stats()) and by link.
+/// Bytes a rank sends per step, by collective (the counters of fsdp::comm_stats()) and by class
+/// of link (averaged over the ranks: only the ranks at a host's edge send across hosts).
 struct PlanTraffic {
   int64_t all_gather = 0;
   int64_t reduce_scatter = 0;

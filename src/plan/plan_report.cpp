@@ -94,8 +94,8 @@ std::string plan_text(const Plan& plan) {
   }
   const PlanTraffic& t = plan.traffic;
   s << "  bytes sent per step per rank: all-gather " << t.all_gather << ", reduce-scatter " << t.reduce_scatter
-    << ", all-reduce " << t.all_reduce << " (intra-host " << t.intra_host << ", cross-host " << t.cross_host
-    << "; " << t.collectives << " collectives)\n";
+    << ", all-reduce " << t.all_reduce << "; on links within a host " << t.intra_host << ", across hosts "
+    << t.cross_host << " (mean over the ranks); " << t.collectives << " collectives\n";
   char text[256];
   std::snprintf(text, sizeof(text), "  step time: %.1f ms (compute %.1f ms, communication %.1f ms of which %.1f ms "
                 "not hidden by prefetch), %.0f tokens/s over the world\n", plan.time.step * 1000,

@@ -37,7 +37,7 @@ double fsdp_copy_seconds(const UnitLayout& unit, const RankLayout& layout, const
 }
 
 double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
-  const double bandwidth = c.cross_host ? links.cross_host_bandwidth : links.intra_host_bandwidth;
+  const double bandwidth = c.spans_hosts() ? links.cross_host_bandwidth : links.intra_host_bandwidth;
   return seconds(static_cast<double>(c.bytes), bandwidth) + c.steps * links.latency_s;
 }
 

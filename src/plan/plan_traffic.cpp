@@ -1,14 +1,20 @@
 #include "plan/plan_traffic.h"
 
+#include <cmath>
+
 namespace fsdp::planning {
 
 namespace {
 
-// Whether `rank`'s next rank in a ring over {first, first + stride, ...} (n ranks) is on another host.
-bool next_is_cross_host(int rank, int first, int stride, int n, int ranks_per_host) {
-  const int index = (rank - first) / stride;
-  const int next = first + ((index + 1) % n) * stride;
-  return rank / ranks_per_host != next / ranks_per_host;
+// Of the ranks of a ring over {first, first + stride, ...} (n ranks), the share whose next rank
+// is on another host.
+double cross_host_share(int first, int stride, int n, int ranks_per_host) {
+  int crossing = 0;
+  for (int i = 0; i < n; ++i) {
+    const int rank = first + i * stride, next = first + ((i + 1) % n) * stride;
+    crossing += rank / ranks_per_host != next / ranks_per_host;
+  }
+  return static_cast<double>(crossing) / n;
 }
 
 int64_t ring_all_reduce_bytes(int64_t bytes, int n) { return 2 * (n - 1) * bytes / n; }
@@ -18,8 +24,8 @@ int64_t ring_all_reduce_bytes(int64_t bytes, int n) { return 2 * (n - 1) * bytes
 std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const RankLayout& layout) {
   const int f = layout.shard_group_size, r = layout.replicas, w = setup.world.world_size;
   const int rph = setup.world.ranks_per_host, rank = layout.rank;
-  const bool shard_cross = f > 1 && next_is_cross_host(rank, rank / f * f, 1, f, rph);
-  const bool replica_cross = r > 1 && next_is_cross_host(rank, rank % f, f, r, rph);
+  const double shard_cross = f > 1 ? cross_host_share(rank / f * f, 1, f, rph) : 0;
+  const double replica_cross = r > 1 ? cross_host_share(rank % f, f, r, rph) : 0;
   const Precision& p = layout.precision;
   std::vector<PlannedCollective> out;
   auto gather = [&](size_t u, bool backward) {
@@ -42,7 +48,7 @@ std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const Ra
   if (w > 1 && setup.model.step_all_reduce_bytes > 0) {
     out.push_back({PlannedCollective::AllReduce, 0, true,
                    ring_all_reduce_bytes(setup.model.step_all_reduce_bytes, w), 2 * (w - 1),
-                   next_is_cross_host(rank, 0, 1, w, rph)});
+                   cross_host_share(0, 1, w, rph)});
   }
   return out;
 }
@@ -53,7 +59,9 @@ PlanTraffic total_traffic(const std::vector<PlannedCollective>& collectives) {
     (c.kind == PlannedCollective::AllGather       ? t.all_gather
      : c.kind == PlannedCollective::ReduceScatter ? t.reduce_scatter
                                                   : t.all_reduce) += c.bytes;
-    (c.cross_host ? t.cross_host : t.intra_host) += c.bytes;
+    const auto crossing = static_cast<int64_t>(std::llround(c.bytes * c.cross_host_share));
+    t.cross_host += crossing;
+    t.intra_host += c.bytes - crossing;
     ++t.collectives;
   }
   return t;

@@ -2,7 +2,7 @@
 // The bytes one rank sends per step, per kind of collective exactly as fsdp::comm_stats() counts
 // them (ring algorithms: an all-gather or reduce-scatter over F ranks sends F-1 shards, an
 // all-reduce of b bytes over R ranks 2(R-1)b/R), and per class of link: a ring sends everything
-// to the next rank of its group, on this host or on another.
+// to the next rank of its group, on this host or on another; averaged over the group's ranks.
 
 #include "plan/plan_layout.h"
 
@@ -17,7 +17,8 @@ struct PlannedCollective {
   bool backward = false;    ///< issued during backward
   int64_t bytes = 0;        ///< sent by this rank
   int steps = 0;            ///< ring steps (latency)
-  bool cross_host = false;  ///< its ring's next rank is on another host
+  double cross_host_share = 0;  ///< of the group's ranks, those whose next rank is on another host
+  bool spans_hosts() const { return cross_host_share > 0; }  ///< its ring runs at the network's speed
 };
 
 std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const RankLayout& layout);
