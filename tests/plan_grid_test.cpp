@@ -1,5 +1,6 @@
 // The planner against the run it plans: for every sharding strategy, fp32 and bf16, with and
-// without activation checkpointing and at two batch sizes, gpt_train's training loop runs a few
+// without activation checkpointing and at two batch sizes (and with the rate limiter at one unit,
+// and without prefetch), gpt_train's training loop runs a few
 // steps here and each rank's measured peak tensor memory (fsdp::memory_stats, the counting
 // allocator) must be within 10% of the plan's, and the bytes each kind of collective sent (the
 // counters) exactly the plan's. Rank 0 prints the table: predicted, measured, their ratio.
@@ -53,6 +54,18 @@ std::vector<GridCase> grid(int world) {
       }
     }
   }
+  // The rate limiter at one unit, and no prefetch at all: what the limiter refuses and what
+  // prefetch adds show in the peak.
+  GridCase limited;
+  limited.fsdp.limit_all_gathers(1);
+  limited.batch = 4;
+  limited.label = "full fp32 limit 1 b4";
+  cases.push_back(limited);
+  GridCase no_prefetch;
+  no_prefetch.fsdp.forward_prefetch(false).backward_prefetch(fsdp::BackwardPrefetch::None);
+  no_prefetch.batch = 4;
+  no_prefetch.label = "full fp32 no prefetch b4";
+  cases.push_back(no_prefetch);
   return cases;
 }
 
