@@ -9,6 +9,7 @@
 #      and 4 sharing the GPU), with CPU offload and in bf16; memory against the bound;
 #   3. bench/gpu_bench.py: the 1.3 B GPT in bf16, interleaved rounds of fsdp-cpp, plain LibTorch
 #      and PyTorch FSDP2 (foreach and fused AdamW), then offload;
+#   4. bench/plan_vs_gpu.py: gpt_train --plan for that benchmark (the GPU probed) against it;
 # writes bench/results/gpu-check.json and gpu-bench.{json,md}, and copies them with the log to $OUT
 # when OUT is set (the device tool brings that folder back).
 #
@@ -131,7 +132,13 @@ timeout 420 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target gpt_train fsd
   { echo "device_check: gpt_train has no --cpu-offload flag" >&2; exit 1; }
 
 if [ "$BUILD_ONLY" = 1 ]; then
-  step summary
+  step plan
+# The planner against the benchmark just measured: the GPU probed for a few seconds (issue 22).
+timeout 120 "$PY" bench/plan_vs_gpu.py --build "$BUILD" --bench bench/results/gpu-bench.json \
+  --out bench/results/gpu-plan.json || FAILED+=("plan (exit $?)")
+deliver bench/results/gpu-plan.json
+
+step summary
   printf '  %s\n' "${STEP_TIMES[@]}"
   exit 0
 fi
