@@ -83,10 +83,22 @@ def fsdp_plan(bin_dir):
     text = subprocess.run([f"{bin_dir}/fsdp_plan", *gpt, "--max-memory-gb", "0.15", "--batches", "1,4"],
                           check=True, capture_output=True, text=True).stdout
     assert "best:" in text and "runner-up:" in text and "no fit:" in text, text
+    with tempfile.TemporaryDirectory() as tmp:  # any model: a description file, planned the same
+        described = f"{tmp}/model.json"
+        subprocess.run([f"{bin_dir}/fsdp_plan", *gpt, "--write-model-json", described], check=True,
+                       capture_output=True)
+        from_file = json.loads(subprocess.run([f"{bin_dir}/fsdp_plan", "--ranks", "16", "--ranks-per-host", "8",
+                                               "--gpu", "a100-80gb", "--batch", "4", "--model-json", described,
+                                               "--json"], check=True, capture_output=True, text=True).stdout)
+        assert from_file["peak_bytes"] == one["peak_bytes"], (from_file["peak_bytes"], one["peak_bytes"])
+        Path(described).write_text("{not json")
+        r = subprocess.run([f"{bin_dir}/fsdp_plan", "--model-json", described, "--gpu", "h200"],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "not JSON" in r.stderr, r.stderr
     r = subprocess.run([f"{bin_dir}/fsdp_plan", *gpt, "--strategy", "hybrid", "--shard-group-size", "3"],
                        capture_output=True, text=True)
     assert r.returncode == 1 and "does not divide the world size 16" in r.stderr, r.stderr
-    print("fsdp_plan: plan, search and a bad shard group as expected")
+    print("fsdp_plan: plan, search, a model description file and bad input as expected")
 
 
 if __name__ == "__main__":

@@ -223,3 +223,37 @@ TEST(Planner, AnalyticGptBlockActivationsMatchAMeasuredBlock) {
 }
 
 }  // namespace
+
+namespace {
+
+// A description written as JSON and read back plans the same run; a malformed one is named.
+TEST(Planner, ModelDescriptionsRoundTripThroughJsonAndBadOnesAreNamed) {
+  fsdp::PlanSetup s = small_setup();
+  const fsdp::Plan direct = fsdp::plan(s);
+  const nlohmann::json json = fsdp::plan_model_json(s.model);
+  s.model = fsdp::plan_model_from_json(nlohmann::json::parse(json.dump()));
+  const fsdp::Plan read_back = fsdp::plan(s);
+  EXPECT_EQ(read_back.peak_bytes, direct.peak_bytes);
+  EXPECT_EQ(read_back.traffic.all_gather, direct.traffic.all_gather);
+  EXPECT_EQ(read_back.setup.model.numel(), direct.setup.model.numel());
+  auto message = [](const nlohmann::json& j) {
+    try {
+      fsdp::plan_model_from_json(j);
+    } catch (const c10::Error& e) {
+      return e.msg();
+    }
+    return std::string("no error");
+  };
+  nlohmann::json bad = json;
+  bad.erase("sequence_tokens");
+  EXPECT_NE(message(bad).find("has no \"sequence_tokens\""), std::string::npos) << message(bad);
+  bad = json;
+  bad["units"][1]["params"][0]["shape"] = {128, -1};
+  EXPECT_NE(message(bad).find("units[1] (h.1).params (h.1.ln_1.weight).shape holds -1"), std::string::npos)
+      << message(bad);
+  bad = json;
+  bad["units"][0]["activations"]["saved"] = "lots";
+  EXPECT_NE(message(bad).find("activations.saved is \"lots\", not a number"), std::string::npos) << message(bad);
+}
+
+}  // namespace

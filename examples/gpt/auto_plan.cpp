@@ -46,24 +46,21 @@ double median(std::vector<double> values) {
 
 }  // namespace
 
-fsdp::Plan plan_of_flags(const TrainOptions& o, const PlanFlags& flags) {
+fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
   const fsdp::PlanWorld world = plan_world(flags);
   const fsdp::PlanDevice device = plan_device(flags, o, world);
-  return fsdp::plan(plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device)));
+  return plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
 }
 
-void print_plan(const TrainOptions& o, const PlanFlags& flags) {
+void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
   if (flags.max_memory_gb <= 0) {
-    const fsdp::Plan plan = plan_of_flags(o, flags);
+    const fsdp::Plan plan = fsdp::plan(setup);
     std::cout << (flags.json ? fsdp::plan_json(plan).dump(2) + "\n" : fsdp::plan_text(plan));
     return;
   }
-  const fsdp::PlanWorld world = plan_world(flags);
-  const fsdp::PlanDevice device = plan_device(flags, o, world);
-  const fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
   fsdp::SearchSpace space;
-  space.batches = search_batches(flags, o.batch);
-  if (compute_device(o).is_cuda()) space.cpu_offload = {false, true};
+  space.batches = search_batches(flags, setup.policy.batch);
+  if (setup.policy.fsdp.device() && setup.policy.fsdp.device()->is_cuda()) space.cpu_offload = {false, true};
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
   std::cout << (flags.json ? fsdp::search_json(result, cap).dump(2) + "\n" : fsdp::search_text(result, cap));

@@ -10,11 +10,13 @@
 
 namespace gpt {
 
-/// The plan of `o` (gpt_train --plan): the device probed unless the flags give it.
-fsdp::Plan plan_of_flags(const TrainOptions& o, const PlanFlags& flags);
+/// The setup of the run `o` describes under `flags`: world, device (probed unless the flags give
+/// it), links, the GPT's description.
+fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags);
 
-/// Prints the plan (or, with --max-memory-gb, the search) for `o`; `json` for programs.
-void print_plan(const TrainOptions& o, const PlanFlags& flags);
+/// Prints the plan of `setup` (or, with --max-memory-gb, the search around it: strategies,
+/// activation checkpointing, --batches, offload on a GPU); --json for programs.
+void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags);
 
 /// gpt_train --auto: the fastest configuration of strategy, activation checkpointing and batch per
 /// rank (a divisor of --batch; gradient accumulation keeps the global batch) whose planned peak

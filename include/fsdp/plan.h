@@ -178,6 +178,12 @@ struct Plan {
   std::string label() const;       ///< e.g. "full, F=8, bf16, AC, batch 2"
 };
 
+/// A model description as JSON, and back (fsdp_plan --model-json): every field of PlanModel by its
+/// name, dtypes as "fp32" / "bf16" / "fp16", activations and work per sequence. Throws naming the
+/// missing or malformed key.
+nlohmann::json plan_model_json(const PlanModel& model);
+PlanModel plan_model_from_json(const nlohmann::json& json);
+
 /// Predicts the run; throws naming the bad input (e.g. a shard group that does not divide W).
 Plan plan(const PlanSetup& setup);
 

@@ -3,41 +3,48 @@
 // world of --ranks, --ranks-per-host, and a --gpu preset or this machine probed. Prints each rank's
 // peak memory broken down, the bytes each collective sends per step and the step time; with
 // --max-memory-gb, the fastest configuration under that cap, the runner-up and why the rest lose.
+// Any other model: --model-json, a description (--write-model-json writes the GPT's as a start).
 #include "auto_plan.h"
 #include "command_line.h"
 #include "gpt_plan.h"
 
 #include <CLI/CLI.hpp>
 
+#include <fstream>
 #include <iostream>
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
+struct ModelSource {
+  bool min_gpt = false;     // --mingpt
+  std::string json;         // --model-json: a description instead of the GPT flags
+  std::string write_json;   // --write-model-json: the description planned, for editing
+};
 
-int run(gpt::CommandLine& cl, bool min_gpt) {
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(in, "--model-json ", path, ": cannot be read");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    TORCH_CHECK(false, "--model-json ", path, ": not JSON (", e.what(), ")");
+  }
+}
+
+int run(gpt::CommandLine& cl, const ModelSource& source) {
   const gpt::TrainOptions& o = cl.train;
-  if (!min_gpt) {
-    gpt::print_plan(o, cl.planner);
-    return 0;
+  fsdp::PlanSetup setup = gpt::setup_of_flags(o, cl.planner);
+  if (source.min_gpt) {  // the paper's minGPT: the same flags, its blocks' activations
+    setup.model = gpt::describe_gpt(o.model, setup.model.compute_dtype, setup.model.resident_bytes,
+                                    gpt::GptCode::MinGpt);
   }
-  // The paper's minGPT: the same flags, its blocks' activations.
-  const fsdp::PlanWorld world = gpt::plan_world(cl.planner);
-  const fsdp::PlanDevice device = gpt::plan_device(cl.planner, o, world);
-  fsdp::PlanSetup setup = gpt::plan_setup(o, world.world_size, world.ranks_per_host, device,
-                                          gpt::plan_links(cl.planner, device));
-  setup.model = gpt::describe_gpt(o.model, setup.model.compute_dtype, setup.model.resident_bytes,
-                                  gpt::GptCode::MinGpt);
-  if (cl.planner.max_memory_gb > 0) {
-    fsdp::SearchSpace space;
-    space.batches = gpt::search_batches(cl.planner, o.batch);
-    const double cap = cl.planner.max_memory_gb * kGiB;
-    const auto result = fsdp::search_plans(setup, space, cap);
-    std::cout << (cl.planner.json ? fsdp::search_json(result, cap).dump(2) + "\n" : fsdp::search_text(result, cap));
-    return 0;
+  if (!source.json.empty()) setup.model = fsdp::plan_model_from_json(read_json(source.json));
+  if (!source.write_json.empty()) {
+    std::ofstream out(source.write_json);
+    out << fsdp::plan_model_json(setup.model).dump(2) << "\n";
+    TORCH_CHECK(out.good(), "--write-model-json ", source.write_json, ": cannot be written");
   }
-  const fsdp::Plan plan = fsdp::plan(setup);
-  std::cout << (cl.planner.json ? fsdp::plan_json(plan).dump(2) + "\n" : fsdp::plan_text(plan));
+  gpt::print_plan(setup, cl.planner);
   return 0;
 }
 
@@ -49,10 +56,16 @@ int main(int argc, char** argv) {
   gpt::CommandLine command_line;
   gpt::add_options(app, command_line);
   gpt::add_planner_options(app, command_line, /*run_flags=*/false);
-  bool min_gpt = false;
-  app.add_flag("--mingpt", min_gpt,
+  ModelSource source;
+  app.add_flag("--mingpt", source.min_gpt,
                "count activations as minGPT's blocks keep them (the paper's model: attention scores, "
                "dropout, elementwise GELU, untied head)")
+      ->group("Planner");
+  app.add_option("--model-json", source.json,
+                 "plan this model description (fsdp::plan_model_json's format) instead of the GPT flags")
+      ->group("Planner");
+  app.add_option("--write-model-json", source.write_json,
+                 "write the description planned (a start for describing another model)")
       ->group("Planner");
   CLI11_PARSE(app, argc, argv);
   if (const std::string error = gpt::finish_plan_options(app, command_line); !error.empty()) {
@@ -60,7 +73,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run(command_line, min_gpt);
+    return run(command_line, source);
   } catch (const c10::Error& e) {
     std::cerr << "fsdp_plan: error: " << e.what_without_backtrace() << std::endl;
   } catch (const std::exception& e) {
