@@ -4,7 +4,10 @@
 #include "parity_check.h"
 #include "test_models.h"
 
+#include "data.h"
 #include "trainer.h"
+
+#include <fsdp/fused_adamw.h>
 
 #include <gtest/gtest.h>
 
@@ -73,6 +76,84 @@ TEST(Training, GlobalGradientNormEqualsTheUnshardedNormForEveryStrategy) {
     EXPECT_NEAR(norm, expected, 1e-5 * expected);
     // After clipping, the sharded gradients' global norm is the limit.
     EXPECT_NEAR(fsdp::clip_grad_norm_(model, 1e9), 0.01, 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace fsdp_test
+
+namespace fsdp_test {
+namespace {
+
+// fsdp::optim::StepInBackward steps each unit as its gradient lands, on the optimizer's worker
+// thread, while backward goes on: the same AdamW on the same gradients, so the run equals the one
+// that steps after backward bitwise, under every strategy, in fp32 and bf16, with accumulation
+// (it steps only in the last micro-batch's backward). Every parameter must have moved: a unit the
+// worker never stepped would be stepped by step() instead, but one stepped twice would not match.
+TEST(StepInBackward, EqualsSteppingAfterBackwardBitwise) {
+  using S = fsdp::ShardingStrategy;
+  for (S strategy : {S::FullShard, S::ShardGradOp, S::NoShard}) {
+    for (bool bf16 : {false, true}) {
+      auto o = small_run();
+      o.grad_accum = 2;
+      o.fsdp.strategy(strategy);
+      if (bf16) o.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+      SCOPED_TRACE(std::string(fsdp::to_string(strategy)) + (bf16 ? " bf16" : " fp32"));
+      const auto after = gpt::train(o, &dist());
+      o.step_in_backward = true;
+      const auto during = gpt::train(o, &dist());
+      EXPECT_EQ(during.losses, after.losses);
+      ASSERT_EQ(during.final_params.size(), after.final_params.size());
+      for (size_t i = 0; i < after.final_params.size(); ++i) {
+        EXPECT_TRUE(torch::equal(during.final_params[i].second, after.final_params[i].second))
+            << after.final_params[i].first;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp_test
+
+namespace fsdp_test {
+namespace {
+
+// The steps happen during backward, not in step(): once backward has returned and the queued
+// steps are done, the parameters have moved (all but those whose gradient is exactly zero), and
+// step() moves none of them again.
+TEST(StepInBackward, EveryUnitIsSteppedBeforeStepIsCalled) {
+  using S = fsdp::ShardingStrategy;
+  for (S strategy : {S::FullShard, S::NoShard}) {
+    SCOPED_TRACE(fsdp::to_string(strategy));
+    auto o = small_run();
+    auto model = fsdp::fully_shard(gpt::make_gpt(o.model, 1), *dist().world,
+                                   fsdp::FullyShardOptions().strategy(strategy));
+    auto optimizer = gpt::make_optimizer(model.module(), 1e-2, 0.1, /*fused=*/true);
+    auto& fused = dynamic_cast<fsdp::optim::AdamW&>(*optimizer);
+    std::vector<torch::Tensor> before;
+    for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+    static const auto corpus = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
+    auto [x, y] = corpus.batch(3, 0, dist().rank() * o.batch, o.batch, o.model.max_seq);
+    {
+      fsdp::optim::StepInBackward overlap(model, fused);
+      gpt::lm_loss(model(x), y).backward();
+    }
+    fused.wait_queued_steps();
+    std::vector<torch::Tensor> stepped;
+    size_t i = 0, moved = 0, held = 0;
+    for (const auto& p : model->parameters()) {
+      held += p.numel() > 0;
+      moved += p.numel() > 0 && !torch::equal(p, before[i]);
+      stepped.push_back(p.detach().clone());
+      ++i;
+    }
+    EXPECT_GE(moved, held * 9 / 10) << "of " << held << " parameters, " << moved << " moved in backward";
+    fused.step();
+    i = 0;
+    for (const auto& p : model->parameters()) {
+      EXPECT_TRUE(torch::equal(p, stepped[i])) << "parameter " << i << " stepped twice";
+      ++i;
+    }
   }
 }
 

@@ -128,6 +128,9 @@ void add_compute_options(CLI::App& app, CommandLine& cl) {
                  "cuda:0) | cuda:N")
       ->check(device_name())
       ->capture_default_str();
+  app.add_flag("--step-in-backward", o.step_in_backward,
+               "step each unit as soon as its reduced gradient lands, during the last micro-batch's "
+               "backward (on by default with --cpu-offload; not with --clip or fp16)");
   app.add_flag("--cpu-offload", cl.cpu_offload,
                "keep shards, gradient shards and optimizer state in host memory (needs --device "
                "cuda; the optimizer steps on the CPU)");

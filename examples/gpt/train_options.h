@@ -23,6 +23,10 @@ struct TrainOptions {
   int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to lr/10 (0: constant lr)
   double weight_decay = 0.1;
   bool fused_optimizer = true;  // fsdp::optim::AdamW (ATen's fused kernel), else LibTorch's AdamW
+  // Step each unit as its gradient lands, during the last micro-batch's backward
+  // (fsdp::optim::StepInBackward); on by default with --cpu-offload (train_step.cpp says when it
+  // applies).
+  bool step_in_backward = false;
   uint64_t seed = 1234;
   std::string data;
   std::string data_flag = "--data";  // the flag that named `data` (--data or --data-tokens)

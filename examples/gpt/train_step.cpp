@@ -1,16 +1,32 @@
 #include "train_step.h"
 
 #include <fsdp/clip.h>
+#include <fsdp/fused_adamw.h>
 
 namespace gpt {
 
 namespace {
+
+// The optimizer that steps units during the last backward (--step-in-backward, --cpu-offload):
+// the fused AdamW, sharded, and only when nothing needs every gradient before a step (clipping,
+// fp16's scaler); else none.
+fsdp::optim::AdamW* steps_in_backward(const StepContext& ctx) {
+  const TrainOptions& o = ctx.options;
+  if (!ctx.sharded() || !(o.step_in_backward || o.fsdp.cpu_offload()) || o.clip > 0 ||
+      ctx.precision.loss_scale() > 0) {
+    return nullptr;
+  }
+  return dynamic_cast<fsdp::optim::AdamW*>(&ctx.optimizer);
+}
 
 // Backward of one micro-batch's loss; with --no-sync, all but the last keep their unsharded
 // gradients, so that the step reduces once, at the end.
 void backward(const StepContext& ctx, const torch::Tensor& scaled_loss, bool last_micro_batch) {
   if (ctx.sharded() && ctx.options.no_sync && !last_micro_batch) {
     fsdp::NoSyncGuard no_sync(ctx.model);
+    scaled_loss.backward();
+  } else if (fsdp::optim::AdamW* optimizer = last_micro_batch ? steps_in_backward(ctx) : nullptr) {
+    fsdp::optim::StepInBackward overlap(ctx.model, *optimizer);
     scaled_loss.backward();
   } else {
     scaled_loss.backward();

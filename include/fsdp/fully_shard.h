@@ -111,6 +111,12 @@ class DeferredScope {
 };
 std::vector<UnitInfo> unit_infos(const FsdpState& state);
 void set_no_sync(FsdpState& state, bool no_sync);
+/// Called for each unit as its reduced gradient is issued: its trainable parameters, their
+/// gradients (views of its gradient shard) and a wait that returns once those hold this
+/// backward's gradient in memory the host may read.
+using GradientsReducedHook = std::function<void(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
+                                                std::function<void()> wait)>;
+void set_gradients_reduced_hook(FsdpState& state, GradientsReducedHook hook);
 const std::string& unit_name(const UnitSlot& unit);
 
 /// Mixed precision: the dtype a unit's floating-point inputs are cast to (none: unchanged).

@@ -16,19 +16,52 @@
 // Example:
 //   fsdp::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
 
+#include <fsdp/fully_shard.h>
+
 #include <torch/optim/adamw.h>
 
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace fsdp {
+class CommThread;
+class CommHandle;
+}  // namespace fsdp
 
 namespace fsdp::optim {
 
 class AdamW : public torch::optim::AdamW {
  public:
   using torch::optim::AdamW::AdamW;
+  ~AdamW() override;
 
+  /// Waits for the steps queued by StepInBackward (rethrowing the first failure), then steps
+  /// every parameter with a gradient that none of them stepped.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
+  /// Steps `params` now with `grads` (their gradients, in order), each with its group's
+  /// options; step() skips them until it has run.
+  void step_parameters(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads);
+  /// Queues step_parameters(params, grads) on a worker thread, to run once `ready` returns.
+  void step_when_ready(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
+                       std::function<void()> ready);
+  /// Waits for the queued steps; rethrows the first one's failure.
+  void wait_queued_steps();
+
  private:
+  // The tensors of one kernel call: one device, one dtype, one param group's options.
+  struct FusedBatch {
+    std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
+  };
+  void add_to_batches(std::map<std::string, FusedBatch>& batches, const at::Tensor& p,
+                      const at::Tensor& grad, bool amsgrad);
+  void run_batches(std::map<std::string, FusedBatch>& batches, const torch::optim::AdamWOptions& options);
+
   struct DeviceStep {
     int64_t step = -1;  // the count `tensor` holds
     at::Tensor tensor;  // [1] float on the parameter's device
@@ -38,6 +71,38 @@ class AdamW : public torch::optim::AdamW {
   const at::Tensor& device_step(const at::Tensor& param, int64_t count);
 
   std::unordered_map<void*, DeviceStep> device_steps_;
+  std::unordered_set<void*> stepped_;     // by step_parameters since the last step()
+  std::shared_ptr<CommThread> worker_;    // runs the queued steps in order (shared_ptr: the type is incomplete here)
+  std::shared_ptr<CommHandle> last_queued_;
+};
+
+/// ZeRO-Offload's overlap (Ren et al., 2021): while it lives, each unit's parameters are stepped
+/// on `optimizer`'s worker thread as soon as the unit's reduced gradient has landed in its
+/// gradient shard, while backward goes on with the units before it. With CPU offload the CPU
+/// steps a unit while the GPU computes the next ones. optimizer.step() then waits for those steps
+/// and steps what is left (e.g. parameters outside every unit).
+///
+/// Only around the backward whose gradients are final: the last micro-batch of a step, without
+/// gradient clipping or a gradient scaler (both need every gradient before any step). The
+/// learning rate must be set before that backward.
+///
+/// Example:
+///   {
+///     fsdp::optim::StepInBackward overlap(model, optimizer);
+///     loss.backward();
+///   }
+///   optimizer.step();
+class StepInBackward {
+ public:
+  template <class M>
+  StepInBackward(Unit<M>& root, AdamW& optimizer) : StepInBackward(root.slot().state, optimizer) {}
+  StepInBackward(std::shared_ptr<FsdpState> state, AdamW& optimizer);
+  ~StepInBackward();
+  StepInBackward(const StepInBackward&) = delete;
+  StepInBackward& operator=(const StepInBackward&) = delete;
+
+ private:
+  std::shared_ptr<FsdpState> state_;
 };
 
 }  // namespace fsdp::optim

@@ -27,12 +27,18 @@ class CommHandle {
   struct Completion {
     virtual ~Completion() = default;
     virtual void wait() = 0;
+    /// Returns once the task's results are in memory the host may read (a GPU's work done, not
+    /// only ordered): what a CPU step of an offloaded shard's gradient needs.
+    virtual void wait_host() { wait(); }
   };
   CommHandle() = default;
   explicit CommHandle(std::shared_ptr<Completion> completion) : completion_(std::move(completion)) {}
   bool valid() const { return completion_ != nullptr; }
   void wait() {
     if (completion_) completion_->wait();
+  }
+  void wait_host() {
+    if (completion_) completion_->wait_host();
   }
 
  private:

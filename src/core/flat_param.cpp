@@ -181,13 +181,20 @@ void FlatParam::use_sharded_params() {
 }
 
 void FlatParam::use_sharded_grads() {
-  at::Tensor& grads = grad_shard();
+  auto [params, grads] = sharded_grads();
+  for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
+}
+
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> FlatParam::sharded_grads() {
+  at::Tensor& shard = grad_shard();
+  std::vector<at::Tensor> params, grads;
   for (auto& e : entries_) {
     if (!e.param.requires_grad()) continue;
-    e.param.mutable_grad() = sharded()
-                                 ? alias(grads, e.shard_begin, {e.shard_end - e.shard_begin})
-                                 : alias(grads, e.offset, e.shape);
+    params.push_back(e.param);
+    grads.push_back(sharded() ? alias(shard, e.shard_begin, {e.shard_end - e.shard_begin})
+                              : alias(shard, e.offset, e.shape));
   }
+  return {params, grads};
 }
 
 bool FlatParam::has_sharded_grads() const {

@@ -148,6 +148,8 @@ class FlatParam {
   void complete_full_grad();
   /// Gradients become views of this rank's gradient shard.
   void use_sharded_grads();
+  /// The trainable parameters and the views of the gradient shard use_sharded_grads() gives them.
+  std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> sharded_grads();
   /// True when every trainable parameter still has a gradient (the optimizer did not clear it).
   bool has_sharded_grads() const;
   /// Records each trainable parameter's current gradient accumulator (autograd makes a new one

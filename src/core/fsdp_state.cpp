@@ -79,6 +79,14 @@ void FsdpState::backward_reached(ParamGroup& unit) {
   unit.begin_backward(no_sync_);
 }
 
+void FsdpState::gradients_reduced(ParamGroup& unit, const CommHandle& reduction) {
+  if (!gradients_reduced_hook_) return;
+  auto [params, grads] = unit.flat().sharded_grads();
+  if (params.empty()) return;
+  gradients_reduced_hook_(std::move(params), std::move(grads),
+                          [handle = reduction]() mutable { handle.wait_host(); });
+}
+
 void FsdpState::gradient_ready(ParamGroup& unit) {
   if (options_.backward_prefetch() == BackwardPrefetch::BackwardPost && !unit.is_part()) {
     prefetch_backward_after(unit);

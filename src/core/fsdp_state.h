@@ -10,6 +10,7 @@
 #include "core/param_group.h"
 #include "core/rate_limiter.h"
 
+#include <fsdp/fully_shard.h>
 #include <fsdp/options.h>
 
 #include <memory>
@@ -50,6 +51,11 @@ class FsdpState final : public UnitEvents {
   // UnitEvents
   void backward_reached(ParamGroup& unit) override;
   void gradient_ready(ParamGroup& unit) override;
+  void gradients_reduced(ParamGroup& unit, const CommHandle& reduction) override;
+
+  /// Called with each unit's trainable parameters and gradient shard views as its reduction is
+  /// issued (fsdp::optim::StepInBackward); empty: none.
+  void set_gradients_reduced_hook(detail::GradientsReducedHook hook) { gradients_reduced_hook_ = std::move(hook); }
 
  private:
   void record_forward_order(ParamGroup& unit);
@@ -73,6 +79,7 @@ class FsdpState final : public UnitEvents {
   std::unique_ptr<UnitEnv> unit_env_;
   std::vector<std::shared_ptr<ParamGroup>> groups_;  // groups_[0] is the root unit
   std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
+  detail::GradientsReducedHook gradients_reduced_hook_;
   std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
   bool finish_queued_ = false;
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing

@@ -203,6 +203,10 @@ std::vector<UnitInfo> unit_infos(const FsdpState& state) {
 
 void set_no_sync(FsdpState& state, bool no_sync) { state.set_no_sync(no_sync); }
 
+void set_gradients_reduced_hook(FsdpState& state, GradientsReducedHook hook) {
+  state.set_gradients_reduced_hook(std::move(hook));
+}
+
 const std::string& unit_name(const UnitSlot& unit) { return unit.group->name(); }
 
 std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit) {

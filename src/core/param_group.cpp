@@ -221,6 +221,7 @@ void ParamGroup::post_backward() {
   if (flat_.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
     backward_state_ = BackwardState::Reduced;
     reshard(/*with_parts=*/false);
+    events_.gradients_reduced(*this, CommHandle());
     return;
   }
   if (no_sync_) {  // keep the unsharded gradient for the next backward
@@ -250,6 +251,7 @@ void ParamGroup::issue_reduce_scatter() {
     reduce_unit_gradient(flat_, plan, env_.shard_group, env_.replicas);
     env_.device.release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
   });
+  events_.gradients_reduced(*this, reduce_scatter_);
 }
 
 // A shard group of one rank without replicas (W = 1, not offloaded) whose reduction would be a
@@ -270,7 +272,12 @@ void ParamGroup::finish_backward() {
   if (backward_state_ == BackwardState::Accumulating) post_backward();  // some grads never came
   if (backward_state_ == BackwardState::Reducing) {
     TraceSpan waiting("wait reduce_scatter", label_, TraceLane::Waits);
-    reduce_scatter_.wait();
+    // Offloaded, the optimizer reads the gradient shard on the host after backward.
+    if (flat_.offloaded()) {
+      reduce_scatter_.wait_host();
+    } else {
+      reduce_scatter_.wait();
+    }
   }
   if (backward_state_ == BackwardState::Reducing || backward_state_ == BackwardState::Reduced) {
     flat_.use_sharded_grads();

@@ -28,6 +28,9 @@ class UnitEvents {
   virtual void backward_reached(ParamGroup& unit) = 0;
   /// `unit`'s unsharded gradient is complete; its reduction is issued next.
   virtual void gradient_ready(ParamGroup& unit) = 0;
+  /// `unit`'s reduced gradient is issued into its gradient shard (`reduction`; an empty handle
+  /// when it is there already): wait_host() on it, and the shard holds this backward's gradient.
+  virtual void gradients_reduced(ParamGroup& unit, const CommHandle& reduction) = 0;
 };
 
 /// Where the unit's parameters live.

@@ -27,7 +27,14 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
 
 void gather_unit(FlatParam& flat, Collectives& shard_group) {
   at::Tensor local = flat.shard_in_full();
-  local.copy_(flat.shard());
+  if (flat.offloaded()) {
+    // [Note: offloaded copies] A copy that changes both device and dtype converts on the host,
+    // into a pageable temporary, synchronously. The shard goes to the device as it is instead
+    // (asynchronously: it is pinned), and is cast there.
+    local.copy_(flat.shard().to(local.device(), /*non_blocking=*/true));
+  } else {
+    local.copy_(flat.shard());
+  }
   if (flat.sharded()) shard_group.all_gather(flat.full(), local);
 }
 
@@ -45,10 +52,12 @@ void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& 
   shard_group.reduce_scatter_sum(reduced, full_grad);
   if (replicas) replicas->all_reduce_sum(reduced);
   if (plan.post != 1.0) reduced.div_(plan.post);
-  // Offloaded, the copy to host memory is synchronous: the optimizer steps on the CPU as soon
-  // as the reduction's handle is waited on.
-  if (plan.accumulate) {
+  if (plan.accumulate) {  // offloaded: a synchronous copy, then the sum on the host
     grad_shard.add_(reduced.to(grad_shard.device()));
+  } else if (!into_shard && grad_shard.device() != reduced.device()) {
+    // Offloaded ([Note: offloaded copies]): cast on the device, then copied into the pinned
+    // gradient shard asynchronously; CommHandle::wait_host() is when the host may read it.
+    grad_shard.copy_(reduced.to(grad_shard.scalar_type()), /*non_blocking=*/true);
   } else if (!into_shard) {
     grad_shard.copy_(reduced);
   }

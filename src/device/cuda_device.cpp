@@ -89,6 +89,10 @@ class CudaDevice final : public DeviceRuntime {
       host.wait();  // the task has been enqueued (or thrown)
       done->block(c10::cuda::getCurrentCUDAStream(index));
     }
+    void wait_host() override {
+      host.wait();
+      done->synchronize();  // e.g. a gradient shard's copy into pinned host memory has landed
+    }
     c10::DeviceIndex index;
     CommHandle host;
     std::shared_ptr<at::cuda::CUDAEvent> done = std::make_shared<at::cuda::CUDAEvent>();

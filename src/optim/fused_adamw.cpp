@@ -1,5 +1,7 @@
 #include <fsdp/fused_adamw.h>
 
+#include "comm/comm_thread.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -13,11 +15,6 @@ namespace {
 
 using torch::optim::AdamWOptions;
 using torch::optim::AdamWParamState;
-
-/// The tensors of one kernel call: one device, one dtype, one param group's options.
-struct FusedBatch {
-  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps;
-};
 
 // A parameter's state, created as LibTorch's AdamW creates it on its first step.
 AdamWParamState& state_of(torch::optim::AdamW& optimizer, const at::Tensor& p, bool amsgrad) {
@@ -50,7 +47,41 @@ const at::Tensor& AdamW::device_step(const at::Tensor& param, int64_t count) {
   return entry.tensor;
 }
 
+// Adds (param, grad) to the fused batch of its device and dtype, creating and counting its state.
+void AdamW::add_to_batches(std::map<std::string, FusedBatch>& batches, const at::Tensor& p,
+                           const at::Tensor& grad, bool amsgrad) {
+  TORCH_CHECK(!grad.is_sparse(), "fsdp::optim::AdamW does not support sparse gradients");
+  AdamWParamState& state = state_of(*this, p, amsgrad);
+  state.step(state.step() + 1);
+  FusedBatch& batch = batches[p.device().str() + "/" + c10::toString(p.scalar_type())];
+  batch.params.push_back(p);
+  batch.grads.push_back(grad);
+  batch.exp_avgs.push_back(state.exp_avg());
+  batch.exp_avg_sqs.push_back(state.exp_avg_sq());
+  if (amsgrad) batch.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
+  batch.steps.push_back(device_step(p, state.step()));
+}
+
+void AdamW::run_batches(std::map<std::string, FusedBatch>& batches, const AdamWOptions& options) {
+  for (auto& [key, batch] : batches) {
+    at::_foreach_add_(batch.steps, 1);  // as PyTorch's fused AdamW: the kernel reads step + 1
+    const auto [beta1, beta2] = options.betas();
+    at::_fused_adamw_(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
+                      batch.max_exp_avg_sqs, batch.steps, options.lr(), beta1, beta2,
+                      options.weight_decay(), options.eps(), options.amsgrad(),
+                      /*maximize=*/false);
+  }
+}
+
+AdamW::~AdamW() {
+  try {
+    wait_queued_steps();
+  } catch (const std::exception&) {  // a destructor does not throw; step() would have
+  }
+}
+
 torch::Tensor AdamW::step(LossClosure closure) {
+  wait_queued_steps();
   torch::Tensor loss;
   if (closure) {
     at::AutoGradMode enable_grad(true);
@@ -61,28 +92,59 @@ torch::Tensor AdamW::step(LossClosure closure) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
     std::map<std::string, FusedBatch> batches;  // by device and dtype
     for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      TORCH_CHECK(!p.grad().is_sparse(), "fsdp::optim::AdamW does not support sparse gradients");
-      AdamWParamState& state = state_of(*this, p, options.amsgrad());
-      state.step(state.step() + 1);
-      FusedBatch& batch = batches[p.device().str() + "/" + c10::toString(p.scalar_type())];
-      batch.params.push_back(p);
-      batch.grads.push_back(p.grad());
-      batch.exp_avgs.push_back(state.exp_avg());
-      batch.exp_avg_sqs.push_back(state.exp_avg_sq());
-      if (options.amsgrad()) batch.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
-      batch.steps.push_back(device_step(p, state.step()));
+      if (!p.grad().defined() || stepped_.count(p.unsafeGetTensorImpl())) continue;
+      add_to_batches(batches, p, p.grad(), options.amsgrad());
     }
-    for (auto& [key, batch] : batches) {
-      at::_foreach_add_(batch.steps, 1);  // as PyTorch's fused AdamW: the kernel reads step + 1
-      const auto [beta1, beta2] = options.betas();
-      at::_fused_adamw_(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
-                        batch.max_exp_avg_sqs, batch.steps, options.lr(), beta1, beta2,
-                        options.weight_decay(), options.eps(), options.amsgrad(),
-                        /*maximize=*/false);
-    }
+    run_batches(batches, options);
   }
+  stepped_.clear();
   return loss;
 }
+
+void AdamW::step_parameters(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
+  TORCH_CHECK(params.size() == grads.size(), "fsdp::optim::AdamW::step_parameters: ", params.size(),
+              " parameters but ", grads.size(), " gradients");
+  std::unordered_map<void*, const at::Tensor*> grad_of;
+  for (size_t i = 0; i < params.size(); ++i) grad_of[params[i].unsafeGetTensorImpl()] = &grads[i];
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    const auto& options = static_cast<const AdamWOptions&>(group.options());
+    std::map<std::string, FusedBatch> batches;
+    for (auto& p : group.params()) {
+      const auto it = grad_of.find(p.unsafeGetTensorImpl());
+      if (it == grad_of.end() || stepped_.count(it->first)) continue;
+      add_to_batches(batches, p, *it->second, options.amsgrad());
+      stepped_.insert(it->first);
+    }
+    run_batches(batches, options);
+  }
+}
+
+void AdamW::step_when_ready(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
+                            std::function<void()> ready) {
+  if (!worker_) worker_ = std::make_shared<CommThread>();
+  last_queued_ = std::make_shared<CommHandle>(worker_->submit(
+      [this, params = std::move(params), grads = std::move(grads), ready = std::move(ready)] {
+        ready();
+        step_parameters(params, grads);
+      }));
+}
+
+void AdamW::wait_queued_steps() {
+  if (!last_queued_) return;
+  const std::shared_ptr<CommHandle> last = std::move(last_queued_);
+  last->wait();  // in order: the last one's end is every one's; a failure fails every later one
+}
+
+StepInBackward::StepInBackward(std::shared_ptr<FsdpState> state, AdamW& optimizer) : state_(std::move(state)) {
+  TORCH_CHECK(state_, "StepInBackward: the model is not sharded (call fully_shard)");
+  detail::set_gradients_reduced_hook(
+      *state_, [&optimizer](std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
+                            std::function<void()> wait) {
+        optimizer.step_when_ready(std::move(params), std::move(grads), std::move(wait));
+      });
+}
+
+StepInBackward::~StepInBackward() { detail::set_gradients_reduced_hook(*state_, nullptr); }
 
 }  // namespace fsdp::optim
