@@ -112,7 +112,10 @@ int64_t FlatParam::compute_element_size() const {
 at::Tensor FlatParam::shard_in_full() const { return full_.narrow(0, rank_ * shard_numel_, shard_numel_); }
 
 at::Tensor& FlatParam::grad_shard() {
-  if (!grad_shard_.defined()) grad_shard_ = at::zeros({shard_numel_}, shard_.options());
+  if (!grad_shard_.defined()) {
+    // Offloaded, pinned as the shard is: the reduced gradient's copy into it is then asynchronous.
+    grad_shard_ = at::zeros({shard_numel_}, shard_.options().pinned_memory(offloaded() && compute_device_.is_cuda()));
+  }
   return grad_shard_;
 }
 
