@@ -245,6 +245,9 @@ void ParamGroup::issue_reduce_scatter() {
   // earlier collective failed: a unit waiting in the limiter then meets the error, never hangs.
   auto end = std::make_shared<ReductionEnd>(limiter);
   const ReducePlan plan = reduce_plan();
+  // Allocated here, on the caller's thread, before the task can: gradients_reduced hands out
+  // views of it while the task runs (two lazy allocations would race to two buffers).
+  flat_.grad_shard();
   reduce_scatter_ = env_.device.submit(CommLane::Reduce, [this, plan, end] {
     TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
     at::NoGradGuard no_grad;
