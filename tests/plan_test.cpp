@@ -257,3 +257,47 @@ TEST(Planner, ModelDescriptionsRoundTripThroughJsonAndBadOnesAreNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// CPU offload: the model states leave the device's peak for host memory, and the step pays the
+// host link and the host's AdamW; the search takes offload only when nothing else fits, and not
+// at all where the host's bandwidths are unknown.
+TEST(Planner, OffloadMovesModelStatesToTheHostAndCostsTime) {
+  fsdp::PlanSetup s = small_setup();
+  s.policy.fsdp.device(c10::Device(c10::kCUDA, 0));
+  s.device.host_memory_bandwidth = 30e9;
+  s.device.host_link_bandwidth = 24e9;
+  s.device.host_memory_bytes = 64 * kGiB;
+  const fsdp::Plan on_device = fsdp::plan(s);
+  s.policy.fsdp.cpu_offload(true);
+  const fsdp::Plan offloaded = fsdp::plan(s);
+  for (size_t r = 0; r < on_device.ranks.size(); ++r) {
+    EXPECT_EQ(offloaded.ranks[r].offloaded_bytes, on_device.ranks[r].model_states);
+    EXPECT_EQ(offloaded.ranks[r].peak.sharded_params + offloaded.ranks[r].peak.optimizer_state, 0);
+  }
+  EXPECT_LT(offloaded.peak_bytes, on_device.peak_bytes);
+  EXPECT_GT(offloaded.time.step, on_device.time.step);
+  EXPECT_GT(offloaded.time.communication, on_device.time.communication);
+
+  s.policy.fsdp.cpu_offload(false);
+  fsdp::SearchSpace space;
+  space.strategies = {fsdp::ShardingStrategy::FullShard};
+  space.activation_checkpointing = {false};
+  space.cpu_offload = {false, true};
+  const auto roomy = fsdp::search_plans(s, space, 1e15);
+  ASSERT_EQ(roomy.fitting.size(), 2u);
+  EXPECT_FALSE(roomy.best()->setup.policy.fsdp.cpu_offload()) << "offload is slower: not first when both fit";
+  const auto tight = fsdp::search_plans(s, space, (offloaded.peak_bytes + on_device.peak_bytes) / 2.0);
+  ASSERT_NE(tight.best(), nullptr);
+  EXPECT_TRUE(tight.best()->setup.policy.fsdp.cpu_offload()) << "only offload fits";
+  s.device.host_memory_bytes = static_cast<double>(offloaded.ranks.front().offloaded_bytes) / 2;
+  const auto no_room = fsdp::search_plans(s, space, 1e15);
+  ASSERT_EQ(no_room.rejected.size(), 1u);
+  EXPECT_NE(no_room.rejected.front().second.find("> host memory"), std::string::npos) << no_room.rejected.front().second;
+  s.device.host_memory_bytes = 64 * kGiB;
+  s.device.host_link_bandwidth = 0;
+  EXPECT_EQ(fsdp::search_plans(s, space, 1e15).fitting.size(), 1u) << "offload's time unknown: not searched";
+}
+
+}  // namespace

@@ -49,7 +49,10 @@ double median(std::vector<double> values) {
 fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
   const fsdp::PlanWorld world = plan_world(flags);
   const fsdp::PlanDevice device = plan_device(flags, o, world);
-  return plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
+  fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
+  // A GPU preset plans a GPU run (offload is one of its options) without --device cuda here.
+  if (!flags.gpu.empty() && !setup.policy.fsdp.device()) setup.policy.fsdp.device(c10::Device(c10::kCUDA, 0));
+  return setup;
 }
 
 void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
@@ -60,7 +63,7 @@ void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
   }
   fsdp::SearchSpace space;
   space.batches = search_batches(flags, setup.policy.batch);
-  if (setup.policy.fsdp.device() && setup.policy.fsdp.device()->is_cuda()) space.cpu_offload = {false, true};
+  space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
   std::cout << (flags.json ? fsdp::search_json(result, cap).dump(2) + "\n" : fsdp::search_text(result, cap));
@@ -74,7 +77,7 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   const fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
   fsdp::SearchSpace space;
   space.batches = divisors(o.batch);
-  if (compute_device(o).is_cuda()) space.cpu_offload = {false, true};
+  space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
   if (dist.rank() == 0) std::cout << fsdp::search_text(result, cap) << std::flush;

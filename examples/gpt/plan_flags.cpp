@@ -19,16 +19,19 @@ constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 // Achieved, not datasheet, rates: large bf16 GEMMs reach ~55-80% of peak (an H200: ~790 of 989
 // TFLOP/s measured), a copy ~85% of the memory's bandwidth. Links per GPU: NVLink within a host;
-// across hosts one 200 Gb/s NIC per GPU (A100, the paper's cluster) or 400 Gb/s (H100, H200).
+// across hosts one 200 Gb/s NIC per GPU (A100, the paper's cluster) or 400 Gb/s (H100, H200);
+// PCIe 4 (A100) or 5 x16 to the host; a host's memory and its bandwidth shared by its 8 GPUs'
+// ranks (a DGX A100's 1 TB, a DGX H100's 2 TB).
 struct GpuPreset {
-  double memory_gib, tflops_fp32, tflops_bf16, memory_gbps, nvlink_gbps, network_gbps;
+  double memory_gib, tflops_fp32, tflops_bf16, memory_gbps, nvlink_gbps, network_gbps, pcie_gbps,
+      host_gbps, host_gib;
 };
 const std::map<std::string, GpuPreset>& gpu_presets() {
   static const std::map<std::string, GpuPreset> presets = {
-      {"a100-40gb", {40, 100, 200, 1300, 240, 25}},
-      {"a100-80gb", {80, 100, 200, 1700, 240, 25}},
-      {"h100-80gb", {80, 300, 600, 2800, 360, 50}},
-      {"h200", {139, 300, 790, 4300, 360, 50}},
+      {"a100-40gb", {40, 100, 200, 1300, 240, 25, 24, 30, 128}},
+      {"a100-80gb", {80, 100, 200, 1700, 240, 25, 24, 30, 128}},
+      {"h100-80gb", {80, 300, 600, 2800, 360, 50, 48, 40, 256}},
+      {"h200", {139, 300, 790, 4300, 360, 50, 48, 40, 256}},
   };
   return presets;
 }
@@ -107,7 +110,7 @@ fsdp::PlanDevice plan_device(const PlanFlags& f, const TrainOptions& o, const fs
   fsdp::PlanDevice d;
   const bool given = f.tflops_fp32 > 0 && f.tflops_bf16 > 0 && f.memory_gbps > 0;
   if (!f.gpu.empty() || given) {
-    const GpuPreset p = f.gpu.empty() ? GpuPreset{0, 0, 0, 0, 0, 0} : gpu_presets().at(f.gpu);
+    const GpuPreset p = f.gpu.empty() ? GpuPreset{0, 0, 0, 0, 0, 0, 0, 0, 0} : gpu_presets().at(f.gpu);
     d.name = f.gpu.empty() ? "given" : f.gpu;
     d.memory_bytes = p.memory_gib * kGiB;
     const double fp32 = f.tflops_fp32 > 0 ? f.tflops_fp32 : p.tflops_fp32;
@@ -115,6 +118,9 @@ fsdp::PlanDevice plan_device(const PlanFlags& f, const TrainOptions& o, const fs
     const double gbps = f.memory_gbps > 0 ? f.memory_gbps : p.memory_gbps;
     d.fp32 = gpu_rates(fp32, gbps, 4);
     d.low_precision = gpu_rates(bf16, gbps, 2);
+    d.host_memory_bandwidth = p.host_gbps * 1e9;
+    d.host_link_bandwidth = p.pcie_gbps * 1e9;
+    d.host_memory_bytes = p.host_gib * kGiB;
     d.op_overhead_s = 5e-6;  // a kernel launch
     // PyTorch's CUDA caching allocator: the paper's 175B run at 128 GPUs, batch 2, reserved all
     // 80 GB and slowed backward with allocator retries where this plan leaves 27% unallocated,
@@ -130,7 +136,10 @@ fsdp::PlanDevice plan_device(const PlanFlags& f, const TrainOptions& o, const fs
     shape.sequence = o.model.max_seq;
     shape.heads = o.model.heads;
     d = fsdp::probe_device(compute_device(o), shape);
-    d.memory_bytes = host_memory_bytes() / world.ranks_per_host;
+    // A CPU's memory is its host's, shared by the host's ranks; so is a GPU host's bandwidth.
+    if (compute_device(o).is_cpu()) d.memory_bytes = host_memory_bytes() / world.ranks_per_host;
+    d.host_memory_bandwidth /= world.ranks_per_host;
+    if (compute_device(o).is_cuda()) d.host_memory_bytes = host_memory_bytes() / world.ranks_per_host;
   }
   if (f.memory_gb > 0) d.memory_bytes = f.memory_gb * kGiB;
   return d;

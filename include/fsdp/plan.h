@@ -96,6 +96,13 @@ struct PlanDevice {
   KernelRates fp32;           ///< computing in fp32
   KernelRates low_precision;  ///< computing in bf16/fp16
   double op_overhead_s = 0;   ///< seconds per kernel beyond its arithmetic (launch, dispatch, autograd)
+  /// Bytes/s of the host memory one rank's share of the CPU streams: what an offloaded
+  /// optimizer steps at (0: offload is not planned for time).
+  double host_memory_bandwidth = 0;
+  /// Bytes/s between host memory and the device (PCIe): offload's copies (0: not planned).
+  double host_link_bandwidth = 0;
+  /// Host memory per rank, for what offload keeps there (0: unknown, offload is not searched).
+  double host_memory_bytes = 0;
   /// The share of memory its allocator may hold beyond the bytes allocated: a caching allocator's
   /// split and per-stream cached blocks. A plan that fits with less headroom is flagged at risk.
   double allocator_reserve = 0.10;
@@ -173,7 +180,8 @@ struct Plan {
   PlanTraffic traffic;             ///< of rank 0
   PlanTime time;
   double headroom = 0;             ///< 1 - peak / device memory (0 if the memory is unknown)
-  bool fits = true;                ///< peak <= device memory
+  bool fits = true;                ///< peak <= device memory, and what is offloaded <= host memory
+  bool host_fits = true;           ///< what is offloaded <= host memory (when known)
   bool at_risk = false;            ///< fits, with less headroom than device.allocator_reserve
   std::string label() const;       ///< e.g. "full, F=8, bf16, AC, batch 2"
 };
@@ -234,7 +242,8 @@ struct ProbeShape {
 
 /// Measures this process's device for a few seconds, in fp32 and bf16, forward and backward: a
 /// Linear's products, causal fused attention, tanh-GELU, an elementwise add; and what one op costs
-/// beyond its arithmetic (a tiny Linear's forward and backward).
+/// beyond its arithmetic (a tiny Linear's forward and backward). On a GPU also what offload moves
+/// through: the host memory's bandwidth (the whole host's) and a pinned copy up.
 /// `memory_bytes` is left to the caller (a CPU's is the host's, shared by its ranks).
 PlanDevice probe_device(const c10::Device& device, const ProbeShape& shape);
 

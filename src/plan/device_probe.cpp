@@ -90,6 +90,16 @@ PlanDevice probe_device(const c10::Device& device, const ProbeShape& shape) {
   const double tiny = forward_backward_seconds(device, {at::randn({2, 8}, options), at::randn({8, 8}, options)},
                                                [](const std::vector<at::Tensor>& v) { return at::linear(v[0], v[1]); });
   d.op_overhead_s = tiny / 3;
+  if (device.is_cuda()) {  // what an offloaded run moves: host memory, and pinned copies up
+    const auto host = at::TensorOptions().dtype(at::kFloat);
+    const int64_t n = 16 << 20;
+    const at::Tensor x = at::randn({n}, host), y = at::randn({n}, host);
+    at::Tensor z = at::empty({n}, host);
+    d.host_memory_bandwidth = 3.0 * 4 * n / seconds_per_call(c10::Device(c10::kCPU), 0.2, [&] { at::add_out(z, x, y); });
+    const at::Tensor pinned = at::empty({n}, host.pinned_memory(true));
+    at::Tensor on_device = at::empty({n}, options);
+    d.host_link_bandwidth = 4.0 * n / seconds_per_call(device, 0.2, [&] { on_device.copy_(pinned, /*non_blocking=*/true); });
+  }
   return d;
 }
 

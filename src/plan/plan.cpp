@@ -66,6 +66,12 @@ Plan plan(const PlanSetup& setup) {
     result.fits = result.headroom >= 0;
     result.at_risk = result.fits && result.headroom < setup.device.allocator_reserve;
   }
+  if (setup.device.host_memory_bytes > 0) {
+    for (const auto& rank : result.ranks) {
+      if (static_cast<double>(rank.offloaded_bytes) > setup.device.host_memory_bytes) result.host_fits = false;
+    }
+    result.fits = result.fits && result.host_fits;
+  }
   return result;
 }
 

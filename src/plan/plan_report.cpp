@@ -55,7 +55,7 @@ nlohmann::json plan_json(const Plan& plan) {
           {"activation_checkpointing", o.activation_checkpointing()}, {"cpu_offload", o.cpu_offload()},
           {"limit_all_gathers", o.limit_all_gathers()}, {"label", plan.label()},
           {"peak_bytes", plan.peak_bytes}, {"device_memory_bytes", setup.device.memory_bytes},
-          {"fits", plan.fits}, {"at_risk", plan.at_risk}, {"headroom", plan.headroom},
+          {"fits", plan.fits}, {"host_fits", plan.host_fits}, {"at_risk", plan.at_risk}, {"headroom", plan.headroom},
           {"ranks", ranks},
           {"traffic", {{"all_gather_bytes", plan.traffic.all_gather}, {"reduce_scatter_bytes", plan.traffic.reduce_scatter},
                        {"all_reduce_bytes", plan.traffic.all_reduce}, {"intra_host_bytes", plan.traffic.intra_host},
@@ -85,7 +85,12 @@ std::string plan_text(const Plan& plan) {
   s << "\n";
   breakdown_lines(s, top.peak);
   s << "    model states (parameters, gradients, optimizer): " << bytes_text(static_cast<double>(top.model_states));
-  if (top.offloaded_bytes > 0) s << " in host memory (CPU offload)";
+  if (top.offloaded_bytes > 0) {
+    s << " in host memory (CPU offload)";
+    if (setup.device.host_memory_bytes > 0) {
+      s << " of " << bytes_text(setup.device.host_memory_bytes) << (plan.host_fits ? "" : ": DOES NOT FIT");
+    }
+  }
   s << "\n";
   if (plan.ranks.size() > 1) {
     int64_t low = plan.peak_bytes;
@@ -125,7 +130,7 @@ std::string search_text(const SearchResult& result, double max_memory_bytes) {
   for (size_t i = 0; i < result.fitting.size(); ++i) {
     const Plan& p = result.fitting[i];
     char text[160];
-    std::snprintf(text, sizeof(text), "  %s %-36s peak %s, step %.1f ms, %.0f tokens/s", i == 0 ? "best:     " : i == 1 ? "runner-up:" : "          ",
+    std::snprintf(text, sizeof(text), "  %s %-42s peak %s, step %.1f ms, %.0f tokens/s", i == 0 ? "best:     " : i == 1 ? "runner-up:" : "          ",
                   p.label().c_str(), bytes_text(static_cast<double>(p.peak_bytes)).c_str(), p.time.step * 1000, p.time.tokens_per_s);
     s << text;
     if (i > 0) s << ": " << result.slower_because[i];

@@ -68,6 +68,11 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
     if (!options) continue;
     for (bool checkpointing : space.activation_checkpointing) {
       for (bool offload : space.cpu_offload) {
+        // Offload needs a GPU, and its time the host's bandwidths.
+        const bool offload_known = setup.policy.fsdp.device() && setup.policy.fsdp.device()->is_cuda() &&
+                                   setup.device.host_memory_bandwidth > 0 && setup.device.host_link_bandwidth > 0 &&
+                                   setup.device.host_memory_bytes > 0;
+        if (offload && !offload_known) continue;
         for (int64_t batch : batches) {
           PlanSetup candidate = setup;
           candidate.policy.fsdp = *options;
@@ -75,7 +80,7 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
           candidate.policy.batch = batch;
           candidate.device.memory_bytes = max_memory_bytes;
           Plan p = plan(candidate);
-          if (p.peak_bytes <= max_memory_bytes) {
+          if (p.peak_bytes <= max_memory_bytes && p.host_fits) {
             result.fitting.push_back(std::move(p));
           } else {
             result.rejected.emplace_back(std::move(p), "");
@@ -93,8 +98,13 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
     result.slower_because.push_back(&p == &result.fitting.front() ? "" : why_slower(p, result.fitting.front()));
   }
   for (auto& [p, why] : result.rejected) {
-    why = "peak " + planning::bytes_text(static_cast<double>(p.peak_bytes)) + " > cap " +
-          planning::bytes_text(max_memory_bytes);
+    if (p.peak_bytes > max_memory_bytes) {
+      why = "peak " + planning::bytes_text(static_cast<double>(p.peak_bytes)) + " > cap " +
+            planning::bytes_text(max_memory_bytes);
+    } else {
+      why = "offloaded " + planning::bytes_text(static_cast<double>(p.ranks.front().offloaded_bytes)) +
+            " per rank > host memory " + planning::bytes_text(p.setup.device.host_memory_bytes);
+    }
   }
   return result;
 }

@@ -36,6 +36,33 @@ double fsdp_copy_seconds(const UnitLayout& unit, const RankLayout& layout, const
   return seconds(gather_copy + grad_copy, r.memory_bandwidth);
 }
 
+// CPU offload ([Note: offloaded copies], fsdp::optim::StepInBackward): each gather brings the
+// fp32 shard up and each reduction takes the fp32 gradient shard down over the host link (hidden
+// like the unit's collectives); AdamW runs on the host, each unit as its gradient lands, so it
+// overlaps the backward of the units after it; the root, reduced last, is stepped after backward.
+struct OffloadSeconds {
+  std::vector<double> forward_copies, backward_copies;
+  double optimizer_exposed = 0;
+};
+
+OffloadSeconds offload_seconds(const PlanSetup& setup, const RankLayout& layout, double backward_compute) {
+  const size_t n = layout.units.size();
+  OffloadSeconds o{std::vector<double>(n, 0), std::vector<double>(n, 0), 0};
+  double optimizer_overlapped = 0;
+  for (size_t u = 0; u < n; ++u) {
+    const UnitLayout& unit = layout.units[u];
+    const double copy = seconds(static_cast<double>(unit.shard_numel * layout.precision.shard_bytes),
+                                setup.device.host_link_bandwidth);
+    o.forward_copies[u] = copy;
+    o.backward_copies[u] = (u > 0 && unit.reshard_after_forward ? copy : 0) + (unit.trainable ? copy : 0);
+    const double step = seconds(7.0 * unit.piece_numel * layout.precision.shard_bytes,
+                                setup.device.host_memory_bandwidth);
+    (u == 0 ? o.optimizer_exposed : optimizer_overlapped) += step;
+  }
+  o.optimizer_exposed += std::max(0.0, optimizer_overlapped - backward_compute);
+  return o;
+}
+
 double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
   const double bandwidth = c.spans_hosts() ? links.cross_host_bandwidth : links.intra_host_bandwidth;
   return seconds(static_cast<double>(c.bytes), bandwidth) + c.steps * links.latency_s;
@@ -56,17 +83,26 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout,
   for (size_t u = 0; u < n; ++u) {
     t.compute += unit[u].forward + unit[u].backward + fsdp_copy_seconds(layout.units[u], layout, rates);
   }
-  // AdamW reads a parameter, its gradient and both moments and writes three of them back.
   int64_t pieces = 0, tensors = 0;
   for (const auto& u : layout.units) {
     pieces += u.piece_numel;
     tensors += u.param_tensors;
   }
-  t.compute += seconds(7.0 * pieces * layout.precision.shard_bytes, setup.device.fp32.memory_bandwidth) +
+  const bool offload = setup.policy.fsdp.cpu_offload();
+  double backward_compute = 0;
+  for (size_t u = 0; u < n; ++u) backward_compute += unit[u].backward;
+  const OffloadSeconds copies = offload ? offload_seconds(setup, layout, backward_compute) : OffloadSeconds{
+      std::vector<double>(n, 0), std::vector<double>(n, 0), 0};
+  // AdamW reads a parameter, its gradient and both moments and writes three of them back: on the
+  // device, or offloaded on the host (the part backward does not hide).
+  t.compute += (offload ? copies.optimizer_exposed
+                        : seconds(7.0 * pieces * layout.precision.shard_bytes, setup.device.fp32.memory_bandwidth)) +
                tensors * setup.device.op_overhead_s;
 
   // Communication per unit and direction; what the compute it overlaps does not cover shows.
-  std::vector<double> forward_comm(n, 0), backward_comm(n, 0);
+  std::vector<double> forward_comm = copies.forward_copies, backward_comm = copies.backward_copies;
+  for (double s : forward_comm) t.communication += s;
+  for (double s : backward_comm) t.communication += s;
   for (const auto& c : collectives) {
     const double s = collective_seconds(c, setup.links);
     t.communication += s;
