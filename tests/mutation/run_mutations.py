@@ -137,6 +137,17 @@ MUTATIONS = [
      "if (options.sync_module_states()) broadcast_from_rank0(tensors_of(plan.params), state.world());",
      "(void)options;",
      [(2, "DeferredInit.*")]),
+    # StepInBackward: a unit whose reduction does not report it is stepped by step() instead; the
+    # bitwise-equality test cannot see that, the test of when the steps happen can.
+    ("gradients-reduced-not-reported", "src/core/param_group.cpp",
+     "  events_.gradients_reduced(*this, reduce_scatter_);",
+     "  (void)reduce_scatter_;",
+     [(2, "StepInBackward.*")]),
+    # The planner against real runs: activations counted for one sequence whatever the batch.
+    ("plan-activations-not-per-batch", "src/plan/plan_memory.cpp",
+     "t_.now().activations += batch_ * (checkpointing_ ? a.checkpointed : a.saved);",
+     "t_.now().activations += (checkpointing_ ? a.checkpointed : a.saved);",
+     [(2, "Planner.*")]),
 ]
 
 
