@@ -140,8 +140,8 @@ MUTATIONS = [
     # StepInBackward: a unit whose reduction does not report it is stepped by step() instead; the
     # bitwise-equality test cannot see that, the test of when the steps happen can.
     ("gradients-reduced-not-reported", "src/core/param_group.cpp",
-     "  events_.gradients_reduced(*this, reduce_scatter_);",
-     "  (void)reduce_scatter_;",
+     "events_.gradients_reduced(*this, reduce_scatter_);",
+     "(void)reduce_scatter_;",
      [(2, "StepInBackward.*")]),
     # The planner against real runs: activations counted for one sequence whatever the batch.
     ("plan-activations-not-per-batch", "src/plan/plan_memory.cpp",
