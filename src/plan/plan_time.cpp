@@ -118,7 +118,7 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout,
   }
   // Backward: unit u's gather and reduction run during the backward of its neighbour.
   for (size_t u = n - 1; u >= 1; --u) {
-    const double hidden_by = backward_prefetch ? unit[u - 1 > 0 ? u - 1 : 0].backward : 0;
+    const double hidden_by = backward_prefetch ? unit[u - 1].backward : 0;
     t.exposed_communication += std::max(0.0, backward_comm[u] - hidden_by);
   }
   t.exposed_communication += backward_comm[0];  // the root's reduction ends the backward
