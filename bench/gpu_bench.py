@@ -3,6 +3,8 @@
     python3 bench/gpu_bench.py [--build build-gpu] [--out bench/results/gpu-bench.json]
     python3 bench/gpu_bench.py --dry-run                # print the commands, run nothing
     python3 bench/gpu_bench.py --initial-weights-only   # only FSDP2's starting weights
+    python3 bench/gpu_bench.py --rehearse --build build --out DIR/gpu-bench.json
+                                                        # all of it on the CPU, a tiny model (CI)
 
 scripts/device_check.sh runs it after the GPU checks (and the last form during them: writing the
 weights takes a minute of CPU work, which must not overlap a timed run). The model: 26 layers x
@@ -22,6 +24,11 @@ gpt_train --reference --steps 0 --save-full writes) on the same batches (the fir
   fsdp2_fused      the same with AdamW(fused=True), FSDP2's best
   fsdp_cpp_offload the fsdp-cpp run with --cpu-offload (one run after the rounds: its steps take
                    seconds)
+
+The rehearsal (ctest device_check_rehearsal, every `make test`) runs this whole script on a CPU build:
+a 2-layer model, CPU ranks over Gloo, the same contenders, rounds, measurements, reports and goals,
+and the multi-GPU step as if there were two GPUs, so that a mistake of the script's own costs
+seconds of CI, not a device run. Its numbers mean nothing.
 
 Device machines differ by ~10% from one start to the next, and a GPU's clock moves with its
 temperature and power, so the four are compared only interleaved: ROUNDS rounds, each running all
@@ -58,6 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from gpu_check import REPO, VOCAB, Model, Run, Runner, ensure_corpus, environment, relative_differences, say  # noqa: E402
 
 BENCH_MODEL = Model(layers=26, dim=2048, heads=16, seq=2048)
+REHEARSAL_MODEL = Model(layers=2, dim=64, heads=2, seq=32)
+REHEARSAL_BATCH, REHEARSAL_GPUS = 4, 2
 BF16 = ["--param-dtype", "bf16", "--reduce-dtype", "fp32"]
 LR, SEED = "3e-4", "1234"
 PEAK_TFLOPS = 989.4
@@ -131,14 +140,21 @@ def slice_batches(source, rows, destination):
 
 class Bench:
     def __init__(self, args):
-        self.runner = Runner(args.build, Path(args.build) / "gpu-bench", dry_run=args.dry_run)
+        self.rehearsal = args.rehearse
+        self.model = REHEARSAL_MODEL if args.rehearse else BENCH_MODEL
+        self.device = "cpu" if args.rehearse else "cuda"
+        work = Path(args.work) if args.work else Path(args.build) / "gpu-bench"
+        self.runner = Runner(args.build, work, dry_run=args.dry_run, fixed_ports=not args.rehearse)
         self.work = self.runner.work
         self.dry_run = args.dry_run
         corpus = ensure_corpus(args.build, args.dry_run)
-        m = BENCH_MODEL  # named for what determines them: a file of another model is not reused
+        m = self.model  # named for what determines them: a file of another model is not reused
         self.init = self.work / f"init-{m.layers}x{m.dim}-seq{m.seq}-seed{SEED}.pt"
-        self.common = [*BENCH_MODEL.flags(), "--lr", LR, "--seed", SEED, "--data", str(corpus)]
+        self.common = [*m.flags(), "--lr", LR, "--seed", SEED, "--data", str(corpus)]
         self.steps = WARMUP + TIMED
+
+    def gpus(self):
+        return REHEARSAL_GPUS if self.rehearsal else gpu_count(self.dry_run)
 
     def batches_file(self, batch):
         return self.work / f"batches-b{batch}.pt"
@@ -154,7 +170,7 @@ class Bench:
             raise SystemExit(f"gpu_bench: writing {self.init} failed; see {run.log}")
 
     def gpt_args(self, batch, steps):
-        return ["--device", "cuda", *self.common, *BF16, "--batch", str(batch), "--steps", str(steps),
+        return ["--device", self.device, *self.common, *BF16, "--batch", str(batch), "--steps", str(steps),
                 "--optimizer", "fused"]
 
     def make(self, kind, batch, tag, world=1):
@@ -169,7 +185,7 @@ class Bench:
             return self.runner.fsdp(name, 1, [*self.gpt_args(batch, OFFLOAD_WARMUP + OFFLOAD_TIMED),
                                               "--cpu-offload"])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               REPO / "bench" / "peer_fsdp2.py", "--device", "cuda", *BENCH_MODEL.flags(), *BF16,
+               REPO / "bench" / "peer_fsdp2.py", "--device", self.device, *self.model.flags(), *BF16,
                "--batch", str(batch), "--steps", str(self.steps), "--lr", LR,
                "--init-from", self.init, "--batches", self.batches_file(batch),
                "--metrics", self.runner.metrics_pattern(name)]
@@ -182,7 +198,7 @@ class Bench:
         return run
 
 
-def measure(run, batch, warmup, world=1):
+def measure(run, model, batch, warmup, world=1):
     """Throughput and memory of a run over its timed steps (tokens/s of all ranks together)."""
     base = {"batch": batch, "world": world, "rc": run.rc, "log": str(run.log),
             "telemetry": getattr(run, "telemetry", None)}
@@ -190,8 +206,8 @@ def measure(run, batch, warmup, world=1):
         return {**base, "ok": False, "out_of_memory": run.out_of_memory}
     records = run.metrics[0]
     step_ms = statistics.median(r["step_ms"] for r in records[warmup:])
-    tokens_per_s = world * batch * BENCH_MODEL.seq / (step_ms / 1000)
-    tflops = tokens_per_s * flops_per_token(BENCH_MODEL) / 1e12
+    tokens_per_s = world * batch * model.seq / (step_ms / 1000)
+    tflops = tokens_per_s * flops_per_token(model) / 1e12
     return {**base, "ok": True, "step_ms_median": step_ms, "step_ms": [r["step_ms"] for r in records],
             "tokens_per_s": tokens_per_s, "model_tflops": tflops, "mfu": tflops / PEAK_TFLOPS / world,
             "mem_peak_bytes": run.max_over_ranks_and_steps("mem_peak_bytes"),
@@ -219,7 +235,7 @@ def interleaved_rounds(bench, batch):
                 run, batch = first_fitting_cpp(bench, batch)  # first: it dumps the batches
             else:
                 run = bench.execute(bench.make(kind, batch, f"r{r + 1}"))
-            runs[kind].append(measure(run, batch, WARMUP))
+            runs[kind].append(measure(run, bench.model, batch, WARMUP))
             m = runs[kind][-1]
             if not bench.dry_run:
                 say(f"gpu_bench round {r + 1} {kind}: " + (
@@ -229,24 +245,26 @@ def interleaved_rounds(bench, batch):
     return runs, batch
 
 
-def summarize(measurements):
+def summarize(model, measurements):
     """Median over rounds of the runs' median step times, with the rounds' min and max."""
     ok = [m for m in measurements if m["ok"]]
     if len(ok) < len(measurements) or not ok:
         return {"ok": False, "runs": measurements}
     tokens = [m["tokens_per_s"] for m in ok]
     median = statistics.median(tokens)
-    return {"ok": True, "batch": ok[0]["batch"], "tokens_per_s": median, "tokens_per_s_min": min(tokens),
+    return {"ok": True, "batch": ok[0]["batch"], "world": ok[0]["world"], "tokens_per_s": median, "tokens_per_s_min": min(tokens),
             "tokens_per_s_max": max(tokens),
-            "step_ms": ok[0]["batch"] * BENCH_MODEL.seq / median * 1000,
-            "mfu": median * flops_per_token(BENCH_MODEL) / 1e12 / PEAK_TFLOPS,
+            "step_ms": ok[0]["batch"] * ok[0]["world"] * model.seq / median * 1000,
+            "mfu": median * flops_per_token(model) / 1e12 / PEAK_TFLOPS / ok[0]["world"],
             "mem_peak_bytes": max(m["mem_peak_bytes"] for m in ok),
             "mem_reserved_bytes": max(m["mem_reserved_bytes"] for m in ok),
             "losses": ok[0]["losses"], "runs": measurements}
 
 
 def ratio(a, b, key):
-    if a and b and a.get("ok") and b.get("ok"):
+    """a[key] / b[key]; None where either run failed or b has no value (e.g. a peer that reports
+    no memory on the CPU): a report with a gap beats no report."""
+    if a and b and a.get("ok") and b.get("ok") and b.get(key):
         return a[key] / b[key]
     return None
 
@@ -280,7 +298,8 @@ def goals(results):
 
 
 def markdown(summary):
-    lines = [f"# GPU benchmark: {BENCH_MODEL.params() / 1e9:.2f} B GPT, bf16, batch "
+    title = "rehearsal on the CPU (numbers mean nothing)" if summary["rehearsal"] else "GPU benchmark"
+    lines = [f"# {title}: {summary['model']['params'] / 1e9:.3f} B GPT, bf16, batch "
              f"{summary['batch']}, {ROUNDS} interleaved rounds", "",
              f"{summary['environment']}", "",
              "| run | tokens/s (median [min-max]) | step ms | MFU | peak GiB | reserved GiB |",
@@ -318,32 +337,39 @@ def main():
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu-bench.json"))
     ap.add_argument("--batch", type=int, default=BATCH, help="sequences per step (halved if fsdp-cpp runs out of memory)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--rehearse", action="store_true",
+                    help="run it all on the CPU with a tiny model (a CPU build; CI's device_check_rehearsal)")
+    ap.add_argument("--work", help="the runs' folder (default: BUILD/gpu-bench)")
     ap.add_argument("--initial-weights-only", action="store_true",
                     help="only write the starting weights (device_check.sh: during the checks)")
     args = ap.parse_args()
 
     start = time.monotonic()
+    if args.rehearse and args.batch == BATCH:
+        args.batch = REHEARSAL_BATCH
     bench = Bench(args)
     if args.initial_weights_only:
         bench.write_initial_weights()
         return 0
-    say(f"gpu_bench: {BENCH_MODEL.params() / 1e9:.3f} B parameters, batch {args.batch}, {ROUNDS} rounds of "
+    say(f"gpu_bench: {bench.model.params() / 1e9:.3f} B parameters, batch {args.batch}, {ROUNDS} rounds of "
         f"{', '.join(CONTENDERS)}")
     if not bench.init.exists():  # else written during the checks (scripts/device_check.sh)
         bench.write_initial_weights()
     runs, batch = interleaved_rounds(bench, args.batch)
-    results = {kind: summarize(measurements) for kind, measurements in runs.items()}
-    offload = bench.execute(bench.make("fsdp_cpp_offload", batch, "once"))
-    results["fsdp_cpp_offload"] = summarize([measure(offload, batch, OFFLOAD_WARMUP)])
-    gpus = gpu_count(args.dry_run)
+    results = {kind: summarize(bench.model, measurements) for kind, measurements in runs.items()}
+    if not bench.rehearsal:  # CPU offload needs a GPU
+        offload = bench.execute(bench.make("fsdp_cpp_offload", batch, "once"))
+        results["fsdp_cpp_offload"] = summarize(bench.model, [measure(offload, bench.model, batch, OFFLOAD_WARMUP)])
+    gpus = bench.gpus()
     if gpus > 1 and batch % gpus == 0:  # the first multi-GPU machine measures scaling as it is
         run = bench.execute(bench.make("fsdp_cpp", batch // gpus, f"w{gpus}", world=gpus))
-        results[f"fsdp_cpp_w{gpus}"] = summarize([measure(run, batch // gpus, WARMUP, world=gpus)])
+        results[f"fsdp_cpp_w{gpus}"] = summarize(bench.model, [measure(run, bench.model, batch // gpus, WARMUP, world=gpus)])
     if args.dry_run:
         return 0
+    m = bench.model
     summary = {"environment": environment(), "seconds": round(time.monotonic() - start, 1), "batch": batch,
-               "model": {**vars(BENCH_MODEL), "vocab": VOCAB, "params": BENCH_MODEL.params(),
-                         "flops_per_token": flops_per_token(BENCH_MODEL)},
+               "rehearsal": bench.rehearsal, "device": bench.device,
+               "model": {**vars(m), "vocab": VOCAB, "params": m.params(), "flops_per_token": flops_per_token(m)},
                "precision": " ".join(BF16), "lr": LR, "peak_tflops": PEAK_TFLOPS, "rounds": ROUNDS,
                "results": results, "goals": goals(results), "loss_agreement": loss_agreement(results)}
     out = Path(args.out)

@@ -132,13 +132,7 @@ timeout 420 cmake --build "$BUILD" -j "${JOBS:-$(nproc)}" --target gpt_train fsd
   { echo "device_check: gpt_train has no --cpu-offload flag" >&2; exit 1; }
 
 if [ "$BUILD_ONLY" = 1 ]; then
-  step plan
-# The planner against the benchmark just measured: the GPU probed for a few seconds (issue 22).
-timeout 120 "$PY" bench/plan_vs_gpu.py --build "$BUILD" --bench bench/results/gpu-bench.json \
-  --out bench/results/gpu-plan.json || FAILED+=("plan (exit $?)")
-deliver bench/results/gpu-plan.json
-
-step summary
+  step summary
   printf '  %s\n' "${STEP_TIMES[@]}"
   exit 0
 fi
@@ -193,6 +187,12 @@ timeout 480 "$PY" bench/gpu_bench.py --build "$BUILD" --out bench/results/gpu-be
   FAILED+=("gpu-bench (exit $?)")
 deliver bench/results/gpu-bench.json
 deliver bench/results/gpu-bench.md
+
+step plan
+# The planner against the benchmark just measured: the GPU probed for a few seconds (issue 22).
+timeout 120 "$PY" bench/plan_vs_gpu.py --build "$BUILD" --bench bench/results/gpu-bench.json \
+  --out bench/results/gpu-plan.json || FAILED+=("plan (exit $?)")
+deliver bench/results/gpu-plan.json
 
 step summary
 printf '  %s\n' "${STEP_TIMES[@]}"

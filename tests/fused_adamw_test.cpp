@@ -109,3 +109,29 @@ TEST(FusedAdamW, ContinuesFromAStepSetByACheckpoint) {
     expect_close(a.all()[i], b.all()[i], "parameter", 11);
   }
 }
+
+// ShardedGradScaler's path (StepsScaledGradients): step_scaled(s) on gradients multiplied by s
+// steps as step() on the gradients themselves, and leaves the gradients divided. s = 3 is not a
+// power of two, so the two agree to rounding rather than bitwise.
+TEST(FusedAdamW, StepScaledDividesTheGradientsByTheScale) {
+  constexpr double scale = 3.0;
+  Model a(1), b(1);
+  fsdp::optim::AdamW scaled(groups(a, false), AdamWOptions(3e-2));
+  fsdp::optim::AdamW plain(groups(b, false), AdamWOptions(3e-2));
+  torch::manual_seed(4);
+  for (int step = 1; step <= 5; ++step) {
+    for (size_t i = 0; i < a.all().size(); ++i) {
+      const auto grad = torch::randn(a.all()[i].sizes());
+      a.all()[i].mutable_grad() = grad * scale;
+      b.all()[i].mutable_grad() = grad.clone();
+    }
+    scaled.step_scaled(scale);
+    plain.step();
+    for (size_t i = 0; i < a.all().size(); ++i) {
+      expect_close(a.all()[i], b.all()[i], "parameter", step);
+      expect_close(a.all()[i].grad(), b.all()[i].grad(), "gradient left behind", step);
+      EXPECT_EQ(state(scaled, a.all()[i]).step(), step);
+    }
+  }
+  EXPECT_THROW(scaled.step_scaled(0), c10::Error);
+}

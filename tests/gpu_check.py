@@ -140,18 +140,22 @@ class Run:
 class Runner:
     """Runs programs of a build with their logs and metrics under one work folder."""
 
-    def __init__(self, build, work, dry_run=False, timeout_s=180):
+    def __init__(self, build, work, dry_run=False, timeout_s=180, fixed_ports=True):
         self.bin = Path(build).resolve() / "bin"
         self.work = Path(work).resolve()
         self.dry_run = dry_run
         self.timeout_s = timeout_s
-        self.next_port = 29600  # fsdprun's rendezvous: one port per launch, as launches overlap
+        # fsdprun's rendezvous: one port per launch, as launches overlap (on a machine of our own);
+        # else (a rehearsal among other tests) fsdprun picks a free one.
+        self.next_port = 29600 if fixed_ports else None
 
     def fsdp(self, name, world, args, env=None):
         """`fsdprun --nproc-per-node world gpt_train args`, metrics per rank."""
-        port = self.next_port
-        self.next_port += 1
-        cmd = [self.bin / "fsdprun", "--nproc-per-node", str(world), "--master-port", str(port),
+        port = []
+        if self.next_port is not None:
+            port = ["--master-port", str(self.next_port)]
+            self.next_port += 1
+        cmd = [self.bin / "fsdprun", "--nproc-per-node", str(world), *port,
                self.bin / "gpt_train", *args, "--metrics", self.metrics_pattern(name)]
         return Run(name, cmd, world, dict(env or {}))
 
@@ -357,9 +361,12 @@ def main():
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "gpu-check.json"))
     ap.add_argument("--parallel", type=int, default=4, help="runs at a time")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    ap.add_argument("--work", help="the runs' folder (default: BUILD/gpu-check)")
     args = ap.parse_args()
 
-    runner = Runner(args.build, Path(args.build) / "gpu-check", dry_run=args.dry_run)
+    # On a CPU (CI's tests/device_check_rehearsal.py, among other tests) fsdprun picks free ports.
+    runner = Runner(args.build, args.work or Path(args.build) / "gpu-check", dry_run=args.dry_run,
+                    fixed_ports=args.device == "cuda")
     corpus = ensure_corpus(args.build, args.dry_run)
     runs = plan_runs(runner, args.device, corpus)
     start = time.monotonic()

@@ -8,6 +8,8 @@
 #include "reference_precision.h"
 #include "trainer.h"
 
+#include <fsdp/fused_adamw.h>
+
 #include <gtest/gtest.h>
 
 namespace fsdp_test {
@@ -169,51 +171,103 @@ TEST(MixedPrecision, ForwardComputesInParamDtypeWhileShardsGradsAndOptimizerStay
   }
 }
 
-TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+// One fp16 step of an FSDP model through `scaler` (`unscale_first`: unscale_() before step(), as
+// before clipping); with `poison`, the last rank's shard alone holds an inf, as an fp16 reduction
+// can make it. Returns whether the scaler stepped.
+template <class Model>
+bool scaled_step(Model& model, torch::optim::Optimizer& optimizer, fsdp::ShardedGradScaler& scaler,
+                 int64_t step, bool poison, bool unscale_first = false) {
   const int world = dist().world_size(), rank = dist().rank();
-  auto model = fsdp::fully_shard(
-      make_odd_net(4), *dist().world,
-      fsdp::FullyShardOptions().mixed_precision(fsdp::MixedPrecision().param_dtype(at::kHalf)));
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
-  fsdp::ShardedGradScaler scaler(*dist().world, fsdp::GradScalerOptions().init_scale(1024));
-  auto snapshot = [&] {
-    std::vector<torch::Tensor> copies;
-    for (const auto& p : model->parameters()) copies.push_back(p.detach().clone());
-    return copies;
-  };
-  auto step = [&](bool poison) {
-    optimizer.zero_grad();
-    auto [x, y] = odd_batch(0, 2 * world);
-    auto loss = torch::mse_loss(model(x.narrow(0, 2 * rank, 2)).to(torch::kFloat),
-                                y.narrow(0, 2 * rank, 2));
-    scaler.scale(loss).backward();
-    // The last rank's shard alone overflows, as an fp16 reduction can make it.
-    if (poison && rank == world - 1) {
-      for (auto& p : model->parameters()) {
-        if (p.grad().defined() && p.grad().numel() > 0) {
-          p.grad().view({-1})[0] = std::numeric_limits<float>::infinity();
-          break;
-        }
+  optimizer.zero_grad();
+  auto [x, y] = odd_batch(step, 2 * world);
+  auto loss = torch::mse_loss(model(x.narrow(0, 2 * rank, 2)).to(torch::kFloat), y.narrow(0, 2 * rank, 2));
+  scaler.scale(loss).backward();
+  if (poison && rank == world - 1) {
+    for (auto& p : model->parameters()) {
+      if (p.grad().defined() && p.grad().numel() > 0) {
+        p.grad().view({-1})[0] = std::numeric_limits<float>::infinity();
+        break;
       }
     }
-    const bool stepped = scaler.step(optimizer);
-    scaler.update();
-    return stepped;
-  };
+  }
+  if (unscale_first) scaler.unscale_(optimizer);
+  const bool stepped = scaler.step(optimizer);
+  scaler.update();
+  return stepped;
+}
 
-  const auto before = snapshot();
-  EXPECT_FALSE(step(/*poison=*/true));
+auto fp16_odd_net(uint64_t seed) {
+  return fsdp::fully_shard(
+      make_odd_net(seed), *dist().world,
+      fsdp::FullyShardOptions().mixed_precision(fsdp::MixedPrecision().param_dtype(at::kHalf)));
+}
+
+std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& params) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& p : params) copies.push_back(p.detach().clone());
+  return copies;
+}
+
+// LibTorch's AdamW (the scaler unscales) and the fused one (it only checks; the kernel divides).
+template <class Optimizer>
+void expect_an_overflow_on_one_rank_skips_the_step_on_every_rank() {
+  auto model = fp16_odd_net(4);
+  Optimizer optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  fsdp::ShardedGradScaler scaler(*dist().world, fsdp::GradScalerOptions().init_scale(1024));
+
+  const auto before = snapshot(model->parameters());
+  EXPECT_FALSE(scaled_step(model, optimizer, scaler, 0, /*poison=*/true));
   EXPECT_TRUE(scaler.found_inf());
   EXPECT_EQ(scaler.get_scale(), 512);  // backed off on every rank
-  const auto after = snapshot();
+  const auto after = snapshot(model->parameters());
   for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i]));
 
-  EXPECT_TRUE(step(/*poison=*/false));
+  EXPECT_TRUE(scaled_step(model, optimizer, scaler, 0, /*poison=*/false));
   EXPECT_EQ(scaler.get_scale(), 512);
   bool changed = false;
-  const auto stepped = snapshot();
+  const auto stepped = snapshot(model->parameters());
   for (size_t i = 0; i < before.size(); ++i) changed |= !torch::equal(before[i], stepped[i]);
   EXPECT_TRUE(changed);
+}
+
+TEST(GradScaler, AnOverflowOnOneRankSkipsTheStepOnEveryRank) {
+  expect_an_overflow_on_one_rank_skips_the_step_on_every_rank<torch::optim::AdamW>();
+}
+
+TEST(GradScaler, AnOverflowOnOneRankSkipsTheFusedStepOnEveryRank) {
+  expect_an_overflow_on_one_rank_skips_the_step_on_every_rank<fsdp::optim::AdamW>();
+}
+
+// With fsdp::optim::AdamW the scaler does not unscale: the kernel divides each gradient by the
+// scale as it reads it. Against unscale_() first (ATen's unscaling kernel, then the same update
+// without a scale): a power-of-two scale divides exactly, so the parameters and the gradients left
+// behind are bitwise the same, step after step, with a skipped step between.
+TEST(GradScaler, TheFusedAdamWDividesByTheScaleInItsKernelBitwise) {
+  auto divided_in_kernel = fp16_odd_net(6);
+  auto unscaled_first = fp16_odd_net(6);
+  fsdp::optim::AdamW kernel_optimizer(divided_in_kernel->parameters(), torch::optim::AdamWOptions(1e-2));
+  fsdp::optim::AdamW plain_optimizer(unscaled_first->parameters(), torch::optim::AdamWOptions(1e-2));
+  fsdp::ShardedGradScaler kernel_scaler(*dist().world, fsdp::GradScalerOptions().init_scale(1024));
+  fsdp::ShardedGradScaler plain_scaler(*dist().world, fsdp::GradScalerOptions().init_scale(1024));
+  const auto start = snapshot(divided_in_kernel->parameters());
+  for (int64_t step = 0; step < 4; ++step) {
+    const bool poison = step == 2;
+    EXPECT_EQ(scaled_step(divided_in_kernel, kernel_optimizer, kernel_scaler, step, poison), !poison);
+    EXPECT_EQ(scaled_step(unscaled_first, plain_optimizer, plain_scaler, step, poison, /*unscale_first=*/true),
+              !poison);
+    const auto a = divided_in_kernel->parameters(), b = unscaled_first->parameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i << " after step " << step;
+      if (!poison && a[i].grad().defined()) {
+        EXPECT_TRUE(torch::equal(a[i].grad(), b[i].grad())) << "gradient " << i << " after step " << step;
+      }
+    }
+  }
+  // The steps were real: the parameters moved.
+  bool moved = false;
+  const auto end = divided_in_kernel->parameters();
+  for (size_t i = 0; i < start.size(); ++i) moved |= !torch::equal(start[i], end[i]);
+  EXPECT_TRUE(moved);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "step_precision.h"
 
+#include <utility>
+
 namespace gpt {
 
 StepPrecision::StepPrecision(const TrainOptions& o, fsdp::Distributed* dist, GPT& model) {
@@ -34,6 +36,7 @@ torch::Tensor StepPrecision::scale(const torch::Tensor& loss) const {
 void StepPrecision::unscale(torch::optim::Optimizer& optimizer) {
   if (scaler_) scaler_->unscale_(optimizer);
   if (reference_scaler_) reference_scaler_->unscale_(optimizer);
+  unscaled_ = true;
 }
 
 bool StepPrecision::step(torch::optim::Optimizer& optimizer) {
@@ -42,7 +45,11 @@ bool StepPrecision::step(torch::optim::Optimizer& optimizer) {
     scaler_->update();
     return stepped;
   }
-  if (reference_scaler_) return reference_scaler_->step_update(optimizer);
+  if (reference_scaler_) {
+    const bool unscaled = std::exchange(unscaled_, false);
+    return unscaled ? reference_scaler_->step_update(optimizer)
+                    : reference_scaler_->unscale_step_update(optimizer);
+  }
   optimizer.step();
   return true;
 }

@@ -30,8 +30,9 @@ class StepPrecision {
   torch::Tensor scale(const torch::Tensor& loss) const;
   /// Divides the gradients by the scale (before clipping sees them).
   void unscale(torch::optim::Optimizer& optimizer);
-  /// Steps the optimizer unless a scaled gradient overflowed, and updates the scale. Returns
-  /// whether it stepped.
+  /// Steps the optimizer unless a scaled gradient overflowed, and updates the scale. Gradients
+  /// not unscaled yet are divided by the scale first, or by the optimizer's own kernel
+  /// (fsdp::StepsScaledGradients). Returns whether it stepped.
   bool step(torch::optim::Optimizer& optimizer);
   /// The current loss scale (0: no loss scaling).
   double loss_scale() const;
@@ -40,6 +41,7 @@ class StepPrecision {
   std::unique_ptr<fsdp::ShardedGradScaler> scaler_;          // fp16, sharded run
   std::unique_ptr<ReferenceLossScaler> reference_scaler_;    // fp16, reference run
   std::unique_ptr<ReferencePrecision> reference_precision_;  // reference with a policy
+  bool unscaled_ = false;                                    // unscale() ran this step
 };
 
 }  // namespace gpt

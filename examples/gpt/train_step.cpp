@@ -54,7 +54,6 @@ torch::Tensor accumulate_gradients(const StepContext& ctx, int64_t step) {
 }
 
 void clip_gradients(const StepContext& ctx) {
-  if (ctx.options.clip <= 0) return;
   if (ctx.sharded()) {
     fsdp::clip_grad_norm_(ctx.model, ctx.options.clip);
   } else {
@@ -68,8 +67,11 @@ StepResult train_step(const StepContext& ctx, int64_t step) {
   ctx.optimizer.zero_grad();
   StepResult result;
   result.loss = accumulate_gradients(ctx, step);
-  ctx.precision.unscale(ctx.optimizer);  // before clipping sees the gradients
-  clip_gradients(ctx);
+  if (ctx.options.clip > 0) {
+    // Clipping reads unscaled gradients; else the optimizer's kernel divides them as it steps.
+    ctx.precision.unscale(ctx.optimizer);
+    clip_gradients(ctx);
+  }
   result.skipped = !ctx.precision.step(ctx.optimizer);
   return result;
 }

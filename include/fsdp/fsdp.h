@@ -7,6 +7,8 @@
 #include <fsdp/comm_stats.h>
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
+#include <fsdp/fused_adamw.h>
+#include <fsdp/fused_sgd.h>
 #include <fsdp/grad_scaler.h>
 #include <fsdp/memory.h>
 #include <fsdp/options.h>

@@ -11,12 +11,14 @@
 // pass over each tensor, so results agree with LibTorch's loop to fp32 rounding, not bitwise.
 // The kernel reads each parameter's step count from a one-element float tensor on the
 // parameter's device, kept here beside AdamWParamState::step() (which checkpoints store): no
-// host-device copy per step.
+// host-device copy per step. With fp16's loss scaling (fsdp::ShardedGradScaler) the kernel divides
+// the gradients by the scale as it reads them: no separate unscaling pass.
 //
 // Example:
 //   fsdp::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
 
 #include <fsdp/fully_shard.h>
+#include <fsdp/grad_scaler.h>
 
 #include <torch/optim/adamw.h>
 
@@ -35,7 +37,7 @@ class CommHandle;
 
 namespace fsdp::optim {
 
-class AdamW : public torch::optim::AdamW {
+class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
  public:
   using torch::optim::AdamW::AdamW;
   ~AdamW() override;
@@ -43,6 +45,8 @@ class AdamW : public torch::optim::AdamW {
   /// Waits for the steps queued by StepInBackward (rethrowing the first failure), then steps
   /// every parameter with a gradient that none of them stepped.
   torch::Tensor step(LossClosure closure = nullptr) override;
+  /// step() with the gradients divided by `scale` in the kernel (ShardedGradScaler::step).
+  void step_scaled(double scale) override;
 
   /// Steps `params` now with `grads` (their gradients, in order), each with its group's
   /// options; step() skips them until it has run.
@@ -60,7 +64,11 @@ class AdamW : public torch::optim::AdamW {
   };
   void add_to_batches(std::map<std::string, FusedBatch>& batches, const at::Tensor& p,
                       const at::Tensor& grad, bool amsgrad);
-  void run_batches(std::map<std::string, FusedBatch>& batches, const torch::optim::AdamWOptions& options);
+  // `scale`: the gradients' loss scale, divided out by the kernel (0: none).
+  void run_batches(std::map<std::string, FusedBatch>& batches, const torch::optim::AdamWOptions& options,
+                   double scale = 0);
+  // Every parameter with a gradient that step_parameters has not stepped.
+  void step_remaining(double scale);
 
   struct DeviceStep {
     int64_t step = -1;  // the count `tensor` holds

@@ -20,6 +20,17 @@ struct GradScalerOptions {
   TORCH_ARG(int64_t, growth_interval) = 2000;
 };
 
+/// An optimizer whose update divides each gradient by the loss scale itself (PyTorch's
+/// `_step_supports_amp_scaling`; fsdp::optim::AdamW, fsdp::optim::SGD): ShardedGradScaler::step()
+/// then only reads the gradients for inf/NaN instead of first dividing them in a pass of its own,
+/// which reads and writes them.
+class StepsScaledGradients {
+ public:
+  virtual ~StepsScaledGradients() = default;
+  /// step() with every gradient divided by `scale` first; the gradients are left divided.
+  virtual void step_scaled(double scale) = 0;
+};
+
 /// Like torch.distributed.fsdp.sharded_grad_scaler.ShardedGradScaler.
 ///
 /// Example:
@@ -41,7 +52,8 @@ class ShardedGradScaler {
   /// Divides the gradients of `optimizer`'s parameters by the scale and agrees with every rank
   /// whether any of them is inf or NaN (a collective: every rank calls it). Once per step.
   void unscale_(torch::optim::Optimizer& optimizer);
-  /// Unscales if not done yet, then steps unless some rank found inf/NaN. Returns whether it did.
+  /// Steps unless some rank found inf/NaN in its gradients; returns whether it did. Gradients not
+  /// unscaled yet are unscaled first, or, by an optimizer that StepsScaledGradients, in its update.
   bool step(torch::optim::Optimizer& optimizer);
   /// Backs the scale off after a skipped step, grows it after growth_interval good steps.
   void update();
@@ -55,7 +67,11 @@ class ShardedGradScaler {
   GradScalerOptions options_;
   double scale_;
   int64_t good_steps_ = 0;
-  bool unscaled_ = false;
+  // Agrees with every rank whether a gradient is inf/NaN; divides them by the scale if `unscale`.
+  void check_gradients(torch::optim::Optimizer& optimizer, bool unscale);
+
+  bool checked_ = false;   // found_inf_ holds this step's answer
+  bool unscaled_ = false;  // the gradients are divided by the scale
   bool found_inf_ = false;
 };
 

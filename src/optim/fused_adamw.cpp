@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <map>
+#include <optional>
 #include <string>
 
 namespace fsdp::optim {
@@ -62,14 +63,17 @@ void AdamW::add_to_batches(std::map<std::string, FusedBatch>& batches, const at:
   batch.steps.push_back(device_step(p, state.step()));
 }
 
-void AdamW::run_batches(std::map<std::string, FusedBatch>& batches, const AdamWOptions& options) {
+void AdamW::run_batches(std::map<std::string, FusedBatch>& batches, const AdamWOptions& options,
+                        double scale) {
   for (auto& [key, batch] : batches) {
     at::_foreach_add_(batch.steps, 1);  // as PyTorch's fused AdamW: the kernel reads step + 1
     const auto [beta1, beta2] = options.betas();
+    std::optional<at::Tensor> grad_scale;
+    if (scale != 0) grad_scale = at::full({1}, scale, batch.params.front().options().dtype(at::kFloat));
     at::_fused_adamw_(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
                       batch.max_exp_avg_sqs, batch.steps, options.lr(), beta1, beta2,
                       options.weight_decay(), options.eps(), options.amsgrad(),
-                      /*maximize=*/false);
+                      /*maximize=*/false, grad_scale);
   }
 }
 
@@ -81,12 +85,23 @@ AdamW::~AdamW() {
 }
 
 torch::Tensor AdamW::step(LossClosure closure) {
-  wait_queued_steps();
   torch::Tensor loss;
   if (closure) {
+    wait_queued_steps();
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  step_remaining(/*scale=*/0);
+  return loss;
+}
+
+void AdamW::step_scaled(double scale) {
+  TORCH_CHECK(scale > 0, "fsdp::optim::AdamW::step_scaled: the scale must be positive, got ", scale);
+  step_remaining(scale);
+}
+
+void AdamW::step_remaining(double scale) {
+  wait_queued_steps();
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
@@ -95,10 +110,9 @@ torch::Tensor AdamW::step(LossClosure closure) {
       if (!p.grad().defined() || stepped_.count(p.unsafeGetTensorImpl())) continue;
       add_to_batches(batches, p, p.grad(), options.amsgrad());
     }
-    run_batches(batches, options);
+    run_batches(batches, options, scale);
   }
   stepped_.clear();
-  return loss;
 }
 
 void AdamW::step_parameters(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {

@@ -19,6 +19,7 @@ PUBLIC = {
     "comm_stats.h": "comm",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
+    "fused_sgd.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io",
     "plan.h": "plan",

@@ -1,0 +1,72 @@
+#include <fsdp/fused_sgd.h>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <optional>
+
+namespace fsdp::optim {
+
+using torch::optim::SGDOptions;
+using torch::optim::SGDParamState;
+
+torch::Tensor SGD::step(LossClosure closure) {
+  torch::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  step_all(/*scale=*/0);
+  return loss;
+}
+
+void SGD::step_scaled(double scale) {
+  TORCH_CHECK(scale > 0, "fsdp::optim::SGD::step_scaled: the scale must be positive, got ", scale);
+  step_all(scale);
+}
+
+// Adds p to the batch of its device, dtype and whether its momentum buffer is new (created here,
+// as LibTorch's SGD creates it on a parameter's first step with momentum).
+void SGD::add_to_batches(std::map<std::string, FusedBatch>& batches, const at::Tensor& p, double momentum) {
+  TORCH_CHECK(!p.grad().is_sparse(), "fsdp::optim::SGD does not support sparse gradients");
+  at::Tensor buffer;
+  bool first_step = false;
+  if (momentum != 0) {
+    auto& slot = state()[p.unsafeGetTensorImpl()];
+    if (!slot) {
+      auto fresh = std::make_unique<SGDParamState>();
+      fresh->momentum_buffer(at::empty_like(p, at::MemoryFormat::Preserve));
+      slot = std::move(fresh);
+      first_step = true;
+    }
+    auto* sgd = dynamic_cast<SGDParamState*>(slot.get());
+    TORCH_CHECK(sgd, "fsdp::optim::SGD: the state of a parameter is not SGD's");
+    buffer = sgd->momentum_buffer();
+  }
+  FusedBatch& batch = batches[p.device().str() + "/" + c10::toString(p.scalar_type()) +
+                              (first_step ? "/first" : "")];
+  batch.first_step = first_step;
+  batch.params.push_back(p);
+  batch.grads.push_back(p.grad());
+  if (buffer.defined()) batch.momentum_buffers.push_back(buffer);
+}
+
+void SGD::step_all(double scale) {
+  torch::NoGradGuard no_grad;
+  for (auto& group : param_groups()) {
+    const auto& o = static_cast<const SGDOptions&>(group.options());
+    std::map<std::string, FusedBatch> batches;
+    for (auto& p : group.params()) {
+      if (p.grad().defined()) add_to_batches(batches, p, o.momentum());
+    }
+    for (auto& [key, batch] : batches) {
+      std::optional<at::Tensor> grad_scale;
+      if (scale != 0) grad_scale = at::full({1}, scale, batch.params.front().options().dtype(at::kFloat));
+      at::_fused_sgd_(batch.params, batch.grads, batch.momentum_buffers, o.weight_decay(), o.momentum(),
+                      o.lr(), o.dampening(), o.nesterov(), /*maximize=*/false, batch.first_step, grad_scale);
+    }
+  }
+}
+
+}  // namespace fsdp::optim
