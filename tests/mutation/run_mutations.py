@@ -143,6 +143,18 @@ MUTATIONS = [
      "events_.gradients_reduced(*this, reduce_scatter_);",
      "(void)reduce_scatter_;",
      [(2, "StepInBackward.*")]),
+    # The fused optimizers' loss scale: the scaler no longer unscales for them, so a kernel that
+    # is not handed the scale steps on scaled gradients (AdamW nearly ignores a constant scale;
+    # the bitwise comparison with unscaling first does not).
+    ("fused-kernel-scale-dropped", "src/optim/fused_adamw.cpp",
+     "/*maximize=*/false, grad_scale);",
+     "/*maximize=*/false);",
+     [(2, "GradScaler.*")]),
+    # The read-only overflow check of the fused path: an inf on one rank's shard not seen.
+    ("fused-path-overflow-unseen", "src/optim/grad_scaler.cpp",
+     "return at::stack(norms).sum().isfinite().logical_not().to(at::kFloat).reshape({1});",
+     "return at::zeros({1}, grads.front().options().dtype(at::kFloat));",
+     [(2, "GradScaler.*")]),
     # The planner against real runs: activations counted for one sequence whatever the batch.
     ("plan-activations-not-per-batch", "src/plan/plan_memory.cpp",
      "t_.now().activations += batch_ * (checkpointing_ ? a.checkpointed : a.saved);",
