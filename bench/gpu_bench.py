@@ -24,6 +24,9 @@ gpt_train --reference --steps 0 --save-full writes) on the same batches (the fir
   fsdp2_fused      the same with AdamW(fused=True), FSDP2's best
   fsdp_cpp_offload the fsdp-cpp run with --cpu-offload (one run after the rounds: its steps take
                    seconds)
+  fsdp_cpp_keep    the fsdp-cpp run with --no-reshard-after-forward (one run after the rounds, for
+                   information, no goal: what keeping each unit's bf16 parameters from forward to
+                   backward saves in casts at W = 1, and what it costs in memory)
 
 The rehearsal (ctest device_check_rehearsal, every `make test`) runs this whole script on a CPU build:
 a 2-layer model, CPU ranks over Gloo, the same contenders, rounds, measurements, reports and goals,
@@ -79,7 +82,8 @@ GIB = 1 << 30
 CONTENDERS = ("fsdp_cpp", "plain_libtorch", "fsdp2_foreach", "fsdp2_fused")
 LABELS = {"fsdp_cpp": "fsdp-cpp FULL_SHARD W=1", "plain_libtorch": "plain LibTorch (fused AdamW)",
           "fsdp2_foreach": "PyTorch FSDP2 W=1 (foreach)", "fsdp2_fused": "PyTorch FSDP2 W=1 (fused)",
-          "fsdp_cpp_offload": "fsdp-cpp + CPU offload"}
+          "fsdp_cpp_offload": "fsdp-cpp + CPU offload",
+          "fsdp_cpp_keep": "fsdp-cpp, no reshard after forward (once)"}
 GOALS = {"cpp_vs_fsdp2_fused_tokens_per_s": 1.02, "cpp_vs_plain_tokens_per_s": 1.0, "cpp_mfu": 0.58,
          "cpp_peak_vs_fsdp2_fused": 1.0, "offload_vs_cpp_tokens_per_s": 0.5,
          "offload_peak_vs_cpp_peak": 0.75}
@@ -184,6 +188,8 @@ class Bench:
         if kind == "fsdp_cpp_offload":
             return self.runner.fsdp(name, 1, [*self.gpt_args(batch, OFFLOAD_WARMUP + OFFLOAD_TIMED),
                                               "--cpu-offload"])
+        if kind == "fsdp_cpp_keep":
+            return self.runner.fsdp(name, 1, [*self.gpt_args(batch, self.steps), "--no-reshard-after-forward"])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                REPO / "bench" / "peer_fsdp2.py", "--device", self.device, *self.model.flags(), *BF16,
                "--batch", str(batch), "--steps", str(self.steps), "--lr", LR,
@@ -252,7 +258,8 @@ def summarize(model, measurements):
         return {"ok": False, "runs": measurements}
     tokens = [m["tokens_per_s"] for m in ok]
     median = statistics.median(tokens)
-    return {"ok": True, "batch": ok[0]["batch"], "world": ok[0]["world"], "tokens_per_s": median, "tokens_per_s_min": min(tokens),
+    return {"ok": True, "batch": ok[0]["batch"], "world": ok[0]["world"], "tokens_per_s": median,
+            "tokens_per_s_per_gpu": median / ok[0]["world"], "tokens_per_s_min": min(tokens),
             "tokens_per_s_max": max(tokens),
             "step_ms": ok[0]["batch"] * ok[0]["world"] * model.seq / median * 1000,
             "mfu": median * flops_per_token(model) / 1e12 / PEAK_TFLOPS / ok[0]["world"],
@@ -310,7 +317,10 @@ def markdown(summary):
             continue
         spread = (f" [{r['tokens_per_s_min']:.0f}-{r['tokens_per_s_max']:.0f}]"
                   if "tokens_per_s_min" in r else "")
-        lines.append(f"| {LABELS.get(name, name)} | {r['tokens_per_s']:.0f}{spread} | {r['step_ms']:.0f} | "
+        label = LABELS.get(name, name)
+        if r["world"] > 1:
+            label = f"fsdp-cpp FULL_SHARD W={r['world']} ({r['tokens_per_s_per_gpu']:.0f} tokens/s per GPU)"
+        lines.append(f"| {label} | {r['tokens_per_s']:.0f}{spread} | {r['step_ms']:.0f} | "
                      f"{100 * r['mfu']:.1f}% | {r['mem_peak_bytes'] / GIB:.1f} | "
                      f"{r['mem_reserved_bytes'] / GIB:.1f} |")
     lines += ["", "| goal | value | target | |", "|---|---|---|---|"]
@@ -360,6 +370,8 @@ def main():
     if not bench.rehearsal:  # CPU offload needs a GPU
         offload = bench.execute(bench.make("fsdp_cpp_offload", batch, "once"))
         results["fsdp_cpp_offload"] = summarize(bench.model, [measure(offload, bench.model, batch, OFFLOAD_WARMUP)])
+    keep = bench.execute(bench.make("fsdp_cpp_keep", batch, "once"))
+    results["fsdp_cpp_keep"] = summarize(bench.model, [measure(keep, bench.model, batch, WARMUP)])
     gpus = bench.gpus()
     if gpus > 1 and batch % gpus == 0:  # the first multi-GPU machine measures scaling as it is
         run = bench.execute(bench.make("fsdp_cpp", batch // gpus, f"w{gpus}", world=gpus))

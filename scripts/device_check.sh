@@ -163,6 +163,8 @@ smoke fsdp-w2-staged env FSDP_CUDA_COLLECTIVES=staged "$BUILD/bin/fsdprun" --npr
   "$BUILD/bin/gpt_train" --device cuda "${TINY[@]}" --log-every 1
 smoke offload "${RUN1[@]}" --device cuda --cpu-offload "${TINY[@]}" --log-every 1
 smoke bf16 "${RUN1[@]}" --device cuda --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
+# fp16: the sharded scaler's overflow check and the fused AdamW dividing by the scale in its kernel.
+smoke fp16 "${RUN1[@]}" --device cuda --param-dtype fp16 "${TINY[@]}"
 smoke peer-inputs "${GPT[@]}" --reference "${TINY[@]}" --save-full "$SMOKE/init.pt" \
   --dump-batches "$SMOKE/batches.pt"
 smoke fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 bench/peer_fsdp2.py \

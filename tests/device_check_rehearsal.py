@@ -52,10 +52,12 @@ def main():
             check(r.get("ok") and len(r["runs"]) == ROUNDS and r["tokens_per_s"] > 0,
                   f"{kind}: {ROUNDS} runs measured")
         multi = results.get(f"fsdp_cpp_w{REHEARSAL_GPUS}", {})
-        check(multi.get("ok") and multi["runs"][0]["world"] == REHEARSAL_GPUS,
-              f"fsdp-cpp at W = {REHEARSAL_GPUS} (the multi-GPU step) measured")
+        check(multi.get("ok") and multi["world"] == REHEARSAL_GPUS and
+              abs(multi["tokens_per_s_per_gpu"] * REHEARSAL_GPUS - multi["tokens_per_s"]) < 1e-6 * multi["tokens_per_s"],
+              f"fsdp-cpp at W = {REHEARSAL_GPUS} (the multi-GPU step) measured, tokens/s per GPU")
+        check(results.get("fsdp_cpp_keep", {}).get("ok"), "fsdp-cpp without resharding after forward measured")
         agreeing = summary["loss_agreement"]
-        expected = [k for k in CONTENDERS if k != "fsdp_cpp"] + [f"fsdp_cpp_w{REHEARSAL_GPUS}"]
+        expected = [k for k in CONTENDERS if k != "fsdp_cpp"] + ["fsdp_cpp_keep", f"fsdp_cpp_w{REHEARSAL_GPUS}"]
         check(sorted(agreeing) == sorted(expected) and all(a["passed"] for a in agreeing.values()),
               f"losses of {', '.join(expected)} agree with fsdp-cpp's: {agreeing}")
         goals = summary["goals"]
