@@ -37,8 +37,8 @@ namespace {
 
 // 1 if one of `grads` (one device and dtype) holds inf or NaN, else 0, as a [1] float on their
 // device; it only reads them. Their L2 norms, summed in fp32, are inf or NaN exactly then, short
-// of a finite gradient above ~1e19, whose square overflows (counted as an overflow; a scaled
-// gradient that large would overflow fp16 and bf16 anyway).
+// of a finite fp32 gradient above ~1e19, whose square overflows: counted as an overflow, which
+// backs the scale off. (fp16 gradients, the reason for a scaler, stop at 65504 before their cast.)
 at::Tensor non_finite(const std::vector<at::Tensor>& grads) {
   const auto norms = at::_foreach_norm(grads, 2, at::kFloat);
   return at::stack(norms).sum().isfinite().logical_not().to(at::kFloat).reshape({1});
@@ -59,9 +59,10 @@ void ShardedGradScaler::check_gradients(torch::optim::Optimizer& optimizer, bool
   }
   auto overflowed = at::zeros({1});
   for (auto& [key, same] : grads) {
-    const auto options = same.front().options().dtype(at::kFloat);
-    at::Tensor found_inf = at::zeros({1}, options);
+    at::Tensor found_inf;
     if (unscale) {
+      const auto options = same.front().options().dtype(at::kFloat);
+      found_inf = at::zeros({1}, options);
       at::_amp_foreach_non_finite_check_and_unscale_(same, found_inf, at::full({1}, 1.0 / scale_, options));
     } else {
       found_inf = non_finite(same);
