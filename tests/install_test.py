@@ -3,7 +3,9 @@ its own (find_package(fsdp_cpp), fsdp::fsdp, LibTorch found the usual way) and r
 installed fsdprun at W = 2. Asserted: the installed tree has the headers, the library, the config
 files and fsdprun; the outside build succeeds; both ranks train and print their peak memory. The
 build tree is a package too: find_package(fsdp_cpp) pointed at BUILD_DIR finds BUILD_DIR's own
-config and targets, and examples/minimal built against it trains.
+config and targets, and examples/minimal built against it trains. Every program linked with fsdp,
+ours and the package's user's, names libstdc++.so.6 before LibTorch's libraries ([Note: libstdc++
+before LibTorch] in src/CMakeLists.txt: some wheels export std::filesystem functions that crash).
 
 install_test.py BUILD_DIR SOURCE_DIR TORCH_PYTHON
 """
@@ -18,6 +20,16 @@ def run(command, **kwargs):
     r = subprocess.run(command, capture_output=True, text=True, **kwargs)
     assert r.returncode == 0, f"{' '.join(map(str, command))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r.stdout
+
+
+def assert_cxx_runtime_first(binary):
+    """libstdc++.so.6 comes before every LibTorch library among `binary`'s NEEDED entries."""
+    dynamic = run(["readelf", "-d", binary])
+    needed = [line.split("[", 1)[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    torch_libs = [i for i, name in enumerate(needed) if name.startswith(("libtorch", "libc10"))]
+    assert "libstdc++.so.6" in needed and torch_libs, f"{binary}: NEEDED {needed}"
+    assert needed.index("libstdc++.so.6") < min(torch_libs), \
+        f"{binary} names LibTorch before libstdc++.so.6 (NEEDED {needed}): a wheel's exported copies would win"
 
 
 def main(build, source, torch_python):
@@ -38,6 +50,9 @@ def main(build, source, torch_python):
              "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}"])
         run(["cmake", "--build", outside, "-j2"])
         print("examples/minimal built out of tree against the installed package")
+        for binary in (outside / "minimal_example", Path(build) / "bin" / "gpt_train", Path(build) / "bin" / "fsdp_plan"):
+            assert_cxx_runtime_first(binary)
+        print("libstdc++.so.6 before LibTorch in the NEEDED entries of minimal_example, gpt_train and fsdp_plan")
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "60"}
         out = run([prefix / "bin" / "fsdprun", "--nproc-per-node", "2", outside / "minimal_example"], env=env)
