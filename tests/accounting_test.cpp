@@ -191,6 +191,90 @@ TEST(Accounting, BytesPerStepMatchTheRingFormulas) {
               (long long)expected_all_gather, (long long)expected_reduce_scatter);
 }
 
+// [Note: gradient shards live as long as the gradients]: zero_grad (set_to_none, LibTorch's
+// default) leaves nothing holding the gradient shards, so the next forward runs without them; a
+// zero_grad that zeroes in place keeps them. With either optimizer gpt_train uses.
+TEST(Accounting, GradientShardsAreFreedWhenTheOptimizerClearsTheGradients) {
+  const auto config = small_gpt();
+  corpus();
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fsdp::optim::AdamW" : "torch::optim::AdamW");
+    const int64_t before = fsdp::memory_stats().current_bytes;
+    auto gpt_model = gpt::make_gpt(config, 4);
+    auto optimizer = gpt::make_optimizer(gpt_model, 1e-3, 0.1, fused);
+    auto model = fsdp::fully_shard(gpt_model, *dist().world);
+    int64_t shard_numel = 0, local_numel = 0;
+    for (const auto& unit : model.units()) shard_numel += unit.shard_numel;
+    for (auto& p : model->parameters()) local_numel += p.numel();
+    auto [x, y] = local_batch(4, 2, config.max_seq);
+    const auto train_step = [&] {
+      optimizer->zero_grad();
+      gpt::lm_loss(model(x), y).backward();
+      optimizer->step();
+    };
+    const auto forward_without_grad = [&] {
+      torch::NoGradGuard no_grad;
+      model(x);
+    };
+    const auto held = [&] { return fsdp::memory_stats().current_bytes - before; };
+    constexpr int64_t kBookkeeping = 4096;  // AdamW's step counters and the like
+    const int64_t with_grads = 4 * shard_numel + 4 * shard_numel + 8 * local_numel;
+    const int64_t without_grads = with_grads - 4 * shard_numel;
+
+    train_step();
+    EXPECT_GE(held(), with_grads);
+    EXPECT_LE(held(), with_grads + kBookkeeping);
+    optimizer->zero_grad(/*set_to_none=*/false);  // zeroed in place: still the optimizer's
+    forward_without_grad();
+    EXPECT_GE(held(), with_grads);
+    for (auto& p : model->parameters()) ASSERT_TRUE(p.grad().defined());
+    optimizer->zero_grad();  // cleared: the next forward drops the shards
+    forward_without_grad();
+    std::printf("%s: held after zero_grad and a forward %lld, model states with gradients %lld\n",
+                fused ? "fused AdamW" : "LibTorch's AdamW", (long long)held(), (long long)with_grads);
+    EXPECT_GE(held(), without_grads);
+    EXPECT_LE(held(), without_grads + kBookkeeping);
+    train_step();  // backward allocates them again
+    EXPECT_GE(held(), with_grads);
+    EXPECT_LE(held(), with_grads + kBookkeeping);
+  }
+}
+
+// Gradients the optimizer never cleared are added to, across steps, with no_sync in between:
+// the no_sync backward clears the parameters' gradients while its sum waits unsharded, and the
+// forward after it must not take that for zero_grad (the shard still holds the earlier sum).
+TEST(Accounting, GradientsKeptAcrossNoSyncBackwardsAddUp) {
+  const auto config = small_gpt();
+  const int64_t w = dist().world_size(), batch = 2;
+  auto model = fsdp::fully_shard(gpt::make_gpt(config, 5), *dist().world);
+  auto reference = gpt::make_gpt(config, 5);
+  for (int64_t micro = 0; micro < 3; ++micro) {
+    auto [x, y] = local_batch(10 + micro, batch, config.max_seq);
+    if (micro == 1) {
+      fsdp::NoSyncGuard no_sync(model);
+      gpt::lm_loss(model(x), y).backward();
+    } else {
+      gpt::lm_loss(model(x), y).backward();
+    }
+    auto [gx, gy] = corpus().batch(/*seed=*/9, 10 + micro, 0, w * batch, config.max_seq);
+    gpt::lm_loss(reference(gx), gy).backward();  // the global mean: what the ranks average
+  }
+  {  // the gradient shards become the parameters: gather them whole
+    torch::NoGradGuard no_grad;
+    for (auto& p : model->parameters()) {
+      ASSERT_TRUE(p.grad().defined());
+      p.copy_(p.grad());
+    }
+  }
+  std::map<std::string, torch::Tensor> expected;
+  for (auto& item : reference->named_parameters()) expected[item.key()] = item.value().grad();
+  for (const auto& [name, g] : fsdp::gather_full_params(model)) {
+    const auto& g_ref = expected.at(name);
+    const double err = (g - g_ref).norm().item<double>(), size = g_ref.norm().item<double>();
+    EXPECT_LE(err, 1e-4 * size + 1e-9) << name << ": |g - g_ref| = " << err << ", |g_ref| = " << size;
+  }
+}
+
 // reshard_after_forward(false), for every unit or for one by name: a unit that keeps its
 // parameters after forward is not gathered again in backward (one all-gather pass instead of
 // two), and its gradients are bitwise the default's.

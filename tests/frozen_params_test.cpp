@@ -103,7 +103,9 @@ TEST(FrozenParams, AreNotReducedNotUpdatedAndHoldNoGradientMemory) {
   int64_t local_trainable = 0;
   for (auto& p : model->parameters()) {
     if (p.requires_grad()) local_trainable += p.numel();
-    if (!p.requires_grad()) EXPECT_FALSE(p.grad().defined());
+    if (!p.requires_grad()) {
+      EXPECT_FALSE(p.grad().defined());
+    }
   }
   const int64_t expected = 4 * all_shards + 4 * trainable_shards + 8 * local_trainable;
   const int64_t measured = fsdp::memory_stats().current_bytes - before;

@@ -47,6 +47,9 @@ fsdp::PlanSetup paper_setup(int gpus, int64_t batch, fsdp::ShardingStrategy stra
   s.policy.fsdp.strategy(strategy).activation_checkpointing(true).mixed_precision(
       fsdp::MixedPrecision().param_dtype(at::kBFloat16));
   s.policy.batch = batch;
+  // The paper's runs predate PyTorch 2.0, whose zero_grad still zeroed gradients in place: they
+  // held their gradient shards from one step to the next.
+  s.policy.gradients_kept = true;
   return s;
 }
 
@@ -87,7 +90,9 @@ TEST(Planner, PaperGpt175BFitsEveryConfigurationAndBatch2On128GpusIsAtRisk) {
     }
   }
   for (const auto& [key, p] : plans) {
-    if (key != std::make_pair(128, int64_t{2})) EXPECT_GT(p.headroom, plans.at({128, 2}).headroom);
+    if (key != std::make_pair(128, int64_t{2})) {
+      EXPECT_GT(p.headroom, plans.at({128, 2}).headroom);
+    }
   }
   // Unsharded (every GPU holds the whole model, as DDP) it does not fit at all.
   const fsdp::Plan unsharded = fsdp::plan(paper_setup(128, 1, fsdp::ShardingStrategy::NoShard));
@@ -128,6 +133,30 @@ TEST(Planner, ShardsArePaddedPerUnitAndTheRanksPiecesCoverEveryParameterOnce) {
   EXPECT_LT(p.ranks[3].model_states, p.ranks[0].model_states) << "the last rank holds the padding";
 }
 
+// zero_grad frees the gradient shards ([Note: gradient shards live as long as the gradients]):
+// a step starts without them and backward allocates them unit by unit, so the peak holds only
+// those allocated by then; kept between steps (zero_grad in place) the peak holds them all.
+TEST(Planner, GradientShardsFreedByZeroGradAreAllocatedAgainByBackward) {
+  const int64_t C = 95, block = 12 * C * C + 13 * C, root = (256 + 64) * C + 2 * C;
+  for (int w : {1, 4}) {
+    SCOPED_TRACE("W = " + std::to_string(w));
+    fsdp::PlanSetup s = small_setup();
+    s.world = {w, std::min(w, 2)};
+    int64_t grad_shards = 0;  // fp32, ceil(Ψ_u / W) per unit
+    for (int64_t numel : {root, block, block, block}) grad_shards += 4 * ((numel + w - 1) / w);
+    const fsdp::Plan freed = fsdp::plan(s);
+    s.policy.gradients_kept = true;
+    const fsdp::Plan kept = fsdp::plan(s);
+    for (size_t r = 0; r < kept.ranks.size(); ++r) {
+      EXPECT_EQ(kept.ranks[r].peak.sharded_grads, grad_shards);
+      EXPECT_LT(freed.ranks[r].peak.sharded_grads, grad_shards) << "peak " << freed.ranks[r].peak_at;
+      EXPECT_EQ(freed.ranks[r].model_states, kept.ranks[r].model_states);
+      EXPECT_GT(kept.ranks[r].peak.total(), freed.ranks[r].peak.total());
+      EXPECT_LE(kept.ranks[r].peak.total() - freed.ranks[r].peak.total(), grad_shards);
+    }
+  }
+}
+
 TEST(Planner, SearchReturnsTheFastestConfigurationUnderTheCapAndWhyTheOthersLose) {
   const fsdp::PlanSetup s = small_setup();
   fsdp::SearchSpace space;
@@ -151,7 +180,9 @@ TEST(Planner, SearchReturnsTheFastestConfigurationUnderTheCapAndWhyTheOthersLose
     if (i > 0) {  // slower (0.5% is the model's resolution), or as fast with more memory
       const Plan &a = r.fitting[i - 1], &b = r.fitting[i];
       EXPECT_LE(b.time.tokens_per_s, a.time.tokens_per_s * 1.005);
-      if (b.time.tokens_per_s == a.time.tokens_per_s) EXPECT_GE(b.peak_bytes, a.peak_bytes);
+      if (b.time.tokens_per_s == a.time.tokens_per_s) {
+        EXPECT_GE(b.peak_bytes, a.peak_bytes);
+      }
       EXPECT_TRUE(r.slower_because[i].find("fewer tokens/s") != std::string::npos ||
                   r.slower_because[i].find("as fast, more memory") != std::string::npos)
           << r.slower_because[i];
@@ -274,7 +305,8 @@ TEST(Planner, OffloadMovesModelStatesToTheHostAndCostsTime) {
   const fsdp::Plan offloaded = fsdp::plan(s);
   for (size_t r = 0; r < on_device.ranks.size(); ++r) {
     EXPECT_EQ(offloaded.ranks[r].offloaded_bytes, on_device.ranks[r].model_states);
-    EXPECT_EQ(offloaded.ranks[r].peak.sharded_params + offloaded.ranks[r].peak.optimizer_state, 0);
+    EXPECT_EQ(offloaded.ranks[r].peak.sharded_params + offloaded.ranks[r].peak.sharded_grads +
+                  offloaded.ranks[r].peak.optimizer_state, 0);
   }
   EXPECT_LT(offloaded.peak_bytes, on_device.peak_bytes);
   EXPECT_GT(offloaded.time.step, on_device.time.step);

@@ -50,6 +50,7 @@ fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
   const fsdp::PlanWorld world = plan_world(flags);
   const fsdp::PlanDevice device = plan_device(flags, o, world);
   fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
+  setup.policy.gradients_kept = flags.zero_grad_in_place;
   // A GPU preset plans a GPU run (offload is one of its options) without --device cuda here.
   if (!flags.gpu.empty() && !setup.policy.fsdp.device()) setup.policy.fsdp.device(c10::Device(c10::kCUDA, 0));
   return setup;

@@ -81,6 +81,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
       ->check(real_at_least(0, true))->group(group);
   app.add_option("--batches", f.batches, "planner: batches per rank the search tries, e.g. 1,2,4 (default: --batch)")
       ->group(group);
+  app.add_flag("--zero-grad-in-place", f.zero_grad_in_place,
+               "planner: plan an optimizer whose zero_grad zeroes gradients in place (set_to_none = "
+               "false, PyTorch 1.x's default): the gradient shards stay between steps (gpt_train frees them)")
+      ->group(group);
   app.add_flag("--json", f.json, "planner: print JSON")->group(group);
 }
 

@@ -21,6 +21,7 @@ struct PlanFlags {
   double intra_host_gbps = 0, cross_host_gbps = 0, latency_us = 0;  // 0: the preset's/estimate
   double max_memory_gb = 0;  // a cap per rank: search for the fastest configuration under it
   std::string batches;       // the batches per rank a search tries, e.g. "1,2,4" ("": --batch only)
+  bool zero_grad_in_place = false;  // the optimizer's gradient shards stay between steps
   bool json = false;
 };
 

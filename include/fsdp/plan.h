@@ -120,6 +120,10 @@ struct PlanLinks {
 struct PlanPolicy {
   FullyShardOptions fsdp;
   int64_t batch = 1;
+  /// The optimizer's zero_grad zeroes gradients in place (set_to_none = false, PyTorch 1.x's
+  /// default) instead of freeing them (LibTorch's default): the gradient shards then stay from one
+  /// step to the next, and a step starts with them.
+  bool gradients_kept = false;
 };
 
 struct PlanSetup {

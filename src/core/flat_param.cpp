@@ -114,9 +114,16 @@ at::Tensor FlatParam::shard_in_full() const { return full_.narrow(0, rank_ * sha
 at::Tensor& FlatParam::grad_shard() {
   if (!grad_shard_.defined()) {
     // Offloaded, pinned as the shard is: the reduced gradient's copy into it is then asynchronous.
-    grad_shard_ = at::zeros({shard_numel_}, shard_.options().pinned_memory(offloaded() && compute_device_.is_cuda()));
+    grad_shard_ = at::empty({shard_numel_}, shard_.options().pinned_memory(offloaded() && compute_device_.is_cuda()));
   }
   return grad_shard_;
+}
+
+void FlatParam::release_cleared_grad_shard() {
+  const bool any_grad = std::any_of(entries_.begin(), entries_.end(), [](const FlatEntry& e) {
+    return e.param.requires_grad() && e.param.grad().defined();
+  });
+  if (!any_grad) grad_shard_.reset();
 }
 
 void FlatParam::allocate_full() {

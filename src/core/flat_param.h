@@ -113,8 +113,17 @@ class FlatParam {
   at::Tensor& full() { return full_; }
   at::Tensor& full_grad() { return full_grad_; }
   const at::Tensor& full_grad() const { return full_grad_; }
-  /// This rank's gradient shard; allocated on first use and kept (the optimizer reads it).
+  /// This rank's gradient shard (the optimizer reads it); allocated uninitialised when a backward
+  /// first needs it: every reduction overwrites it whole unless it adds to gradients the optimizer
+  /// kept, and then it exists already.
   at::Tensor& grad_shard();
+  /// [Note: gradient shards live as long as the gradients] Once the optimizer has cleared every
+  /// trainable parameter's gradient (zero_grad, which sets them to none), nothing reads the
+  /// gradient shard again: it is dropped, as FSDP2's sharded gradients are, so a step's forward
+  /// and the activation peak at the start of backward never hold 4 bytes per parameter of last
+  /// step's gradients. Gradients zeroed in place (set_to_none = false), or kept to accumulate,
+  /// keep it.
+  void release_cleared_grad_shard();
 
   // Storage of the unsharded buffers, freed and refilled in place: see [Note: storage reuse].
   void allocate_full();

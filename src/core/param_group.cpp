@@ -70,7 +70,16 @@ bool ParamGroup::has_frozen_part() const {
 
 void ParamGroup::begin_forward() {
   span_start_ = trace_now();
+  release_cleared_gradients();
   issue_unshard(/*optional=*/false);
+}
+
+void ParamGroup::release_cleared_gradients() {
+  // Not between the backwards of no_sync: they clear the gradients while their sum waits
+  // unsharded, and the last one may still add it to the shard.
+  if (full_grad_kept_) return;
+  flat_.release_cleared_grad_shard();  // [Note: gradient shards live as long as the gradients]
+  for (auto& part : parts_) part->release_cleared_gradients();
 }
 
 bool ParamGroup::issue_unshard(bool optional) {

@@ -103,6 +103,8 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Counted by the rate limiter (slots and reductions): every unit but the root and parts.
   bool rate_limited() const { return !is_root_ && !is_part_; }
   void reshard(bool with_parts = true);
+  /// Drops the gradient shards (this group's and its parts') whose gradients the optimizer cleared.
+  void release_cleared_gradients();
   /// Autograd's hook on an output: the unit's backward is next.
   void pre_backward();
   /// Allocates (or keeps, under no_sync) the unsharded gradient and waits for autograd's.

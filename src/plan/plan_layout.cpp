@@ -44,6 +44,8 @@ UnitLayout unit_layout(const PlanUnit& unit, const PlanSetup& setup, int positio
   const bool reduces_into_shard = precision.reduce_bytes == precision.shard_bytes && !offload;
   layout.reduce_output = into_shard || reduces_into_shard || !layout.trainable
                              ? 0 : layout.shard_numel * precision.reduce_bytes;
+  layout.grad_shard = layout.trainable && !offload ? layout.shard_numel * precision.shard_bytes : 0;
+  layout.grads_into_shard = into_shard && layout.trainable;
   return layout;
 }
 

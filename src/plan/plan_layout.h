@@ -33,6 +33,10 @@ struct UnitLayout {
   int64_t unsharded_params = 0;  ///< 0 when forward uses the shard itself (F = 1, no cast)
   int64_t unsharded_grad = 0;    ///< 0 when gradients go straight into the shard (W = 1)
   int64_t reduce_output = 0;     ///< a reduction's output before it lands in the gradient shard
+  /// The gradient shard on the device: allocated by backward (by the first gradient when they go
+  /// straight into it, else when the reduction is issued), freed by zero_grad; 0 when offloaded.
+  int64_t grad_shard = 0;
+  bool grads_into_shard = false;  ///< W = 1: no reduction, backward writes the gradient shard
 };
 
 /// Every unit of `model` on `rank`: the root first, then model.units in order.

@@ -11,7 +11,7 @@ namespace {
 // The running memory of one rank and its highest point so far.
 class Timeline {
  public:
-  explicit Timeline(MemoryBreakdown start) : now_(start), peak_(start), peak_at_("the optimizer step") {}
+  explicit Timeline(MemoryBreakdown start) : now_(start), peak_(start), peak_at_("the start of the step") {}
 
   MemoryBreakdown& now() { return now_; }
   /// A moment that may be the peak: `transient` more workspace than now.
@@ -90,6 +90,7 @@ class StepReplay {
     t_.check(batch_ * model.root_pre.backward_transient + model.root.backward_workspace,
              "backward of the root (after the units)");
     reduce(0);
+    t_.check(0, "the optimizer step");  // every gradient shard, until zero_grad frees them
   }
 
  private:
@@ -116,7 +117,15 @@ class StepReplay {
     if (u > 0) --in_flight_;
     t_.now().unsharded_params -= layout_.units[u].unsharded_params;
   }
-  void begin_gradients(size_t u) { t_.now().unsharded_grads += layout_.units[u].unsharded_grad; }
+  void begin_gradients(size_t u) {
+    const UnitLayout& unit = layout_.units[u];
+    t_.now().unsharded_grads += unit.unsharded_grad;
+    if (unit.grads_into_shard) allocate_grad_shard(unit);
+  }
+  // Backward allocates a gradient shard that zero_grad freed.
+  void allocate_grad_shard(const UnitLayout& unit) {
+    if (!setup_.policy.gradients_kept) t_.now().sharded_grads += unit.grad_shard;
+  }
   // The reduce-scatter is issued; the limiter lets one reduction stay in flight while the next
   // unit computes, so the gradient before it is freed now (planned at its latest).
   void reduce(size_t u) {
@@ -126,6 +135,7 @@ class StepReplay {
       t_.now().unsharded_grads -= layout_.units[done].unsharded_grad;
     }
     const UnitLayout& unit = layout_.units[u];
+    if (!unit.grads_into_shard) allocate_grad_shard(unit);  // before the task runs
     t_.check(unit.reduce_output, "reduction of " + unit_label(unit));
     if (u == 0) {  // the end of backward waits for every reduction
       t_.now().unsharded_grads -= unit.unsharded_grad;
@@ -152,16 +162,21 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
   RankMemory rank;
   rank.rank = layout.rank;
   const Precision& p = layout.precision;
+  // The step starts after zero_grad: no gradient shard yet ([Note: gradient shards live as long
+  // as the gradients]), backward allocates them; unless zero_grad zeroed them in place.
   MemoryBreakdown start;
+  int64_t grad_shards = 0;
   for (const auto& unit : layout.units) {
     start.sharded_params += unit.shard_numel * p.shard_bytes;
-    if (unit.trainable) start.sharded_grads += unit.shard_numel * p.shard_bytes;
+    if (unit.trainable) grad_shards += unit.shard_numel * p.shard_bytes;
     start.optimizer_state += 2 * unit.piece_numel * p.shard_bytes;  // AdamW's exp_avg, exp_avg_sq
   }
-  rank.model_states = start.sharded_params + start.sharded_grads + start.optimizer_state;
+  rank.model_states = start.sharded_params + grad_shards + start.optimizer_state;
   if (setup.policy.fsdp.cpu_offload()) {  // model states in host memory
     rank.offloaded_bytes = rank.model_states;
-    start.sharded_params = start.sharded_grads = start.optimizer_state = 0;
+    start.sharded_params = start.optimizer_state = 0;
+  } else if (setup.policy.gradients_kept) {
+    start.sharded_grads = grad_shards;
   }
   start.program = setup.model.resident_bytes + setup.policy.batch * setup.model.input_bytes_per_sequence;
   Timeline timeline(start);

@@ -139,6 +139,17 @@ MUTATIONS = [
      [(2, "DeferredInit.*")]),
     # StepInBackward: a unit whose reduction does not report it is stepped by step() instead; the
     # bitwise-equality test cannot see that, the test of when the steps happen can.
+    # [Note: gradient shards live as long as the gradients]: never dropped (the memory test), and
+    # dropped between no_sync backwards (the sum kept in the shard is lost).
+    ("gradient-shards-kept", "src/core/param_group.cpp",
+     "release_cleared_gradients();",
+     "(void)0;",
+     [(2, "Accounting.GradientShardsAreFreedWhenTheOptimizerClearsTheGradients")]),
+    ("gradient-shards-dropped-under-no-sync", "src/core/param_group.cpp",
+     "if (full_grad_kept_) return;",
+     "(void)full_grad_kept_;",
+     [(1, "Accounting.GradientsKeptAcrossNoSyncBackwardsAddUp"),
+      (2, "Accounting.GradientsKeptAcrossNoSyncBackwardsAddUp")]),
     ("gradients-reduced-not-reported", "src/core/param_group.cpp",
      "events_.gradients_reduced(*this, reduce_scatter_);",
      "(void)reduce_scatter_;",
