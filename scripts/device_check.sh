@@ -36,7 +36,7 @@ if [ -z "${DEVICE_CHECK_INNER:-}" ]; then
   if [ -n "${OUT:-}" ]; then
     # Configure log, every run's log and metrics (not the 5 GB checkpoint nor the batches).
     tar -czf "$OUT/gpu-runs.tar.gz" --exclude='*.pt' -C "$BUILD" configure.log initial-weights.log \
-      gpu-check gpu-bench 2>/dev/null || true
+      smoke gpu-check gpu-bench 2>/dev/null || true
   fi
   exit "$rc"
 fi
@@ -138,38 +138,9 @@ if [ "$BUILD_ONLY" = 1 ]; then
 fi
 
 step smoke
-# Two steps of every program the checks run, on a tiny model: a build that cannot run on this GPU
-# (or a peer that this torch cannot run) stops the check here in seconds, naming the program,
-# instead of failing every run of the minutes-long steps below.
-SMOKE=$BUILD/smoke
-mkdir -p "$SMOKE"
-TINY=(--layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 --data "$BUILD/test-corpus"
-      --max-data-mb 1)
-smoke() {
-  local name=$1 start=$SECONDS
-  shift
-  if ! timeout 60 "$@" >"$SMOKE/$name.log" 2>&1; then
-    echo "device_check: smoke run '$name' failed: $*"
-    tail -20 "$SMOKE/$name.log"
-    exit 1
-  fi
-  printf '  %-16s ok (%d s)\n' "$name" $((SECONDS - start))
-}
-GPT=("$BUILD/bin/gpt_train")
-RUN1=("$BUILD/bin/fsdprun" --nproc-per-node 1 "$BUILD/bin/gpt_train")
-smoke reference "${GPT[@]}" --reference --device cuda "${TINY[@]}" --log-every 1
-smoke fsdp-w1 "${RUN1[@]}" --device cuda "${TINY[@]}" --log-every 1
-smoke fsdp-w2-staged env FSDP_CUDA_COLLECTIVES=staged "$BUILD/bin/fsdprun" --nproc-per-node 2 \
-  "$BUILD/bin/gpt_train" --device cuda "${TINY[@]}" --log-every 1
-smoke offload "${RUN1[@]}" --device cuda --cpu-offload "${TINY[@]}" --log-every 1
-smoke bf16 "${RUN1[@]}" --device cuda --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
-# fp16: the sharded scaler's overflow check and the fused AdamW dividing by the scale in its kernel.
-smoke fp16 "${RUN1[@]}" --device cuda --param-dtype fp16 "${TINY[@]}"
-smoke peer-inputs "${GPT[@]}" --reference "${TINY[@]}" --save-full "$SMOKE/init.pt" \
-  --dump-batches "$SMOKE/batches.pt"
-smoke fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 bench/peer_fsdp2.py \
-  --device cuda --layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 \
-  --init-from "$SMOKE/init.pt" --batches "$SMOKE/batches.pt"
+# Two steps of every program the checks run, on a tiny model (scripts/device_smoke.sh, rehearsed
+# on the CPU in every `make test`): a broken build or peer stops the check here, in seconds.
+bash scripts/device_smoke.sh --build "$BUILD" --device cuda --python "$PY"
 
 # A failed check does not skip the benchmark (one device run should bring back both).
 FAILED=()

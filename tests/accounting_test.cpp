@@ -15,20 +15,15 @@ gpt::GPTConfig small_gpt() {
   return gpt::GPTConfig::sized(/*layers=*/4, /*dim=*/64, /*heads=*/4, /*max_seq=*/32);
 }
 
-const gpt::ByteCorpus& corpus() {
-  static const auto instance = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
-  return instance;
-}
-
 std::pair<torch::Tensor, torch::Tensor> local_batch(int64_t step, int64_t batch, int64_t seq) {
-  return corpus().batch(/*seed=*/9, step, dist().rank() * batch, batch, seq);
+  return test_corpus().batch(/*seed=*/9, step, dist().rank() * batch, batch, seq);
 }
 
 int64_t bytes_of(const fsdp::UnitInfo& unit, int64_t numel) { return numel * unit.element_size; }
 
 TEST(Accounting, PersistentStateAfterAStepIsOneWthOfTheModel) {
   const auto config = small_gpt();
-  corpus();  // loaded before measuring: it is not the model's memory
+  test_corpus();  // loaded before measuring: it is not the model's memory
   const int64_t before = fsdp::memory_stats().current_bytes;
   auto gpt_model = gpt::make_gpt(config, 1);
   int64_t model_numel = 0;
@@ -196,7 +191,7 @@ TEST(Accounting, BytesPerStepMatchTheRingFormulas) {
 // zero_grad that zeroes in place keeps them. With either optimizer gpt_train uses.
 TEST(Accounting, GradientShardsAreFreedWhenTheOptimizerClearsTheGradients) {
   const auto config = small_gpt();
-  corpus();
+  test_corpus();
   for (bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fsdp::optim::AdamW" : "torch::optim::AdamW");
     const int64_t before = fsdp::memory_stats().current_bytes;
@@ -256,7 +251,7 @@ TEST(Accounting, GradientsKeptAcrossNoSyncBackwardsAddUp) {
     } else {
       gpt::lm_loss(model(x), y).backward();
     }
-    auto [gx, gy] = corpus().batch(/*seed=*/9, 10 + micro, 0, w * batch, config.max_seq);
+    auto [gx, gy] = test_corpus().batch(/*seed=*/9, 10 + micro, 0, w * batch, config.max_seq);
     gpt::lm_loss(reference(gx), gy).backward();  // the global mean: what the ranks average
   }
   {  // the gradient shards become the parameters: gather them whole

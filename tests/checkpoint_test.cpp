@@ -72,11 +72,6 @@ gpt::GPTConfig small_config() {
 constexpr int64_t kBatch = 2;  // rows per rank
 constexpr uint64_t kDataSeed = 7;
 
-const gpt::ByteCorpus& corpus() {
-  static const gpt::ByteCorpus instance = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
-  return instance;
-}
-
 // A sharded GPT and its AdamW, as a fresh process would build them.
 struct Training {
   explicit Training(uint64_t init_seed, gpt::GPTConfig config = small_config(),
@@ -89,7 +84,7 @@ struct Training {
   std::vector<double> train(int64_t first, int64_t last) {
     std::vector<double> losses;
     for (int64_t step = first; step < last; ++step) {
-      auto [x, y] = corpus().batch(kDataSeed, step, dist().rank() * kBatch, kBatch,
+      auto [x, y] = test_corpus().batch(kDataSeed, step, dist().rank() * kBatch, kBatch,
                                    gpt->config.max_seq);
       optim->zero_grad();
       auto loss = gpt::lm_loss(model(x), y);

@@ -15,7 +15,7 @@
 namespace fsdp_test {
 namespace {
 
-gpt::TrainOptions small_run() {
+gpt::TrainOptions small_precision_run() {
   return tiny_gpt_run(/*layers=*/2, /*dim=*/32, /*heads=*/2, /*seq=*/16, /*batch=*/2, /*steps=*/4);
 }
 
@@ -46,7 +46,7 @@ gpt::TrainResult train_fp16_reference(const gpt::TrainOptions& o, int world) {
 }
 
 void expect_matches_reference_policy(fsdp::MixedPrecision policy, double unit_roundoff) {
-  auto o = small_run();
+  auto o = small_precision_run();
   o.fsdp.mixed_precision(policy);
   // fp16: a scale at which neither run overflows. (A rank's local gradient is W times the
   // reference's, so at a scale near the limit the runs would skip different steps.)
@@ -62,7 +62,7 @@ void expect_matches_reference_policy(fsdp::MixedPrecision policy, double unit_ro
 
   // And low-precision training tracks full precision (the masters are fp32): the losses differ
   // by the forward's rounding, a few unit roundoffs of the logits.
-  auto fp32 = small_run();
+  auto fp32 = small_precision_run();
   fp32.reference_world_size = dist().world_size();
   expect_losses_within(sharded.losses, gpt::train(fp32, nullptr).losses, 4 * unit_roundoff,
                        "vs fp32 reference");

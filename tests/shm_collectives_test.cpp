@@ -122,7 +122,9 @@ TEST(ShmCollectives, CountBytesAsTheRingDoes) {
   EXPECT_EQ(by_ring.reduce_scatter_bytes, by_shm.reduce_scatter_bytes);
   EXPECT_EQ(by_ring.all_reduce_bytes, by_shm.all_reduce_bytes);
   EXPECT_EQ(by_ring.broadcast_bytes, by_shm.broadcast_bytes);
-  if (world.size() > 1) EXPECT_GT(by_shm.all_gather_bytes, 0);
+  if (world.size() > 1) {
+    EXPECT_GT(by_shm.all_gather_bytes, 0);
+  }
 }
 
 // The world's ranks, backend and host names, but a timeout of one second and a store of its own.

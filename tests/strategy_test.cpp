@@ -89,11 +89,6 @@ std::vector<GradientCase> gradient_cases() {
           {"fp16", fsdp::MixedPrecision().param_dtype(at::kHalf), 0x1p-11, 1024}};
 }
 
-const gpt::ByteCorpus& gradient_corpus() {
-  static const auto instance = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
-  return instance;
-}
-
 using Grads = std::map<std::string, torch::Tensor>;
 
 // The reference's gradient of the mean loss over global rows [first, first + rows), computed with
@@ -101,7 +96,7 @@ using Grads = std::map<std::string, torch::Tensor>;
 Grads reference_gradient(const gpt::TrainOptions& o, const fsdp::MixedPrecision& policy,
                          double loss_scale, int64_t first, int64_t rows, double weight) {
   auto model = gpt::make_gpt(o.model, o.seed);
-  auto [x, y] = gradient_corpus().batch(o.seed, 0, first, rows, o.model.max_seq);
+  auto [x, y] = test_corpus().batch(o.seed, 0, first, rows, o.model.max_seq);
   gpt::ReferencePrecision precision(*model, policy);
   precision.cast_parameters();
   (gpt::lm_loss(model(x), y) * (loss_scale * weight)).backward();
@@ -145,7 +140,7 @@ TEST(Strategy, EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm) {
       opts.mixed_precision(c.policy);
       SCOPED_TRACE(std::string(c.name) + " " + fsdp::to_string(opts.strategy()));
       auto model = fsdp::fully_shard(gpt::make_gpt(o.model, o.seed), *dist().world, opts);
-      auto [x, y] = gradient_corpus().batch(o.seed, 0, dist().rank() * o.batch, o.batch, o.model.max_seq);
+      auto [x, y] = test_corpus().batch(o.seed, 0, dist().rank() * o.batch, o.batch, o.model.max_seq);
       auto loss = gpt::lm_loss(model(x), y);
       if (c.loss_scale != 1) {  // fp16: the library's scaler scales and unscales this side
         torch::optim::SGD parameters(model->parameters(), torch::optim::SGDOptions(1.0));
@@ -186,8 +181,7 @@ TEST(Strategy, EveryStrategyAndReduceDtypeGivesTheReferenceGradientAndNorm) {
 
 TEST(Strategy, BytesPerCollectiveMatchTheFormulas) {
   const int w = dist().world_size();
-  static const auto corpus = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
-  auto [x, y] = corpus.batch(5, 0, dist().rank() * 2, 2, 16);
+  auto [x, y] = test_corpus().batch(5, 0, dist().rank() * 2, 2, 16);
   for (const auto& options : strategies_for(w)) {
     SCOPED_TRACE(fsdp::to_string(options.strategy()));
     auto o = tiny_run();

@@ -132,8 +132,7 @@ TEST(StepInBackward, EveryUnitIsSteppedBeforeStepIsCalled) {
     auto& fused = dynamic_cast<fsdp::optim::AdamW&>(*optimizer);
     std::vector<torch::Tensor> before;
     for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
-    static const auto corpus = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
-    auto [x, y] = corpus.batch(3, 0, dist().rank() * o.batch, o.batch, o.model.max_seq);
+    auto [x, y] = test_corpus().batch(3, 0, dist().rank() * o.batch, o.batch, o.model.max_seq);
     {
       fsdp::optim::StepInBackward overlap(model, fused);
       gpt::lm_loss(model(x), y).backward();

@@ -1,6 +1,7 @@
 #include "auto_plan.h"
 
 #include "gpt_plan.h"
+#include "mib_text.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -10,7 +11,6 @@ namespace gpt {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 // The batches per rank that keep the global batch with gradient accumulation: divisors of --batch.
 std::vector<int64_t> divisors(int64_t batch) {

@@ -1,11 +1,13 @@
 #pragma once
-// Byte counts as gpt_train prints them: "12.3 MiB".
+// Byte counts as gpt_train prints them: "12.3 MiB"; a GiB for flags given in GiB.
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
 
 namespace gpt {
+
+inline constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 inline std::string mib(int64_t bytes) {
   char text[32];

@@ -1,6 +1,7 @@
 #include "plan_flags.h"
 
 #include "flag_validators.h"
+#include "mib_text.h"
 
 #include <fsdp/distributed.h>
 
@@ -15,7 +16,6 @@ namespace gpt {
 
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024 * 1024;
 
 // Achieved, not datasheet, rates: large bf16 GEMMs reach ~55-80% of peak (an H200: ~790 of 989
 // TFLOP/s measured), a copy ~85% of the memory's bandwidth. Links per GPU: NVLink within a host;

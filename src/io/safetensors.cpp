@@ -38,8 +38,8 @@ constexpr uint64_t kMaxHeaderBytes = 100u << 20;
               " (a truncated copy or a damaged file: copy or save it again)");
 }
 
-at::ScalarType parse_dtype(const std::string& name, const std::string& path,
-                           const std::string& tensor) {
+at::ScalarType safetensors_dtype(const std::string& name, const std::string& path,
+                                 const std::string& tensor) {
   for (const auto& [text, dtype] : dtype_names()) {
     if (text == name) return dtype;
   }
@@ -82,7 +82,7 @@ SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& j,
   entry.name = name;
   int64_t end = 0;
   try {
-    entry.dtype = parse_dtype(j.at("dtype").get<std::string>(), path, name);
+    entry.dtype = safetensors_dtype(j.at("dtype").get<std::string>(), path, name);
     entry.shape = j.at("shape").get<std::vector<int64_t>>();
     const auto offsets = j.at("data_offsets").get<std::vector<int64_t>>();
     if (offsets.size() != 2) fail_file(path, "tensor '" + name + "' has no [begin, end] offsets");
