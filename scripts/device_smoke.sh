@@ -42,31 +42,55 @@ GPT=("$BUILD/bin/gpt_train")
 RUN1=("$BUILD/bin/fsdprun" --nproc-per-node 1 "$BUILD/bin/gpt_train")
 RUN2=("$BUILD/bin/fsdprun" --nproc-per-node 2 "$BUILD/bin/gpt_train")
 
-# Runs one program (its log in $SMOKE/NAME.log); the first that fails ends the smoke step.
-smoke() {
-  local name=$1 start=$SECONDS
+# The programs run at once (tiny models: the GPU and 16 cores have room for all of them), so the
+# step takes as long as its slowest program, not their sum. started NAME COMMAND... starts one, its
+# log in $SMOKE/NAME.log; finish waits for all, names each that failed with the end of its log,
+# and ends the smoke step if any did.
+NAMES=()
+PIDS=()
+COMMANDS=()
+started() {
+  local name=$1
   shift
-  if ! timeout 60 "$@" >"$SMOKE/$name.log" 2>&1; then
-    echo "device_smoke: smoke run '$name' failed: $*"
-    tail -20 "$SMOKE/$name.log"
-    exit 1
-  fi
-  printf '  %-16s ok (%d s)\n' "$name" $((SECONDS - start))
+  timeout 60 "$@" >"$SMOKE/$name.log" 2>&1 &
+  NAMES+=("$name")
+  PIDS+=("$!")
+  COMMANDS+=("$*")
+}
+finish() {
+  local i failed=0
+  for i in "${!PIDS[@]}"; do
+    if wait "${PIDS[$i]}"; then
+      printf '  %-16s ok\n' "${NAMES[$i]}"
+    else
+      echo "device_smoke: smoke run '${NAMES[$i]}' failed: ${COMMANDS[$i]}"
+      tail -20 "$SMOKE/${NAMES[$i]}.log"
+      failed=1
+    fi
+  done
+  NAMES=()
+  PIDS=()
+  COMMANDS=()
+  [ "$failed" = 0 ] || exit 1
 }
 
-smoke reference "${GPT[@]}" --reference --device "$DEVICE" "${TINY[@]}" --log-every 1
-smoke fsdp-w1 "${RUN1[@]}" --device "$DEVICE" "${TINY[@]}" --log-every 1
+# First the FSDP2 peer's inputs (a second of CPU work), which its run reads.
+started peer-inputs "${GPT[@]}" --reference "${TINY[@]}" --save-full "$SMOKE/init.pt" \
+  --dump-batches "$SMOKE/batches.pt"
+finish
+started reference "${GPT[@]}" --reference --device "$DEVICE" "${TINY[@]}" --log-every 1
+started fsdp-w1 "${RUN1[@]}" --device "$DEVICE" "${TINY[@]}" --log-every 1
 # Two ranks on one GPU: NCCL refuses that, so their collectives are staged through Gloo.
-smoke fsdp-w2-staged env FSDP_CUDA_COLLECTIVES=staged "${RUN2[@]}" --device "$DEVICE" "${TINY[@]}" \
+started fsdp-w2-staged env FSDP_CUDA_COLLECTIVES=staged "${RUN2[@]}" --device "$DEVICE" "${TINY[@]}" \
   --log-every 1
 if [ "$DEVICE" = cuda ]; then
-  smoke offload "${RUN1[@]}" --device cuda --cpu-offload "${TINY[@]}" --log-every 1
+  started offload "${RUN1[@]}" --device cuda --cpu-offload "${TINY[@]}" --log-every 1
 fi
-smoke bf16 "${RUN1[@]}" --device "$DEVICE" --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
+started bf16 "${RUN1[@]}" --device "$DEVICE" --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
 # fp16: the sharded scaler's overflow check and the fused AdamW dividing by the scale in its kernel.
-smoke fp16 "${RUN1[@]}" --device "$DEVICE" --param-dtype fp16 "${TINY[@]}"
-smoke peer-inputs "${GPT[@]}" --reference "${TINY[@]}" --save-full "$SMOKE/init.pt" \
-  --dump-batches "$SMOKE/batches.pt"
-smoke fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 bench/peer_fsdp2.py \
+started fp16 "${RUN1[@]}" --device "$DEVICE" --param-dtype fp16 "${TINY[@]}"
+started fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 bench/peer_fsdp2.py \
   --device "$DEVICE" --layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 \
   --init-from "$SMOKE/init.pt" --batches "$SMOKE/batches.pt"
+finish
+echo "device_smoke: every program ran in $SECONDS s"
