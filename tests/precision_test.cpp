@@ -45,26 +45,50 @@ gpt::TrainResult train_fp16_reference(const gpt::TrainOptions& o, int world) {
   return result;
 }
 
+struct ShardedAndReference {
+  gpt::TrainResult sharded, reference;
+};
+
+// The run under test and its unsharded reference with the same precision policy (fp16: the
+// library's sharded scaler against the reference's own, at a scale at which neither overflows; a
+// rank's local gradient is W times the reference's, so at a scale near the limit the runs would
+// skip different steps).
+ShardedAndReference train_both(gpt::TrainOptions o) {
+  ShardedAndReference runs;
+  runs.sharded = gpt::train(o, &dist());
+  o.reference_world_size = dist().world_size();
+  const bool fp16 = o.fsdp.mixed_precision().param_dtype() == at::kHalf;
+  runs.reference = fp16 ? train_fp16_reference(o, dist().world_size()) : gpt::train(o, nullptr);
+  return runs;
+}
+
 void expect_matches_reference_policy(fsdp::MixedPrecision policy, double unit_roundoff) {
   auto o = small_precision_run();
   o.fsdp.mixed_precision(policy);
-  // fp16: a scale at which neither run overflows. (A rank's local gradient is W times the
-  // reference's, so at a scale near the limit the runs would skip different steps.)
   o.loss_scale = 1024;
-  const auto sharded = gpt::train(o, &dist());
-  o.reference_world_size = dist().world_size();
-  const bool fp16 = policy.param_dtype() == at::kHalf;
-  const auto reference = fp16 ? train_fp16_reference(o, dist().world_size()) : gpt::train(o, nullptr);
   const LowPrecisionTolerance tol{unit_roundoff, dist().world_size()};
-  expect_losses_within(sharded.losses, reference.losses, tol.loss_rel(), "vs reference, same policy");
-  expect_params_within(sharded.final_params, as_map(reference.final_params), tol.element_diff(o),
-                       tol.mean_param_diff(o));
+
+  // One step from the same weights, element by element (parity_check.h: first_step_noise).
+  auto one_step = o;
+  one_step.steps = 1;
+  const auto first = train_both(one_step);
+  expect_first_step_within(first.sharded.final_params, as_map(first.reference.final_params),
+                           first_step_noise(one_step, dist().world_size(), unit_roundoff),
+                           tol.element_diff(one_step), o.lr);
+
+  // Several steps: the losses, and the parameters on average. Not element by element: once a
+  // noise element has moved by ±lr differently (a bias that every row adds, say), the runs'
+  // weights differ by more than rounding and so does every later gradient.
+  const auto runs = train_both(o);
+  expect_losses_within(runs.sharded.losses, runs.reference.losses, tol.loss_rel(), "vs reference, same policy");
+  expect_mean_param_diff_within(runs.sharded.final_params, as_map(runs.reference.final_params),
+                                tol.mean_param_diff(o));
 
   // And low-precision training tracks full precision (the masters are fp32): the losses differ
   // by the forward's rounding, a few unit roundoffs of the logits.
   auto fp32 = small_precision_run();
   fp32.reference_world_size = dist().world_size();
-  expect_losses_within(sharded.losses, gpt::train(fp32, nullptr).losses, 4 * unit_roundoff,
+  expect_losses_within(runs.sharded.losses, gpt::train(fp32, nullptr).losses, 4 * unit_roundoff,
                        "vs fp32 reference");
 }
 

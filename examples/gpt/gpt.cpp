@@ -15,9 +15,18 @@ void GPTConfig::validate() const {
               " is longer than the model's context of ", positions, " positions");
 }
 
+UninitializedLinearImpl::UninitializedLinearImpl(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", torch::empty({out_features, in_features}));
+  bias = register_parameter("bias", torch::empty({out_features}));
+}
+
+torch::Tensor UninitializedLinearImpl::forward(const torch::Tensor& x) {
+  return torch::nn::functional::linear(x, weight, bias);
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : heads(config.heads) {
-  c_attn = register_module("c_attn", torch::nn::Linear(config.dim, 3 * config.dim));
-  c_proj = register_module("c_proj", torch::nn::Linear(config.dim, config.dim));
+  c_attn = register_module("c_attn", UninitializedLinear(config.dim, 3 * config.dim));
+  c_proj = register_module("c_proj", UninitializedLinear(config.dim, config.dim));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -33,8 +42,8 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MLPImpl::MLPImpl(const GPTConfig& config) {
-  c_fc = register_module("c_fc", torch::nn::Linear(config.dim, 4 * config.dim));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.dim, config.dim));
+  c_fc = register_module("c_fc", UninitializedLinear(config.dim, 4 * config.dim));
+  c_proj = register_module("c_proj", UninitializedLinear(4 * config.dim, config.dim));
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {

@@ -34,13 +34,24 @@ struct GPTConfig {
   }
 };
 
+/// torch::nn::Linear without its constructor's kaiming-uniform draw, which make_gpt (or the
+/// deferred init) overwrites unread: at 1.3 B parameters that draw, one serial RNG stream, took
+/// ~7 s of each process's start-up. Same parameter names (weight [out, in], bias [out]) and math.
+struct UninitializedLinearImpl : torch::nn::Module {
+  UninitializedLinearImpl(int64_t in_features, int64_t out_features);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(UninitializedLinear);
+
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
 
   int64_t heads;
-  torch::nn::Linear c_attn{nullptr};  // dim -> 3·dim (q, k, v), with bias
-  torch::nn::Linear c_proj{nullptr};  // dim -> dim, residual projection
+  UninitializedLinear c_attn{nullptr};  // dim -> 3·dim (q, k, v), with bias
+  UninitializedLinear c_proj{nullptr};  // dim -> dim, residual projection
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -48,8 +59,8 @@ struct MLPImpl : torch::nn::Module {
   explicit MLPImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_fc{nullptr};    // dim -> 4·dim
-  torch::nn::Linear c_proj{nullptr};  // 4·dim -> dim, residual projection
+  UninitializedLinear c_fc{nullptr};    // dim -> 4·dim
+  UninitializedLinear c_proj{nullptr};  // 4·dim -> dim, residual projection
 };
 TORCH_MODULE(MLP);
 
