@@ -8,6 +8,7 @@
 #include "launch/gloo_backend.h"
 #include "launch/host_placement.h"
 #include "gpt.h"
+#include "nonfinite_guard.h"
 
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 
 #include <sys/socket.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <map>
 
@@ -413,6 +415,47 @@ TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
   auto changed = torch::zeros({2, 16}, torch::kLong);
   changed.index_put_({torch::indexing::Slice(), 5}, 7);
   EXPECT_TRUE(torch::allclose(model(changed).select(1, 0), logits.select(1, 0)));
+}
+
+gpt::GPTConfig two_block_config() {
+  gpt::GPTConfig config;
+  config.layers = 2;
+  config.dim = 32;
+  config.heads = 4;
+  config.max_seq = 16;
+  return config;
+}
+
+// make_gpt draws each parameter from its own stream ([Note: GPT init]): the model is a function
+// of (config, seed) alone, whatever the thread count, and same-shaped parameters differ.
+TEST(Gpt, InitialisationDependsOnTheSeedNotOnTheThreads) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto serial = gpt::make_gpt(two_block_config(), 7)->named_parameters();
+  at::set_num_threads(4);
+  auto parallel = gpt::make_gpt(two_block_config(), 7)->named_parameters();
+  at::set_num_threads(threads);
+  auto other_seed = gpt::make_gpt(two_block_config(), 8)->named_parameters();
+  for (const auto& item : serial) {
+    EXPECT_TRUE(torch::equal(item.value(), parallel[item.key()])) << item.key();
+    EXPECT_LT(item.value().abs().max().item<double>(), 1.01) << item.key() << " left uninitialised";
+  }
+  EXPECT_FALSE(torch::equal(serial["h.0.attn.c_attn.weight"], other_seed["h.0.attn.c_attn.weight"]));
+  EXPECT_FALSE(torch::equal(serial["h.0.mlp.c_fc.weight"], serial["h.1.mlp.c_fc.weight"]));
+  EXPECT_NE(gpt::parameter_seed(7, "h.0.mlp.c_fc.weight"), gpt::parameter_seed(7, "h.1.mlp.c_fc.weight"));
+  EXPECT_NE(gpt::parameter_seed(7, "wte.weight"), gpt::parameter_seed(8, "wte.weight"));
+}
+
+TEST(Gpt, AParameterWithANanOrAnInfIsNotFinite) {
+  auto model = gpt::make_gpt(two_block_config(), 1);
+  EXPECT_TRUE(gpt::parameters_finite(model, nullptr));
+  const double bad_values[] = {std::nan(""), INFINITY, -INFINITY};
+  for (const double bad : bad_values) {
+    auto broken = gpt::make_gpt(two_block_config(), 1);
+    torch::NoGradGuard no_grad;
+    broken->h[1]->mlp->c_fc->weight.view({-1})[77] = bad;
+    EXPECT_FALSE(gpt::parameters_finite(broken, nullptr)) << bad;
+  }
 }
 
 }  // namespace

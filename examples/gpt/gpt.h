@@ -87,10 +87,15 @@ struct GPTImpl : torch::nn::Module {
 TORCH_MODULE(GPT);
 
 /// GPT-2's initialisation from `seed`: normal(0, 0.02) weights, residual projections scaled by
-/// 1/sqrt(2·layers), zero biases, unit LayerNorms. The same seed gives the same model anywhere.
+/// 1/sqrt(2·layers), zero biases, unit LayerNorms. The same seed gives the same model anywhere
+/// (each parameter drawn from its own CPU generator, seeded by parameter_seed; [Note: GPT init]).
 GPT make_gpt(const GPTConfig& config, uint64_t seed);
-/// GPT-2's initialisation of one parameter, by name (a path from the model or from its block).
-void init_parameter(const GPTConfig& config, const std::string& name, torch::Tensor& p);
+/// GPT-2's initialisation of one parameter, by name (a path from the model or from its block),
+/// drawing from `generator` (the default one when unset: fully_shard_deferred's blocks).
+void init_parameter(const GPTConfig& config, const std::string& name, torch::Tensor& p,
+                    std::optional<at::Generator> generator = std::nullopt);
+/// The seed of the parameter `name`'s own random stream in make_gpt.
+uint64_t parameter_seed(uint64_t seed, const std::string& name);
 
 /// Mean cross-entropy of next-byte prediction.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);

@@ -8,7 +8,11 @@ bool parameters_finite(GPT& gpt, fsdp::Distributed* dist) {
   torch::NoGradGuard no_grad;
   auto bad = torch::zeros({1}, torch::kFloat64);
   for (const auto& p : gpt->parameters()) {
-    if (p.numel() > 0 && !torch::isfinite(p).all().item<bool>()) bad += 1;
+    if (p.numel() == 0) continue;
+    // A NaN propagates into the minimum and the maximum, an inf becomes one of them: two values
+    // to check instead of a boolean tensor of the parameter's size (1.3 GB at 1.3 B parameters).
+    const auto [min, max] = torch::aminmax(p);
+    if (!torch::isfinite(torch::stack({min, max})).all().item<bool>()) bad += 1;
   }
   if (dist) fsdp::all_reduce_sum(*dist->world, bad);
   return bad.item<double>() == 0;

@@ -59,6 +59,7 @@ void run(gpt::CommandLine& cl) {
   if (cl.device != "cpu") o.fsdp.device(gpu(cl.device, dist.get()));
   std::optional<fsdp::Plan> plan;
   if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist);
+  o.gather_final_params = false;  // print_result reads the losses and the sample only
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);
   if (plan) gpt::print_plan_against_run(*plan, o, result, *dist);

@@ -57,6 +57,10 @@ struct TrainOptions {
   std::string export_hf;     // rank 0 writes a transformers GPT-2 folder here after training
   std::string eval_tokens;   // a .bin token file: loss and logits on it before and after training
   std::string eval_out;      // rank 0 writes those here (torch.load: inputs, loss_*, logits_*)
+  // TrainResult::final_params: every rank gathers a full copy of the trained model (the tests
+  // compare it). gpt_train turns it off: it never reads them, and at 1.3 B parameters the copy is
+  // 5 GB and ~5 s of every run.
+  bool gather_final_params = true;
 };
 
 /// Where the model computes and the batches go: fsdp.device(), else the CPU.

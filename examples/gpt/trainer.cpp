@@ -91,7 +91,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   result.steps = run_steps(ctx, first_step, log);
   for (const StepRecord& step : result.steps) result.losses.push_back(step.loss);
   if (!o.save_full.empty()) save_full(o, model, dist);
-  result.final_params = full_params(model, dist);
+  if (o.gather_final_params || !o.export_hf.empty()) result.final_params = full_params(model, dist);
   if (eval_batch) {
     const EvalResult eval_final = evaluate(model, *eval_batch, device);
     if (rank == 0) write_eval(o.eval_out, *eval_batch, *eval_initial, eval_final);
