@@ -392,12 +392,7 @@ TEST(Unit, IsAPassThroughUntilSharded) {
 }
 
 TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
-  gpt::GPTConfig config;
-  config.layers = 2;
-  config.dim = 32;
-  config.heads = 4;
-  config.max_seq = 16;
-  auto model = gpt::make_gpt(config, 1);
+  auto model = gpt::make_gpt(gpt::GPTConfig::sized(/*layers=*/2, /*dim=*/32, /*heads=*/4, /*max_seq=*/16), 1);
   auto params = model->named_parameters();
   for (const char* name : {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight",
                            "h.0.attn.c_attn.bias", "h.1.attn.c_proj.weight", "h.1.ln_2.bias",
@@ -417,14 +412,7 @@ TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
   EXPECT_TRUE(torch::allclose(model(changed).select(1, 0), logits.select(1, 0)));
 }
 
-gpt::GPTConfig two_block_config() {
-  gpt::GPTConfig config;
-  config.layers = 2;
-  config.dim = 32;
-  config.heads = 4;
-  config.max_seq = 16;
-  return config;
-}
+gpt::GPTConfig two_block_config() { return gpt::GPTConfig::sized(2, 32, 4, 16); }
 
 // make_gpt draws each parameter from its own stream ([Note: GPT init]): the model is a function
 // of (config, seed) alone, whatever the thread count, and same-shaped parameters differ.
