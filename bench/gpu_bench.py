@@ -173,6 +173,13 @@ class Bench:
         if not (self.dry_run or run.rc == 0):
             raise SystemExit(f"gpu_bench: writing {self.init} failed; see {run.log}")
 
+    def initial_weights_current(self):
+        """Whether the weights file was written by this gpt_train (a rebuilt one may initialise
+        differently: the file is named by model and seed only)."""
+        gpt_train = self.runner.bin / "gpt_train"
+        return (self.init.exists() and gpt_train.exists()
+                and self.init.stat().st_mtime >= gpt_train.stat().st_mtime)
+
     def gpt_args(self, batch, steps):
         return ["--device", self.device, *self.common, *BF16, "--batch", str(batch), "--steps", str(steps),
                 "--optimizer", "fused"]
@@ -363,7 +370,7 @@ def main():
         return 0
     say(f"gpu_bench: {bench.model.params() / 1e9:.3f} B parameters, batch {args.batch}, {ROUNDS} rounds of "
         f"{', '.join(CONTENDERS)}")
-    if not bench.init.exists():  # else written during the checks (scripts/device_check.sh)
+    if not bench.initial_weights_current():  # else written during the checks (scripts/device_check.sh)
         bench.write_initial_weights()
     runs, batch = interleaved_rounds(bench, args.batch)
     results = {kind: summarize(bench.model, measurements) for kind, measurements in runs.items()}
