@@ -27,6 +27,8 @@ gpt_train --reference --steps 0 --save-full writes) on the same batches (the fir
   fsdp_cpp_keep    the fsdp-cpp run with --no-reshard-after-forward (one run after the rounds, for
                    information, no goal: what keeping each unit's bf16 parameters from forward to
                    backward saves in casts at W = 1, and what it costs in memory)
+and, beside the offload run, bench/host_adamw.py: one AdamW step of the whole model on the host's
+CPU (the part of an offloaded step that only backward can hide).
 
 The rehearsal (ctest device_check_rehearsal, every `make test`) runs this whole script on a CPU build:
 a 2-layer model, CPU ranks over Gloo, the same contenders, rounds, measurements, reports and goals,
@@ -228,6 +230,23 @@ def measure(run, model, batch, warmup, world=1):
             "losses": run.losses(), "seconds": round(run.seconds, 1)}
 
 
+def host_adamw(bench):
+    """bench/host_adamw.py at the benchmark's model: what the CPU takes for one AdamW step (the
+    host's part of the offload run's step); {"ok": False, ...} if it fails."""
+    cmd = [sys.executable, str(REPO / "bench" / "host_adamw.py"), *bench.model.flags()]
+    if bench.dry_run:
+        say(" ".join(cmd))
+        return None
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if run.returncode != 0:
+        say(f"gpu_bench: host_adamw failed (exit {run.returncode}): {run.stderr[-2000:]}")
+        return {"ok": False, "rc": run.returncode}
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    say(f"gpu_bench: host AdamW {measured['step_ms']:.0f} ms/step, {measured['gb_per_s']:.1f} GB/s, "
+        f"{measured['threads']} threads")
+    return {"ok": True, **measured}
+
+
 def first_fitting_cpp(bench, batch):
     """Round 1's fsdp-cpp run at `batch`, halved while it runs out of memory."""
     while True:
@@ -330,6 +349,13 @@ def markdown(summary):
         lines.append(f"| {label} | {r['tokens_per_s']:.0f}{spread} | {r['step_ms']:.0f} | "
                      f"{100 * r['mfu']:.1f}% | {r['mem_peak_bytes'] / GIB:.1f} | "
                      f"{r['mem_reserved_bytes'] / GIB:.1f} |")
+    host = summary["host_adamw"]
+    if host.get("ok"):
+        lines += ["", f"Host AdamW (bench/host_adamw.py: the CPU's part of an offloaded step, ATen's fused "
+                      f"kernel over every fp32 shard): {host['step_ms']:.1f} ms per step, "
+                      f"{host['gb_per_s']:.1f} GB/s at 28 bytes an element, {host['threads']} threads. "
+                      f"Backward hides at most its own length of it; an offload step takes about forward "
+                      f"plus the longer of backward and this."]
     lines += ["", "| goal | value | target | |", "|---|---|---|---|"]
     for name, g in summary["goals"].items():
         value = "n/a" if g["value"] is None else f"{g['value']:.3f}"
@@ -377,6 +403,7 @@ def main():
     if not bench.rehearsal:  # CPU offload needs a GPU
         offload = bench.execute(bench.make("fsdp_cpp_offload", batch, "once"))
         results["fsdp_cpp_offload"] = summarize(bench.model, [measure(offload, bench.model, batch, OFFLOAD_WARMUP)])
+    host = host_adamw(bench)  # beside the offload run: the part of its step the CPU does
     keep = bench.execute(bench.make("fsdp_cpp_keep", batch, "once"))
     results["fsdp_cpp_keep"] = summarize(bench.model, [measure(keep, bench.model, batch, WARMUP)])
     gpus = bench.gpus()
@@ -390,13 +417,14 @@ def main():
                "rehearsal": bench.rehearsal, "device": bench.device,
                "model": {**vars(m), "vocab": VOCAB, "params": m.params(), "flops_per_token": flops_per_token(m)},
                "precision": " ".join(BF16), "lr": LR, "peak_tflops": PEAK_TFLOPS, "rounds": ROUNDS,
-               "results": results, "goals": goals(results), "loss_agreement": loss_agreement(results)}
+               "results": results, "goals": goals(results), "loss_agreement": loss_agreement(results),
+               "host_adamw": host}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     out.with_suffix(".md").write_text(markdown(summary))
     say(markdown(summary))
-    failed = [name for name, r in results.items() if not r.get("ok")]
+    failed = [name for name, r in {**results, "host_adamw": host}.items() if not r.get("ok")]
     mismatched = [name for name, a in summary["loss_agreement"].items() if not a["passed"]]
     if failed or mismatched:
         say(f"gpu_bench: FAILED: runs {failed or 'none'}, loss mismatch {mismatched or 'none'}")

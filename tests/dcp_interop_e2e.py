@@ -34,12 +34,13 @@ def launch(bin_dir, world, program, *args):
 
 def gpt_train(bin_dir, corpus, world, steps, *args):
     """gpt_train on the global batch of 6 rows; returns the global loss of each step it trained."""
-    metrics = Path(tempfile.mkdtemp()) / "m{rank}.jsonl"
-    launch(bin_dir, world, "gpt_train", "--data", corpus, "--layers", CONFIG["layers"],
-           "--dim", CONFIG["dim"], "--heads", CONFIG["heads"], "--seq", CONFIG["max_seq"],
-           "--batch", 6 // world, "--steps", steps, "--lr", LR, "--weight-decay", WEIGHT_DECAY,
-           "--metrics", metrics, *args)
-    lines = Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()
+    with tempfile.TemporaryDirectory() as folder:
+        metrics = Path(folder) / "m{rank}.jsonl"
+        launch(bin_dir, world, "gpt_train", "--data", corpus, "--layers", CONFIG["layers"],
+               "--dim", CONFIG["dim"], "--heads", CONFIG["heads"], "--seq", CONFIG["max_seq"],
+               "--batch", 6 // world, "--steps", steps, "--lr", LR, "--weight-decay", WEIGHT_DECAY,
+               "--metrics", metrics, *args)
+        lines = Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()
     records = [json.loads(line) for line in lines]
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 

@@ -1,9 +1,9 @@
 """The device check's Python steps rehearsed on the CPU, as scripts/device_check.sh runs them on a
 GPU: tests/gpu_check.py --device cpu (its parity and memory checks bar offload), then
 bench/gpu_bench.py --rehearse (a tiny model, CPU ranks, every contender in its interleaved rounds,
-the two-device step) and bench/plan_vs_gpu.py on its results. What only a GPU can get wrong is not
-tested here; what the scripts themselves get wrong is: a run that cannot start, a contender
-missing, a measurement or report that cannot be made, losses that disagree.
+the two-device step, the host's AdamW step) and bench/plan_vs_gpu.py on its results. What only a
+GPU can get wrong is not tested here; what the scripts themselves get wrong is: a run that cannot
+start, a contender missing, a measurement or report that cannot be made, losses that disagree.
 
     python3 tests/device_check_rehearsal.py BUILD_DIR
 """
@@ -66,8 +66,12 @@ def main():
         on_device = [n for n in goals if not n.startswith("offload") and "peak" not in n]
         check(all(isinstance(goals[n]["value"], float) and goals[n]["value"] > 0 for n in on_device),
               f"every goal but offload's has a value: {[(n, goals[n]['value']) for n in on_device]}")
+        host = summary.get("host_adamw") or {}
+        check(host.get("ok") and host["step_ms"] > 0 and host["elements"] == summary["model"]["params"],
+              f"the host's AdamW step measured over every parameter: {host}")
         report = out.with_suffix(".md").read_text()
         check(all(LABELS[k] in report for k in CONTENDERS), "the report names every contender")
+        check("Host AdamW" in report, "the report gives the host's AdamW step")
 
         plan_out = tmp / "gpu-plan.json"
         plan = subprocess.run([sys.executable, REPO / "bench" / "plan_vs_gpu.py", "--build", build, "--bench", out,

@@ -468,6 +468,7 @@ def main():
         print(f"SKIP: network namespaces cannot be made here: {why}")
         sys.exit(SKIP)
     with tempfile.TemporaryDirectory() as tmp:
+        tempfile.tempdir = tmp  # the runs' folders (cluster's mkdtemp) go with it
         cluster.snapshot_program(f"{bin_dir}/fsdprun", tmp)
         bin_dir = cluster.snapshot_program(f"{bin_dir}/gpt_train", tmp)
         corpus = cluster.make_corpus(sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] else f"{tmp}/corpus.txt")
