@@ -35,7 +35,7 @@ def command(kind, c, d, data, metrics):
         return [rb.FSDPRUN, "--nproc-per-node", str(WORLD), rb.GPT_TRAIN,
                 *rb.train_args(c, data, optimizer), "--init-from", init, "--metrics", metrics]
     return [os.path.join(rb.VENV, "torchrun"), "--standalone", "--nproc-per-node", str(WORLD),
-            rb.PEER, *rb.model_args(c), "--batch", str(c["batch"]), "--steps", str(c["steps"]),
+            "--log-dir", os.path.join(d, "torchrun"), rb.PEER, *rb.model_args(c), "--batch", str(c["batch"]), "--steps", str(c["steps"]),
             "--lr", str(c["lr"]), "--init-from", init, "--metrics", metrics, "--batches", batches,
             *(["--fused"] if optimizer == "fused" else [])]
 

@@ -229,7 +229,8 @@ def commands(kind, r, c, d, world, data):
         return [[FSDPRUN, "--nproc-per-node", str(world), GPT_TRAIN] + train_args(c, data) + [
             "--init-from", init, "--metrics", metrics] + dump], paths
     if kind == "peer":
-        return [[os.path.join(VENV, "torchrun"), "--standalone", "--nproc-per-node", str(world), PEER]
+        return [[os.path.join(VENV, "torchrun"), "--standalone", "--nproc-per-node", str(world),
+                 "--log-dir", os.path.join(d, "torchrun"), PEER]
                 + model_args(c) + precision_args(c) + [
             "--batch", str(c["batch"]), "--steps", str(c["steps"]), "--lr", str(c["lr"]),
             "--init-from", init, "--batches", batches, "--metrics", metrics, "--fused"]], paths

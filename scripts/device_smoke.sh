@@ -89,8 +89,8 @@ fi
 started bf16 "${RUN1[@]}" --device "$DEVICE" --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
 # fp16: the sharded scaler's overflow check and the fused AdamW dividing by the scale in its kernel.
 started fp16 "${RUN1[@]}" --device "$DEVICE" --param-dtype fp16 "${TINY[@]}"
-started fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 bench/peer_fsdp2.py \
-  --device "$DEVICE" --layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 \
+started fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+  --log-dir "$SMOKE/torchrun" bench/peer_fsdp2.py --device "$DEVICE" --layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 \
   --init-from "$SMOKE/init.pt" --batches "$SMOKE/batches.pt"
 finish
 echo "device_smoke: every program ran in $SECONDS s"

@@ -50,7 +50,7 @@ def run(cmd):
 
 def peer(tmp, script, tag, init, batches):
     out = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               *script, *SIZES, "--steps", str(STEPS), "--init-from", init, "--batches", batches,
+               "--log-dir", str(tmp / "torchrun"), *script, *SIZES, "--steps", str(STEPS), "--init-from", init, "--batches", batches,
                "--metrics", str(tmp / f"{tag}-{{rank}}.jsonl")])
     records = [json.loads(line) for line in (tmp / f"{tag}-0.jsonl").read_text().splitlines()]
     return out, [(r["loss"], r["bytes_all_gather"], r["bytes_reduce_scatter"]) for r in records]

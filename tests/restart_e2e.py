@@ -79,13 +79,13 @@ def train(launcher, bin_dir, corpus, folder, kill_rank=None):
 
 def main(bin_dir, corpus):
     torchrun = str(Path(sys.executable).parent / "torchrun")
-    launchers = {
-        "fsdprun --max-restarts 1": [f"{bin_dir}/fsdprun", "--nproc-per-node", "2", "--max-restarts", "1"],
-        "torchrun --standalone --max-restarts 1": [torchrun, "--standalone", "--nproc-per-node", "2",
-                                                   "--max-restarts", "1", "--monitor-interval", "0.1",
-                                                   "--no-python"],
-    }
     with tempfile.TemporaryDirectory() as tmp:
+        launchers = {
+            "fsdprun --max-restarts 1": [f"{bin_dir}/fsdprun", "--nproc-per-node", "2", "--max-restarts", "1"],
+            "torchrun --standalone --max-restarts 1": [torchrun, "--standalone", "--nproc-per-node", "2",
+                                                       "--max-restarts", "1", "--monitor-interval", "0.1",
+                                                       "--log-dir", f"{tmp}/torchrun", "--no-python"],
+        }
         os.makedirs(f"{tmp}/plain")
         _, uninterrupted = train(launchers["fsdprun --max-restarts 1"], bin_dir, corpus, f"{tmp}/plain")
         for name, launcher in launchers.items():

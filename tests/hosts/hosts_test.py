@@ -355,7 +355,8 @@ def elastic_restart(hosts, bin_dir, corpus, tmp):
                           "--max-restarts", "2", "--rdzv-backend", "c10d",
                           "--rdzv-endpoint", f"{hosts.addresses[0]}:{port}", "--rdzv-id", "hosts",
                           "--rdzv-conf", f"is_host={int(h == 0)}", "--local-addr", hosts.addresses[h],
-                          "--monitor-interval", "0.1", "--no-python"]
+                          "--monitor-interval", "0.1", "--log-dir", f"{tmp}/torchrun-{h}",
+                          "--no-python"]
     ckpt = f"{tmp}/elastic"
     launch = cluster.HostLaunch(hosts, torchrun, f"{bin_dir}/gpt_train",
                                 [*args, "--checkpoint-dir", ckpt, "--resume", "auto",
