@@ -200,7 +200,8 @@ class Bench:
         if kind == "fsdp_cpp_keep":
             return self.runner.fsdp(name, 1, [*self.gpt_args(batch, self.steps), "--no-reshard-after-forward"])
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               "--log-dir", self.work / name / "torchrun", REPO / "bench" / "peer_fsdp2.py", "--device", self.device, *self.model.flags(), *BF16,
+               "--log-dir", self.work / name / "torchrun", REPO / "bench" / "peer_fsdp2.py",
+               "--device", self.device, *self.model.flags(), *BF16,
                "--batch", str(batch), "--steps", str(self.steps), "--lr", LR,
                "--init-from", self.init, "--batches", self.batches_file(batch),
                "--metrics", self.runner.metrics_pattern(name)]

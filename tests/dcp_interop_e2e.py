@@ -134,7 +134,8 @@ def main(bin_dir, corpus):
                             "--resume", "--dump-batches", tmp / "batches.pt")
         env = dict(os.environ, OMP_NUM_THREADS="1")
         subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", "3", "--log-dir", tmp / "torchrun", __file__, "--fsdp2-worker", str(folder),
+                        "--nproc-per-node", "3", "--log-dir", tmp / "torchrun",
+                        __file__, "--fsdp2-worker", str(folder),
                         str(tmp / "batches.pt"), str(tmp / "fsdp2.json")], check=True, env=env)
         fsdp2 = {int(k): v for k, v in json.loads((tmp / "fsdp2.json").read_text()).items()}
         worst = 0.0
