@@ -249,6 +249,43 @@ def outputs_onto_inputs(t, tmp, text):
             not changed, f"changed: {changed}")
 
 
+def step_in_backward_where_it_cannot_apply(t):
+    """--step-in-backward is refused, naming the flag it conflicts with, where it would silently
+    not apply (a step that needs every gradient first, another optimizer, no units)."""
+    cases = [("--step-in-backward --clip 1", ["--step-in-backward", "--clip", "1"], "--clip"),
+             ("--step-in-backward fp16", ["--step-in-backward", "--param-dtype", "fp16"], "fp16"),
+             ("--step-in-backward --optimizer torch", ["--step-in-backward", "--optimizer", "torch"],
+              "--optimizer fused"),
+             ("--step-in-backward --reference", ["--step-in-backward", "--reference"], "--reference")]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: sharded(*c[1], timeout=30), cases))
+    for (name, _, named), result in zip(cases, results):
+        t.fails(name, result, "--step-in-backward cannot apply", named)
+
+
+AUTO_GPT = ["--layers", "4", "--dim", "64", "--heads", "4", "--seq", "64", "--batch", "4", "--steps", "3"]
+
+
+def auto_keeps_its_cap(t):
+    """--auto with gradient accumulation at W = 2: the plan counts the gradient shards of earlier
+    micro-batches and keeps the planner's margin, so a cap just above the smallest plan is
+    refused up front, and at a cap it accepts the run's measured peak stays under the cap; a
+    given --strategy it replaces is named."""
+    refused = sharded(*AUTO_GPT, "--auto", "--max-memory-gb", "0.0028766", n=2, timeout=60)
+    t.fails("--auto, cap below every plan with the margin", refused, "--auto: no configuration fits",
+            "margin")
+    cap_gb = 0.0035
+    ran = sharded(*AUTO_GPT, "--auto", "--max-memory-gb", str(cap_gb), "--strategy", "grad_op", n=2,
+                  timeout=90)
+    measured = re.search(r"measured ([0-9.]+) MiB \(max over ranks", ran.output)
+    under = measured is not None and float(measured.group(1)) <= cap_gb * 1024
+    t.check("--auto, cap just above a plan with accumulation", "exit 0, measured peak <= cap", ran,
+            ran.rc == 0 and under, "" if under else "no measured peak under the cap")
+    named = "instead of the given --strategy grad_op" in ran.output
+    t.check("--auto replaces a given --strategy", "says which it trains with instead", ran,
+            ran.rc == 0 and named, "" if named else "the replaced --strategy is not named")
+
+
 def per_rank_outputs(t, tmp):
     """At W = 2 a per-rank output without {rank} would be one file written by both ranks."""
     for flag in ("--metrics", "--trace"):
@@ -462,6 +499,8 @@ def cases(t):
         one_run_per_checkpoint_dir(t, tmp)
         lone_ranks_give_up_in_time(t)
         port_of_a_running_job(t)
+        step_in_backward_where_it_cannot_apply(t)
+        auto_keeps_its_cap(t)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

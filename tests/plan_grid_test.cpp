@@ -5,20 +5,27 @@
 // allocator) must be within 10% of the plan's, and the bytes each kind of collective sent (the
 // counters) exactly the plan's. Rank 0 prints the table: predicted, measured, their ratio.
 #include "dist_env.h"
+#include "error_of.h"
 #include "parity_check.h"
 
+#include "auto_plan.h"
 #include "gpt_plan.h"
+#include "mib_text.h"
 #include "trainer.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
+#include <string>
 
 namespace fsdp_test {
 namespace {
 
 constexpr double kPeakTolerance = 0.10;
+// --auto keeps a plan only if peak <= (1 - margin) x cap: a run may exceed its plan by this much.
+const double kMostOverPlan = 1 / (1 - fsdp::kPlanPeakMargin);
 
 // The largest shard group with at least two replicas (W >= 2F), 0 if none.
 int hybrid_group(int world) {
@@ -32,6 +39,8 @@ struct GridCase {
   fsdp::FullyShardOptions fsdp;
   int64_t batch;
   std::string label;
+  int64_t micro_batches = 1;
+  bool no_sync = false;
 };
 
 std::vector<GridCase> grid(int world) {
@@ -66,6 +75,22 @@ std::vector<GridCase> grid(int world) {
   no_prefetch.batch = 4;
   no_prefetch.label = "full fp32 no prefetch b4";
   cases.push_back(no_prefetch);
+  // Gradient accumulation ([Note: micro-batches in the plan]): the gradient shards of earlier
+  // micro-batches alive through the later ones, or (no_sync) every unsharded gradient.
+  for (int64_t micro : {2, 4}) {
+    for (bool no_sync : {false, true}) {
+      for (bool checkpointing : {false, true}) {
+        GridCase c;
+        c.fsdp.activation_checkpointing(checkpointing);
+        c.batch = 1;
+        c.micro_batches = micro;
+        c.no_sync = no_sync;
+        c.label = std::string("full fp32") + (checkpointing ? " AC" : "   ") + " b1 x" + std::to_string(micro) +
+                  (no_sync ? " no_sync" : "");
+        cases.push_back(c);
+      }
+    }
+  }
   return cases;
 }
 
@@ -89,6 +114,8 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
     auto o = tiny_gpt_run(/*layers=*/4, /*dim=*/128, /*heads=*/4, /*seq=*/64, c.batch, /*steps=*/3);
     o.max_data_bytes = 64 << 10;
     o.fsdp = c.fsdp;
+    o.grad_accum = c.micro_batches;
+    o.no_sync = c.no_sync;
     const fsdp::Plan plan = fsdp::plan(gpt::plan_setup(o, w, w, fsdp::PlanDevice{}, fsdp::PlanLinks{}));
     const int64_t baseline = fsdp::memory_stats().current_bytes;
     const gpt::TrainResult run = gpt::train(o, &dist());
@@ -105,6 +132,7 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
     const double ratio = measured / predicted;
     EXPECT_NEAR(ratio, 1.0, kPeakTolerance) << c.label << ": predicted " << predicted << ", measured "
                                             << measured << " (peak during " << mine.peak_at << ")";
+    EXPECT_LE(ratio, kMostOverPlan) << c.label << ": above the margin --auto keeps (fsdp::kPlanPeakMargin)";
     const auto measured_all = from_every_rank(static_cast<double>(measured));
     if (dist().rank() == 0) {
       for (int r = 0; r < w; ++r) {
@@ -120,6 +148,79 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
     }
   }
   if (dist().rank() == 0) std::printf("worst: %s, measured / predicted = %.3f\n", worst_case.c_str(), worst);
+}
+
+// The peak of a run's steps after the first (which creates the optimizer state), above `baseline`.
+int64_t measured_peak(const gpt::TrainResult& run, int64_t baseline) {
+  int64_t peak = 0;
+  for (size_t s = 1; s < run.steps.size(); ++s) peak = std::max(peak, run.steps[s].memory.peak_bytes - baseline);
+  return peak;
+}
+
+// --auto at caps just above the plans it may choose: for each candidate's peak, the smallest cap
+// that accepts it (peak / (1 - margin), plus a byte). The configuration --auto then chooses
+// (with gradient accumulation where it takes a smaller batch) trains under that cap on every rank.
+TEST(Planner, AutoTrainsUnderItsCapWhenTheCapIsJustAboveTheChosenPlan) {
+  const int w = dist().world_size();
+  auto base = tiny_gpt_run(/*layers=*/4, /*dim=*/128, /*heads=*/4, /*seq=*/64, /*batch=*/4, /*steps=*/3);
+  base.max_data_bytes = 64 << 10;
+  gpt::PlanFlags flags;
+  flags.ranks = flags.ranks_per_host = w;
+  flags.tflops_fp32 = flags.tflops_bf16 = 0.05;  // given rates: no probe (they only rank the plans)
+  flags.memory_gbps = 10;
+  const fsdp::PlanDevice device = gpt::plan_device(flags, base, fsdp::PlanWorld{w, w});
+  fsdp::SearchSpace space;
+  space.batches = {4, 2, 1};
+  space.keep_global_batch = true;
+  const fsdp::SearchResult everything =
+      fsdp::search_plans(gpt::plan_setup(base, w, w, device, gpt::plan_links(flags, device)), space, 1e15);
+  std::vector<int64_t> peaks;
+  for (const fsdp::Plan& p : everything.fitting) peaks.push_back(p.peak_bytes);
+  std::sort(peaks.begin(), peaks.end());
+  peaks.erase(std::unique(peaks.begin(), peaks.end()), peaks.end());
+  ASSERT_GE(peaks.size(), 4u);
+  if (dist().rank() == 0) std::printf("W = %d: --auto at caps just above a plan\n", w);
+  std::set<std::string> chosen;
+  for (size_t i = 0; i < peaks.size(); i += 2) {  // every other candidate: the smallest to the largest
+    const double cap = static_cast<double>(peaks[i]) / (1 - fsdp::kPlanPeakMargin) + 1;
+    flags.max_memory_gb = cap / gpt::kGiB;
+    gpt::TrainOptions o = base;
+    const fsdp::Plan plan = gpt::choose_configuration(o, flags, dist(), {});
+    EXPECT_LE(static_cast<double>(plan.peak_bytes), (1 - fsdp::kPlanPeakMargin) * cap + 1) << plan.label();
+    EXPECT_EQ(o.batch * o.grad_accum, base.batch) << plan.label() << ": the global batch changed";
+    const int64_t baseline = fsdp::memory_stats().current_bytes;
+    const gpt::TrainResult run = gpt::train(o, &dist());
+    const int64_t measured = measured_peak(run, baseline);
+    EXPECT_LE(static_cast<double>(measured), cap) << plan.label() << " at a cap of " << cap << " bytes";
+    chosen.insert(plan.label());
+    const auto all = from_every_rank(static_cast<double>(measured));
+    if (dist().rank() == 0) {
+      std::printf("  cap %10.0f: %-40s planned %9lld, measured (max over ranks) %9.0f, %.3f of the cap\n", cap,
+                  plan.label().c_str(), static_cast<long long>(plan.peak_bytes),
+                  *std::max_element(all.begin(), all.end()), *std::max_element(all.begin(), all.end()) / cap);
+    }
+  }
+  EXPECT_GE(chosen.size(), 2u) << "the caps should lead --auto to different configurations";
+}
+
+// After an --auto run, a measured peak above --max-memory-gb on any one rank fails every rank,
+// naming the rank, the cap and the plan (the run broke the promise --auto made).
+TEST(Planner, AnAutoRunAboveItsCapFailsOnEveryRank) {
+  const int w = dist().world_size();
+  gpt::TrainOptions o = tiny_gpt_run(/*layers=*/2, /*dim=*/32, /*heads=*/2, /*seq=*/16, /*batch=*/2, /*steps=*/2);
+  gpt::PlanFlags flags;
+  flags.max_memory_gb = 1.0 / 1024;  // 1 MiB
+  const fsdp::Plan plan = fsdp::plan(gpt::plan_setup(o, w, w, fsdp::PlanDevice{}, fsdp::PlanLinks{}));
+  const int over = w - 1;  // the last rank alone goes over
+  gpt::TrainResult run;
+  run.steps.resize(2);
+  for (auto& step : run.steps) step.memory.peak_bytes = (1 << 20) - 1;
+  if (dist().rank() == over) run.steps[1].memory.peak_bytes = (1 << 20) + 1;
+  const std::string error = error_of([&] { gpt::check_plan_against_run(plan, o, run, flags, dist()); });
+  EXPECT_NE(error.find("rank " + std::to_string(over) + "'s measured peak"), std::string::npos) << error;
+  EXPECT_NE(error.find("exceeded --max-memory-gb"), std::string::npos) << error;
+  run.steps[1].memory.peak_bytes = 1 << 20;  // at the cap is under it
+  EXPECT_EQ(error_of([&] { gpt::check_plan_against_run(plan, o, run, flags, dist()); }), "");
 }
 
 }  // namespace

@@ -70,7 +70,8 @@ void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
   std::cout << (flags.json ? fsdp::search_json(result, cap).dump(2) + "\n" : fsdp::search_text(result, cap));
 }
 
-fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist) {
+fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist,
+                                const std::vector<std::string>& replaced_flags) {
   TORCH_CHECK(flags.max_memory_gb > 0, "--auto needs --max-memory-gb X: the memory each rank may use");
   fsdp::PlanWorld world = plan_world(flags);
   world.world_size = dist.world_size();
@@ -78,6 +79,8 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   const fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
   fsdp::SearchSpace space;
   space.batches = divisors(o.batch);
+  space.keep_global_batch = true;
+  space.peak_margin = fsdp::kPlanPeakMargin;
   space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
@@ -88,18 +91,25 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
       if (smallest < 0 || p.peak_bytes < smallest) smallest = p.peak_bytes;
     }
     TORCH_CHECK(false, "--auto: no configuration fits --max-memory-gb ", flags.max_memory_gb,
-                " per rank (the smallest planned peak is ", smallest / kGiB, " GiB); raise the cap, "
-                "use more ranks, or a smaller model or --seq");
+                " per rank with the planner's ", 100 * fsdp::kPlanPeakMargin, "% margin (the smallest "
+                "planned peak is ", smallest / kGiB, " GiB); raise the cap, use more ranks, or a smaller "
+                "model or --seq");
   }
   const fsdp::Plan& best = *result.best();
-  o.grad_accum *= o.batch / best.setup.policy.batch;
+  o.grad_accum = best.setup.policy.micro_batches;
   o.batch = best.setup.policy.batch;
   o.fsdp = best.setup.policy.fsdp;
+  if (dist.rank() == 0) {
+    std::string replaced;
+    for (const std::string& flag : replaced_flags) replaced += (replaced.empty() ? "" : ", ") + flag;
+    std::cout << "--auto: training with " << best.label()
+              << (replaced.empty() ? "" : " instead of the given " + replaced) << "\n" << std::flush;
+  }
   return best;
 }
 
-void print_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
-                            fsdp::Distributed& dist) {
+void check_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
+                            const PlanFlags& flags, fsdp::Distributed& dist) {
   int64_t peak = 0;
   std::vector<double> step_ms;
   const size_t first = result.steps.size() > 1 ? 1 : 0;  // the first step creates the optimizer state
@@ -110,17 +120,25 @@ void print_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const
   auto peaks = torch::zeros({dist.world_size()}, torch::kFloat64);
   peaks[dist.rank()] = static_cast<double>(peak);
   fsdp::all_reduce_sum(*dist.world, peaks);
-  if (dist.rank() != 0) return;
   const double measured_peak = peaks.max().item<double>();
-  const double measured_ms = median(step_ms);
-  const double predicted_ms = plan.time.step * 1000 * o.grad_accum;  // the plan is a micro-batch's
-  std::printf("plan vs run: peak per rank predicted %.2f MiB, measured %.2f MiB (max over ranks, "
-              "%.3fx); step (%lld micro-batch%s) predicted %.1f ms, measured %.1f ms (median of rank "
-              "0, %.3fx)\n",
-              plan.peak_bytes / 1048576.0, measured_peak / 1048576.0, measured_peak / plan.peak_bytes,
-              static_cast<long long>(o.grad_accum), o.grad_accum == 1 ? "" : "es", predicted_ms,
-              measured_ms, measured_ms / predicted_ms);
-  std::fflush(stdout);
+  const int64_t peak_rank = peaks.argmax().item<int64_t>();
+  if (dist.rank() == 0) {
+    const double measured_ms = median(step_ms);
+    const double predicted_ms = plan.time.step * 1000 * o.grad_accum;  // the plan is a micro-batch's
+    std::printf("plan vs run: peak per rank predicted %.2f MiB, measured %.2f MiB (max over ranks, "
+                "%.3fx); step (%lld micro-batch%s) predicted %.1f ms, measured %.1f ms (median of rank "
+                "0, %.3fx)\n",
+                plan.peak_bytes / 1048576.0, measured_peak / 1048576.0, measured_peak / plan.peak_bytes,
+                static_cast<long long>(o.grad_accum), o.grad_accum == 1 ? "" : "es", predicted_ms,
+                measured_ms, measured_ms / predicted_ms);
+    std::fflush(stdout);
+  }
+  // The promise --auto made: every rank under the cap (the same verdict on every rank).
+  const double cap = flags.max_memory_gb * kGiB;
+  TORCH_CHECK(measured_peak <= cap, "--auto: rank ", peak_rank, "'s measured peak ", measured_peak / 1048576.0,
+              " MiB exceeded --max-memory-gb ", flags.max_memory_gb, " (", cap / 1048576.0, " MiB; planned ",
+              plan.peak_bytes / 1048576.0, " MiB for ", plan.label(), "): the planner was wrong for this run; "
+              "lower --max-memory-gb or choose the configuration by hand, and report the plan");
 }
 
 }  // namespace gpt

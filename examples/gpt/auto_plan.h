@@ -8,6 +8,9 @@
 #include <fsdp/distributed.h>
 #include <fsdp/plan.h>
 
+#include <string>
+#include <vector>
+
 namespace gpt {
 
 /// The setup of the run `o` describes under `flags`: world, device (probed unless the flags give
@@ -21,12 +24,16 @@ void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags);
 /// gpt_train --auto: the fastest configuration of strategy, activation checkpointing and batch per
 /// rank (a divisor of --batch; gradient accumulation keeps the global batch) whose planned peak
 /// fits --max-memory-gb. Every rank plans with rank 0's device numbers, so all choose the same.
-/// Throws when nothing fits, naming the smallest peak found. Rank 0 prints the search.
-fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist);
+/// A plan is kept only if its peak is under the cap by the planner's margin (fsdp::kPlanPeakMargin).
+/// Throws when nothing fits, naming the smallest peak found. Rank 0 prints the search and the
+/// choice, naming `replaced_flags` (e.g. "--strategy grad_op": given, and overridden).
+fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist,
+                                const std::vector<std::string>& replaced_flags);
 
 /// Rank 0 prints the plan against the run: the largest peak over the ranks and the median step
-/// time (steps after the first) beside the predicted ones (a collective).
-void print_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
-                            fsdp::Distributed& dist);
+/// time (steps after the first) beside the predicted ones (a collective). Throws on every rank
+/// when a rank's measured peak exceeded --max-memory-gb: the run broke --auto's promise.
+void check_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
+                            const PlanFlags& flags, fsdp::Distributed& dist);
 
 }  // namespace gpt

@@ -227,12 +227,22 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   return "";
 }
 
+// The flags given that --auto chooses itself: named when it trains with other values.
+static std::vector<std::string> flags_auto_replaces(const CLI::App& app, const CommandLine& cl) {
+  std::vector<std::string> given;
+  if (app.count("--strategy") > 0) given.push_back("--strategy " + cl.strategy);
+  if (app.count("--shard-group-size") > 0) given.push_back("--shard-group-size " + std::to_string(cl.shard_group_size));
+  if (app.count("--activation-checkpointing") > 0) given.push_back("--activation-checkpointing");
+  return given;
+}
+
 std::string finish_options(const CLI::App& app, CommandLine& cl) {
   convert_flag_values(app, cl);
   if (cl.autoplan && cl.planner.max_memory_gb <= 0) {
     return "--auto needs --max-memory-gb X: the memory each rank may use";
   }
   if (cl.autoplan && cl.reference) return "--auto plans the sharded run, not --reference";
+  if (cl.autoplan) cl.replaced_by_auto = flags_auto_replaces(app, cl);
   std::string error = apply_data_and_hf_flags(app, cl.data_tokens, cl.train);
   if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);
   if (error.empty()) error = check_device_flags(cl.device, cl.cpu_offload, cl.reference);

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 namespace gpt {
 
@@ -34,6 +35,7 @@ struct CommandLine {
   // The planner (gpt_train --plan / --auto, fsdp_plan).
   bool plan = false;      // --plan: print the plan of this run and exit
   bool autoplan = false;  // --auto: train with the fastest configuration under --max-memory-gb
+  std::vector<std::string> replaced_by_auto;  // given flags --auto chooses anew, e.g. "--strategy none"
   PlanFlags planner;
 };
 

@@ -169,7 +169,10 @@ fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
   setup.world = {world, ranks_per_host};
   setup.device = device;
   setup.links = links;
-  setup.policy = {o.fsdp, o.batch};
+  setup.policy.fsdp = o.fsdp;
+  setup.policy.batch = o.batch;
+  setup.policy.micro_batches = o.grad_accum;
+  setup.policy.no_sync = o.no_sync && o.grad_accum > 1;
   return setup;
 }
 

@@ -58,11 +58,11 @@ void run(gpt::CommandLine& cl) {
   // --device cpu leaves it unset: the CPU, the parameters' device (the reference reads it too).
   if (cl.device != "cpu") o.fsdp.device(gpu(cl.device, dist.get()));
   std::optional<fsdp::Plan> plan;
-  if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist);
+  if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist, cl.replaced_by_auto);
   o.gather_final_params = false;  // print_result reads the losses and the sample only
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);
-  if (plan) gpt::print_plan_against_run(*plan, o, result, *dist);
+  if (plan) gpt::check_plan_against_run(*plan, o, result, cl.planner, *dist);
 }
 
 // gpt_train --plan: the plan of the flags' run (rank 0 alone prints when launched), no training.

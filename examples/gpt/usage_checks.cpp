@@ -95,6 +95,21 @@ std::string check_gpu_available(const std::string& device, bool cpu_offload) {
   return "";
 }
 
+// --step-in-backward where it cannot apply is refused, not silently ignored (train_step.cpp's
+// steps_in_backward): each of these needs every gradient, or another optimizer, before a step.
+std::string check_step_in_backward(const TrainOptions& o, bool reference) {
+  if (!o.step_in_backward) return "";
+  const char* why = reference ? "--reference has no units to step (it is the unsharded program)"
+                    : o.clip > 0 ? "--clip needs the global norm of every gradient before any step"
+                    : o.fsdp.mixed_precision().param_dtype() == torch::kHalf
+                        ? "fp16's gradient scaler checks every gradient for inf/nan before any step"
+                    : !o.fused_optimizer ? "only the fused AdamW (--optimizer fused) steps units during backward"
+                                         : nullptr;
+  if (!why) return "";
+  return std::string("--step-in-backward cannot apply: ") + why + "; drop --step-in-backward (or the flag "
+         "that conflicts with it)";
+}
+
 }  // namespace
 
 std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data_tokens,
@@ -149,6 +164,7 @@ std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, 
            "launcher)";
   }
   if (std::string error = check_checkpoint_flags(o, reference); !error.empty()) return error;
+  if (std::string error = check_step_in_backward(o, reference); !error.empty()) return error;
   return check_sharding_flags(app, o);
 }
 

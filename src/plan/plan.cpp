@@ -40,6 +40,9 @@ std::string Plan::label() const {
   if (o.activation_checkpointing()) s << " AC";
   if (o.cpu_offload()) s << " offload";
   s << " batch " << setup.policy.batch;
+  if (setup.policy.micro_batches > 1) {
+    s << " x " << setup.policy.micro_batches << " micro-batches" << (setup.policy.no_sync ? " no_sync" : "");
+  }
   return s.str();
 }
 
@@ -56,7 +59,7 @@ Plan plan(const PlanSetup& setup) {
       result.shard_group_size = layout.shard_group_size;
       result.replicas = layout.replicas;
       const auto collectives = planning::step_collectives(setup, layout);
-      result.traffic = planning::total_traffic(collectives);
+      result.traffic = planning::total_traffic(setup, collectives);
       result.time = planning::step_time(setup, layout, collectives);
     }
   }

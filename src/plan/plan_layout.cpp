@@ -46,6 +46,8 @@ UnitLayout unit_layout(const PlanUnit& unit, const PlanSetup& setup, int positio
                              ? 0 : layout.shard_numel * precision.reduce_bytes;
   layout.grad_shard = layout.trainable && !offload ? layout.shard_numel * precision.shard_bytes : 0;
   layout.grads_into_shard = into_shard && layout.trainable;
+  layout.accumulating_grad = layout.trainable ? padded * precision.reduce_bytes : 0;
+  layout.accumulating_reduce_output = layout.trainable ? layout.shard_numel * precision.reduce_bytes : 0;
   return layout;
 }
 
@@ -74,6 +76,8 @@ void validate_setup(const PlanSetup& setup) {
               "plan: ranks per host (", world.ranks_per_host, ") must divide the world size (",
               world.world_size, ")");
   TORCH_CHECK(setup.policy.batch >= 1, "plan: the batch per rank must be >= 1, got ", setup.policy.batch);
+  TORCH_CHECK(setup.policy.micro_batches >= 1, "plan: the micro-batches per step must be >= 1, got ",
+              setup.policy.micro_batches);
   setup.policy.fsdp.validate(world.world_size, world.ranks_per_host);
   const auto& mp = setup.policy.fsdp.mixed_precision();
   const c10::ScalarType compute =

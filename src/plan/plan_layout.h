@@ -37,6 +37,10 @@ struct UnitLayout {
   /// straight into it, else when the reduction is issued), freed by zero_grad; 0 when offloaded.
   int64_t grad_shard = 0;
   bool grads_into_shard = false;  ///< W = 1: no reduction, backward writes the gradient shard
+  /// The unsharded gradient and the reduction's output when gradients cannot go straight into
+  /// the shard (accumulation adds to a shard that holds a sum, no_sync keeps the sum unsharded).
+  int64_t accumulating_grad = 0;
+  int64_t accumulating_reduce_output = 0;
 };
 
 /// Every unit of `model` on `rank`: the root first, then model.units in order.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <string>
 #include <vector>
 
 namespace fsdp::planning {
@@ -11,7 +12,8 @@ namespace {
 // The running memory of one rank and its highest point so far.
 class Timeline {
  public:
-  explicit Timeline(MemoryBreakdown start) : now_(start), peak_(start), peak_at_("the start of the step") {}
+  Timeline(MemoryBreakdown start, std::string suffix)
+      : now_(start), peak_(start), peak_at_("the start of the step" + suffix), suffix_(std::move(suffix)) {}
 
   MemoryBreakdown& now() { return now_; }
   /// A moment that may be the peak: `transient` more workspace than now.
@@ -20,7 +22,7 @@ class Timeline {
     m.workspace += transient;
     if (m.total() > peak_.total()) {
       peak_ = m;
-      peak_at_ = when;
+      peak_at_ = when + suffix_;
     }
   }
   const MemoryBreakdown& peak() const { return peak_; }
@@ -28,16 +30,55 @@ class Timeline {
 
  private:
   MemoryBreakdown now_, peak_;
-  std::string peak_at_;
+  std::string peak_at_, suffix_;
 };
 
 std::string unit_label(const UnitLayout& unit) { return unit.name.empty() ? "the root" : unit.name; }
 
+// [Note: micro-batches in the plan] Gradient accumulation changes what a backward holds, so the
+// replay runs each kind of micro-batch a step has and keeps the highest peak:
+// - synchronised (the default): the first is a step of its own; from the second on, every
+//   gradient shard the first allocated is alive from the start, and each reduction lands in a
+//   temporary that is added to the shard (reduce_unit_gradient's accumulate), so even at W = 1
+//   gradients no longer go straight into the shard (ParamGroup::grads_need_no_reduction).
+// - no_sync: the micro-batches before the last reduce nothing and keep each unit's unsharded
+//   gradient; from the second on, every one of them is alive from the start; the last reduces
+//   them all (into shards zero_grad freed).
+struct MicroBatch {
+  int64_t index = 1;           // 1-based, for the peak's label
+  bool shards_hold_sum = false;  // gradient shards alive from an earlier backward
+  bool full_grads_kept = false;  // no_sync kept every unit's unsharded gradient
+  bool reduces = true;           // false under no_sync before the last micro-batch
+  bool last = true;              // the optimizer step follows
+  // The gradients cannot go straight into the shard: there is a sum to add to, or to keep.
+  bool accumulating() const { return shards_hold_sum || full_grads_kept || !reduces; }
+};
+
+std::vector<MicroBatch> micro_batch_kinds(const PlanPolicy& policy) {
+  const int64_t n = policy.micro_batches;
+  if (n == 1) return {MicroBatch{}};
+  if (!policy.no_sync) {
+    return {MicroBatch{1, false, false, true, /*last=*/false}, MicroBatch{2, /*shards_hold_sum=*/true}};
+  }
+  std::vector<MicroBatch> kinds = {MicroBatch{1, false, false, /*reduces=*/false, false}};
+  if (n > 2) kinds.push_back(MicroBatch{2, false, /*full_grads_kept=*/true, false, false});
+  kinds.push_back(MicroBatch{n, false, true, true, true});
+  return kinds;
+}
+
+std::string micro_batch_text(const MicroBatch& micro, const PlanPolicy& policy) {
+  if (policy.micro_batches == 1) return "";
+  const bool representative = !policy.no_sync && micro.index == 2;  // stands for 2..n
+  return " (micro-batch " + std::to_string(micro.index) +
+         (representative && policy.micro_batches > 2 ? "-" + std::to_string(policy.micro_batches) : "") +
+         " of " + std::to_string(policy.micro_batches) + ")";
+}
+
 // Replays forward and backward of one step over the units (index 0: the root).
 class StepReplay {
  public:
-  StepReplay(const PlanSetup& setup, const RankLayout& layout, Timeline& timeline)
-      : setup_(setup), layout_(layout), t_(timeline), unsharded_(layout.units.size(), false),
+  StepReplay(const PlanSetup& setup, const RankLayout& layout, const MicroBatch& micro, Timeline& timeline)
+      : setup_(setup), layout_(layout), micro_(micro), t_(timeline), unsharded_(layout.units.size(), false),
         batch_(setup.policy.batch), checkpointing_(setup.policy.fsdp.activation_checkpointing()),
         limit_(setup.policy.fsdp.limit_all_gathers()) {}
 
@@ -90,7 +131,8 @@ class StepReplay {
     t_.check(batch_ * model.root_pre.backward_transient + model.root.backward_workspace,
              "backward of the root (after the units)");
     reduce(0);
-    t_.check(0, "the optimizer step");  // every gradient shard, until zero_grad frees them
+    // Every gradient shard, until zero_grad frees them.
+    t_.check(0, micro_.last ? "the optimizer step" : "the end of backward");
   }
 
  private:
@@ -117,36 +159,52 @@ class StepReplay {
     if (u > 0) --in_flight_;
     t_.now().unsharded_params -= layout_.units[u].unsharded_params;
   }
+  int64_t unsharded_grad(const UnitLayout& unit) const {
+    return micro_.accumulating() ? unit.accumulating_grad : unit.unsharded_grad;
+  }
+  bool grads_into_shard(const UnitLayout& unit) const { return unit.grads_into_shard && !micro_.accumulating(); }
   void begin_gradients(size_t u) {
     const UnitLayout& unit = layout_.units[u];
-    t_.now().unsharded_grads += unit.unsharded_grad;
-    if (unit.grads_into_shard) allocate_grad_shard(unit);
+    if (!micro_.full_grads_kept) t_.now().unsharded_grads += unsharded_grad(unit);
+    if (grads_into_shard(unit)) allocate_grad_shard(unit);
   }
   // Backward allocates a gradient shard that zero_grad freed.
   void allocate_grad_shard(const UnitLayout& unit) {
-    if (!setup_.policy.gradients_kept) t_.now().sharded_grads += unit.grad_shard;
+    if (!setup_.policy.gradients_kept && !micro_.shards_hold_sum) t_.now().sharded_grads += unit.grad_shard;
   }
   // The reduce-scatter is issued; the limiter lets one reduction stay in flight while the next
   // unit computes, so the gradient before it is freed now (planned at its latest).
+  // Under no_sync (not the last micro-batch) nothing is reduced: the unsharded gradient stays.
   void reduce(size_t u) {
+    const UnitLayout& unit = layout_.units[u];
+    if (!micro_.reduces) {
+      if (u == 0) reshard(0);
+      return;
+    }
     while (!pending_.empty()) {
       const size_t done = pending_.front();
       pending_.pop_front();
-      t_.now().unsharded_grads -= layout_.units[done].unsharded_grad;
+      t_.now().unsharded_grads -= unsharded_grad(layout_.units[done]);
     }
-    const UnitLayout& unit = layout_.units[u];
-    if (!unit.grads_into_shard) allocate_grad_shard(unit);  // before the task runs
-    t_.check(unit.reduce_output, "reduction of " + unit_label(unit));
+    if (!grads_into_shard(unit)) allocate_grad_shard(unit);  // before the task runs
+    // A sum in the shard is added to from a temporary (reduce_unit_gradient's accumulate).
+    const int64_t output = gradients_held() ? unit.accumulating_reduce_output : unit.reduce_output;
+    t_.check(output, "reduction of " + unit_label(unit));
     if (u == 0) {  // the end of backward waits for every reduction
-      t_.now().unsharded_grads -= unit.unsharded_grad;
+      t_.now().unsharded_grads -= unsharded_grad(unit);
       reshard(0);
       return;
     }
     pending_.push_back(u);
   }
+  // Gradient shards already hold a sum when the reduction lands (kept by zero_grad, or earlier
+  // micro-batches): ParamGroup's accumulate_into_shard_.
+  bool gradients_held() const { return setup_.policy.gradients_kept || micro_.shards_hold_sum; }
+
 
   const PlanSetup& setup_;
   const RankLayout& layout_;
+  const MicroBatch& micro_;
   Timeline& t_;
   std::vector<bool> unsharded_;
   std::deque<size_t> pending_;
@@ -165,26 +223,35 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
   // The step starts after zero_grad: no gradient shard yet ([Note: gradient shards live as long
   // as the gradients]), backward allocates them; unless zero_grad zeroed them in place.
   MemoryBreakdown start;
-  int64_t grad_shards = 0;
+  int64_t grad_shards = 0, full_grads = 0;
   for (const auto& unit : layout.units) {
     start.sharded_params += unit.shard_numel * p.shard_bytes;
     if (unit.trainable) grad_shards += unit.shard_numel * p.shard_bytes;
     start.optimizer_state += 2 * unit.piece_numel * p.shard_bytes;  // AdamW's exp_avg, exp_avg_sq
+    full_grads += unit.accumulating_grad;
   }
   rank.model_states = start.sharded_params + grad_shards + start.optimizer_state;
-  if (setup.policy.fsdp.cpu_offload()) {  // model states in host memory
+  const bool offload = setup.policy.fsdp.cpu_offload();
+  if (offload) {  // model states in host memory
     rank.offloaded_bytes = rank.model_states;
     start.sharded_params = start.optimizer_state = 0;
-  } else if (setup.policy.gradients_kept) {
-    start.sharded_grads = grad_shards;
   }
   start.program = setup.model.resident_bytes + setup.policy.batch * setup.model.input_bytes_per_sequence;
-  Timeline timeline(start);
-  StepReplay replay(setup, layout, timeline);
-  replay.forward();
-  replay.backward();
-  rank.peak = timeline.peak();
-  rank.peak_at = timeline.peak_at();
+  bool first = true;
+  for (const MicroBatch& micro : micro_batch_kinds(setup.policy)) {
+    MemoryBreakdown begin = start;
+    if (!offload && (setup.policy.gradients_kept || micro.shards_hold_sum)) begin.sharded_grads = grad_shards;
+    if (micro.full_grads_kept) begin.unsharded_grads = full_grads;
+    Timeline timeline(begin, micro_batch_text(micro, setup.policy));
+    StepReplay replay(setup, layout, micro, timeline);
+    replay.forward();
+    replay.backward();
+    if (first || timeline.peak().total() > rank.peak.total()) {
+      rank.peak = timeline.peak();
+      rank.peak_at = timeline.peak_at();
+    }
+    first = false;
+  }
   return rank;
 }
 

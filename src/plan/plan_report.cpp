@@ -51,6 +51,7 @@ nlohmann::json plan_json(const Plan& plan) {
           {"world_size", setup.world.world_size}, {"ranks_per_host", setup.world.ranks_per_host},
           {"strategy", to_string(o.strategy())}, {"shard_group_size", plan.shard_group_size},
           {"replicas", plan.replicas}, {"batch_per_rank", setup.policy.batch},
+          {"micro_batches", setup.policy.micro_batches}, {"no_sync", setup.policy.no_sync},
           {"compute_dtype", c10::toString(setup.model.compute_dtype)},
           {"activation_checkpointing", o.activation_checkpointing()}, {"cpu_offload", o.cpu_offload()},
           {"limit_all_gathers", o.limit_all_gathers()}, {"label", plan.label()},
@@ -107,6 +108,12 @@ std::string plan_text(const Plan& plan) {
                 plan.time.compute * 1000, plan.time.communication * 1000,
                 plan.time.exposed_communication * 1000, plan.time.tokens_per_s);
   s << text;
+  if (setup.policy.micro_batches > 1) {
+    std::snprintf(text, sizeof(text), "  (the step time is one micro-batch's: a step of %lld takes %.1f ms)\n",
+                  static_cast<long long>(setup.policy.micro_batches),
+                  plan.time.step * 1000 * static_cast<double>(setup.policy.micro_batches));
+    s << text;
+  }
   return s.str();
 }
 

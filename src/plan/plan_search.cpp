@@ -61,6 +61,9 @@ std::string why_slower(const Plan& loser, const Plan& best) {
 
 SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, double max_memory_bytes) {
   TORCH_CHECK(max_memory_bytes > 0, "search: the memory cap must be > 0 bytes, got ", max_memory_bytes);
+  TORCH_CHECK(space.peak_margin >= 0 && space.peak_margin < 1, "search: the peak margin must be in [0, 1), got ",
+              space.peak_margin);
+  const double accepted_peak = (1 - space.peak_margin) * max_memory_bytes;
   const std::vector<int64_t> batches = space.batches.empty() ? std::vector<int64_t>{setup.policy.batch} : space.batches;
   SearchResult result;
   for (ShardingStrategy strategy : space.strategies) {
@@ -78,9 +81,14 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
           candidate.policy.fsdp = *options;
           candidate.policy.fsdp.activation_checkpointing(checkpointing).cpu_offload(offload);
           candidate.policy.batch = batch;
+          if (space.keep_global_batch) {
+            TORCH_CHECK(setup.policy.batch % batch == 0, "search: batch ", batch, " does not divide the batch ",
+                        setup.policy.batch, " it makes up by accumulation");
+            candidate.policy.micro_batches = setup.policy.micro_batches * (setup.policy.batch / batch);
+          }
           candidate.device.memory_bytes = max_memory_bytes;
           Plan p = plan(candidate);
-          if (p.peak_bytes <= max_memory_bytes && p.host_fits) {
+          if (p.peak_bytes <= accepted_peak && p.host_fits) {
             result.fitting.push_back(std::move(p));
           } else {
             result.rejected.emplace_back(std::move(p), "");
@@ -101,6 +109,11 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
     if (p.peak_bytes > max_memory_bytes) {
       why = "peak " + planning::bytes_text(static_cast<double>(p.peak_bytes)) + " > cap " +
             planning::bytes_text(max_memory_bytes);
+    } else if (p.peak_bytes > accepted_peak) {
+      char margin[64];
+      std::snprintf(margin, sizeof(margin), "%.0f%% margin", 100 * space.peak_margin);
+      why = "peak " + planning::bytes_text(static_cast<double>(p.peak_bytes)) + " > cap less the planner's " +
+            margin + " " + planning::bytes_text(accepted_peak);
     } else {
       why = "offloaded " + planning::bytes_text(static_cast<double>(p.ranks.front().offloaded_bytes)) +
             " per rank > host memory " + planning::bytes_text(p.setup.device.host_memory_bytes);

@@ -48,21 +48,25 @@ std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const Ra
   if (w > 1 && setup.model.step_all_reduce_bytes > 0) {
     out.push_back({PlannedCollective::AllReduce, 0, true,
                    ring_all_reduce_bytes(setup.model.step_all_reduce_bytes, w), 2 * (w - 1),
-                   cross_host_share(0, 1, w, rph)});
+                   cross_host_share(0, 1, w, rph), /*once_per_step=*/true});
   }
   return out;
 }
 
-PlanTraffic total_traffic(const std::vector<PlannedCollective>& collectives) {
+PlanTraffic total_traffic(const PlanSetup& setup, const std::vector<PlannedCollective>& collectives) {
+  const int64_t micro_batches = setup.policy.micro_batches;
+  const int64_t reducing = setup.policy.no_sync ? 1 : micro_batches;
   PlanTraffic t;
   for (const auto& c : collectives) {
+    const int64_t times = c.once_per_step ? 1 : c.kind == PlannedCollective::AllGather ? micro_batches : reducing;
+    const int64_t bytes = c.bytes * times;
     (c.kind == PlannedCollective::AllGather       ? t.all_gather
      : c.kind == PlannedCollective::ReduceScatter ? t.reduce_scatter
-                                                  : t.all_reduce) += c.bytes;
-    const auto crossing = static_cast<int64_t>(std::llround(c.bytes * c.cross_host_share));
+                                                  : t.all_reduce) += bytes;
+    const auto crossing = static_cast<int64_t>(std::llround(c.bytes * c.cross_host_share)) * times;
     t.cross_host += crossing;
-    t.intra_host += c.bytes - crossing;
-    ++t.collectives;
+    t.intra_host += bytes - crossing;
+    t.collectives += times;
   }
   return t;
 }

@@ -19,9 +19,12 @@ struct PlannedCollective {
   int steps = 0;            ///< ring steps (latency)
   double cross_host_share = 0;  ///< of the group's ranks, those whose next rank is on another host
   bool spans_hosts() const { return cross_host_share > 0; }  ///< its ring runs at the network's speed
+  bool once_per_step = false;  ///< the program's own (the loss): not once per micro-batch
 };
 
+/// One micro-batch's collectives (the step-time model's unit of work).
 std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const RankLayout& layout);
-PlanTraffic total_traffic(const std::vector<PlannedCollective>& collectives);
+/// A whole step's bytes: every micro-batch gathers; under no_sync only the last one reduces.
+PlanTraffic total_traffic(const PlanSetup& setup, const std::vector<PlannedCollective>& collectives);
 
 }  // namespace fsdp::planning
