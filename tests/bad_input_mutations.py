@@ -20,6 +20,18 @@ from pathlib import Path
 # (id, file, exact original text, mutated text, [cases that must turn red])
 GROUPS = [
     [
+        ("step-in-backward-unchecked", "examples/gpt/usage_checks.cpp",
+         "  if (!o.step_in_backward) return \"\";", "  return \"\";",
+         ["--step-in-backward --clip 1", "--step-in-backward fp16",
+          "--step-in-backward --optimizer torch", "--step-in-backward --reference"]),
+        ("micro-batches-unplanned", "src/plan/plan_memory.cpp",
+         "  if (n == 1) return {MicroBatch{}};", "  if (true) return {MicroBatch{}};",
+         ["--auto, cap below every plan with the margin"]),
+        ("auto-replaced-unnamed", "examples/gpt/command_line.cpp",
+         "  if (cl.autoplan) cl.replaced_by_auto = flags_auto_replaces(app, cl);", "",
+         ["--auto replaces a given --strategy"]),
+    ],
+    [
         ("integer-flags-unchecked", "examples/gpt/flag_validators.cpp",
          "if (whole && value >= lo && value <= hi) return \"\";", "return \"\";",
          ["--batch 0", "--batch -5", "--steps -1", "--warmup-steps -3", "--log-every 0",

@@ -171,6 +171,19 @@ MUTATIONS = [
      "t_.now().activations += batch_ * (checkpointing_ ? a.checkpointed : a.saved);",
      "t_.now().activations += (checkpointing_ ? a.checkpointed : a.saved);",
      [(2, "Planner.*")]),
+    # The planner's promise to --auto (docs/planner.md "Gradient accumulation and --auto's margin").
+    ("micro-batches-unplanned", "src/plan/plan_memory.cpp",
+     "if (n == 1) return {MicroBatch{}};",
+     "if (true) return {MicroBatch{}};",
+     [(2, "Planner.PredictedPeakAndBytesMatchTheRunOnEveryRank")]),
+    ("auto-margin-ignored", "src/plan/plan_search.cpp",
+     "const double accepted_peak = (1 - space.peak_margin) * max_memory_bytes;",
+     "const double accepted_peak = max_memory_bytes;",
+     [(2, "Planner.AutoTrainsUnderItsCapWhenTheCapIsJustAboveTheChosenPlan")]),
+    ("auto-overshoot-unchecked", "examples/gpt/auto_plan.cpp",
+     "TORCH_CHECK(measured_peak <= cap, \"--auto: rank \", peak_rank, \"'s measured peak \", measured_peak / 1048576.0,",
+     "TORCH_CHECK(true, \"--auto: rank \", peak_rank, \"'s measured peak \", measured_peak / 1048576.0,",
+     [(2, "Planner.AnAutoRunAboveItsCapFailsOnEveryRank")]),
 ]
 
 
