@@ -37,6 +37,8 @@ class RunLock {
 
   /// The lock file's path.
   const std::string& path() const { return path_; }
+  /// The path of FOLDER's lock file (FOLDER/run.lock), which a run into FOLDER writes.
+  static std::string path_in(const std::string& folder) { return folder + "/run.lock"; }
   /// The holder line of a run that died holding the lock, when this lock took it over ("" when
   /// the lock was free).
   const std::string& taken_over_from() const { return taken_over_from_; }
