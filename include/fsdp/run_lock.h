@@ -19,6 +19,10 @@
 //   system whose flock is shared by its clients (NFSv4, Lustre with `flock`, GPFS, CephFS);
 //   with one whose flock is local to each host (Lustre `localflock`, NFS `local_lock=flock`)
 //   runs on different hosts cannot see each other's locks.
+// - The file is opened without following a link (O_NOFOLLOW) and refused when it has a second
+//   name (st_nlink > 1): the holder line would be written into whatever file shares it.
+// - A line whose pid names no process on this host (-1, 0, 2^40, one that exited) is stale,
+//   whatever its pid_start says; what a message echoes from the line is escaped and cut.
 
 #include <string>
 
