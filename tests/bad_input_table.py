@@ -386,6 +386,130 @@ def one_run_per_checkpoint_dir(t, tmp):
             after.rc == 0 and "took over" in after.output and "pid " in after.output)
 
 
+def holder_line(pid, pid_start, host=None):
+    """A run lock's line as RunLock writes it, naming `pid` on this host (or `host`)."""
+    return json.dumps({"host": host or socket.gethostname(), "pid": pid, "pid_start": pid_start,
+                       "started": "2020-01-01T00:00:00Z"})
+
+
+def dead_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def lock_and_pruning(t, tmp, text):
+    """The run lock and the pruning touch only their own files: a lock file that is a hard link
+    (of --data, or in a `cp -al` snapshot) is refused, never written through; a --checkpoint-dir
+    inside another run's checkpoint folder, or holding one, is refused before any work; pruning
+    keeps a step folder that holds another run's lock; a lock line with a pid that names no
+    process is stale, and what is echoed from it or from a path is escaped and cut; a refused
+    --auto leaves no folder behind."""
+    root = tmp / "lock-and-pruning"
+    root.mkdir()
+    orig = root / "orig"
+    setup = sharded("--save-every", "2", "--checkpoint-dir", str(orig))
+    if setup.rc != 0:
+        raise RuntimeError("the lock-and-pruning setup run failed:\n" + setup.output)
+    saved = (orig, digest(orig))
+
+    data = root / "data.txt"
+    shutil.copy(text, data)
+    linked = root / "linked-ck"
+    linked.mkdir()
+    os.link(data, linked / "run.lock")
+    snapshot = root / "snapshot"
+    subprocess.run(["cp", "-al", str(orig), str(snapshot)], check=True)
+    beside = root / "beside-a-lock"
+    beside.mkdir()
+    (beside / "run.lock").write_text("")
+    outer = root / "outer"
+    outer.mkdir()
+    shutil.copytree(orig, outer / "inner")
+    newline = root / "ck\nnew"
+    shutil.copytree(orig, newline)
+    long_run = ("--steps", "100000", "--save-every", "2")
+    refused = [
+        ("ck/run.lock a hard link of --data", ("--data", str(data), *long_run, "--checkpoint-dir", str(linked)),
+         ("--checkpoint-dir", "run.lock", "--data", "same file"), (data, digest(data))),
+        ("--checkpoint-dir a cp -al snapshot", ("--steps", "4", "--resume", "--save-every", "2",
+                                                "--checkpoint-dir", str(snapshot)),
+         ("run.lock", "hard link", "cp -al"), saved),
+        ("--checkpoint-dir inside another run's step folder",
+         (*long_run, "--checkpoint-dir", str(orig / "step-00000002")),
+         ("--checkpoint-dir", "lies inside", "checkpoint folder of another run"), saved),
+        ("--checkpoint-dir beside another run's run.lock",
+         (*long_run, "--checkpoint-dir", str(beside / "mine")), ("lies inside", "run.lock"), None),
+        ("--checkpoint-dir holding another run's checkpoint folder",
+         (*long_run, "--checkpoint-dir", str(outer)), ("--checkpoint-dir", "holds", "inner"),
+         (outer, digest(outer))),
+        ("--checkpoint-dir with a newline in its name", (*long_run, "--checkpoint-dir", str(newline)),
+         ("ck\\x0anew already holds checkpoints",), None),
+        ("refused --auto", ("--auto", "--max-memory-gb", "0.000001", "--save-every", "2",
+                            "--checkpoint-dir", str(root / "auto-new")), ("--auto", "no configuration fits"), None),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: sharded(*c[1], timeout=30), refused))
+    for (name, _, needles, untouched), result in zip(refused, results):
+        t.fails(name, result, *needles, untouched=untouched)
+    by_name = {c[0]: r for c, r in zip(refused, results)}
+    snap = by_name["--checkpoint-dir a cp -al snapshot"]
+    t.check("... the snapshot not read as in use", "no 'in use'", snap, "in use" not in snap.output)
+    t.check("... the data file not written through", "data.txt unchanged, no holder line",
+            by_name["ck/run.lock a hard link of --data"], data.read_bytes() == text.read_bytes())
+    escaped = by_name["--checkpoint-dir with a newline in its name"]
+    t.check("... the newline escaped in its one line", "the error line holds the whole path",
+            escaped, any("error" in line and "ck\\x0anew" in line for line in escaped.output.splitlines()))
+    t.check("refused --auto: no folder left behind", "auto-new not created", by_name["refused --auto"],
+            not (root / "auto-new").exists())
+
+    # Stale lock lines: a pid that names no process, with the pid_start such a pid reads as (-1).
+    stale = []
+    for name, line in (("pid -1", holder_line(-1, -1)), ("pid 0", holder_line(0, -1)),
+                       ("pid 2^40", holder_line(1 << 40, -1)),
+                       ("control bytes", holder_line(dead_pid(), 1, "evil\x1b[2J\nnext" + "h" * 3000))):
+        folder = root / f"stale {name}"
+        folder.mkdir()
+        (folder / "run.lock").write_text(line)
+        stale.append((name, folder))
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda c: sharded("--save-every", "2", "--checkpoint-dir", str(c[1])), stale))
+    for (name, _), result in zip(stale, results):
+        took_over = [line for line in result.output.splitlines() if "took over" in line]
+        if name == "control bytes":
+            t.check("stale lock line with control bytes", "taken over, escaped, one line < 1000 bytes",
+                    result, result.rc == 0 and "\x1b" not in result.output and len(took_over) == 1
+                    and "evil\\x1b[2J\\x0anext" in took_over[0] and len(took_over[0]) < 1000)
+        else:
+            t.check(f"stale lock, {name}, pid_start -1", "exit 0, taken over", result,
+                    result.rc == 0 and len(took_over) == 1)
+
+    # Pruning: a run saving every step (each save stalled 1.5 s) keeps 2 step folders; another
+    # run's lock placed in its oldest one, once published, keeps that folder from being pruned.
+    pruned = root / "pruned"
+    proc = subprocess.Popen([FSDPRUN, "--nproc-per-node", "1", GPT, *gpt_args(
+        "--steps", "3", "--save-every", "1", "--test-pause-after-shard-files", "1500",
+        "--checkpoint-dir", str(pruned))], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="replace", env=BASE_ENV, stdin=subprocess.DEVNULL, start_new_session=True)
+    start = time.monotonic()
+    latest = pruned / "latest"
+    while time.monotonic() - start < 30 and proc.poll() is None and not latest.exists():
+        time.sleep(0.02)
+    planted = latest.exists() and latest.read_text().strip() == "step-00000001"
+    if planted:
+        (pruned / "step-00000001" / "run.lock").write_text(holder_line(dead_pid(), 1))
+    try:
+        out, _ = proc.communicate(timeout=60)
+        result = Run(proc.returncode, time.monotonic() - start, out)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        result = Run("hang", time.monotonic() - start, proc.communicate()[0])
+    t.check("pruning keeps a step folder holding another run's lock", "exit 0, step-1 kept, warned",
+            result, planted and result.rc == 0 and (pruned / "step-00000001" / "run.lock").exists()
+            and "not removing" in result.output and (pruned / "step-00000003").is_dir(),
+            "" if planted else "the lock could not be planted before step 1's folder was pruned")
+
+
 def lone_ranks_give_up_in_time(t):
     """A rank whose peers never come gives up within FSDP_TIMEOUT_SECONDS (plus start-up), with
     one line naming the rendezvous and no backtrace: rank 0 alone, rank 1 alone, and fsdprun's
@@ -497,6 +621,7 @@ def cases(t):
         hf_config_too_large(t, tmp)
         token_file_messages(t, tmp)
         one_run_per_checkpoint_dir(t, tmp)
+        lock_and_pruning(t, tmp, text)
         lone_ranks_give_up_in_time(t)
         port_of_a_running_job(t)
         step_in_backward_where_it_cannot_apply(t)

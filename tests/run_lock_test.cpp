@@ -113,3 +113,41 @@ TEST(RunLock, ASymbolicLinkAsTheLockFileIsRefused) {
   const std::string error = error_of([&] { fsdp::RunLock lock(tmp.path()); });
   EXPECT_NE(error.find("symbolic link"), std::string::npos) << error;
 }
+
+// A second name of the lock file is another file's content too (a data file linked there, the
+// run.lock of a `cp -al` snapshot's original): refused before a byte is written, naming the link.
+TEST(RunLock, ALockFileWithAHardLinkIsRefusedAndLeftUnchanged) {
+  fsdp_test::TempDir tmp;
+  std::ofstream(tmp.path() + "/data.txt") << "the data";
+  fs::create_hard_link(tmp.path() + "/data.txt", tmp.path() + "/run.lock");
+  const std::string error = error_of([&] { fsdp::RunLock lock(tmp.path()); });
+  EXPECT_NE(error.find("hard link"), std::string::npos) << error;
+  EXPECT_NE(error.find("cp -al"), std::string::npos) << error;
+  EXPECT_EQ(error.find("in use"), std::string::npos) << error;
+  EXPECT_EQ(read_text(tmp.path() + "/data.txt"), "the data");
+}
+
+// pid_start -1 is what a pid that names no process has: a line with both is no live holder.
+TEST(RunLock, AHolderLineWithAnImpossiblePidIsStale) {
+  for (const long long pid : {-1LL, 0LL, 1LL << 40}) {
+    fsdp_test::TempDir tmp;
+    std::ofstream(tmp.path() + "/run.lock")
+        << nlohmann::json{{"host", host()}, {"pid", pid}, {"pid_start", -1}, {"started", "then"}}.dump();
+    fsdp::RunLock lock(tmp.path());
+    EXPECT_NE(lock.taken_over_from().find("pid " + std::to_string(pid)), std::string::npos)
+        << lock.taken_over_from();
+  }
+}
+
+// What the file holds is echoed escaped and cut: a line cannot split a message or drive a terminal.
+TEST(RunLock, AHolderLineIsEchoedEscapedAndCut) {
+  fsdp_test::TempDir tmp;
+  std::ofstream(tmp.path() + "/run.lock")
+      << nlohmann::json{{"host", "evil\x1b[2J\nhost" + std::string(3000, 'h')}, {"pid", dead_pid()},
+                        {"pid_start", 1}, {"started", "then"}}.dump();
+  fsdp::RunLock lock(tmp.path());
+  const std::string& shown = lock.taken_over_from();
+  EXPECT_NE(shown.find("evil\\x1b[2J\\x0ahost"), std::string::npos) << shown;
+  EXPECT_EQ(shown.find('\n'), std::string::npos);
+  EXPECT_LT(shown.size(), 600u);
+}

@@ -2,6 +2,7 @@
 
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
+#include <fsdp/printable.h>
 
 #include <signal.h>
 #include <unistd.h>
@@ -82,13 +83,13 @@ void check_same_run(const nlohmann::json& saved, const std::string& path, const 
                " (the checkpoint has " + std::to_string(saved["seed"].get<uint64_t>()) +
                "; its batches would differ)";
   }
-  TORCH_CHECK(differs.empty(), "--resume: ", path, " was saved by another configuration: ", differs,
-              ". Pass the checkpoint's values to continue it, or start a fresh run in another "
+  TORCH_CHECK(differs.empty(), "--resume: ", fsdp::printable(path),
+              " was saved by another configuration: ", differs, ". Pass the checkpoint's values to continue it, or start a fresh run in another "
               "--checkpoint-dir");
   if (saved.contains("step") && saved["step"].is_number_integer()) {
     const int64_t step = saved["step"].get<int64_t>();
-    TORCH_CHECK(step <= o.steps, "--resume: ", path, " is at step ", step, ", past --steps ",
-                o.steps, " (raise --steps to train further)");
+    TORCH_CHECK(step <= o.steps, "--resume: ", fsdp::printable(path), " is at step ", step,
+                ", past --steps ", o.steps, " (raise --steps to train further)");
   }
 }
 
@@ -113,20 +114,23 @@ void remove_stale_temporaries(const fs::path& folder) {
 
 }  // namespace
 
-std::unique_ptr<fsdp::RunLock> lock_checkpoint_dir(const TrainOptions& o, int rank) {
+std::unique_ptr<fsdp::RunLock> lock_checkpoint_dir(const TrainOptions& o, int rank, bool create) {
   const std::string& dir = o.checkpoint_dir;
-  std::error_code ec;
-  // A run that will not create the folder leaves a missing one to check_checkpoint_dir's error.
-  if (dir.empty() || rank != 0 || (!fs::is_directory(dir, ec) && o.save_every == 0)) return nullptr;
+  if (dir.empty() || rank != 0) return nullptr;
   std::unique_ptr<fsdp::RunLock> lock;
   try {
+    fsdp::check_checkpoint_dir_alone(dir);  // before the lock writes into the folder
+    std::error_code ec;
+    // A run that will not create the folder leaves a missing one to check_checkpoint_dir's error.
+    if (!fs::is_directory(dir, ec) && (!create || o.save_every == 0)) return nullptr;
     lock = std::make_unique<fsdp::RunLock>(dir);
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "--checkpoint-dir: ", e.msg());
   }
   if (!lock->taken_over_from().empty()) {
     std::printf("--checkpoint-dir %s: took over %s from a run that ended without releasing it "
-                "(%s)\n", dir.c_str(), lock->path().c_str(), lock->taken_over_from().c_str());
+                "(%s)\n", fsdp::printable(dir).c_str(), fsdp::printable(lock->path()).c_str(),
+                lock->taken_over_from().c_str());
     std::fflush(stdout);
   }
   return lock;
@@ -137,22 +141,22 @@ void check_checkpoint_dir(const TrainOptions& o) {
   if (dir.empty()) return;
   std::error_code ec;
   const bool exists = fs::exists(dir, ec);
-  TORCH_CHECK(!exists || fs::is_directory(dir, ec), "--checkpoint-dir ", dir,
+  TORCH_CHECK(!exists || fs::is_directory(dir, ec), "--checkpoint-dir ", fsdp::printable(dir),
               " is a file, not a folder; pass a folder (created if missing)");
   if (o.resume) {
     const std::string path = exists ? fsdp::latest_checkpoint(dir) : "";
     if (!path.empty() || !o.resume_if_none) {  // else a first run: starts at step 0, says so
-      TORCH_CHECK(exists, "--resume: --checkpoint-dir ", dir,
+      TORCH_CHECK(exists, "--resume: --checkpoint-dir ", fsdp::printable(dir),
                   " does not exist; to start a fresh run drop --resume (or pass --resume auto)");
-      TORCH_CHECK(!path.empty(), "--resume: --checkpoint-dir ", dir,
+      TORCH_CHECK(!path.empty(), "--resume: --checkpoint-dir ", fsdp::printable(dir),
                   " holds no complete checkpoint; to start a fresh run drop --resume (or pass "
                   "--resume auto)");
       check_same_run(saved_run(path), path, o);
     }
   } else if (exists) {
     const auto found = checkpoint_entries(dir);
-    TORCH_CHECK(found.empty(), "--checkpoint-dir ", dir, " already holds checkpoints (",
-                found.back(), "...) of another run; a fresh run would overwrite them. Pass "
+    TORCH_CHECK(found.empty(), "--checkpoint-dir ", fsdp::printable(dir),
+                " already holds checkpoints (", found.back(), "...) of another run; a fresh run would overwrite them. Pass "
                 "--resume to continue that run, or choose another --checkpoint-dir");
   }
 }
@@ -169,7 +173,8 @@ void prepare_checkpoint_dir(const TrainOptions& o, int rank) {
     }
   } else if (o.save_every > 0) {
     fs::create_directories(o.checkpoint_dir, ec);
-    TORCH_CHECK(!ec, "--checkpoint-dir ", o.checkpoint_dir, ": cannot create it: ", ec.message());
+    TORCH_CHECK(!ec, "--checkpoint-dir ", fsdp::printable(o.checkpoint_dir), ": cannot create it: ",
+                ec.message());
   }
 }
 
@@ -184,7 +189,8 @@ int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, torch::optim::AdamW& opti
   TORCH_CHECK(!dir.empty(), "--resume needs --checkpoint-dir");
   const std::string path = fsdp::latest_checkpoint(dir);
   if (path.empty()) {
-    TORCH_CHECK(o.resume_if_none, "--resume: --checkpoint-dir ", dir, " holds no checkpoint");
+    TORCH_CHECK(o.resume_if_none, "--resume: --checkpoint-dir ", fsdp::printable(dir),
+                " holds no checkpoint");
     if (rank == 0) {
       std::printf("--resume auto: no checkpoint in %s yet, starting at step 0\n", dir.c_str());
       std::fflush(stdout);

@@ -17,10 +17,13 @@
 namespace gpt {
 
 /// Rank 0 (else nullptr): holds --checkpoint-dir for this run (fsdp::RunLock, DIR/run.lock),
-/// so that a second run into the same folder is refused at once, naming this one. Also nullptr
-/// when there is no --checkpoint-dir, or it is missing and this run does not create it (no
-/// --save-every). Prints a line when it takes over the lock of a run that died holding it.
-std::unique_ptr<fsdp::RunLock> lock_checkpoint_dir(const TrainOptions& o, int rank);
+/// so that a second run into the same folder is refused at once, naming this one. A folder that
+/// exists is locked whether `create` or not; a missing one (that the run saves into) only with
+/// `create`, which creates it: a run refused before then (the rendezvous, --auto's choice)
+/// leaves no folder behind. Also nullptr when there is no --checkpoint-dir. First refuses a
+/// folder inside another run's checkpoint folder or holding one (fsdp::check_checkpoint_dir_alone).
+/// Prints a line when it takes over the lock of a run that died holding it.
+std::unique_ptr<fsdp::RunLock> lock_checkpoint_dir(const TrainOptions& o, int rank, bool create);
 
 /// --checkpoint-dir consistent with --resume (rank 0, under the lock): a fresh run refuses a
 /// folder that holds another run's checkpoints (no silent overwrite), --resume refuses a missing

@@ -1,6 +1,8 @@
 #include "run_paths.h"
 
 #include <c10/util/Exception.h>
+#include <fsdp/printable.h>
+#include <fsdp/run_lock.h>
 
 #include <unistd.h>
 
@@ -97,6 +99,10 @@ std::vector<PathUse> path_uses(const TrainOptions& o, int rank) {
   use("--init-from-hf", o.init_from_hf, true, false);
   use("--eval-tokens", o.eval_tokens, false, false);
   use("--checkpoint-dir", o.checkpoint_dir, true, true);  // read by --resume, written by saves
+  // Its lock file, written by the lock: a hard link there would be written through.
+  if (!o.checkpoint_dir.empty()) {
+    use("--checkpoint-dir", fsdp::RunLock::path_in(o.checkpoint_dir), false, true);
+  }
   use("--export-hf", o.export_hf, true, true);
   use("--metrics", for_rank(o.metrics_path, rank), false, true);
   use("--trace", for_rank(o.trace, rank), false, true);
@@ -128,7 +134,7 @@ bool lies_in(const PathUse& inner, const PathUse& folder) {
 }
 
 std::string both(const PathUse& a, const PathUse& b) {
-  return a.flag + " " + a.path + " and " + b.flag + " " + b.path;
+  return a.flag + " " + fsdp::printable(a.path) + " and " + b.flag + " " + fsdp::printable(b.path);
 }
 
 // An output must not be an input, lie in an input folder or hold an input; two outputs must not
@@ -144,11 +150,13 @@ void check_no_overlap(const std::vector<PathUse>& uses) {
                   ": the run would ", other.output ? "write both into one" : "overwrite its own input",
                   "; pass another ", out.flag);
       if (other.output) continue;
-      TORCH_CHECK(!lies_in(out, other), out.flag, " ", out.path, " lies inside the ", other.flag,
-                  " folder ", other.path, ": the run would write into its own input (and read "
-                  "it back next time); pass a path outside it");
-      TORCH_CHECK(!lies_in(other, out), other.flag, " ", other.path, " lies inside the ",
-                  out.flag, " folder ", out.path, ", which the run writes into; move one of them");
+      TORCH_CHECK(!lies_in(out, other), out.flag, " ", fsdp::printable(out.path),
+                  " lies inside the ", other.flag, " folder ", fsdp::printable(other.path),
+                  ": the run would write into its own input (and read it back next time); pass a "
+                  "path outside it");
+      TORCH_CHECK(!lies_in(other, out), other.flag, " ", fsdp::printable(other.path),
+                  " lies inside the ", out.flag, " folder ", fsdp::printable(out.path),
+                  ", which the run writes into; move one of them");
     }
   }
 }

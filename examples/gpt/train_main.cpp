@@ -51,7 +51,9 @@ void run(gpt::CommandLine& cl) {
   gpt::TrainOptions& o = cl.train;
   const auto [rank, world_size] = cl.reference ? std::pair{0, 1} : launch_rank();
   gpt::check_paths(o, rank, world_size);
-  const auto checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank);
+  // An existing folder is locked before the rendezvous (a second run is refused at once); a
+  // missing one only once the run cannot be refused before training, since locking creates it.
+  auto checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank, /*create=*/false);
   if (rank == 0) gpt::check_checkpoint_dir(o);
   std::shared_ptr<fsdp::Distributed> dist;
   if (!cl.reference) dist = fsdp::init_distributed();
@@ -59,6 +61,10 @@ void run(gpt::CommandLine& cl) {
   if (cl.device != "cpu") o.fsdp.device(gpu(cl.device, dist.get()));
   std::optional<fsdp::Plan> plan;
   if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist, cl.replaced_by_auto);
+  if (!checkpoint_dir_lock && rank == 0) {
+    checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank, /*create=*/true);
+    gpt::check_checkpoint_dir(o);  // another run may have filled the folder meanwhile
+  }
   o.gather_final_params = false;  // print_result reads the losses and the sample only
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);

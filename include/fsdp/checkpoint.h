@@ -121,7 +121,9 @@ nlohmann::json load_sharded(Unit<M>& root, torch::optim::AdamW& optimizer,
 }
 
 /// Saves into `dir`/step-NNNNNNNN (save_sharded), then publishes it as `dir`/latest. With
-/// keep_last > 0, removes older step folders so that the newest `keep_last` remain. Returns the
+/// keep_last > 0, removes older step folders so that the newest `keep_last` remain (a step folder
+/// that holds anything a save does not write, such as another run's folder, is kept, with a
+/// warning). Returns the
 /// folder. Saving the step that `latest` already names again throws (it would overwrite the only
 /// complete checkpoint in place). `hooks`: for tests (SaveHooks).
 ///
@@ -146,6 +148,16 @@ std::string save_checkpoint(Unit<M>& root, torch::optim::AdamW& optimizer, const
 /// Example:
 ///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) fsdp::load_sharded(...);
 std::string latest_checkpoint(const std::string& dir);
+
+/// Throws unless `dir` can be a checkpoint directory of its own: no folder above it is one, and
+/// none below it (a few levels deep) is another run's. A checkpoint directory is a folder holding
+/// `latest`, `run.lock` or step folders (step-NNNNNNNN); one run's saves and pruning would take
+/// the other's files for their own (a `dir` inside another run's step folder is deleted when that
+/// run prunes the folder). Not a collective; call it before anything is written into `dir`.
+///
+/// Example:
+///   fsdp::check_checkpoint_dir_alone("runs/a");  // throws if runs/ is a checkpoint directory
+void check_checkpoint_dir_alone(const std::string& dir);
 
 /// The AdamW state of every parameter, unsharded, on every rank (a collective), under the names
 /// torch.distributed.checkpoint gives an optimizer's state: "state.NAME.exp_avg",

@@ -19,6 +19,10 @@
 //   system whose flock is shared by its clients (NFSv4, Lustre with `flock`, GPFS, CephFS);
 //   with one whose flock is local to each host (Lustre `localflock`, NFS `local_lock=flock`)
 //   runs on different hosts cannot see each other's locks.
+// - The file is opened without following a link (O_NOFOLLOW) and refused when it has a second
+//   name (st_nlink > 1): the holder line would be written into whatever file shares it.
+// - A line whose pid names no process on this host (-1, 0, 2^40, one that exited) is stale,
+//   whatever its pid_start says; what a message echoes from the line is escaped and cut.
 
 #include <string>
 
@@ -37,6 +41,8 @@ class RunLock {
 
   /// The lock file's path.
   const std::string& path() const { return path_; }
+  /// The path of FOLDER's lock file (FOLDER/run.lock), which a run into FOLDER writes.
+  static std::string path_in(const std::string& folder) { return folder + "/run.lock"; }
   /// The holder line of a run that died holding the lock, when this lock took it over ("" when
   /// the lock was free).
   const std::string& taken_over_from() const { return taken_over_from_; }

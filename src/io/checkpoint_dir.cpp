@@ -2,6 +2,7 @@
 // step, the `latest` pointer published once a folder is complete, the pruning of older folders.
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
+#include <fsdp/printable.h>
 
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_format.h"
@@ -21,6 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kLatestFile = "latest";
+constexpr const char* kRunLockFile = "run.lock";  // fsdp::RunLock's file ([Note: run lock])
 
 std::string step_folder_name(int64_t step) {
   char name[32];
@@ -43,21 +45,6 @@ int64_t step_of(const std::string& name) {
   return step;
 }
 
-// `text` as a message can show it: at most 64 bytes, control bytes escaped.
-std::string visible(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text.substr(0, 64)) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof escaped, "\\x%02x", c);
-      out += escaped;
-    }
-  }
-  return text.size() > 64 ? out + "..." : out;
-}
-
 // `latest` holds a step folder's name: ~15 bytes. A larger file is no pointer.
 constexpr int64_t kMaxLatestBytes = 4096;
 
@@ -77,7 +64,7 @@ std::string read_latest_name(const std::string& dir) {
                                                     "a checkpoint directory's `latest` pointer");
   std::string name(bytes.begin(), bytes.end());
   if (!name.empty() && name.back() == '\n') name.pop_back();
-  TORCH_CHECK(step_of(name) >= 0, path, " holds '", visible(name), "', not the name of a step "
+  TORCH_CHECK(step_of(name) >= 0, path, " holds '", printable(name, 64), "', not the name of a step "
               "folder: `latest` must hold step-N (N of 1 to ", kMaxStepDigits, " digits) and a "
               "newline, as save_checkpoint writes it; write the name of the step folder to load "
               "into it, or remove it to load the newest complete one");
@@ -85,7 +72,44 @@ std::string read_latest_name(const std::string& dir) {
   return name;
 }
 
-// Removes step folders older than the newest `keep_last` ones up to `published`. Best effort:
+// Whether `item` is what save_checkpoint or RunLock leave in a checkpoint directory: the regular
+// file `latest` or `run.lock`, or a folder named as save_checkpoint names them (8 digits or more:
+// a "step-1" folder is no mark of a checkpoint directory).
+bool is_checkpoint_dir_entry(const fs::directory_entry& item) {
+  std::error_code ec;
+  const std::string name = item.path().filename().string();
+  if (name == kLatestFile || name == kRunLockFile) return item.is_regular_file(ec) && !item.is_symlink(ec);
+  return name.size() >= 13 && step_of(name) >= 0 && item.is_directory(ec);
+}
+
+// What makes `folder` a checkpoint directory (the first such entry, a folder's with a "/"), or
+// "". `skip`: an entry not to count (the way down to the folder being checked).
+std::string checkpoint_dir_mark(const fs::path& folder, const std::string& skip = "") {
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(folder, ec)) {
+    const std::string name = item.path().filename().string();
+    if (name != skip && is_checkpoint_dir_entry(item)) return name + (item.is_directory(ec) ? "/" : "");
+  }
+  return "";
+}
+
+// What in the step folder `folder` no save writes (a folder, a link, a run lock, a `latest`: the
+// checkpoint directory of another run placed there), or "" when it holds only a save's files.
+std::string foreign_entry(const fs::path& folder) {
+  std::error_code ec;
+  if (!fs::is_directory(fs::symlink_status(folder, ec))) return folder.filename().string();
+  for (const auto& item : fs::directory_iterator(folder, ec)) {
+    const std::string name = item.path().filename().string();
+    if (!item.is_regular_file(ec) || item.is_symlink(ec) || name == kRunLockFile ||
+        name == kLatestFile) {
+      return name;
+    }
+  }
+  return "";
+}
+
+// Removes step folders older than the newest `keep_last` ones up to `published`: only those that
+// hold nothing but what a save writes, never another run's folder placed inside one. Best effort:
 // the checkpoint is already published, so a failure only warns.
 void prune(const std::string& dir, int keep_last, const std::string& published) {
   if (keep_last <= 0) return;
@@ -97,10 +121,58 @@ void prune(const std::string& dir, int keep_last, const std::string& published) 
   }
   std::sort(older.rbegin(), older.rend());
   for (size_t i = static_cast<size_t>(keep_last - 1); i < older.size(); ++i) {
-    fs::remove_all(older[i].second, ec);
-    if (ec) std::cerr << "save_checkpoint: warning: cannot remove " << older[i].second << ": "
-                      << ec.message() << std::endl;
+    const fs::path& folder = older[i].second;
+    if (const std::string foreign = foreign_entry(folder); !foreign.empty()) {
+      std::cerr << "save_checkpoint: warning: not removing the old step folder "
+                << printable(folder.string()) << ": it holds " << printable(foreign)
+                << ", which no save writes (another run's checkpoint folder?); move it out, or "
+                   "remove the folder by hand" << std::endl;
+      continue;
+    }
+    fs::remove_all(folder, ec);
+    if (ec) std::cerr << "save_checkpoint: warning: cannot remove " << printable(folder.string())
+                      << ": " << ec.message() << std::endl;
   }
+}
+
+// `dir` absolute, its links resolved as far as it exists, without a trailing "/".
+fs::path resolved_folder(const std::string& dir) {
+  std::error_code ec;
+  fs::path out = fs::weakly_canonical(fs::absolute(dir), ec);
+  if (ec) out = fs::absolute(dir).lexically_normal();
+  while (out.has_relative_path() && !out.has_filename()) out = out.parent_path();
+  return out;
+}
+
+// The nearest folder above `dir` that is a checkpoint directory, with its mark; {} when none is.
+std::pair<fs::path, std::string> enclosing_checkpoint_dir(const std::string& dir) {
+  fs::path below = resolved_folder(dir);
+  while (below.has_relative_path()) {
+    const fs::path above = below.parent_path();
+    if (std::string mark = checkpoint_dir_mark(above, below.filename().string()); !mark.empty()) {
+      return {above, mark};
+    }
+    below = above;
+  }
+  return {};
+}
+
+// A checkpoint directory below `dir`, looked for a few levels deep (a run's own step folders hold
+// only files: any folder below that is a checkpoint directory is another run's); {} when none is.
+constexpr int kNestedSearchDepth = 3;
+constexpr int kNestedSearchEntries = 100000;  // bounds the walk of a large folder
+
+std::pair<fs::path, std::string> nested_checkpoint_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+  for (int entries = 0; !ec && it != fs::recursive_directory_iterator() &&
+                        entries < kNestedSearchEntries;
+       it.increment(ec), ++entries) {
+    if (it->is_symlink(ec) || !it->is_directory(ec)) continue;
+    if (std::string mark = checkpoint_dir_mark(it->path()); !mark.empty()) return {it->path(), mark};
+    if (it.depth() + 1 >= kNestedSearchDepth) it.disable_recursion_pending();
+  }
+  return {};
 }
 
 }  // namespace
@@ -134,6 +206,18 @@ std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
 }
 
 }  // namespace detail
+
+void check_checkpoint_dir_alone(const std::string& dir) {
+  const auto [outer, outer_mark] = enclosing_checkpoint_dir(dir);
+  TORCH_CHECK(outer.empty(), printable(dir), " lies inside ", printable(outer.string()),
+              ", the checkpoint folder of another run (it holds ", printable(outer_mark),
+              "): that run's pruning and checks would take this run's files for its own, and "
+              "delete them; pass a folder outside it");
+  const auto [inner, inner_mark] = nested_checkpoint_dir(dir);
+  TORCH_CHECK(inner.empty(), printable(dir), " holds ", printable(inner.string()),
+              ", the checkpoint folder of another run (it holds ", printable(inner_mark),
+              "): this run's pruning would delete it; move it out, or pass another folder");
+}
 
 std::string latest_checkpoint(const std::string& dir) {
   const std::string published = read_latest_name(dir);

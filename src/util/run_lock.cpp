@@ -1,5 +1,6 @@
 // One run per checkpoint folder: [Note: run lock] in include/fsdp/run_lock.h.
 #include <fsdp/run_lock.h>
+#include <fsdp/printable.h>
 
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
@@ -66,15 +67,19 @@ std::string holder_line() {
       .dump();
 }
 
-// "host H, pid P, started T" from a holder line (or the line itself when it is not one).
+// "host H, pid P, started T" from a holder line (or the line itself when it is not one), as a
+// one-line message can show it: the line is whatever the file holds, control bytes included.
 std::string describe_holder(const std::string& line) {
+  std::string described;
   try {
     const auto j = nlohmann::json::parse(line);
-    return "host " + j.at("host").get<std::string>() + ", pid " +
-           std::to_string(j.at("pid").get<long>()) + ", started " + j.at("started").get<std::string>();
+    described = "host " + j.at("host").get<std::string>() + ", pid " +
+                std::to_string(j.at("pid").get<long>()) + ", started " +
+                j.at("started").get<std::string>();
   } catch (const std::exception&) {
-    return "'" + line.substr(0, 200) + "'";
+    described = "'" + line + "'";
   }
+  return printable(described);
 }
 
 std::string read_holder(int fd) {
@@ -97,49 +102,66 @@ std::string read_holder_of_held_lock(int fd) {
 }
 
 // Whether the run named by `line` is alive on this host although flock granted the lock (a file
-// system whose flock does nothing): its pid exists with the same start time.
+// system whose flock does nothing): its pid exists with the same start time. A pid that names no
+// process (-1, 0, 2^40, one that exited) has no start time: with pid_start -1 it would otherwise
+// match, and the line would read as a live holder forever.
 bool holder_alive_on_this_host(const std::string& line) {
   try {
     const auto j = nlohmann::json::parse(line);
-    return j.at("host").get<std::string>() == host_name() &&
-           process_start_ticks(j.at("pid").get<long>()) == j.at("pid_start").get<long long>();
+    if (j.at("host").get<std::string>() != host_name()) return false;
+    const long long started = process_start_ticks(j.at("pid").get<long>());
+    return started >= 0 && started == j.at("pid_start").get<long long>();
   } catch (const std::exception&) {
     return false;  // not a holder line: nobody to wait for
   }
 }
 
 [[noreturn]] void refuse(const std::string& path, const std::string& holder, const std::string& why) {
-  TORCH_CHECK(false, "checkpoint folder ", fs::path(path).parent_path().string(),
-              " is in use by another run (", describe_holder(holder), "; lock file ", path, why,
+  TORCH_CHECK(false, "checkpoint folder ", printable(fs::path(path).parent_path().string()),
+              " is in use by another run (", describe_holder(holder), "; lock file ", printable(path), why,
               "). Two runs in one folder overwrite each other's checkpoints: wait until that run "
               "ends, stop it, or use another folder");
+}
+
+// A lock file with another name (a hard link) is another file's content too: the holder line
+// would be written into it (a data file linked there), and a `cp -al` snapshot of a checkpoint
+// folder, which shares run.lock with its original, would read as held by the original's run.
+void check_single_name(int fd, const std::string& path, const struct stat& info) {
+  if (info.st_nlink <= 1) return;
+  ::close(fd);
+  TORCH_CHECK(false, "the lock file ", printable(path), " has ", info.st_nlink, " names (hard links): "
+              "it is shared with another file, whose content a run would overwrite (a `cp -al` "
+              "snapshot of a checkpoint folder shares run.lock with its original); remove this "
+              "name (rm ", printable(path), "): the run then creates a lock file of its own");
 }
 
 int open_lock_file(const std::string& folder, const std::string& path) {
   std::error_code ec;
   fs::create_directories(folder, ec);
-  TORCH_CHECK(!ec, "checkpoint folder ", folder, ": cannot create it: ", ec.message());
+  TORCH_CHECK(!ec, "checkpoint folder ", printable(folder), ": cannot create it: ", ec.message());
+  // O_NOFOLLOW: a link would lead the holder line into whatever file it names.
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
-  TORCH_CHECK(fd >= 0, "cannot open the lock file ", path, ": ", std::strerror(errno),
+  TORCH_CHECK(fd >= 0, "cannot open the lock file ", printable(path), ": ", std::strerror(errno),
               errno == ELOOP ? " (it is a symbolic link; remove it)" : "",
               " (the checkpoint folder must be a writable folder)");
   struct stat info {};
   if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     ::close(fd);
-    TORCH_CHECK(false, "the lock file ", path, " is not a regular file; remove it");
+    TORCH_CHECK(false, "the lock file ", printable(path), " is not a regular file; remove it");
   }
+  check_single_name(fd, path, info);
   return fd;
 }
 
 }  // namespace
 
-RunLock::RunLock(const std::string& folder) : path_((fs::path(folder) / "run.lock").string()) {
+RunLock::RunLock(const std::string& folder) : path_(path_in(folder)) {
   fd_ = open_lock_file(folder, path_);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     const std::string holder = error == EWOULDBLOCK ? read_holder_of_held_lock(fd_) : "";
     ::close(fd_);
-    TORCH_CHECK(error == EWOULDBLOCK, "cannot lock ", path_, ": ", std::strerror(error));
+    TORCH_CHECK(error == EWOULDBLOCK, "cannot lock ", printable(path_), ": ", std::strerror(error));
     refuse(path_, holder, "");
   }
   const std::string previous = read_holder(fd_);
@@ -156,7 +178,7 @@ RunLock::RunLock(const std::string& folder) : path_((fs::path(folder) / "run.loc
   if (!written) {
     const int error = errno;
     ::close(fd_);
-    TORCH_CHECK(false, "cannot write the lock file ", path_, ": ", std::strerror(error));
+    TORCH_CHECK(false, "cannot write the lock file ", printable(path_), ": ", std::strerror(error));
   }
   ::fsync(fd_);
 }
