@@ -170,6 +170,10 @@ GROUPS = [
 ]
 
 
+# What each group rebuilds; a table that runs other binaries adds them (bad_checkpoint_mutations.py).
+TARGETS = ["gpt_train", "fsdprun"]
+
+
 def sh(cmd, cwd, **kw):
     return subprocess.run(cmd, cwd=cwd, shell=isinstance(cmd, str), text=True,
                           capture_output=True, **kw)
@@ -200,7 +204,7 @@ def main():
                 if text.count(original) != 1:
                     sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
                 (wt / path).write_text(text.replace(original, mutated))
-            build = sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
+            build = sh(["cmake", "--build", "build", "-j2", "--target", *TARGETS], wt)
             if build.returncode != 0:
                 sys.exit(f"the mutated build failed:\n{build.stdout[-3000:]}")
             table = sh([sys.executable, args.table, str(wt / "build" / "bin"),
