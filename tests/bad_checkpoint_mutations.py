@@ -1,17 +1,11 @@
 #!/usr/bin/env python3
 """Does tests/bad_checkpoint_table.py catch what it claims? The checks that make sense of a
 checkpoint (src/io/checkpoint_*.cpp, examples/gpt/saved_run.cpp) and of outputs that cannot be
-written (examples/gpt/output_errors.h and its callers), each disabled in turn:
-tests/bad_input_mutations.py's runner applies each group of CHECKPOINT_MUTATIONS in a separate
-worktree, rebuilds gpt_train, fsdprun and checkpoint_tool there, runs this table against that
-build, checks that every case a mutation targets turns red, then restores the files with git
-checkout.
+written (examples/gpt/output_errors.h and its callers), each disabled in turn, as
+tests/bad_files_mutations.py does for its table (the same runner, the same rules), with
+checkpoint_tool rebuilt too.
 
-    .venv/bin/python tests/bad_checkpoint_mutations.py WORKTREE
-
-WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
-The mutations of one group touch different checks, and each names only cases that no other check
-of the group covers."""
+    .venv/bin/python tests/bad_checkpoint_mutations.py WORKTREE"""
 import sys
 from pathlib import Path
 
@@ -81,11 +75,8 @@ CHECKPOINT_MUTATIONS = [
 def main():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bad_input_mutations as runner
-    runner.GROUPS = CHECKPOINT_MUTATIONS
-    runner.TARGETS = ["gpt_train", "fsdprun", "checkpoint_tool"]
-    if "--table" not in sys.argv:
-        sys.argv += ["--table", str(Path(__file__).with_name("bad_checkpoint_table.py"))]
-    runner.main()
+    runner.run_for_table(CHECKPOINT_MUTATIONS, Path(__file__).with_name("bad_checkpoint_table.py"),
+                         ["gpt_train", "fsdprun", "checkpoint_tool"])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -300,18 +299,9 @@ def output_cases(t, tmp):
         refused(t, name, bt.run(full_tmpfs_command(full, command)), *needles)
 
 
-def all_cases(t):
-    with tempfile.TemporaryDirectory(prefix="bad_checkpoint_") as tmp:
-        tmp = Path(tmp)
-        bt.make_text(tmp / "text.txt", 64 << 10)
-        bt.DATA[:] = ["--data", str(tmp / "text.txt")]
-        checkpoint_cases(t, tmp)
-        checkpoint_tool_cases(t, tmp)
-        output_cases(t, tmp)
-
-
 def main():
-    bt.run_table(all_cases, "bad-checkpoint", TABLE)
+    bt.run_in_text_folder("bad_checkpoint_", "bad-checkpoint", TABLE, checkpoint_cases,
+                          checkpoint_tool_cases, output_cases)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,16 @@ def red_cases(table_output):
     return red
 
 
+def run_for_table(groups, table, targets=("gpt_train", "fsdprun")):
+    """main() with `groups` in place of GROUPS, against the table script `table` (unless --table
+    is given), rebuilding `targets`: what the other tables' *_mutations.py run."""
+    global GROUPS, TARGETS
+    GROUPS, TARGETS = groups, list(targets)
+    if "--table" not in sys.argv:
+        sys.argv += ["--table", str(table)]
+    main()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("worktree")
