@@ -62,10 +62,7 @@ FILE_MUTATIONS = [
 def main():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bad_input_mutations as runner
-    runner.GROUPS = FILE_MUTATIONS
-    if "--table" not in sys.argv:
-        sys.argv += ["--table", str(Path(__file__).with_name("bad_files_table.py"))]
-    runner.main()
+    runner.run_for_table(FILE_MUTATIONS, Path(__file__).with_name("bad_files_table.py"))
 
 
 if __name__ == "__main__":

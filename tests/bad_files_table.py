@@ -14,7 +14,6 @@ import os
 import shutil
 import struct
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -159,17 +158,8 @@ def hf_cases(t, tmp):
             absent=("does not exist",))
 
 
-def all_cases(t):
-    with tempfile.TemporaryDirectory(prefix="bad_files_") as tmp:
-        tmp = Path(tmp)
-        bt.make_text(tmp / "text.txt", 64 << 10)
-        bt.DATA[:] = ["--data", str(tmp / "text.txt")]
-        checkpoint_cases(t, tmp)
-        hf_cases(t, tmp)
-
-
 def main():
-    bt.run_table(all_cases, "bad-file", TABLE)
+    bt.run_in_text_folder("bad_files_", "bad-file", TABLE, checkpoint_cases, hf_cases)
 
 
 if __name__ == "__main__":

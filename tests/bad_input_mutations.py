@@ -218,6 +218,10 @@ GROUPS = [
 ]
 
 
+# What each group rebuilds; a table that runs other binaries adds them (bad_checkpoint_mutations.py).
+TARGETS = ["gpt_train", "fsdprun"]
+
+
 def sh(cmd, cwd, **kw):
     return subprocess.run(cmd, cwd=cwd, shell=isinstance(cmd, str), text=True,
                           capture_output=True, **kw)
@@ -231,6 +235,16 @@ def red_cases(table_output):
         if len(cells) >= 6 and cells[-1] == "FAIL":
             red.add(cells[0].replace("\\|", "|"))
     return red
+
+
+def run_for_table(groups, table, targets=("gpt_train", "fsdprun")):
+    """main() with `groups` in place of GROUPS, against the table script `table` (unless --table
+    is given), rebuilding `targets`: what the other tables' *_mutations.py run."""
+    global GROUPS, TARGETS
+    GROUPS, TARGETS = groups, list(targets)
+    if "--table" not in sys.argv:
+        sys.argv += ["--table", str(table)]
+    main()
 
 
 def main():
@@ -248,7 +262,7 @@ def main():
                 if text.count(original) != 1:
                     sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
                 (wt / path).write_text(text.replace(original, mutated))
-            build = sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
+            build = sh(["cmake", "--build", "build", "-j2", "--target", *TARGETS], wt)
             if build.returncode != 0:
                 sys.exit(f"the mutated build failed:\n{build.stdout[-3000:]}")
             table = sh([sys.executable, args.table, str(wt / "build" / "bin"),

@@ -170,6 +170,19 @@ def run_table(fill, what, table_path):
     print(f"\nall {len(t.rows)} {what} cases pass; table in {table_path}")
 
 
+def run_in_text_folder(prefix, what, table_path, *fills):
+    """run_table over `fills` (each fill(table, tmp)), in a temporary folder `tmp` (its name
+    starting with `prefix`) that holds the generated text file DATA names (--data)."""
+    def all_cases(t):
+        with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+            tmp = Path(tmp)
+            make_text(tmp / "text.txt", 64 << 10)
+            DATA[:] = ["--data", str(tmp / "text.txt")]
+            for fill in fills:
+                fill(t, tmp)
+    run_table(all_cases, what, table_path)
+
+
 def main():
     run_table(cases, "bad-input", TABLE)
 

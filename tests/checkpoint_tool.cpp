@@ -5,6 +5,7 @@
 //   resumed_step N / load_seconds S / save_seconds S BYTES
 #include "data.h"
 #include "gpt.h"
+#include "saved_run.h"
 
 #include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>
@@ -107,7 +108,7 @@ int main(int argc, char** argv) {
       const std::string path = fsdp::latest_checkpoint(load_dir);
       TORCH_CHECK(!path.empty(), "--load: no checkpoint in ", load_dir);
       const auto start = Clock::now();
-      step = fsdp::load_sharded(model, *optim, path).at("step").get<int64_t>();
+      step = gpt::saved_step(fsdp::load_sharded(model, *optim, path), path + "/metadata.json");
       if (print) std::printf("resumed_step %lld\nload_seconds %.6f\n", (long long)step, seconds_since(start));
       report("after_load");
     }
@@ -149,6 +150,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   } catch (const c10::Error& e) {
     std::cerr << "checkpoint_tool: error: " << e.what_without_backtrace() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {  // never "terminate called": one line, whatever threw
+    std::cerr << "checkpoint_tool: error: " << e.what() << std::endl;
     return 1;
   }
   return 0;

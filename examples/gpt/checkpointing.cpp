@@ -1,5 +1,7 @@
 #include "checkpointing.h"
 
+#include "saved_run.h"
+
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
 #include <fsdp/printable.h>
@@ -48,13 +50,14 @@ std::vector<std::string> checkpoint_entries(const std::string& dir) {
   return found;
 }
 
-// The `extra` JSON of the checkpoint folder `path`, or null if its metadata cannot be read (the
-// load then reports exactly what is wrong with it).
-nlohmann::json saved_run(const std::string& path) {
+// The metadata.json of the checkpoint folder `path` (an object), or null if it cannot be read
+// (the load then reports exactly what is wrong with it).
+nlohmann::json saved_metadata(const std::string& path) {
   try {
     const std::vector<char> text = fsdp::read_regular_file(
         path + "/metadata.json", fsdp::kMaxMetadataBytes, "a checkpoint's metadata.json");
-    return nlohmann::json::parse(text).at("extra");
+    nlohmann::json meta = nlohmann::json::parse(text);
+    return meta.is_object() ? meta : nullptr;
   } catch (const std::exception&) {
     return nullptr;
   }
@@ -91,6 +94,15 @@ void check_same_run(const nlohmann::json& saved, const std::string& path, const 
     TORCH_CHECK(step <= o.steps, "--resume: ", fsdp::printable(path), " is at step ", step,
                 ", past --steps ", o.steps, " (raise --steps to train further)");
   }
+}
+
+// The checkpoint `path` is one this run can continue: the same model and seed, and what its
+// metadata says makes sense (saved_run.h).
+void check_resumable(const std::string& path, const TrainOptions& o) {
+  const nlohmann::json meta = saved_metadata(path);
+  if (meta.is_null()) return;
+  check_same_run(meta.value("extra", nlohmann::json()), path, o);
+  check_saved_state(meta, path, o);
 }
 
 bool process_exists(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }
@@ -151,7 +163,7 @@ void check_checkpoint_dir(const TrainOptions& o) {
       TORCH_CHECK(!path.empty(), "--resume: --checkpoint-dir ", fsdp::printable(dir),
                   " holds no complete checkpoint; to start a fresh run drop --resume (or pass "
                   "--resume auto)");
-      check_same_run(saved_run(path), path, o);
+      check_resumable(path, o);
     }
   } else if (exists) {
     const auto found = checkpoint_entries(dir);
@@ -197,12 +209,20 @@ int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, torch::optim::AdamW& opti
     }
     return 0;
   }
-  check_same_run(saved_run(path), path, o);
+  check_resumable(path, o);
   const nlohmann::json extra = fsdp::load_sharded(model, optimizer, path);
-  const int64_t step = extra.at("step").get<int64_t>();
-  TORCH_CHECK(extra.at("seed").get<uint64_t>() == o.seed, path, " was trained with --seed ",
-              extra.at("seed").get<uint64_t>(), " but this run has --seed ", o.seed,
-              ": its batches would differ (pass --seed ", extra.at("seed").get<uint64_t>(), ")");
+  const std::string metadata = path + "/metadata.json";
+  const int64_t step = saved_step(extra, metadata);
+  const uint64_t seed = saved_seed(extra, metadata);
+  TORCH_CHECK(seed == o.seed, path, " was trained with --seed ", seed, " but this run has --seed ",
+              o.seed, ": its batches would differ (pass --seed ", seed, ")");
+  if (o.reset_optimizer) {
+    optimizer.state().clear();
+    if (rank == 0) {
+      std::printf("--reset-optimizer: loaded the parameters of %s; AdamW starts afresh (no "
+                  "moments, step 0)\n", path.c_str());
+    }
+  }
   if (rank == 0) {
     std::printf("resumed from %s at step %lld%s\n", path.c_str(), static_cast<long long>(step),
                 step == o.steps ? " (--steps reached: nothing left to train)" : "");

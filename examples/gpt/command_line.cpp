@@ -158,6 +158,9 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
       ->expected(0, 1)
       ->default_str("always")
       ->check(CLI::IsMember({"always", "auto"}));
+  app.add_flag("--reset-optimizer", o.reset_optimizer,
+               "with --resume: load only the parameters (also of a checkpoint without AdamW "
+               "state); AdamW starts afresh");
   app.add_option("--max-nonfinite-steps", o.max_nonfinite_steps,
                  "stop with an error after this many consecutive steps with a NaN/inf loss")
       ->capture_default_str()

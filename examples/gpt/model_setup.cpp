@@ -12,13 +12,6 @@ namespace gpt {
 
 namespace {
 
-bool frozen(const TrainOptions& o, const std::string& name) {
-  for (const auto& pattern : o.freeze) {
-    if (name.find(pattern) != std::string::npos) return true;
-  }
-  return false;
-}
-
 // The names --freeze patterns match, from the same architecture at the smallest width.
 std::vector<std::string> freezable_names(const TrainOptions& o) {
   GPTConfig tiny = o.model;
@@ -34,6 +27,13 @@ std::vector<std::string> freezable_names(const TrainOptions& o) {
 }
 
 }  // namespace
+
+bool is_frozen(const TrainOptions& o, const std::string& name) {
+  for (const auto& pattern : o.freeze) {
+    if (name.find(pattern) != std::string::npos) return true;
+  }
+  return false;
+}
 
 void check_freeze_patterns(const TrainOptions& o) {
   if (o.freeze.empty()) return;
@@ -58,12 +58,12 @@ fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
         },
         *dist->world, o.fsdp, [&](const std::string& name, torch::Tensor& p) {
           init_parameter(o.model, name, p);
-          if (frozen(o, name)) p.set_requires_grad(false);
+          if (is_frozen(o, name)) p.set_requires_grad(false);
         });
   }
   GPT gpt = make_gpt(o.model, o.seed);
   for (auto& item : gpt->named_parameters()) {
-    if (frozen(o, item.key())) item.value().set_requires_grad(false);
+    if (is_frozen(o, item.key())) item.value().set_requires_grad(false);
   }
   if (dist) return fsdp::fully_shard(gpt, *dist->world, o.fsdp);  // moves it to fsdp.device()
   gpt->to(compute_device(o));

@@ -1,6 +1,7 @@
 #include "run_outputs.h"
 
 #include "hf_gpt2.h"
+#include "output_errors.h"
 
 #include <string>
 
@@ -41,13 +42,13 @@ void export_hf(const TrainOptions& o, const fsdp::NamedTensors& full_params,
                                       : HfGpt2Config::read(o.init_from_hf).json;
       export_hf_gpt2(full_params, o.model, base, o.export_hf);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = fsdp::message_of(e);
     }
   }
   auto failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
   if (dist) fsdp::all_reduce_sum(*dist->world, failed);
-  TORCH_CHECK(failed.item<float>() == 0.0f, "--export-hf: rank 0 could not write ", o.export_hf,
-              error.empty() ? "" : ": " + error);
+  TORCH_CHECK(failed.item<float>() == 0.0f,
+              output_failed("--export-hf", o.export_hf, error.empty() ? "on rank 0" : error));
 }
 
 }  // namespace gpt

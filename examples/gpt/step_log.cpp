@@ -3,7 +3,11 @@
 #include "mib_text.h"
 #include "run_paths.h"
 
+#include "output_errors.h"
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 
 namespace gpt {
 
@@ -47,8 +51,9 @@ void print_progress(const StepRecord& r, int64_t steps, fsdp::Distributed* dist)
 StepLog::StepLog(const TrainOptions& o, fsdp::Distributed* dist, int rank)
     : options_(o), dist_(dist) {
   if (o.metrics_path.empty()) return;
-  metrics_.open(for_rank(o.metrics_path, rank));
-  TORCH_CHECK(metrics_, "--metrics: cannot write ", for_rank(o.metrics_path, rank));
+  metrics_path_ = for_rank(o.metrics_path, rank);
+  metrics_.open(metrics_path_);
+  TORCH_CHECK(metrics_, "--metrics: cannot write ", metrics_path_);
 }
 
 void StepLog::write_setup(const nlohmann::json& setup) { write_line(setup); }
@@ -62,7 +67,12 @@ void StepLog::write(const StepRecord& record) {
 }
 
 void StepLog::write_line(const nlohmann::json& line) {
-  if (metrics_.is_open()) metrics_ << line.dump() << "\n" << std::flush;
+  if (!metrics_.is_open()) return;
+  errno = 0;
+  metrics_ << line.dump() << "\n" << std::flush;
+  // A full disk or an I/O error fails the flush: the line (and the run's record) would be lost.
+  TORCH_CHECK(metrics_.good(), output_failed("--metrics", metrics_path_,
+                                             errno ? std::strerror(errno) : "the write failed"));
 }
 
 }  // namespace gpt

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <string>
 
 namespace gpt {
 
@@ -40,6 +41,7 @@ class StepLog {
 
   const TrainOptions& options_;
   fsdp::Distributed* dist_;
+  std::string metrics_path_;  // this rank's --metrics file
   std::ofstream metrics_;
 };
 

@@ -51,6 +51,7 @@ struct TrainOptions {
   int64_t save_every = 0;      // save every N steps and after the last (0: never)
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
   bool resume_if_none = false;  // with resume: start at step 0 when checkpoint_dir holds none yet
+  bool reset_optimizer = false;  // with resume: load the parameters only; AdamW starts afresh
   int64_t test_pause_after_shard_files_ms = 0;  // tests: each save sleeps this long before its metadata
   int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
   std::string init_from_hf;  // a transformers GPT-2 folder to start from (hf_gpt2.h)

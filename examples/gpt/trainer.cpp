@@ -5,6 +5,7 @@
 #include "data.h"
 #include "eval_batch.h"
 #include "model_setup.h"
+#include "output_errors.h"
 #include "run_outputs.h"
 #include "sample.h"
 #include "setup_memory.h"
@@ -74,7 +75,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   setup_memory.end_build();
   load_initial_weights(o, model);
   const nlohmann::json setup = setup_memory.record(model);
-  if (!o.dump_batches.empty() && rank == 0) dump_batches(o, corpus, world);
+  if (!o.dump_batches.empty() && rank == 0) {
+    write_output("--dump-batches", o.dump_batches, [&] { dump_batches(o, corpus, world); });
+  }
   StepLog log(o, dist, rank);
   if (!o.init_from_hf.empty()) log.write_setup(setup);
   if (!o.init_from_hf.empty() && rank == 0) print_setup_memory(setup);
@@ -90,11 +93,14 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   TrainResult result;
   result.steps = run_steps(ctx, first_step, log);
   for (const StepRecord& step : result.steps) result.losses.push_back(step.loss);
-  if (!o.save_full.empty()) save_full(o, model, dist);
+  if (!o.save_full.empty()) write_output("--save-full", o.save_full, [&] { save_full(o, model, dist); });
   if (o.gather_final_params || !o.export_hf.empty()) result.final_params = full_params(model, dist);
   if (eval_batch) {
     const EvalResult eval_final = evaluate(model, *eval_batch, device);
-    if (rank == 0) write_eval(o.eval_out, *eval_batch, *eval_initial, eval_final);
+    if (rank == 0) {
+      write_output("--eval-out", o.eval_out,
+                   [&] { write_eval(o.eval_out, *eval_batch, *eval_initial, eval_final); });
+    }
   }
   if (!o.export_hf.empty()) export_hf(o, result.final_params, dist);
   if (o.sample_bytes > 0) {

@@ -3,6 +3,7 @@
 #include "checkpointing.h"
 #include "learning_rate.h"
 #include "nonfinite_guard.h"
+#include "output_errors.h"
 #include "run_paths.h"
 
 #include <fsdp/trace.h>
@@ -51,7 +52,10 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
 
   set_learning_rate(ctx.optimizer, learning_rate(o, step));
   const StepResult trained = train_step(ctx, step);
-  if (traced) fsdp::write_trace(for_rank(o.trace, ctx.rank), ctx.rank);
+  if (traced) {
+    const std::string trace = for_rank(o.trace, ctx.rank);
+    write_output("--trace", trace, [&] { fsdp::write_trace(trace, ctx.rank); });
+  }
 
   StepRecord record;
   record.step = step;

@@ -50,6 +50,9 @@ std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
   if (o.save_every > 0 && o.checkpoint_dir.empty()) {
     return "--save-every needs --checkpoint-dir DIR (where to write the checkpoints)";
   }
+  if (o.reset_optimizer && !o.resume) {
+    return "--reset-optimizer applies to --resume (what it loads); drop it, or add --resume";
+  }
   if (o.resume && o.checkpoint_dir.empty()) {
     return "--resume needs --checkpoint-dir DIR (the folder of the run to continue)";
   }

@@ -1,20 +1,13 @@
 #include "io/checkpoint_agreement.h"
 
+#include <fsdp/error_text.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
 
 namespace fsdp::detail {
-
-namespace {
-
-std::string message_of(const std::exception& e) {
-  if (auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
-  return e.what();
-}
-
-}  // namespace
 
 // One all-reduce of the lengths, one of the bytes if any.
 std::vector<std::string> all_gather_strings(ProcessGroup& world, const std::string& mine) {

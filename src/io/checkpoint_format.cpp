@@ -30,12 +30,6 @@ ParamMeta param_from_json(const nlohmann::json& j) {
   return p;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // Every element [0, numel) of every parameter in exactly one piece.
 void check_coverage(const CheckpointMeta& meta, const std::string& source) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
@@ -63,7 +57,22 @@ void check_coverage(const CheckpointMeta& meta, const std::string& source) {
   }
 }
 
+// AdamW counts the steps it took: a negative count is an edit, and would be trained on.
+void check_adamw_steps(const CheckpointMeta& meta, const std::string& source) {
+  for (const auto& param : meta.params) {
+    TORCH_CHECK(!param.step || *param.step >= 0, source, ": parameter '", param.name,
+                "' has AdamW step ", *param.step, " (optimizer_step), but a step count is never "
+                "negative: the file was edited; resume from an intact checkpoint");
+  }
+}
+
 }  // namespace
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
 
 int64_t ParamMeta::numel() const {
   int64_t n = 1;
@@ -166,6 +175,7 @@ void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta
     }
   }
   check_coverage(meta, source);
+  check_adamw_steps(meta, source);
 }
 
 }  // namespace fsdp

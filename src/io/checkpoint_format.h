@@ -59,6 +59,9 @@ std::string shard_file_name(int shard, int part, int parts);
 /// torch.distributed.checkpoint gives an optimizer's state ("state.NAME.exp_avg") for the others.
 std::string tensor_key(const std::string& kind, const std::string& param);
 
+/// A shape or offsets as a message shows them: "[48, 16]".
+std::string shape_text(const std::vector<int64_t>& shape);
+
 nlohmann::json to_json(const CheckpointMeta& meta);
 nlohmann::json to_json(const FileMeta& file);
 /// One entry of metadata.json's "files"; throws nlohmann::json::exception when malformed.

@@ -49,6 +49,25 @@ OpenFiles open_needed_files(const std::vector<LocalPiece>& pieces, const Checkpo
   return files;
 }
 
+// The optimizer needs AdamW's moment `kind` of `saved`: metadata.json must list it.
+void check_moment_saved(const ParamMeta& saved, const std::string& kind, const std::string& folder) {
+  if (std::find(saved.moments.begin(), saved.moments.end(), kind) != saved.moments.end()) return;
+  TORCH_CHECK(kind != "max_exp_avg_sq", folder, " has no '", kind, "' for '", saved.name,
+              "': it was saved by an AdamW without amsgrad");
+  TORCH_CHECK(false, folder, "/", kMetadataFile, ": parameter '", saved.name, "' has AdamW "
+              "state without its '", kind, "' (", tensor_key(kind, saved.name), " is not among "
+              "its optimizer_moments): the checkpoint is incomplete or was edited; resume from an "
+              "intact checkpoint");
+}
+
+// A moment that holds inf or NaN would freeze its parameter (or make it NaN) for good.
+void check_moment_finite(const at::Tensor& moment, const std::string& kind, const std::string& name,
+                         const std::string& folder) {
+  TORCH_CHECK(at::isfinite(moment).all().item<bool>(), folder, ": AdamW's ", tensor_key(kind, name),
+              " holds inf or NaN: the checkpoint was saved from a diverged run or edited; resume "
+              "from an earlier checkpoint");
+}
+
 std::vector<StagedPiece> stage(FsdpState& state, AdamW& optimizer, const CheckpointMeta& meta,
                                const std::string& folder) {
   std::map<std::string, const ParamMeta*> params;
@@ -70,12 +89,10 @@ std::vector<StagedPiece> stage(FsdpState& state, AdamW& optimizer, const Checkpo
                   "' but the optimizer does not hold that parameter: build it over "
                   "model->parameters()");
       for (const auto& kind : moments_needed(*it->second)) {
-        TORCH_CHECK(std::find(saved.moments.begin(), saved.moments.end(), kind) !=
-                        saved.moments.end(),
-                    folder, " has no '", kind, "' for '", name,
-                    "': it was saved by an AdamW without amsgrad");
+        check_moment_saved(saved, kind, folder);
         s.moments[kind] = at::empty({piece.end - piece.begin}, piece.data.options());
         assemble(s.moments[kind], piece.begin, piece.end, kind, name, index, files);
+        check_moment_finite(s.moments[kind], kind, name, folder);
       }
     }
     staged.push_back(std::move(s));

@@ -1,5 +1,6 @@
 #include "io/checkpoint_read.h"
 
+#include "io/tensor_boxes.h"
 #include "util/crc32.h"
 
 #include <ATen/ATen.h>
@@ -33,6 +34,40 @@ at::Tensor read_checked(const SafetensorsReader& file, const PieceMeta& piece,
   return data;
 }
 
+// The file's DCP_SHARDING_INFO (each tensor's "saved_offsets" in the full tensor): what
+// PyTorch's HuggingFaceStorageReader places the tensors by.
+nlohmann::json sharding_info(const SafetensorsReader& file) {
+  const auto it = file.metadata().find("DCP_SHARDING_INFO");
+  TORCH_CHECK(it != file.metadata().end(), file.path(), " has no DCP_SHARDING_INFO in its "
+              "header's __metadata__ (where PyTorch's reader places its tensors): it was not "
+              "saved by fsdp-cpp or was edited");
+  nlohmann::json info = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  TORCH_CHECK(info.is_object(), file.path(), ": its DCP_SHARDING_INFO is not a JSON object: the "
+              "file was edited or is corrupt");
+  return info;
+}
+
+// The tensor `entry` holds elements [begin, end) of `param` as one box ([Note: boxes of a flat
+// shard]): its shape in the header and its offsets in DCP_SHARDING_INFO must be that box's, or
+// fsdp-cpp (which reads by element range) and PyTorch's reader (by box) would disagree.
+void check_box(const SafetensorsReader& file, const nlohmann::json& info,
+               const SafetensorsEntry& entry, const ParamMeta& param, const PieceMeta& piece) {
+  const std::vector<TensorBox> boxes = boxes_of_range(param.shape, piece.begin, piece.end);
+  TORCH_CHECK(boxes.size() == 1 && boxes[0].sizes == entry.shape, file.path(), ": tensor '",
+              entry.name, "' has shape ", shape_text(entry.shape), " in the header, but ",
+              kMetadataFile, "'s piece [", piece.begin, ", ", piece.end, ") of '", param.name,
+              "' (shape ", shape_text(param.shape), ") is ",
+              boxes.size() == 1 ? "the box " + shape_text(boxes[0].sizes) : std::string("no box"),
+              ": the file was edited or is corrupt");
+  const nlohmann::json offsets = info.contains(entry.name) && info[entry.name].is_object()
+                                     ? info[entry.name].value("saved_offsets", nlohmann::json())
+                                     : nlohmann::json();
+  TORCH_CHECK(offsets == nlohmann::json(boxes[0].offsets), file.path(), ": DCP_SHARDING_INFO "
+              "places tensor '", entry.name, "' at ", offsets.is_null() ? "no offsets" : offsets.dump().substr(0, 40),
+              " but ", kMetadataFile, "'s piece [", piece.begin, ", ", piece.end, ") is at ",
+              shape_text(boxes[0].offsets), ": the file was edited or is corrupt");
+}
+
 }  // namespace
 
 PieceIndex index_pieces(const CheckpointMeta& meta) {
@@ -53,6 +88,7 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
   auto reader = std::make_unique<SafetensorsReader>(path);  // refuses a FIFO or a device unread
   TORCH_CHECK(reader->file_bytes() == file.bytes, path, " is ", reader->file_bytes(), " bytes but ",
               kMetadataFile, " says ", file.bytes, ": the file is truncated or was replaced");
+  const nlohmann::json info = sharding_info(*reader);
   for (const auto& piece : file.pieces) {
     const ParamMeta& param = *params.at(piece.param);
     std::vector<std::string> kinds{"param"};
@@ -64,6 +100,7 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
                   path, ": tensor '", entry.name, "' is ", entry.dtype, " of ", entry.numel(),
                   " elements but ", kMetadataFile, " says ", param.dtype, " of ",
                   piece.end - piece.begin);
+      check_box(*reader, info, entry, param, piece);
     }
     if (piece.crc32.count("step")) {
       const double step = read_checked(*reader, piece, "step").item<double>();

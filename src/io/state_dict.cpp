@@ -1,5 +1,7 @@
 #include <fsdp/state_dict.h>
 
+#include <fsdp/error_text.h>
+
 #include "core/model_collectives.h"
 
 #include <ATen/ATen.h>
@@ -59,7 +61,7 @@ void save_full_params(FsdpState& state, const std::string& path) {
     try {
       save_tensor_dict(path, params);
     } catch (const std::exception& e) {
-      error = e.what();
+      error = message_of(e);
     }
   }
   // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone: agreement

@@ -1,4 +1,5 @@
 #include <fsdp/distributed.h>
+#include <fsdp/error_text.h>
 #include <fsdp/peer_errors.h>
 
 #include "launch/environment_settings.h"
@@ -22,12 +23,6 @@
 namespace fsdp {
 
 namespace {
-
-// What an exception says, without the C++ backtrace that c10::Error::what() appends.
-std::string message_of(const std::exception& e) {
-  if (auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
-  return e.what();
-}
 
 // Every rank announces itself in the store before the process group forms, so that a RANK
 // used twice or a rank that never starts is named instead of surfacing as a store key.

@@ -1,0 +1,308 @@
+"""Checkpoints that load are checkpoints that make sense, and outputs that cannot be written are
+errors. Each checkpoint case edits a copy of a real checkpoint that a tiny run saved, recomputing
+the CRC-32s that metadata.json holds (so only the semantic check can catch it): optimizer state
+left out, AdamW steps and extra.step that disagree with each other or with the folder, inf/NaN
+moments, a box's shape or DCP_SHARDING_INFO offsets that disagree with metadata.json, extra
+fields missing or mistyped. Each output case writes to a full file system (/dev/full, or a full
+tmpfs mounted in a private mount namespace when this test runs as root): the run must end with
+a non-zero exit naming the flag and the file, in one line, without a backtrace.
+
+    bad_checkpoint_table.py BIN_DIR [TABLE.md]
+
+Prints a markdown table (case, expected, exit code, seconds, first line of the message) and
+writes it to TABLE.md (default /tmp/bad_checkpoint_table.md). Exits 1 if any case fails. Its
+runs and helpers are tests/bad_input_table.py's; its data is generated in a temporary folder."""
+import array
+import json
+import os
+import shutil
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bad_input_table as bt  # noqa: E402  (reads BIN_DIR from the same argv)
+from bad_files_table import refused  # noqa: E402
+
+TABLE = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/bad_checkpoint_table.md")
+STEP = "step-00000002"
+TOOL = str(bt.BIN / "checkpoint_tool")
+NLOHMANN = "[json.exception"  # raw library text: never in a message
+
+
+class Checkpoint:
+    """A copy of a checkpoint folder (DIR/step-00000002) opened for editing: metadata.json and
+    its shard files, whose CRC-32s in metadata.json follow every tensor edited."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.meta = json.loads((folder / "metadata.json").read_text())
+
+    def save(self):
+        (self.folder / "metadata.json").write_text(json.dumps(self.meta))
+
+    def params(self):
+        return self.meta["params"]
+
+    def read_file(self, name):
+        blob = (self.folder / name).read_bytes()
+        (length,) = struct.unpack("<Q", blob[:8])
+        return json.loads(blob[8:8 + length]), blob[8 + length:]
+
+    def write_file(self, name, header, data):
+        """Writes header + data (the header padded with spaces, as safetensors allows) and the
+        file's new size into metadata.json."""
+        text = json.dumps(header).encode()
+        text += b" " * (-len(text) % 8)
+        blob = struct.pack("<Q", len(text)) + text + data
+        (self.folder / name).write_bytes(blob)
+        for f in self.meta["files"]:
+            if f["name"] == name:
+                f["bytes"] = len(blob)
+
+    def edit_tensors(self, param, kind, change):
+        """Every saved box of tensor `kind` ("param", "exp_avg", "step"...) of `param`: its float
+        values replaced by change(values), its CRC-32 recomputed."""
+        key = param if kind == "param" else f"state.{param}.{kind}"
+        for f in self.meta["files"]:
+            header, data = self.read_file(f["name"])
+            if key not in header:
+                continue
+            begin, end = header[key]["data_offsets"]
+            values = array.array("f", data[begin:end])
+            new = array.array("f", change(list(values))).tobytes()
+            data = data[:begin] + new + data[end:]
+            self.write_file(f["name"], header, data)
+            for piece in f["pieces"]:
+                if piece["param"] == param and kind in piece["crc32"] and \
+                        (kind != "step" or piece["begin"] == 0):
+                    piece["crc32"][kind] = zlib.crc32(new)
+
+    def set_adamw_step(self, value):
+        for p in self.params():
+            p["optimizer_step"] = value
+            self.edit_tensors(p["name"], "step", lambda v: [float(value)] * len(v))
+
+    def drop_optimizer_state(self):
+        """A params-only checkpoint: no moments, no steps, in metadata.json and in the files."""
+        for p in self.params():
+            p["optimizer_step"], p["optimizer_moments"] = None, []
+        for f in self.meta["files"]:
+            header, data = self.read_file(f["name"])
+            kept = {k: v for k, v in header.items() if not k.startswith("state.")}
+            out, info = b"", json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+            for k in sorted((k for k in kept if k != "__metadata__"),
+                            key=lambda k: kept[k]["data_offsets"][0]):
+                begin, end = kept[k]["data_offsets"]
+                kept[k] = {**kept[k], "data_offsets": [len(out), len(out) + end - begin]}
+                out += data[begin:end]
+            kept["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(
+                {k: v for k, v in info.items() if not k.startswith("state.")})
+            self.write_file(f["name"], kept, out)
+            for piece in f["pieces"]:
+                piece["crc32"] = {"param": piece["crc32"]["param"]}
+
+    def first_matrix_box(self):
+        """(file name, tensor key) of the first 2-D parameter box in a shard file."""
+        for f in self.meta["files"]:
+            header, _ = self.read_file(f["name"])
+            for key, entry in header.items():
+                if key != "__metadata__" and not key.startswith("state.") and \
+                        len(entry["shape"]) == 2:
+                    return f["name"], key
+        raise RuntimeError("no 2-D box in the checkpoint")
+
+    def edit_header(self, change):
+        name, key = self.first_matrix_box()
+        header, data = self.read_file(name)
+        change(header, key)
+        self.write_file(name, header, data)
+
+
+def flatten_box(header, key):
+    header[key]["shape"] = [header[key]["shape"][0] * header[key]["shape"][1]]
+
+
+def shift_box(header, key):
+    info = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+    info[key]["saved_offsets"][1] += 1
+    header["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info)
+
+
+def set_extra(field, value):
+    def edit(ck):
+        if value is None:
+            del ck.meta["extra"][field]
+        else:
+            ck.meta["extra"][field] = value
+    return edit
+
+
+def first_element(kind, value):
+    return lambda ck: ck.edit_tensors(ck.params()[0]["name"], kind, lambda v: [value] + v[1:])
+
+
+def without_exp_avg_sq(ck):
+    ck.params()[0]["optimizer_moments"] = ["exp_avg"]
+
+
+def edited_copy(source, dest, edit):
+    shutil.copytree(source, dest)
+    ck = Checkpoint(dest / STEP)
+    edit(ck)
+    ck.save()
+    return dest
+
+
+def resume(folder, *extra, n=2):
+    return bt.sharded("--steps", "4", "--resume", "--save-every", "2", "--checkpoint-dir",
+                      str(folder), *extra, n=n)
+
+
+def final_loss(metrics):
+    return [json.loads(line) for line in metrics.read_text().splitlines()][-1]["loss"]
+
+
+def checkpoint_cases(t, tmp):
+    ck = tmp / "ck"
+    made = bt.sharded("--save-every", "2", "--checkpoint-dir", str(ck), n=2)
+    t.check("setup: 2 ranks, 2 steps, --save-every 2", f"exit 0, {STEP}", made,
+            made.rc == 0 and (ck / STEP / "metadata.json").exists())
+    if made.rc != 0:
+        raise RuntimeError("the setup run failed:\n" + made.output)
+    metadata = f"{STEP}/metadata.json"
+    cases = [  # name, edit, needles, absent
+        ("no AdamW state for any parameter", Checkpoint.drop_optimizer_state,
+         (metadata, "has no AdamW state", "--reset-optimizer"), ()),
+        ("AdamW step -1", lambda c: c.set_adamw_step(-1),
+         (metadata, "AdamW step -1", "optimizer_step"), ()),
+        ("AdamW step 3 at extra.step 2", lambda c: c.set_adamw_step(3),
+         (metadata, "AdamW step 3", "cannot have (1 to 2)"), ()),
+        ("extra.step -2", set_extra("step", -2),
+         (metadata, "extra.step is -2, not an integer from 0"), ()),
+        ("extra.step a string", set_extra("step", "2"),
+         (metadata, "extra.step is \"2\", not an integer from 0"), (NLOHMANN,)),
+        ("extra.step missing", set_extra("step", None),
+         (metadata, "has no extra.step"), (NLOHMANN,)),
+        ("extra.step 3 in folder step-00000002", set_extra("step", 3),
+         (metadata, "extra.step is 3 but its folder is step-00000002"), ()),
+        ("extra.seed -1", set_extra("seed", -1),
+         (metadata, "extra.seed is -1, not an integer from 0"), ("18446744073709551615",)),
+        ("extra.seed missing", set_extra("seed", None),
+         (metadata, "has no extra.seed"), (NLOHMANN,)),
+        ("+inf in an exp_avg_sq", first_element("exp_avg_sq", float("inf")),
+         ("exp_avg_sq", "holds inf or NaN", "earlier checkpoint"), ()),
+        ("NaN in an exp_avg", first_element("exp_avg", float("nan")),
+         ("exp_avg", "holds inf or NaN"), ()),
+        ("exp_avg_sq left out of optimizer_moments", without_exp_avg_sq,
+         ("metadata.json", "without its 'exp_avg_sq'", "wte.weight"), ("amsgrad",)),
+        ("a box's shape flattened in its header", lambda c: c.edit_header(flatten_box),
+         ("safetensors", "in the header, but", "is the box"), ()),
+        ("DCP_SHARDING_INFO offsets shifted", lambda c: c.edit_header(shift_box),
+         ("safetensors", "DCP_SHARDING_INFO places tensor", "is at"), ()),
+    ]
+    for i, (name, edit, needles, absent) in enumerate(cases):
+        copy = edited_copy(ck, tmp / "cases" / f"case{i}", edit)
+        refused(t, name, resume(copy), *needles, absent=absent)
+    reset_optimizer_cases(t, tmp, ck)
+
+
+def reset_optimizer_cases(t, tmp, ck):
+    """--reset-optimizer loads the parameters alone: from a checkpoint without AdamW state, and
+    from a complete one the same run (AdamW afresh in both: bitwise the same losses)."""
+    params_only = edited_copy(ck, tmp / "params-only", Checkpoint.drop_optimizer_state)
+    complete = tmp / "complete"
+    shutil.copytree(ck, complete)
+    runs = {}
+    for name, folder in (("params-only", params_only), ("complete", complete)):
+        metrics = tmp / f"{name}.jsonl"
+        runs[name] = (resume(folder, "--reset-optimizer", "--metrics", str(metrics), n=1), metrics)
+    result, metrics = runs["params-only"]
+    t.check("--reset-optimizer, checkpoint without AdamW state", "exit 0, announced in one line",
+            result, result.rc == 0 and "AdamW starts afresh" in result.output)
+    other, other_metrics = runs["complete"]
+    same = result.rc == 0 and other.rc == 0 and final_loss(metrics) == final_loss(other_metrics)
+    t.check("--reset-optimizer, complete checkpoint: AdamW afresh",
+            "exit 0, the same last loss as from the params-only one", other, same,
+            "" if same else "the last losses differ: AdamW kept the checkpoint's state")
+    alone = bt.sharded("--reset-optimizer")
+    t.fails("--reset-optimizer without --resume", alone, "--reset-optimizer", "--resume")
+
+
+def checkpoint_tool_cases(t, tmp):
+    """checkpoint_tool (the tests' own trainer) on edited checkpoints: one line, never
+    "terminate called"; the library's own checks, which gpt_train's come before."""
+    ck = tmp / "tool-ck"
+    data = bt.DATA[1]
+    made = bt.run([bt.FSDPRUN, "--nproc-per-node", "2", TOOL, "--data", data, "--steps", "2",
+                   "--save", str(ck)])
+    t.check("setup: checkpoint_tool --save", "exit 0", made, made.rc == 0)
+    if made.rc != 0:
+        raise RuntimeError("the checkpoint_tool run failed:\n" + made.output)
+    step = next(p.name for p in ck.iterdir() if p.name.startswith("step-"))
+    for name, edit, needles in (
+            ("checkpoint_tool, no extra.step", set_extra("step", None),
+             ("metadata.json", "has no extra.step")),
+            ("checkpoint_tool, AdamW step -1", lambda c: c.set_adamw_step(-1),
+             ("metadata.json", "AdamW step -1", "never negative"))):
+        copy = tmp / "tool-cases" / name.split(", ")[1].replace(" ", "-")
+        shutil.copytree(ck, copy)
+        edited = Checkpoint(copy / step)
+        edit(edited)
+        edited.save()
+        result = bt.run([bt.FSDPRUN, "--nproc-per-node", "2", TOOL, "--data", data, "--steps",
+                         "1", "--load", str(copy)])
+        refused(t, name, result, *needles, absent=(NLOHMANN,))
+
+
+def full_tmpfs_command(mountpoint, command):
+    """`command` in a private mount namespace where `mountpoint` is a 4 KiB tmpfs, filled: every
+    write there fails with ENOSPC, as on a full disk (the mount ends with the command)."""
+    script = ('mount -t tmpfs -o size=4k tmpfs "$0" && '
+              '(dd if=/dev/zero of="$0/fill" bs=1024 count=64 2>/dev/null; true) && exec "$@"')
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(mountpoint),
+            *command]
+
+
+def full_tmpfs_available(tmp):
+    if os.geteuid() != 0:
+        return "not root"
+    probe = bt.run(full_tmpfs_command(tmp, ["true"]))
+    return "" if probe.rc == 0 else "unshare/mount failed: " + probe.output.strip()[:100]
+
+
+def output_cases(t, tmp):
+    out = bt.sharded("--metrics", "/dev/full")
+    refused(t, "--metrics /dev/full", out, "--metrics /dev/full", "cannot write it",
+            "No space left on device")
+    full = tmp / "full"
+    full.mkdir()
+    why = full_tmpfs_available(full)
+    if why:
+        print(f"skipped the full-tmpfs cases: {why} (they mount a tmpfs)")
+        return
+    cases = [  # name, flags, W, needles
+        ("--metrics on a full tmpfs", ["--metrics", f"{full}/m{{rank}}.jsonl"], 2,
+         ("--metrics", "m0.jsonl", "cannot write it")),
+        ("--trace on a full tmpfs", ["--trace", f"{full}/t.json"], 1,
+         ("--trace", "t.json", "No space left on device")),
+        ("--dump-batches on a full tmpfs", ["--dump-batches", f"{full}/b.pt"], 1,
+         ("--dump-batches", "b.pt", "No space left on device")),
+        ("--save-full on a full tmpfs (W=2)", ["--save-full", f"{full}/p.pt"], 2,
+         ("--save-full", "p.pt", "No space left on device")),
+        ("--export-hf on a full tmpfs (W=2)", ["--export-hf", f"{full}/hf"], 2,
+         ("--export-hf", "hf", "No space left on device")),
+    ]
+    for name, flags, world, needles in cases:
+        command = [bt.FSDPRUN, "--nproc-per-node", str(world), bt.GPT, *bt.gpt_args(*flags)]
+        refused(t, name, bt.run(full_tmpfs_command(full, command)), *needles)
+
+
+def main():
+    bt.run_in_text_folder("bad_checkpoint_", "bad-checkpoint", TABLE, checkpoint_cases,
+                          checkpoint_tool_cases, output_cases)
+
+
+if __name__ == "__main__":
+    main()
