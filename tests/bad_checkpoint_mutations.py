@@ -29,7 +29,7 @@ CHECKPOINT_MUTATIONS = [
          "TORCH_CHECK(named < 0 || named == step,", "TORCH_CHECK(true,",
          ["extra.step 3 in folder step-00000002"]),
         ("adamw-state-missing-accepted", "examples/gpt/saved_run.cpp",
-         "TORCH_CHECK(is_frozen(o, name), ", "TORCH_CHECK(true, ",
+         "TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), ", "TORCH_CHECK(true, ",
          ["no AdamW state for any parameter"]),
         ("adamw-step-range-unchecked", "examples/gpt/saved_run.cpp",
          "TORCH_CHECK(adamw.is_number_integer() && ", "TORCH_CHECK(true || ",
@@ -68,6 +68,11 @@ CHECKPOINT_MUTATIONS = [
         ("reset-optimizer-without-resume", "examples/gpt/usage_checks.cpp",
          "  if (o.reset_optimizer && !o.resume) {", "  if (false) {",
          ["--reset-optimizer without --resume"]),
+    ],
+    [
+        ("skipped-steps-state-demanded", "examples/gpt/saved_run.cpp",
+         "TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), ", "TORCH_CHECK(is_frozen(o, name), ",
+         ["fp16, every step skipped: --resume without AdamW state"]),
     ],
 ]
 

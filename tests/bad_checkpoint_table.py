@@ -228,6 +228,21 @@ def reset_optimizer_cases(t, tmp, ck):
             "" if same else "the last losses differ: AdamW kept the checkpoint's state")
     alone = bt.sharded("--reset-optimizer")
     t.fails("--reset-optimizer without --resume", alone, "--reset-optimizer", "--resume")
+    every_step_skipped(t, tmp)
+
+
+def every_step_skipped(t, tmp):
+    """fp16 from a loss scale that overflows every step: AdamW never steps and has no state, and
+    the checkpoint says so (extra.optimizer_stepped false): it is complete, and resumes as it is."""
+    ck = tmp / "fp16-skipped"
+    fp16 = ["--param-dtype", "fp16", "--loss-scale", "1e38"]
+    made = bt.sharded(*fp16, "--save-every", "2", "--checkpoint-dir", str(ck))
+    ok = made.rc == 0 and (ck / STEP / "metadata.json").exists()
+    t.check("setup: fp16, every step skipped, --save-every 2", f"exit 0, {STEP}", made, ok)
+    if ok:
+        resumed = resume(ck, *fp16, n=1)
+        t.check("fp16, every step skipped: --resume without AdamW state", "exit 0, no --reset-optimizer asked",
+                resumed, resumed.rc == 0 and "AdamW starts afresh" not in resumed.output)
 
 
 def checkpoint_tool_cases(t, tmp):

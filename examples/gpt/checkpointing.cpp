@@ -25,9 +25,12 @@ namespace fs = std::filesystem;
 
 constexpr int kKeepLast = 2;  // step folders kept: the newest, and one to fall back on
 
-nlohmann::json describe_run(const TrainOptions& o, int64_t next_step) {
+// `optimizer_stepped`: whether AdamW has taken a step (fp16's scaler may have skipped every one
+// so far): a checkpoint without AdamW state is then complete, not one that lost its state.
+nlohmann::json describe_run(const TrainOptions& o, int64_t next_step, bool optimizer_stepped) {
   return {{"step", next_step},
           {"seed", o.seed},
+          {"optimizer_stepped", optimizer_stepped},
           {"batch_per_rank", o.batch},
           {"model", {{"layers", o.model.layers}, {"dim", o.model.dim}, {"heads", o.model.heads},
                      {"seq", o.model.max_seq}, {"vocab", o.model.vocab_size}}}};
@@ -244,7 +247,7 @@ void save_checkpoint_if_due(fsdp::Unit<GPT>& model, torch::optim::AdamW& optimiz
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     };
   }
-  fsdp::save_checkpoint(model, optimizer, dir, next_step, describe_run(o, next_step), kKeepLast,
+  fsdp::save_checkpoint(model, optimizer, dir, next_step, describe_run(o, next_step, !optimizer.state().empty()), kKeepLast,
                         hooks);
 }
 

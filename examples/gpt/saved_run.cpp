@@ -42,15 +42,15 @@ int64_t folder_step(const std::string& folder) {
 }
 
 // The AdamW state of one saved parameter (metadata.json "params"), against the run's step.
-void check_adamw_step(const nlohmann::json& param, int64_t step, const std::string& metadata,
-                      const TrainOptions& o) {
+void check_adamw_step(const nlohmann::json& param, int64_t step, bool optimizer_stepped,
+                      const std::string& metadata, const TrainOptions& o) {
   const nlohmann::json named = param.contains("name") ? param["name"] : nlohmann::json();
   const std::string name =
       named.is_string() && named.get<std::string>().size() <= 200 ? named.get<std::string>() : shown(named);
   const nlohmann::json adamw =
       param.contains("optimizer_step") ? param["optimizer_step"] : nlohmann::json();
   if (adamw.is_null()) {
-    TORCH_CHECK(is_frozen(o, name), metadata, ": parameter '", name, "' trains but has no AdamW "
+    TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), metadata, ": parameter '", name, "' trains but has no AdamW "
                 "state (optimizer_step null): the checkpoint was saved without it or edited, and "
                 "AdamW would restart silently; pass --reset-optimizer to restart AdamW from these "
                 "parameters on purpose, or resume from a complete checkpoint");
@@ -87,8 +87,13 @@ void check_saved_state(const nlohmann::json& meta, const std::string& folder, co
               std::filesystem::path(folder).filename().string(), ": the file was edited or "
               "moved; resume from an intact checkpoint");
   if (o.reset_optimizer || !meta.contains("params") || !meta["params"].is_array()) return;
+  // Saved before AdamW took any step (fp16's scaler skipped them all): no state to restore.
+  // Checkpoints of earlier versions do not say, and are taken to have stepped.
+  const nlohmann::json stepped = extra.is_object() ? extra.value("optimizer_stepped", nlohmann::json(true))
+                                                   : nlohmann::json(true);
+  const bool optimizer_stepped = !stepped.is_boolean() || stepped.get<bool>();
   for (const auto& param : meta["params"]) {
-    if (param.is_object()) check_adamw_step(param, step, metadata, o);
+    if (param.is_object()) check_adamw_step(param, step, optimizer_stepped, metadata, o);
   }
 }
 
