@@ -1,5 +1,6 @@
 #include "checkpointing.h"
 
+#include <fsdp/bounded_json.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
 
@@ -53,7 +54,7 @@ nlohmann::json saved_run(const std::string& path) {
   try {
     const std::vector<char> text = fsdp::read_regular_file(
         path + "/metadata.json", fsdp::kMaxMetadataBytes, "a checkpoint's metadata.json");
-    return nlohmann::json::parse(text).at("extra");
+    return fsdp::parse_json_bounded({text.data(), text.size()}, path + "/metadata.json").at("extra");
   } catch (const std::exception&) {
     return nullptr;
   }

@@ -1,5 +1,7 @@
 #include "io/checkpoint_format.h"
 
+#include <fsdp/bounded_json.h>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -115,7 +117,7 @@ nlohmann::json to_json(const CheckpointMeta& meta) {
 
 CheckpointMeta parse_metadata(const std::string& text, const std::string& source) {
   try {
-    const auto j = nlohmann::json::parse(text);
+    const auto j = parse_json_bounded(text, source);
     TORCH_CHECK(j.value("format", "") == kFormat, source, " is not the metadata of a sharded "
                 "checkpoint (no \"format\": \"", kFormat, "\")");
     TORCH_CHECK(j.at("version").get<int>() == kVersion, source, " has format version ",

@@ -1,6 +1,8 @@
 // One run per checkpoint folder: [Note: run lock] in include/fsdp/run_lock.h.
 #include <fsdp/run_lock.h>
 
+#include <fsdp/bounded_json.h>
+
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
@@ -69,7 +71,7 @@ std::string holder_line() {
 // "host H, pid P, started T" from a holder line (or the line itself when it is not one).
 std::string describe_holder(const std::string& line) {
   try {
-    const auto j = nlohmann::json::parse(line);
+    const auto j = parse_json_bounded(line, "the run lock's line");
     return "host " + j.at("host").get<std::string>() + ", pid " +
            std::to_string(j.at("pid").get<long>()) + ", started " + j.at("started").get<std::string>();
   } catch (const std::exception&) {
@@ -100,7 +102,7 @@ std::string read_holder_of_held_lock(int fd) {
 // system whose flock does nothing): its pid exists with the same start time.
 bool holder_alive_on_this_host(const std::string& line) {
   try {
-    const auto j = nlohmann::json::parse(line);
+    const auto j = parse_json_bounded(line, "the run lock's line");
     return j.at("host").get<std::string>() == host_name() &&
            process_start_ticks(j.at("pid").get<long>()) == j.at("pid_start").get<long long>();
   } catch (const std::exception&) {

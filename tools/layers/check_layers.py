@@ -14,7 +14,8 @@ LAYERS = ["util", "launch", "comm", "device", "core", "optim", "io", "plan"]
 
 # Public headers (include/fsdp/) by the layer whose sources implement them.
 PUBLIC = {
-    "file_checks.h": "util", "named_tensors.h": "util", "memory.h": "util", "run_lock.h": "util", "trace.h": "util",
+    "file_checks.h": "util", "checked_math.h": "util", "bounded_json.h": "util",
+    "named_tensors.h": "util", "memory.h": "util", "run_lock.h": "util", "trace.h": "util",
     "distributed.h": "launch", "peer_errors.h": "launch",
     "comm_stats.h": "comm",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core",
