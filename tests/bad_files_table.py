@@ -26,14 +26,17 @@ INDEX = "model.safetensors.index.json"
 SHARD = "model-00001-of-00001.safetensors"
 
 
-def refused(t, name, result, *needles, absent=(), within=FAST):
+def refused(t, name, result, *needles, absent=(), within=FAST, max_chars=None):
     """A non-zero exit within `within` seconds, every needle in the output and no `absent` one
-    (a message that names another cause than the real one)."""
+    (a message that names another cause than the real one); with `max_chars`, an output no
+    longer (one line, not a dump of the input)."""
     missing = [n for n in needles if n not in result.output]
     wrong = [a for a in absent if a in result.output]
+    long = max_chars is not None and len(result.output) > max_chars
     why = ("exit code 0" if result.rc == 0 else
            f"message lacks {missing}" if missing else
            f"message says {wrong}" if wrong else
+           f"{len(result.output)} characters of output" if long else
            f"took {result.seconds:.1f} s, not < {within}" if result.seconds >= within else "")
     expect = "error naming " + " + ".join(f"`{n}`" for n in needles) + f", < {within} s"
     t.check(name, expect, result, result.rc not in (0, "hang") and not why, why)

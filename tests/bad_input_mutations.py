@@ -17,6 +17,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# The programs a mutated build rebuilds (a table of other programs adds its own).
+TARGETS = ["gpt_train", "fsdprun"]
+
 # (id, file, exact original text, mutated text, [cases that must turn red])
 GROUPS = [
     [
@@ -41,7 +44,7 @@ GROUPS = [
           "--grad-accum 0", "--sample -1", "--max-nonfinite-steps 0",
           "--batch 0 --resume --save-every 2"]),
         ("real-flags-unchecked", "examples/gpt/flag_validators.cpp",
-         "if (number && std::isfinite(value) && (strictly_above ? value > lo : value >= lo)) return \"\";",
+         "if (number && std::isfinite(value) && accepts(value)) return \"\";",
          "return \"\";",
          ["--lr inf", "--lr nan", "--clip nan", "--weight-decay -1", "--loss-scale inf"]),
         ("flag-combinations-unchecked", "examples/gpt/usage_checks.cpp",

@@ -73,6 +73,9 @@ void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
 fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist,
                                 const std::vector<std::string>& replaced_flags) {
   TORCH_CHECK(flags.max_memory_gb > 0, "--auto needs --max-memory-gb X: the memory each rank may use");
+  TORCH_CHECK(flags.ranks == 0 || flags.ranks == dist.world_size(), "--ranks ", flags.ranks,
+              " differs from the world size ", dist.world_size(), " this run was launched with: "
+              "--auto plans the run it is in; omit --ranks (or launch ", flags.ranks, " ranks)");
   fsdp::PlanWorld world = plan_world(flags);
   world.world_size = dist.world_size();
   const fsdp::PlanDevice device = shared_device(plan_device(flags, o, world), dist);

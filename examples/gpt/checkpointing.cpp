@@ -2,6 +2,7 @@
 
 #include "saved_run.h"
 
+#include <fsdp/bounded_json.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
 #include <fsdp/printable.h>
@@ -59,7 +60,7 @@ nlohmann::json saved_metadata(const std::string& path) {
   try {
     const std::vector<char> text = fsdp::read_regular_file(
         path + "/metadata.json", fsdp::kMaxMetadataBytes, "a checkpoint's metadata.json");
-    nlohmann::json meta = nlohmann::json::parse(text);
+    nlohmann::json meta = fsdp::parse_json_bounded({text.data(), text.size()}, path + "/metadata.json");
     return meta.is_object() ? meta : nullptr;
   } catch (const std::exception&) {
     return nullptr;

@@ -1,6 +1,7 @@
 #include "command_line.h"
 
 #include "flag_validators.h"
+#include "model_bounds.h"
 #include "usage_checks.h"
 
 #include <limits>
@@ -14,12 +15,12 @@ namespace {
 void add_model_options(CLI::App& app, CommandLine& cl) {
   TrainOptions& o = cl.train;
   app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)")
-      ->check(integer_in(1, 1024));
-  app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, 1 << 16));
-  app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, 1 << 16));
-  app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, 1 << 20));
+      ->check(integer_in(1, kMaxLayers));
+  app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, kMaxDim));
+  app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, kMaxHeads));
+  app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, kMaxSeq));
   app.add_option("--batch", o.batch, "sequences per rank per step")
-      ->check(integer_in(1, 1 << 20, "sequences per rank per step"));
+      ->check(integer_in(1, kMaxBatch, "sequences per rank per step"));
   app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
       ->check(integer_in(0, kMaxCount));
   app.add_option("--lr", o.lr, "AdamW peak learning rate")->check(real_at_least(0));
@@ -48,7 +49,7 @@ void add_input_output_options(CLI::App& app, CommandLine& cl) {
                  "(256-int32 header, magic 20240520)");
   app.add_option("--vocab", o.model.vocab_size,
                  "vocabulary size (default 256: bytes; --init-from-hf takes config.json's)")
-      ->check(integer_in(2, 1 << 16));
+      ->check(integer_in(2, kMaxVocab));
   app.add_option("--init-from-hf", o.init_from_hf,
                  "start from a transformers GPT-2 folder (config.json, model.safetensors or its "
                  "index); sizes come from config.json; each rank reads only its shard");

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <sstream>
 
@@ -32,19 +33,39 @@ CLI::Validator integer_in(int64_t lo, int64_t hi, std::string hint) {
       "INT", "integer_in");
 }
 
-CLI::Validator real_at_least(double lo, bool strictly_above, std::string hint) {
+namespace {
+
+// A finite number that `accepts`, else the message naming `range` (e.g. ">= 0").
+CLI::Validator real_where(std::function<bool(double)> accepts, const std::string& range,
+                          const std::string& hint, const char* name) {
   return CLI::Validator(
       [=](std::string& text) -> std::string {
         char* end = nullptr;
         const double value = std::strtod(text.c_str(), &end);
         const bool number = !text.empty() && end == text.c_str() + text.size();
-        if (number && std::isfinite(value) && (strictly_above ? value > lo : value >= lo)) return "";
-        std::ostringstream bound;
-        bound << lo;
-        return "must be a finite number " + std::string(strictly_above ? "> " : ">= ") +
-               bound.str() + ", got '" + text + "'" + in_parentheses(hint);
+        if (number && std::isfinite(value) && accepts(value)) return "";
+        return "must be a finite number " + range + ", got '" + text.substr(0, 40) + "'" +
+               in_parentheses(hint);
       },
-      "REAL", "real_at_least");
+      "REAL", name);
+}
+
+std::string number_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+}  // namespace
+
+CLI::Validator real_at_least(double lo, bool strictly_above, std::string hint) {
+  return real_where([=](double value) { return strictly_above ? value > lo : value >= lo; },
+                    (strictly_above ? "> " : ">= ") + number_text(lo), hint, "real_at_least");
+}
+
+CLI::Validator real_in(double lo, double hi, std::string hint) {
+  return real_where([=](double value) { return value >= lo && value <= hi; },
+                    "in [" + number_text(lo) + ", " + number_text(hi) + "]", hint, "real_in");
 }
 
 CLI::Validator device_name() {

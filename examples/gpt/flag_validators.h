@@ -18,6 +18,10 @@ CLI::Validator integer_in(int64_t lo, int64_t hi, std::string hint = "");
 /// A finite number >= lo (> lo when `strictly_above`).
 CLI::Validator real_at_least(double lo, bool strictly_above = false, std::string hint = "");
 
+/// A finite number in [lo, hi]: a rate or a size whose absurd values (1e-300 TFLOP/s, 1e300
+/// GiB) would print as 300-digit times or "inf GiB".
+CLI::Validator real_in(double lo, double hi, std::string hint = "");
+
 /// --device: "cpu", "cuda" or "cuda:N".
 CLI::Validator device_name();
 

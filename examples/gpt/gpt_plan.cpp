@@ -1,14 +1,33 @@
 #include "gpt_plan.h"
 
 #include "data.h"
+#include "model_bounds.h"
+
+#include <fsdp/checked_math.h>
 
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 
 #include <filesystem>
+#include <optional>
 
 namespace gpt {
 
 namespace {
+
+// Bytes counted from the GPT's sizes, checked: minGPT's attention scores alone are H·T² per
+// sequence, beyond int64 at the largest --heads and --seq.
+int64_t must_fit(std::optional<int64_t> bytes) {
+  TORCH_CHECK(bytes, "the GPT's sizes (--layers, --dim, --heads, --seq, --vocab) count more bytes "
+              "than int64 holds; choose a smaller model");
+  return *bytes;
+}
+
+int64_t product(std::initializer_list<int64_t> factors) {
+  return must_fit(fsdp::checked_product(std::vector<int64_t>(factors)));
+}
+
+int64_t sum(std::initializer_list<int64_t> terms) { return must_fit(fsdp::checked_sum(terms)); }
 
 // [Note: GPT activations]
 // What autograd keeps per sequence of T tokens (width C, H heads, vocabulary V, e bytes per
@@ -37,21 +56,21 @@ namespace {
 // HT²·(2e + 1) + 16T. While attention runs, the raw and masked scores exist at once (2·HT²·e);
 // its backward holds two score-sized gradients (2·HT²·e) besides the 5TC·e above.
 fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H, int64_t e) {
-  const int64_t scores = H * T * T;
+  const int64_t scores = product({H, T, T});
   fsdp::PlanActivations a;
-  a.saved = 28 * T * C * e + 2 * T * C + scores * (2 * e + 1) + 16 * T;
-  a.checkpointed = T * C * e;
-  a.forward_transient = 2 * scores * e;
-  a.backward_transient = 2 * scores * e + 5 * T * C * e;
+  a.saved = sum({product({28, T, C, e}), product({2, T, C}), product({scores, 2 * e + 1}), 16 * T});
+  a.checkpointed = product({T, C, e});
+  a.forward_transient = product({2, scores, e});
+  a.backward_transient = sum({product({2, scores, e}), product({5, T, C, e})});
   return a;
 }
 
 fsdp::PlanActivations block_activations(int64_t T, int64_t C, int64_t H, int64_t e) {
   fsdp::PlanActivations a;
-  a.saved = 16 * T * C * e + 16 * T + 4 * T * H;
-  a.checkpointed = T * C * e;
-  a.forward_transient = T * C * e;  // c_proj's output before the residual sum
-  a.backward_transient = 5 * T * C * e;
+  a.saved = sum({product({16, T, C, e}), 16 * T, product({4, T, H})});
+  a.checkpointed = product({T, C, e});
+  a.forward_transient = product({T, C, e});  // c_proj's output before the residual sum
+  a.backward_transient = product({5, T, C, e});
   return a;
 }
 
@@ -80,7 +99,7 @@ fsdp::PlanUnit block_unit(const GPTConfig& config, int64_t i, int64_t e, GptCode
   append(unit.params, linear(unit.name + ".mlp.c_proj", 4 * C, C));
   unit.activations = code == GptCode::MinGpt ? min_gpt_block_activations(T, C, config.heads, e)
                                              : block_activations(T, C, config.heads, e);
-  unit.backward_workspace = 4 * C * C * e;
+  unit.backward_workspace = product({4, C, C, e});
   // Products: 2·T·(3C² + C² + 4C² + 4C²); causal fused attention, half of QKᵀ and of PV: 2·T²·C
   // (minGPT computes all of both: 4·T²·C).
   unit.forward_flops = 24.0 * T * C * C;
@@ -102,7 +121,7 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, int64_t e, GptCode code) {
   fsdp::PlanUnit root;
   root.name = "";
   root.params = {{"wte.weight", {V, C}}, {"wpe.weight", {config.context(), C}}};
-  root.backward_workspace = V * C * e;
+  root.backward_workspace = product({V, C, e});
   root.forward_flops = 2.0 * T * C * V;
   root.forward_memory_bytes = 5.0 * T * C * e + 3.0 * T * V * 4;
   root.forward_ops = 14;
@@ -110,14 +129,14 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, int64_t e, GptCode code) {
   if (code == GptCode::MinGpt) {
     // An untied head; the loss of the low-precision logits as they are (no fp32 copy).
     root.params.push_back({"lm_head.weight", {V, C}});
-    root.activations.saved = T * C * e + 8 * T + T * V * e;
-    root.activations.forward_transient = T * V * e;
-    root.activations.backward_transient = 2 * T * V * e;
+    root.activations.saved = sum({product({T, C, e}), 8 * T, product({T, V, e})});
+    root.activations.forward_transient = product({T, V, e});
+    root.activations.backward_transient = product({2, T, V, e});
     return root;
   }
-  root.activations.saved = T * C * e + 8 * T + T * V * 4;
-  root.activations.forward_transient = T * V * e + (e < 4 ? T * V * 4 : 0);
-  root.activations.backward_transient = 2 * T * V * 4;
+  root.activations.saved = sum({product({T, C, e}), 8 * T, product({T, V, 4})});
+  root.activations.forward_transient = sum({product({T, V, e}), e < 4 ? product({T, V, 4}) : 0});
+  root.activations.backward_transient = product({2, T, V, 4});
   return root;
 }
 
@@ -127,14 +146,17 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
                              GptCode code) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t T = config.max_seq, C = config.dim;
+  // One unit per block is built here: a count beyond the flags' bound would take gigabytes first.
+  TORCH_CHECK(config.layers >= 1 && config.layers <= kMaxLayers, "the GPT has ", config.layers,
+              " blocks; gpt_train builds 1 to ", kMaxLayers, " (--layers' bound)");
   fsdp::PlanModel model;
   model.name = std::string(code == GptCode::MinGpt ? "minGPT " : "GPT ") + std::to_string(config.layers) + "x" + std::to_string(C) + ", " +
                std::to_string(config.heads) + " heads, seq " + std::to_string(T) + ", vocab " +
                std::to_string(config.vocab_size);
   model.root = root_unit(config, e, code);
-  model.root_pre.saved = T * C * e + (code == GptCode::MinGpt ? T * C : 0);  // minGPT: a dropout mask
-  model.root_pre.forward_transient = T * C * e;
-  model.root_pre.backward_transient = T * C * e;
+  model.root_pre.saved = sum({product({T, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});  // minGPT: a dropout mask
+  model.root_pre.forward_transient = product({T, C, e});
+  model.root_pre.backward_transient = product({T, C, e});
   for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, i, e, code));
   model.sequence_tokens = T;
   model.input_bytes_per_sequence = 2 * T * 8;  // inputs and targets, int64
@@ -144,15 +166,40 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
   return model;
 }
 
+namespace {
+
+// The bytes of the regular files below `folder`, counted until `enough` (gpt_train holds no
+// more than --max-data-mb) or kMaxDataEntries entries: a folder such as / is never walked whole.
+// A folder that cannot be listed is named, as training names it.
+int64_t folder_bytes(const std::string& folder, int64_t enough) {
+  namespace fs = std::filesystem;
+  constexpr int64_t kMaxDataEntries = 1000000;
+  std::error_code error;
+  fs::recursive_directory_iterator it(folder, error), end;
+  int64_t bytes = 0, entries = 0;
+  std::string last = folder;  // where a failed step of the walk was (it then ends)
+  for (; !error && it != end && bytes < enough; it.increment(error)) {
+    last = it->path().string();
+    TORCH_CHECK(++entries <= kMaxDataEntries, "--data ", folder, " holds more than ",
+                kMaxDataEntries, " files and folders before ", enough, " bytes of text; pass the "
+                "folder that holds the training text itself");
+    std::error_code type;
+    if (it->is_regular_file(type)) bytes += static_cast<int64_t>(it->file_size(type));
+  }
+  TORCH_CHECK(!error, "--data ", folder, ": cannot list ", last, " (", error.message(),
+              "); make it readable, or pass the folder that holds the training text");
+  return bytes;
+}
+
+}  // namespace
+
 int64_t training_data_bytes(const TrainOptions& o) {
   namespace fs = std::filesystem;
   if (o.data.empty()) return 0;
   std::error_code error;
   int64_t bytes = 0;
   if (fs::is_directory(o.data, error)) {
-    for (const auto& entry : fs::recursive_directory_iterator(o.data, error)) {
-      if (entry.is_regular_file(error)) bytes += static_cast<int64_t>(entry.file_size(error));
-    }
+    bytes = folder_bytes(o.data, o.max_data_bytes);
   } else {
     bytes = static_cast<int64_t>(fs::file_size(o.data, error));
     if (error) bytes = 0;

@@ -1,5 +1,8 @@
 #include "hf_gpt2.h"
 
+#include "model_bounds.h"
+
+#include <fsdp/bounded_json.h>
 #include <fsdp/file_checks.h>
 #include <fsdp/safetensors.h>
 
@@ -27,18 +30,26 @@ constexpr int64_t kMaxIndexBytes = int64_t{64} << 20;
 json read_json(const fs::path& path, int64_t max_bytes, const std::string& what) {
   const std::vector<char> text = fsdp::read_regular_file(path.string(), max_bytes, what);
   try {
-    return json::parse(text);
+    return fsdp::parse_json_bounded({text.data(), text.size()}, "--init-from-hf " + path.string());
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "--init-from-hf: ", path.string(), " is not valid JSON: ", e.what());
   }
 }
 
-int64_t positive_size(const json& config, const std::string& key, const std::string& path) {
+// A size of config.json, at most `max` (`bound` says whose: training and planning refuse the same).
+int64_t positive_size(const json& config, const std::string& key, const std::string& path,
+                      int64_t max, const char* bound) {
   TORCH_CHECK(config.contains(key), path, " has no \"", key,
               "\": a GPT-2 config.json (transformers' GPT2Config) states every size");
   const json& value = config[key];
-  TORCH_CHECK(value.is_number_integer() && value.get<int64_t>() >= 1, path, ": \"", key,
-              "\" must be a positive whole number, got ", value.dump());
+  TORCH_CHECK((value.is_number_integer() && !value.is_number_unsigned() && value.get<int64_t>() >= 1) ||
+                  (value.is_number_unsigned() && value.get<uint64_t>() >= 1),
+              path, ": \"", key, "\" must be a positive whole number, got ",
+              fsdp::json_excerpt(value));
+  TORCH_CHECK(value.is_number_unsigned() ? value.get<uint64_t>() <= static_cast<uint64_t>(max)
+                                         : value.get<int64_t>() <= max,
+              path, ": \"", key, "\" is ", fsdp::json_excerpt(value), ", more than the ", max,
+              " gpt_train builds (", bound, "); this is not a model it can train or plan");
   return value.get<int64_t>();
 }
 
@@ -46,7 +57,7 @@ int64_t positive_size(const json& config, const std::string& key, const std::str
 void require(const json& config, const std::string& key, const json& expected,
              const std::string& path, const std::string& why) {
   if (!config.contains(key) || config[key].is_null() || config[key] == expected) return;
-  TORCH_CHECK(false, path, ": \"", key, "\" is ", config[key].dump(), ", but gpt_train's GPT ",
+  TORCH_CHECK(false, path, ": \"", key, "\" is ", fsdp::json_excerpt(config[key]), ", but gpt_train's GPT ",
               why, "; only ", expected.dump(), " can be loaded");
 }
 
@@ -121,21 +132,22 @@ HfGpt2Config HfGpt2Config::read(const std::string& dir) {
   c.json = read_json(path, kMaxConfigBytes, "a Hugging Face model's config.json");
   TORCH_CHECK(c.json.is_object(), where, " is not a JSON object");
   require(c.json, "model_type", "gpt2", where, "is GPT-2");
-  c.vocab_size = positive_size(c.json, "vocab_size", where);
-  c.n_positions = positive_size(c.json, "n_positions", where);
-  c.n_layer = positive_size(c.json, "n_layer", where);
-  c.n_embd = positive_size(c.json, "n_embd", where);
-  c.n_head = positive_size(c.json, "n_head", where);
+  c.vocab_size = positive_size(c.json, "vocab_size", where, kMaxVocab, "the bound of --vocab");
+  c.n_positions = positive_size(c.json, "n_positions", where, kMaxPositions,
+                                "a context no model has; --seq's bound is the run's");
+  c.n_layer = positive_size(c.json, "n_layer", where, kMaxLayers, "the bound of --layers");
+  c.n_embd = positive_size(c.json, "n_embd", where, kMaxDim, "the bound of --dim");
+  c.n_head = positive_size(c.json, "n_head", where, kMaxHeads, "the bound of --heads");
   TORCH_CHECK(c.n_embd % c.n_head == 0, where, ": n_embd ", c.n_embd,
               " is not a multiple of n_head ", c.n_head);
   const nlohmann::json activation = c.json.value("activation_function", nlohmann::json("gelu_new"));
   TORCH_CHECK(activation == "gelu_new" || activation == "gelu_pytorch_tanh", where,
-              ": \"activation_function\" is ", activation.dump(), ", but gpt_train's GPT uses "
+              ": \"activation_function\" is ", fsdp::json_excerpt(activation), ", but gpt_train's GPT uses "
               "GPT-2's tanh GELU; only \"gelu_new\" (or \"gelu_pytorch_tanh\") can be loaded");
   if (c.json.contains("layer_norm_epsilon")) {
     const nlohmann::json& eps = c.json["layer_norm_epsilon"];
     TORCH_CHECK(eps.is_number() && std::abs(eps.get<double>() - 1e-5) <= 1e-12, where,
-                ": \"layer_norm_epsilon\" is ", eps.dump(), ", but gpt_train's GPT uses "
+                ": \"layer_norm_epsilon\" is ", fsdp::json_excerpt(eps), ", but gpt_train's GPT uses "
                 "LayerNorm's 1e-5; only 1e-5 can be loaded");
   }
   require(c.json, "tie_word_embeddings", true, where, "ties its output head to wte");

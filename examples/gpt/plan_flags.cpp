@@ -1,6 +1,7 @@
 #include "plan_flags.h"
 
 #include "flag_validators.h"
+#include "model_bounds.h"
 #include "mib_text.h"
 
 #include <fsdp/distributed.h>
@@ -8,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <map>
 #include <sstream>
@@ -15,6 +17,14 @@
 namespace gpt {
 
 namespace {
+
+// The bounds of the planner's device flags: beyond any device (an exaflop or a petabyte per rank)
+// or below any (a kilobyte, a GFLOP/s), where a plan's times and sizes stop being numbers one
+// can read.
+constexpr double kMinGiB = 1.0 / (1 << 20), kMaxGiB = 1 << 20;
+constexpr double kMinRate = 1e-3, kMaxTflops = 1e6, kMaxGbps = 1e6, kMaxLatencyUs = 1e6;
+// The batches one search tries: each is planned for every strategy and option.
+constexpr size_t kMaxSearchBatches = 32;
 
 
 // Achieved, not datasheet, rates: large bf16 GEMMs reach ~55-80% of peak (an H200: ~790 of 989
@@ -41,6 +51,29 @@ int env_int(const char* name, int fallback) {
   return text && *text ? std::atoi(text) : fallback;
 }
 
+// --batches' list: each a batch size within --batch's bound, a few of them; throws
+// std::invalid_argument naming the bad item.
+std::vector<int64_t> parse_batches(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || value < 1 || value > kMaxBatch) {
+      throw std::invalid_argument("'" + item.substr(0, 40) + "' is not a batch size in [1, " +
+                                  std::to_string(kMaxBatch) + "] (--batch's bound; e.g. --batches 1,2,4)");
+    }
+    if (out.size() == kMaxSearchBatches) {
+      throw std::invalid_argument("more than " + std::to_string(kMaxSearchBatches) + " batch sizes; "
+                                  "the search plans each for every configuration: list fewer");
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
 double host_memory_bytes() {
   return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
 }
@@ -63,23 +96,33 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
         return names;
       }()))->group(group);
   app.add_option("--memory-gb", f.memory_gb, "planner: device memory per rank in GiB")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinGiB, kMaxGiB))->group(group);
   app.add_option("--tflops-fp32", f.tflops_fp32, "planner: achieved fp32 matrix TFLOP/s per rank")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinRate, kMaxTflops))->group(group);
   app.add_option("--tflops-bf16", f.tflops_bf16, "planner: achieved bf16 matrix TFLOP/s per rank")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinRate, kMaxTflops))->group(group);
   app.add_option("--memory-gbps", f.memory_gbps, "planner: device memory bandwidth in GB/s")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinRate, kMaxGbps))->group(group);
   app.add_option("--intra-host-gbps", f.intra_host_gbps, "planner: per-rank bandwidth to a rank on the same host, GB/s")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinRate, kMaxGbps))->group(group);
   app.add_option("--cross-host-gbps", f.cross_host_gbps, "planner: per-rank bandwidth to another host, GB/s")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinRate, kMaxGbps))->group(group);
   app.add_option("--latency-us", f.latency_us, "planner: latency of one step of a collective, microseconds")
-      ->check(real_at_least(0))->group(group);
+      ->check(real_in(0, kMaxLatencyUs))->group(group);
   app.add_option("--max-memory-gb", f.max_memory_gb,
                  "planner: a memory cap per rank in GiB: search for the fastest configuration under it")
-      ->check(real_at_least(0, true))->group(group);
+      ->check(real_in(kMinGiB, kMaxGiB))->group(group);
   app.add_option("--batches", f.batches, "planner: batches per rank the search tries, e.g. 1,2,4 (default: --batch)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              parse_batches(text);
+            } catch (const std::invalid_argument& e) {
+              return e.what();
+            }
+            return "";
+          },
+          "LIST", "batch_list"))
       ->group(group);
   app.add_flag("--zero-grad-in-place", f.zero_grad_in_place,
                "planner: plan an optimizer whose zero_grad zeroes gradients in place (set_to_none = "
@@ -165,18 +208,7 @@ fsdp::PlanLinks plan_links(const PlanFlags& f, const fsdp::PlanDevice& device) {
 
 std::vector<int64_t> search_batches(const PlanFlags& f, int64_t batch) {
   if (f.batches.empty()) return {batch};
-  std::vector<int64_t> out;
-  std::stringstream s(f.batches);
-  std::string item;
-  while (std::getline(s, item, ',')) {
-    char* end = nullptr;
-    const long long value = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || value < 1) {
-      throw std::invalid_argument("--batches: '" + item + "' is not a batch size >= 1 (e.g. --batches 1,2,4)");
-    }
-    out.push_back(value);
-  }
-  return out;
+  return parse_batches(f.batches);
 }
 
 }  // namespace gpt

@@ -1,5 +1,7 @@
 #include "io/checkpoint_format.h"
 
+#include <fsdp/bounded_json.h>
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -124,11 +126,11 @@ nlohmann::json to_json(const CheckpointMeta& meta) {
 
 CheckpointMeta parse_metadata(const std::string& text, const std::string& source) {
   try {
-    const auto j = nlohmann::json::parse(text);
+    const auto j = parse_json_bounded(text, source);
     TORCH_CHECK(j.value("format", "") == kFormat, source, " is not the metadata of a sharded "
                 "checkpoint (no \"format\": \"", kFormat, "\")");
     TORCH_CHECK(j.at("version").get<int>() == kVersion, source, " has format version ",
-                j.at("version").dump(), "; this build reads version ", kVersion,
+                json_excerpt(j.at("version")), "; this build reads version ", kVersion,
                 " (safetensors shards); load a version-1 checkpoint (torch.save shards) with the "
                 "build that wrote it and save it again");
     CheckpointMeta meta;

@@ -1,5 +1,7 @@
 #include "io/checkpoint_read.h"
 
+#include <fsdp/bounded_json.h>
+
 #include "io/tensor_boxes.h"
 #include "util/crc32.h"
 
@@ -41,7 +43,7 @@ nlohmann::json sharding_info(const SafetensorsReader& file) {
   TORCH_CHECK(it != file.metadata().end(), file.path(), " has no DCP_SHARDING_INFO in its "
               "header's __metadata__ (where PyTorch's reader places its tensors): it was not "
               "saved by fsdp-cpp or was edited");
-  nlohmann::json info = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::json info = fsdp::parse_json_bounded(it->second, file.path() + "'s DCP_SHARDING_INFO");
   TORCH_CHECK(info.is_object(), file.path(), ": its DCP_SHARDING_INFO is not a JSON object: the "
               "file was edited or is corrupt");
   return info;

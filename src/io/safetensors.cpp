@@ -1,5 +1,7 @@
 #include <fsdp/safetensors.h>
 
+#include <fsdp/bounded_json.h>
+#include <fsdp/checked_math.h>
 #include <fsdp/file_checks.h>
 
 #include "util/atomic_file.h"
@@ -69,11 +71,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // The bytes that `shape` x `dtype` need, or nothing when they exceed what int64 counts: a header
 // may claim any shape, and a product that wraps around could match a small span.
 std::optional<int64_t> bytes_of(const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  int64_t bytes = static_cast<int64_t>(c10::elementSize(dtype));
-  for (int64_t size : shape) {
-    if (__builtin_mul_overflow(bytes, size, &bytes)) return std::nullopt;
-  }
-  return bytes;
+  return checked_product(shape, static_cast<int64_t>(c10::elementSize(dtype)));
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const nlohmann::json& j,
@@ -168,7 +166,7 @@ SafetensorsReader::SafetensorsReader(std::string path) : path_(std::move(path)) 
   read_exactly(fd_, text.data(), header_bytes, 8, path_);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = parse_json_bounded(text, path_ + "'s header");
   } catch (const nlohmann::json::exception& e) {
     fail_file(path_, std::string("its header is not JSON (") + e.what() + ")");
   }

@@ -1,30 +1,39 @@
 #include <fsdp/plan.h>
 
+#include "plan/plan_bounds.h"
 #include "plan/plan_layout.h"
 #include "plan/plan_memory.h"
 #include "plan/plan_time.h"
 #include "plan/plan_traffic.h"
 
+#include <fsdp/checked_math.h>
+
 #include <c10/core/ScalarType.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 
 namespace fsdp {
 
 int64_t PlanParam::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+  const auto n = checked_product(shape);
+  TORCH_CHECK(n, "plan: parameter '", name, "' has more elements than int64 counts (a dimension of ",
+              "its shape is absurd); describe the model's real sizes");
+  return *n;
 }
 
 int64_t PlanModel::numel() const {
-  int64_t n = 0;
-  for (const auto& p : root.params) n += p.numel();
-  for (const auto& u : units) {
-    for (const auto& p : u.params) n += p.numel();
+  std::optional<int64_t> n = 0;
+  for (const PlanUnit* unit : planning::units_of(*this)) {
+    for (const auto& p : unit->params) {
+      if (n) n = checked_add(*n, p.numel());
+    }
   }
-  return n;
+  TORCH_CHECK(n, "plan: the model has more parameter elements than int64 counts; describe the "
+              "model's real sizes");
+  return *n;
 }
 
 int64_t MemoryBreakdown::total() const {
@@ -48,6 +57,7 @@ std::string Plan::label() const {
 
 Plan plan(const PlanSetup& setup) {
   planning::validate_setup(setup);
+  planning::check_plan_bounds(setup);
   Plan result;
   result.setup = setup;
   for (int rank = 0; rank < setup.world.world_size; ++rank) {

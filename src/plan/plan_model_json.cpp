@@ -1,9 +1,16 @@
 #include <fsdp/options.h>
 #include <fsdp/plan.h>
 
+#include <fsdp/bounded_json.h>
+#include <fsdp/checked_math.h>
+
 #include <c10/util/Exception.h>
 
+#include <cmath>
+#include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -18,19 +25,78 @@ std::string dtype_name(c10::ScalarType dtype) {
   }
 }
 
-// json[key] as T, or an error naming where it is missing or of the wrong kind.
-template <typename T>
-T field(const nlohmann::json& json, const char* key, const std::string& where, const T& fallback, bool required) {
-  if (!json.contains(key)) {
-    TORCH_CHECK(!required, "model description: ", where, " has no \"", key, "\"");
-    return fallback;
+// [Note: model description checks]
+// A description is a user's file: every number is a size, a count or a rate, so each must be a
+// whole number in [0, 2^63) (or, for work, a finite number >= 0) as JSON writes it, never cast
+// from a float (1e30 as int64 is undefined behaviour), and each error names its JSON path
+// (`units[2].activations.saved`) and shows the value cut to a length.
+
+[[noreturn]] void refuse(const std::string& path, const nlohmann::json& value, const char* rule) {
+  TORCH_CHECK(false, "model description: ", path, " is ", json_excerpt(value), ", not ", rule);
+}
+
+const nlohmann::json* member(const nlohmann::json& json, const char* key, const std::string& where,
+                             bool required) {
+  if (json.contains(key)) return &json.at(key);
+  TORCH_CHECK(!required, "model description: ", where.empty() ? "the model" : where, " has no \"",
+              key, "\"");
+  return nullptr;
+}
+
+std::string path_of(const std::string& where, const char* key) {
+  return where.empty() ? key : where + "." + key;
+}
+
+int64_t size_value(const nlohmann::json& value, const std::string& path) {
+  if (value.is_number_unsigned() && value.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)) {
+    return value.get<int64_t>();
   }
+  if (value.is_number_integer() && !value.is_number_unsigned() && value.get<int64_t>() >= 0) {
+    return value.get<int64_t>();
+  }
+  refuse(path, value, "a whole number in [0, 2^63) (bytes or a count)");
+}
+
+int64_t size_field(const nlohmann::json& json, const char* key, const std::string& where, bool required) {
+  const nlohmann::json* value = member(json, key, where, required);
+  return value ? size_value(*value, path_of(where, key)) : 0;
+}
+
+double work_field(const nlohmann::json& json, const char* key, const std::string& where) {
+  const nlohmann::json* value = member(json, key, where, false);
+  if (!value) return 0;
+  if (!value->is_number() || !std::isfinite(value->get<double>()) || value->get<double>() < 0) {
+    refuse(path_of(where, key), *value, "a finite number >= 0");
+  }
+  return value->get<double>();
+}
+
+std::string text_field(const nlohmann::json& json, const char* key, const std::string& where,
+                       const std::string& fallback, bool required) {
+  const nlohmann::json* value = member(json, key, where, required);
+  if (!value) return fallback;
+  if (!value->is_string()) refuse(path_of(where, key), *value, "a string");
+  return value->get<std::string>();
+}
+
+c10::ScalarType dtype_field(const nlohmann::json& json, const char* key, const std::string& where) {
+  const std::string name = text_field(json, key, where, "fp32", false);
   try {
-    return json.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    TORCH_CHECK(false, "model description: ", where, ".", key, " is ", json.at(key).dump(),
-                ", not a ", std::is_same_v<T, std::string> ? "string" : "number");
+    return parse_dtype(name);
+  } catch (const c10::Error&) {
+    refuse(path_of(where, key), name, "\"fp32\", \"bf16\" or \"fp16\"");
   }
+}
+
+const nlohmann::json& object_at(const nlohmann::json& json, const std::string& path) {
+  if (!json.is_object()) refuse(path, json, "a JSON object");
+  return json;
+}
+
+const nlohmann::json& list_field(const nlohmann::json& json, const char* key, const std::string& where) {
+  const nlohmann::json* value = member(json, key, where, true);
+  if (!value->is_array()) refuse(path_of(where, key), *value, "a list");
+  return *value;
 }
 
 nlohmann::json activations_json(const PlanActivations& a) {
@@ -39,11 +105,12 @@ nlohmann::json activations_json(const PlanActivations& a) {
 }
 
 PlanActivations activations_from(const nlohmann::json& json, const std::string& where) {
+  object_at(json, where);
   PlanActivations a;
-  a.saved = field<int64_t>(json, "saved", where, 0, true);
-  a.checkpointed = field<int64_t>(json, "checkpointed", where, 0, false);
-  a.forward_transient = field<int64_t>(json, "forward_transient", where, 0, false);
-  a.backward_transient = field<int64_t>(json, "backward_transient", where, 0, false);
+  a.saved = size_field(json, "saved", where, true);
+  a.checkpointed = size_field(json, "checkpointed", where, false);
+  a.forward_transient = size_field(json, "forward_transient", where, false);
+  a.backward_transient = size_field(json, "backward_transient", where, false);
   return a;
 }
 
@@ -57,33 +124,60 @@ nlohmann::json unit_json(const PlanUnit& u) {
           {"backward_workspace", u.backward_workspace}};
 }
 
+// read(item, its path) of each item of `list`, whose path is `path`.
+template <typename Read>
+auto items_of(const nlohmann::json& list, const std::string& path, Read read) {
+  std::vector<decltype(read(list, path))> out;
+  for (size_t i = 0; i < list.size(); ++i) out.push_back(read(list[i], path + "[" + std::to_string(i) + "]"));
+  return out;
+}
+
+PlanParam param_from(const nlohmann::json& json, const std::string& where) {
+  object_at(json, where);
+  PlanParam param;
+  param.name = text_field(json, "name", where, "", true);
+  const nlohmann::json& shape = list_field(json, "shape", where);
+  param.shape = items_of(shape, where + ".shape", size_value);
+  if (!checked_product(param.shape)) refuse(where + ".shape", shape, "a shape whose elements int64 counts");
+  param.dtype = dtype_field(json, "dtype", where);
+  return param;
+}
+
 PlanUnit unit_from(const nlohmann::json& json, const std::string& where) {
+  object_at(json, where);
   PlanUnit u;
-  u.name = field<std::string>(json, "name", where, "", false);
-  const std::string here = where + (u.name.empty() ? "" : " (" + u.name + ")");
-  TORCH_CHECK(json.contains("params") && json.at("params").is_array(), "model description: ", here,
-              " has no \"params\" list");
-  for (const auto& p : json.at("params")) {
-    PlanParam param;
-    param.name = field<std::string>(p, "name", here + ".params", "", true);
-    TORCH_CHECK(p.contains("shape") && p.at("shape").is_array(), "model description: ", here, ".params (",
-                param.name, ") has no \"shape\" list");
-    for (const auto& d : p.at("shape")) {
-      TORCH_CHECK(d.is_number_integer() && d.get<int64_t>() >= 0, "model description: ", here, ".params (",
-                  param.name, ").shape holds ", d.dump(), ", not a size");
-      param.shape.push_back(d.get<int64_t>());
-    }
-    param.dtype = parse_dtype(field<std::string>(p, "dtype", here, "fp32", false));
-    u.params.push_back(param);
-  }
-  if (json.contains("activations")) u.activations = activations_from(json.at("activations"), here + ".activations");
-  u.forward_flops = field<double>(json, "forward_flops", here, 0, false);
-  u.forward_attention_flops = field<double>(json, "forward_attention_flops", here, 0, false);
-  u.forward_transcendentals = field<double>(json, "forward_transcendentals", here, 0, false);
-  u.forward_memory_bytes = field<double>(json, "forward_memory_bytes", here, 0, false);
-  u.forward_ops = field<int64_t>(json, "forward_ops", here, 0, false);
-  u.backward_workspace = field<int64_t>(json, "backward_workspace", here, 0, false);
+  u.name = text_field(json, "name", where, "", false);
+  u.params = items_of(list_field(json, "params", where), where + ".params", param_from);
+  if (json.contains("activations")) u.activations = activations_from(json.at("activations"), where + ".activations");
+  u.forward_flops = work_field(json, "forward_flops", where);
+  u.forward_attention_flops = work_field(json, "forward_attention_flops", where);
+  u.forward_transcendentals = work_field(json, "forward_transcendentals", where);
+  u.forward_memory_bytes = work_field(json, "forward_memory_bytes", where);
+  u.forward_ops = size_field(json, "forward_ops", where, false);
+  u.backward_workspace = size_field(json, "backward_workspace", where, false);
   return u;
+}
+
+// Parameter names are the model's (FSDP finds each by it), unit names its modules': each once.
+void check_unique_names(const PlanModel& m) {
+  std::map<std::string, std::string> params, units;  // name -> the JSON path that has it
+  const auto once = [](std::map<std::string, std::string>& seen, const std::string& name,
+                       const std::string& path, const char* what) {
+    const auto [it, fresh] = seen.emplace(name, path);
+    TORCH_CHECK(fresh, "model description: ", path, " is ", json_excerpt(name), ", the ", what,
+                " name of ", it->second, " too: each ", what, " has its own name");
+  };
+  const auto unit_params = [&](const PlanUnit& u, const std::string& where) {
+    for (size_t i = 0; i < u.params.size(); ++i) {
+      once(params, u.params[i].name, where + ".params[" + std::to_string(i) + "].name", "parameter");
+    }
+  };
+  unit_params(m.root, "root");
+  for (size_t i = 0; i < m.units.size(); ++i) {
+    const std::string where = "units[" + std::to_string(i) + "]";
+    if (!m.units[i].name.empty()) once(units, m.units[i].name, where + ".name", "unit");
+    unit_params(m.units[i], where);
+  }
 }
 
 }  // namespace
@@ -98,21 +192,18 @@ nlohmann::json plan_model_json(const PlanModel& m) {
 }
 
 PlanModel plan_model_from_json(const nlohmann::json& json) {
-  TORCH_CHECK(json.is_object(), "model description: expected a JSON object, got ", json.type_name());
+  object_at(json, "the description");
   PlanModel m;
-  m.name = field<std::string>(json, "name", "the model", "model", false);
-  m.compute_dtype = parse_dtype(field<std::string>(json, "compute_dtype", "the model", "fp32", false));
-  TORCH_CHECK(json.contains("root"), "model description: the model has no \"root\" unit");
-  m.root = unit_from(json.at("root"), "root");
+  m.name = text_field(json, "name", "", "model", false);
+  m.compute_dtype = dtype_field(json, "compute_dtype", "");
+  m.root = unit_from(*member(json, "root", "", true), "root");
   if (json.contains("root_pre")) m.root_pre = activations_from(json.at("root_pre"), "root_pre");
-  TORCH_CHECK(json.contains("units") && json.at("units").is_array(), "model description: the model has no \"units\" list");
-  for (size_t i = 0; i < json.at("units").size(); ++i) {
-    m.units.push_back(unit_from(json.at("units")[i], "units[" + std::to_string(i) + "]"));
-  }
-  m.sequence_tokens = field<int64_t>(json, "sequence_tokens", "the model", 0, true);
-  m.input_bytes_per_sequence = field<int64_t>(json, "input_bytes_per_sequence", "the model", 0, false);
-  m.resident_bytes = field<int64_t>(json, "resident_bytes", "the model", 0, false);
-  m.step_all_reduce_bytes = field<int64_t>(json, "step_all_reduce_bytes", "the model", 0, false);
+  m.units = items_of(list_field(json, "units", ""), "units", unit_from);
+  check_unique_names(m);
+  m.sequence_tokens = size_field(json, "sequence_tokens", "", true);
+  m.input_bytes_per_sequence = size_field(json, "input_bytes_per_sequence", "", false);
+  m.resident_bytes = size_field(json, "resident_bytes", "", false);
+  m.step_all_reduce_bytes = size_field(json, "step_all_reduce_bytes", "", false);
   return m;
 }
 

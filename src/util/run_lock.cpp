@@ -2,6 +2,8 @@
 #include <fsdp/run_lock.h>
 #include <fsdp/printable.h>
 
+#include <fsdp/bounded_json.h>
+
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
@@ -72,7 +74,7 @@ std::string holder_line() {
 std::string describe_holder(const std::string& line) {
   std::string described;
   try {
-    const auto j = nlohmann::json::parse(line);
+    const auto j = parse_json_bounded(line, "the run lock's line");
     described = "host " + j.at("host").get<std::string>() + ", pid " +
                 std::to_string(j.at("pid").get<long>()) + ", started " +
                 j.at("started").get<std::string>();
@@ -107,7 +109,7 @@ std::string read_holder_of_held_lock(int fd) {
 // match, and the line would read as a live holder forever.
 bool holder_alive_on_this_host(const std::string& line) {
   try {
-    const auto j = nlohmann::json::parse(line);
+    const auto j = parse_json_bounded(line, "the run lock's line");
     if (j.at("host").get<std::string>() != host_name()) return false;
     const long long started = process_start_ticks(j.at("pid").get<long>());
     return started >= 0 && started == j.at("pid_start").get<long long>();

@@ -8,9 +8,14 @@
 #include "command_line.h"
 #include "gpt_plan.h"
 
+#include <fsdp/bounded_json.h>
+#include <fsdp/file_checks.h>
+#include <fsdp/tensor_file.h>
+
 #include <CLI/CLI.hpp>
 
-#include <fstream>
+#include <sys/stat.h>
+
 #include <iostream>
 
 namespace {
@@ -21,14 +26,28 @@ struct ModelSource {
   std::string write_json;   // --write-model-json: the description planned, for editing
 };
 
+// A description of the largest GPT (1024 blocks) is ~2 MB; a larger file is none, refused unread.
+constexpr int64_t kMaxModelJsonBytes = int64_t{16} << 20;
+
 nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  TORCH_CHECK(in, "--model-json ", path, ": cannot be read");
+  const std::vector<char> text =
+      fsdp::read_regular_file(path, kMaxModelJsonBytes, "--model-json's model description");
   try {
-    return nlohmann::json::parse(in);
+    return fsdp::parse_json_bounded({text.data(), text.size()}, "--model-json " + path);
   } catch (const nlohmann::json::parse_error& e) {
     TORCH_CHECK(false, "--model-json ", path, ": not JSON (", e.what(), ")");
   }
+}
+
+// --write-model-json replaces a file (atomically: a new file renamed over it); anything else at
+// the path (a FIFO would block the write forever, a folder cannot be replaced) is refused.
+void write_json(const std::string& path, const nlohmann::json& description) {
+  struct stat info {};
+  TORCH_CHECK(::lstat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode), "--write-model-json ",
+              path, " exists and is not a regular file (a FIFO, a folder, a device or a link): "
+              "name a new file or a regular one to replace");
+  const std::string text = description.dump(2) + "\n";
+  fsdp::write_file_atomically(path, std::vector<char>(text.begin(), text.end()));
 }
 
 int run(gpt::CommandLine& cl, const ModelSource& source) {
@@ -39,11 +58,7 @@ int run(gpt::CommandLine& cl, const ModelSource& source) {
                                     gpt::GptCode::MinGpt);
   }
   if (!source.json.empty()) setup.model = fsdp::plan_model_from_json(read_json(source.json));
-  if (!source.write_json.empty()) {
-    std::ofstream out(source.write_json);
-    out << fsdp::plan_model_json(setup.model).dump(2) << "\n";
-    TORCH_CHECK(out.good(), "--write-model-json ", source.write_json, ": cannot be written");
-  }
+  if (!source.write_json.empty()) write_json(source.write_json, fsdp::plan_model_json(setup.model));
   gpt::print_plan(setup, cl.planner);
   return 0;
 }

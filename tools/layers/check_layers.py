@@ -17,6 +17,7 @@ PUBLIC = {
     "file_checks.h": "util", "named_tensors.h": "util", "memory.h": "util", "run_lock.h": "util", "trace.h": "util",
     "printable.h": "util",
     "error_text.h": "util",
+    "checked_math.h": "util", "bounded_json.h": "util",
     "distributed.h": "launch", "peer_errors.h": "launch",
     "comm_stats.h": "comm",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core",
