@@ -1,5 +1,8 @@
 #pragma once
-/// Sharded checkpoints: every rank writes its own pieces of the parameters and of the AdamW state;
+/// Sharded checkpoints: every rank writes its own pieces of the parameters and of the optimizer's
+/// state (any of torch::optim's SGD, Adam, AdamW, RMSprop, Adagrad, and fsdp::optim's AdamW and
+/// SGD: each state tensor in pieces, each step count as a scalar), and rank 0 the model's buffers
+/// whole (BatchNorm's running statistics: rank 0's values, as sync_buffers gives every rank);
 /// rank 0 writes one metadata file that describes every piece as (parameter name, global shape,
 /// element range [begin, end) of the flattened parameter). The description names no rank and no
 /// flat buffer, so any layout reads any other: a checkpoint saved by W ranks loads on W' ranks, or
@@ -14,10 +17,14 @@
 ///                                                    tensors named as in the model ("wte.weight")
 ///                                                    and as torch.distributed.checkpoint names an
 ///                                                    optimizer's ("state.wte.weight.exp_avg",
-///                                                    "state.wte.weight.step")
+///                                                    "state.fc.weight.momentum_buffer",
+///                                                    "state.wte.weight.step"); buffers whole
+///                                                    under their names ("bn.running_mean"), in
+///                                                    shard 0's first file
 ///   metadata.json                                  written last, so a folder without it is
-///                                                    incomplete: names, shapes, dtypes, AdamW
-///                                                    steps, each file's size and pieces with the
+///                                                    incomplete: names, shapes, dtypes, the
+///                                                    optimizer's class and steps, the buffers,
+///                                                    each file's size and pieces with the
 ///                                                    CRC-32 of each tensor, and the caller's own
 ///                                                    JSON ("extra": the data position, the seed...)
 /// In Python, torch.distributed.checkpoint.load(state_dict,
@@ -36,7 +43,10 @@
 ///
 /// Save and load are collectives: every rank calls them, between steps (not during a forward or
 /// a backward). Optimizer hyperparameters (learning rate, betas...) are not saved: the program
-/// builds its optimizer as before.
+/// builds its optimizer as before (the same class: a checkpoint of SGD's state does not load
+/// into an Adam). An optimizer of another class (LBFGS, one of the program's own) is refused by
+/// name at the first save. A checkpoint saved before buffers were saved (no "buffers" in
+/// metadata.json) still loads: the model's buffers then keep their values.
 ///
 /// Example:
 ///   auto model = fsdp::fully_shard(Net(), *dist->world);
@@ -53,10 +63,11 @@
 ///   }
 
 #include <fsdp/fully_shard.h>
+#include <fsdp/state_dict.h>
 #include <fsdp/tensor_file.h>
 
 #include <nlohmann/json.hpp>
-#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
 
 #include <cstdint>
 #include <functional>
@@ -77,14 +88,15 @@ struct SaveHooks {
 };
 
 namespace detail {
-void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& folder,
-                  const nlohmann::json& extra, const SaveHooks& hooks);
-nlohmann::json load_sharded(FsdpState& state, torch::optim::AdamW& optimizer,
-                            const std::string& folder);
-std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
-                            const std::string& dir, int64_t step, const nlohmann::json& extra,
-                            int keep_last, const SaveHooks& hooks);
-NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::AdamW& optimizer);
+void save_sharded(FsdpState& state, const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
+                  const std::string& folder, const nlohmann::json& extra, const SaveHooks& hooks);
+nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
+                            torch::optim::Optimizer& optimizer, const std::string& folder);
+std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers,
+                            torch::optim::Optimizer& optimizer, const std::string& dir,
+                            int64_t step, const nlohmann::json& extra, int keep_last,
+                            const SaveHooks& hooks);
+NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimizer& optimizer);
 
 template <class M>
 FsdpState& sharded_state(Unit<M>& root, const char* what) {
@@ -100,24 +112,25 @@ FsdpState& sharded_state(Unit<M>& root, const char* what) {
 /// Example:
 ///   fsdp::save_sharded(model, optim, "ckpt/final", {{"step", 1000}});
 template <class M>
-void save_sharded(Unit<M>& root, torch::optim::AdamW& optimizer, const std::string& folder,
+void save_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer, const std::string& folder,
                   const nlohmann::json& extra = nlohmann::json::object(),
                   const SaveHooks& hooks = {}) {
-  detail::save_sharded(detail::sharded_state(root, "save_sharded"), optimizer, folder, extra,
-                       hooks);
+  detail::save_sharded(detail::sharded_state(root, "save_sharded"), detail::module_buffers(root),
+                       optimizer, folder, extra, hooks);
 }
 
 /// Loads the checkpoint in `folder` (saved by any number of ranks, any strategy) into the model
-/// and `optimizer` (the AdamW built over model->parameters()), and returns the `extra` JSON it
+/// and `optimizer` (built over model->parameters(), of the class that saved it), and returns the `extra` JSON it
 /// was saved with. Validates on every rank before it copies anything: a missing, truncated or
 /// corrupt file, or a checkpoint of another model, throws on every rank and changes nothing.
 ///
 /// Example:
 ///   int64_t step = fsdp::load_sharded(model, optim, "ckpt/final").at("step");
 template <class M>
-nlohmann::json load_sharded(Unit<M>& root, torch::optim::AdamW& optimizer,
+nlohmann::json load_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer,
                             const std::string& folder) {
-  return detail::load_sharded(detail::sharded_state(root, "load_sharded"), optimizer, folder);
+  return detail::load_sharded(detail::sharded_state(root, "load_sharded"),
+                              detail::module_buffers(root), optimizer, folder);
 }
 
 /// Saves into `dir`/step-NNNNNNNN (save_sharded), then publishes it as `dir`/latest. With
@@ -130,11 +143,13 @@ nlohmann::json load_sharded(Unit<M>& root, torch::optim::AdamW& optimizer,
 /// Example:
 ///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"step", step}}, /*keep_last=*/2);
 template <class M>
-std::string save_checkpoint(Unit<M>& root, torch::optim::AdamW& optimizer, const std::string& dir,
-                            int64_t step, const nlohmann::json& extra = nlohmann::json::object(),
+std::string save_checkpoint(Unit<M>& root, torch::optim::Optimizer& optimizer,
+                            const std::string& dir, int64_t step,
+                            const nlohmann::json& extra = nlohmann::json::object(),
                             int keep_last = 0, const SaveHooks& hooks = {}) {
-  return detail::save_checkpoint(detail::sharded_state(root, "save_checkpoint"), optimizer, dir,
-                                 step, extra, keep_last, hooks);
+  return detail::save_checkpoint(detail::sharded_state(root, "save_checkpoint"),
+                                 detail::module_buffers(root), optimizer, dir, step, extra,
+                                 keep_last, hooks);
 }
 
 /// The folder of the newest complete checkpoint in `dir` (the one `dir`/latest names), or ""
@@ -159,16 +174,16 @@ std::string latest_checkpoint(const std::string& dir);
 ///   fsdp::check_checkpoint_dir_alone("runs/a");  // throws if runs/ is a checkpoint directory
 void check_checkpoint_dir_alone(const std::string& dir);
 
-/// The AdamW state of every parameter, unsharded, on every rank (a collective), under the names
-/// torch.distributed.checkpoint gives an optimizer's state: "state.NAME.exp_avg",
-/// "state.NAME.exp_avg_sq" (and "state.NAME.max_exp_avg_sq") in the parameter's shape, and
-/// "state.NAME.step" as a
-/// 0-d int64 tensor; parameters without state (never stepped) are left out.
+/// The optimizer state of every parameter, unsharded, on every rank (a collective), under the
+/// names torch.distributed.checkpoint gives an optimizer's state: "state.NAME.exp_avg",
+/// "state.NAME.exp_avg_sq" (and "state.NAME.max_exp_avg_sq"), SGD's "state.NAME.momentum_buffer",
+/// ... in the parameter's shape, and "state.NAME.step" as a 0-d int64 tensor (optimizers that
+/// count steps); parameters without state (never stepped) are left out.
 ///
 /// Example:
 ///   for (auto& [key, tensor] : fsdp::gather_full_optimizer_state(model, optim)) ...
 template <class M>
-NamedTensors gather_full_optimizer_state(Unit<M>& root, torch::optim::AdamW& optimizer) {
+NamedTensors gather_full_optimizer_state(Unit<M>& root, torch::optim::Optimizer& optimizer) {
   return detail::gather_full_optimizer_state(
       detail::sharded_state(root, "gather_full_optimizer_state"), optimizer);
 }

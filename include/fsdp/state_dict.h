@@ -1,5 +1,7 @@
 #pragma once
-/// The model's state across shards: full (gathered, original names and shapes) parameters.
+/// The model's state across shards: full (gathered, original names and shapes) parameters, and
+/// its buffers (BatchNorm's running statistics: rank 0's, as sync_buffers treats them). LibTorch
+/// has no non-persistent buffers: every registered buffer is state.
 
 #include <fsdp/fully_shard.h>
 #include <fsdp/tensor_file.h>
@@ -9,41 +11,53 @@
 namespace fsdp {
 
 namespace detail {
-NamedTensors gather_full_params(FsdpState& state);
-void save_full_params(FsdpState& state, const std::string& path);
-void load_full_params(FsdpState& state, const NamedTensors& tensors, const std::string& source);
+/// The buffers of `module` and its submodules by full name ("stage1.bn.running_mean"): the
+/// module's own tensors (copying into them changes the model).
+NamedTensors module_buffers(torch::nn::Module& module);
+template <class M>
+NamedTensors module_buffers(Unit<M>& root) {
+  return module_buffers(*root.module().ptr());
+}
+NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers);
+void save_full_params(FsdpState& state, const NamedTensors& buffers, const std::string& path);
+void load_full_params(FsdpState& state, const NamedTensors& buffers, const NamedTensors& tensors,
+                      const std::string& source);
 void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
                       const std::string& source);
 }  // namespace detail
 
-/// Every parameter of a sharded model, unsharded, with its original name and shape, on every
-/// rank (a collective: all ranks must call it). Copies: changing them does not touch the model.
+/// Every parameter of a sharded model, unsharded, with its original name and shape, then every
+/// buffer (rank 0's values), on every rank (a collective: all ranks must call it): the model's
+/// full state dict, as PyTorch's model.state_dict() names it. Copies: changing them does not
+/// touch the model.
 ///
 /// Example:
 ///   for (auto& [name, tensor] : fsdp::gather_full_params(model)) std::cout << name << "\n";
 template <class M>
 NamedTensors gather_full_params(Unit<M>& root) {
   TORCH_CHECK(root.slot().state, "gather_full_params: the model is not sharded (call fully_shard)");
-  return detail::gather_full_params(*root.slot().state);
+  return detail::gather_full_params(*root.slot().state, detail::module_buffers(root));
 }
 
-/// Rank 0 writes the full parameters to `path` as a dict that Python's torch.load reads
-/// (GPT-2-style names, original shapes); atomically. A collective: every rank calls it, and every
+/// Rank 0 writes the full state dict (gather_full_params: parameters and buffers) to `path` as a
+/// dict that Python's torch.load reads and model.load_state_dict(strict=True) takes (original
+/// names and shapes); atomically. A collective: every rank calls it, and every
 /// rank throws if rank 0 could not write.
 template <class M>
 void save_full_params(Unit<M>& root, const std::string& path) {
   TORCH_CHECK(root.slot().state, "save_full_params: the model is not sharded (call fully_shard)");
-  detail::save_full_params(*root.slot().state, path);
+  detail::save_full_params(*root.slot().state, detail::module_buffers(root), path);
 }
 
 /// Loads full parameters (from load_tensor_dict, e.g. a file of save_full_params or of Python's
 /// torch.save(model.state_dict())) into a sharded or unsharded model. Every parameter must be
-/// present with its shape; extra entries are errors too. Checks everything before it copies
+/// present with its shape; the buffers are loaded when present (a file of parameters alone
+/// leaves them as they are); other entries are errors. Checks everything before it copies
 /// anything, so a bad file changes nothing. `source` names the file in errors.
 template <class M>
 void load_full_params(Unit<M>& root, const NamedTensors& tensors, const std::string& source) {
   if (root.slot().state) {
-    detail::load_full_params(*root.slot().state, tensors, source);
+    detail::load_full_params(*root.slot().state, detail::module_buffers(root), tensors, source);
   } else {
     detail::load_full_params(*root.module().ptr(), tensors, source);
   }

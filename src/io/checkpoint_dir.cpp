@@ -179,7 +179,7 @@ std::pair<fs::path, std::string> nested_checkpoint_dir(const std::string& dir) {
 
 namespace detail {
 
-std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
+std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
                             const std::string& dir, int64_t step, const nlohmann::json& extra,
                             int keep_last, const SaveHooks& hooks) {
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
@@ -193,7 +193,7 @@ std::string save_checkpoint(FsdpState& state, torch::optim::AdamW& optimizer,
   throw_if_any_failed(world, error, "save_checkpoint");
 
   const std::string folder = dir + "/" + name;
-  save_sharded(state, optimizer, folder, extra, hooks);
+  save_sharded(state, buffers, optimizer, folder, extra, hooks);
   // Publishing: `latest` names the new folder only now that it is complete.
   error = try_local([&] {
     if (world.rank() != 0) return;

@@ -32,6 +32,16 @@ ParamMeta param_from_json(const nlohmann::json& j) {
   return p;
 }
 
+nlohmann::json to_json(const BufferMeta& b) {
+  return {{"name", b.name}, {"shape", b.shape}, {"dtype", b.dtype}, {"file", b.file}, {"crc32", b.crc32}};
+}
+
+BufferMeta buffer_from_json(const nlohmann::json& j) {
+  return BufferMeta{j.at("name").get<std::string>(), j.at("shape").get<std::vector<int64_t>>(),
+                    j.at("dtype").get<std::string>(), j.at("file").get<std::string>(),
+                    j.at("crc32").get<uint32_t>()};
+}
+
 // Every element [0, numel) of every parameter in exactly one piece.
 void check_coverage(const CheckpointMeta& meta, const std::string& source) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
@@ -59,11 +69,11 @@ void check_coverage(const CheckpointMeta& meta, const std::string& source) {
   }
 }
 
-// AdamW counts the steps it took: a negative count is an edit, and would be trained on.
-void check_adamw_steps(const CheckpointMeta& meta, const std::string& source) {
+// An optimizer counts the steps it took: a negative count is an edit, and would be trained on.
+void check_optimizer_steps(const CheckpointMeta& meta, const std::string& source) {
   for (const auto& param : meta.params) {
     TORCH_CHECK(!param.step || *param.step >= 0, source, ": parameter '", param.name,
-                "' has AdamW step ", *param.step, " (optimizer_step), but a step count is never "
+                "' has ", meta.optimizer, " step ", *param.step, " (optimizer_step), but a step count is never "
                 "negative: the file was edited; resume from an intact checkpoint");
   }
 }
@@ -118,10 +128,16 @@ nlohmann::json to_json(const CheckpointMeta& meta) {
   nlohmann::json params = nlohmann::json::array(), files = nlohmann::json::array();
   for (const auto& p : meta.params) params.push_back(to_json(p));
   for (const auto& f : meta.files) files.push_back(to_json(f));
-  return {{"format", kFormat},         {"version", kVersion},
-          {"world_size", meta.world_size}, {"shard_group_size", meta.shard_group_size},
-          {"strategy", meta.strategy}, {"params", params},
-          {"files", files},            {"extra", meta.extra}};
+  nlohmann::json j = {{"format", kFormat},         {"version", kVersion},
+                      {"world_size", meta.world_size}, {"shard_group_size", meta.shard_group_size},
+                      {"strategy", meta.strategy}, {"optimizer", meta.optimizer},
+                      {"params", params},          {"files", files},
+                      {"extra", meta.extra}};
+  if (meta.buffers) {
+    j["buffers"] = nlohmann::json::array();
+    for (const auto& b : *meta.buffers) j["buffers"].push_back(to_json(b));
+  }
+  return j;
 }
 
 CheckpointMeta parse_metadata(const std::string& text, const std::string& source) {
@@ -137,13 +153,41 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
     meta.world_size = j.at("world_size").get<int>();
     meta.shard_group_size = j.at("shard_group_size").get<int>();
     meta.strategy = j.at("strategy").get<std::string>();
+    meta.optimizer = j.value("optimizer", std::string("AdamW"));
     for (const auto& p : j.at("params")) meta.params.push_back(param_from_json(p));
+    if (j.contains("buffers")) {
+      meta.buffers.emplace();
+      for (const auto& b : j.at("buffers")) meta.buffers->push_back(buffer_from_json(b));
+    }
     for (const auto& f : j.at("files")) meta.files.push_back(parse_file_meta(f));
     meta.extra = j.at("extra");
     return meta;
   } catch (const nlohmann::json::exception& e) {
     TORCH_CHECK(false, source, " is malformed (truncated or edited?): ", e.what());
   }
+}
+
+void check_buffers_match(const CheckpointMeta& meta, const std::vector<BufferMeta>& model,
+                         const std::string& source) {
+  if (!meta.buffers) return;  // saved before buffers were: the model keeps its own
+  std::map<std::string, const BufferMeta*> saved;
+  for (const auto& b : *meta.buffers) {
+    TORCH_CHECK(saved.emplace(b.name, &b).second, source, " lists buffer '", b.name, "' twice");
+    const bool in_a_file = std::any_of(meta.files.begin(), meta.files.end(),
+                                       [&](const FileMeta& f) { return f.name == b.file; });
+    TORCH_CHECK(in_a_file, source, ": buffer '", b.name, "' is in ", b.file,
+                ", which is not among its files: the file was edited");
+  }
+  for (const auto& b : model) {
+    auto it = saved.find(b.name);
+    TORCH_CHECK(it != saved.end(), source, " has no buffer '", b.name,
+                "': it was saved from another model");
+    TORCH_CHECK(it->second->shape == b.shape, source, ": buffer '", b.name, "' has shape ",
+                shape_text(it->second->shape), " but the model's is ", shape_text(b.shape),
+                ": it was saved from another model configuration");
+  }
+  TORCH_CHECK(saved.size() == model.size(), source, " has ", saved.size(), " buffers but the model has ",
+              model.size(), ": it was saved from another model");
 }
 
 void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta>& model,
@@ -177,7 +221,7 @@ void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta
     }
   }
   check_coverage(meta, source);
-  check_adamw_steps(meta, source);
+  check_optimizer_steps(meta, source);
 }
 
 }  // namespace fsdp

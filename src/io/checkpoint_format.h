@@ -19,10 +19,22 @@ struct ParamMeta {
   std::string name;                  // e.g. "h.0.attn.c_attn.weight"
   std::vector<int64_t> shape;        // global (unsharded) shape
   std::string dtype;                 // e.g. "float"
-  std::optional<int64_t> step;       // AdamW step; empty when the optimizer holds no state for it
-  std::vector<std::string> moments;  // saved per piece when `step` is set: "exp_avg", ...
+  std::optional<int64_t> step;       // the optimizer's step; empty when it counts none (SGD)
+  std::vector<std::string> moments;  // its state tensors, saved per piece: "exp_avg", ...
 
   int64_t numel() const;
+  /// Whether the optimizer held state for it (an empty state: never stepped).
+  bool has_state() const { return step.has_value() || !moments.empty(); }
+};
+
+/// One buffer of the model (BatchNorm's running_mean...), saved whole: rank 0's values, as
+/// sync_buffers gives every rank, under its own name in one shard file.
+struct BufferMeta {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  std::string file;     // the shard file holding it
+  uint32_t crc32 = 0;   // of its bytes
 };
 
 /// Elements [begin, end) of the flattened parameter `param`, held by one file as one box of the
@@ -45,7 +57,10 @@ struct CheckpointMeta {
   int world_size = 0;        // of the run that saved it (informative: loading needs no match)
   int shard_group_size = 0;  // likewise
   std::string strategy;      // likewise
+  std::string optimizer = "AdamW";  // whose state the params hold (absent before 0.9: AdamW)
   std::vector<ParamMeta> params;
+  /// Empty when saved before buffers were saved: loading then keeps the model's own buffers.
+  std::optional<std::vector<BufferMeta>> buffers;
   std::vector<FileMeta> files;
   nlohmann::json extra = nlohmann::json::object();  // the caller's own (step, seed...)
 };
@@ -68,6 +83,11 @@ nlohmann::json to_json(const FileMeta& file);
 FileMeta parse_file_meta(const nlohmann::json& j);
 /// Parses metadata.json's text; throws naming `source` and the missing or malformed field.
 CheckpointMeta parse_metadata(const std::string& text, const std::string& source);
+
+/// Throws naming `source` unless the checkpoint (when it lists buffers) holds exactly the buffers
+/// of the model (names, shapes), each in one of its files.
+void check_buffers_match(const CheckpointMeta& meta, const std::vector<BufferMeta>& model,
+                         const std::string& source);
 
 /// Throws naming `source` unless the checkpoint holds exactly the parameters of `model` (names,
 /// shapes, dtypes) and the pieces of every parameter cover each of its elements exactly once.

@@ -1,11 +1,10 @@
 // Loading a sharded checkpoint (include/fsdp/checkpoint.h), saved by any layout: every rank
-// stages its pieces of the parameters and of the AdamW state in fresh tensors, and copies them
-// into the model and the optimizer only once every rank has succeeded ([Note: checkpoint
-// agreement]).
+// stages its pieces of the parameters and of the optimizer's state, and the model's buffers, in
+// fresh tensors, and copies them into the model and the optimizer only once every rank has
+// succeeded ([Note: checkpoint agreement]).
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
 
-#include "io/adamw_state.h"
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_pieces.h"
 #include "io/checkpoint_read.h"
@@ -22,16 +21,15 @@ namespace fsdp::detail {
 
 namespace {
 
-using torch::optim::AdamW;
-using torch::optim::AdamWParamState;
-
 /// What one local piece becomes, staged in fresh tensors until every rank has validated.
 struct StagedPiece {
   LocalPiece piece;
-  at::Tensor param;                           // 1-D [end - begin]
-  std::optional<int64_t> step;                // AdamW step; empty: the saved run had no state
-  std::map<std::string, at::Tensor> moments;  // kind -> 1-D [end - begin]
+  at::Tensor param;                       // 1-D [end - begin]
+  std::optional<ParamOptimState> state;   // tensors 1-D [end - begin]; empty: the saved run had none
 };
+
+/// The model's buffers and the saved values they get.
+using StagedBuffers = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
 // Opens the shard files holding elements of this rank's pieces.
 OpenFiles open_needed_files(const std::vector<LocalPiece>& pieces, const CheckpointMeta& meta,
@@ -49,31 +47,70 @@ OpenFiles open_needed_files(const std::vector<LocalPiece>& pieces, const Checkpo
   return files;
 }
 
-// The optimizer needs AdamW's moment `kind` of `saved`: metadata.json must list it.
-void check_moment_saved(const ParamMeta& saved, const std::string& kind, const std::string& folder) {
+// The optimizer needs its state tensor `kind` of `saved`: metadata.json must list it.
+void check_moment_saved(const ParamMeta& saved, const std::string& optimizer,
+                        const std::string& kind, const std::string& folder) {
   if (std::find(saved.moments.begin(), saved.moments.end(), kind) != saved.moments.end()) return;
   TORCH_CHECK(kind != "max_exp_avg_sq", folder, " has no '", kind, "' for '", saved.name,
-              "': it was saved by an AdamW without amsgrad");
-  TORCH_CHECK(false, folder, "/", kMetadataFile, ": parameter '", saved.name, "' has AdamW "
-              "state without its '", kind, "' (", tensor_key(kind, saved.name), " is not among "
+              "': it was saved by an ", optimizer, " without amsgrad");
+  TORCH_CHECK(kind != "momentum_buffer" && kind != "grad_avg", folder, " has no '", kind,
+              "' for '", saved.name, "': it was saved by an ", optimizer, " with other options "
+              "(momentum, centered): build the optimizer as the saved run did");
+  TORCH_CHECK(false, folder, "/", kMetadataFile, ": parameter '", saved.name, "' has ", optimizer,
+              " state without its '", kind, "' (", tensor_key(kind, saved.name), " is not among "
               "its optimizer_moments): the checkpoint is incomplete or was edited; resume from an "
               "intact checkpoint");
 }
 
-// A moment that holds inf or NaN would freeze its parameter (or make it NaN) for good.
-void check_moment_finite(const at::Tensor& moment, const std::string& kind, const std::string& name,
-                         const std::string& folder) {
-  TORCH_CHECK(at::isfinite(moment).all().item<bool>(), folder, ": AdamW's ", tensor_key(kind, name),
+// A state tensor that holds inf or NaN would freeze its parameter (or make it NaN) for good.
+void check_moment_finite(const at::Tensor& moment, const std::string& optimizer,
+                         const std::string& kind, const std::string& name, const std::string& folder) {
+  TORCH_CHECK(at::isfinite(moment).all().item<bool>(), folder, ": ", optimizer, "'s ", tensor_key(kind, name),
               " holds inf or NaN: the checkpoint was saved from a diverged run or edited; resume "
               "from an earlier checkpoint");
 }
 
-std::vector<StagedPiece> stage(FsdpState& state, AdamW& optimizer, const CheckpointMeta& meta,
-                               const std::string& folder) {
+// The checkpoint's state must be of the optimizer the program built: another's kinds differ.
+void check_same_optimizer(const CheckpointMeta& meta, const OptimizerState& optimizer,
+                          const std::string& folder) {
+  const bool any_state = std::any_of(meta.params.begin(), meta.params.end(),
+                                     [](const ParamMeta& p) { return p.has_state(); });
+  TORCH_CHECK(!any_state || meta.optimizer == optimizer.name(), folder, " holds the state of a ",
+              meta.optimizer, " optimizer but the program's optimizer is ", optimizer.name(),
+              ": build a ", meta.optimizer, " as the saved run did (or clear the optimizer's "
+              "state after loading to start it afresh)");
+}
+
+std::optional<ParamOptimState> stage_optimizer_state(const LocalPiece& piece, const ParamMeta& saved,
+                                                     const CheckpointMeta& meta,
+                                                     const OptimizerState& optimizer,
+                                                     const PieceIndex& index, const OpenFiles& files,
+                                                     const std::string& folder) {
+  if (!saved.has_state()) return std::nullopt;
+  const std::string& name = piece.entry->name;
+  const auto kinds = optimizer.kinds_needed(piece.entry->param);
+  TORCH_CHECK(kinds, folder, " holds ", meta.optimizer, " state for '", name,
+              "' but the optimizer does not hold that parameter: build it over "
+              "model->parameters()");
+  ParamOptimState staged{optimizer.counts_steps() ? saved.step : std::nullopt, {}};
+  TORCH_CHECK(!optimizer.counts_steps() || saved.step, folder, "/", kMetadataFile, ": parameter '",
+              name, "' has ", meta.optimizer, " state without its step (optimizer_step): the "
+              "file was edited; resume from an intact checkpoint");
+  for (const auto& kind : *kinds) {
+    check_moment_saved(saved, meta.optimizer, kind, folder);
+    at::Tensor t = at::empty({piece.end - piece.begin}, piece.data.options());
+    assemble(t, piece.begin, piece.end, kind, name, index, files);
+    check_moment_finite(t, meta.optimizer, kind, name, folder);
+    staged.tensors.emplace(kind, t);
+  }
+  return staged;
+}
+
+std::vector<StagedPiece> stage(FsdpState& state, const OptimizerState& optimizer,
+                               const CheckpointMeta& meta, const std::string& folder) {
   std::map<std::string, const ParamMeta*> params;
   for (const auto& p : meta.params) params[p.name] = &p;
   const PieceIndex index = index_pieces(meta);
-  const auto options = options_by_param(optimizer);
   const std::vector<LocalPiece> pieces = local_pieces(state);
   const OpenFiles files = open_needed_files(pieces, meta, index, folder, params);
 
@@ -81,54 +118,62 @@ std::vector<StagedPiece> stage(FsdpState& state, AdamW& optimizer, const Checkpo
   for (const auto& piece : pieces) {
     const std::string& name = piece.entry->name;
     const ParamMeta& saved = *params.at(name);
-    StagedPiece s{piece, at::empty({piece.end - piece.begin}, piece.data.options()), saved.step, {}};
+    StagedPiece s{piece, at::empty({piece.end - piece.begin}, piece.data.options()), {}};
     assemble(s.param, piece.begin, piece.end, "param", name, index, files);
-    if (saved.step) {
-      auto it = options.find(piece.entry->param.unsafeGetTensorImpl());
-      TORCH_CHECK(it != options.end(), folder, " holds AdamW state for '", name,
-                  "' but the optimizer does not hold that parameter: build it over "
-                  "model->parameters()");
-      for (const auto& kind : moments_needed(*it->second)) {
-        check_moment_saved(saved, kind, folder);
-        s.moments[kind] = at::empty({piece.end - piece.begin}, piece.data.options());
-        assemble(s.moments[kind], piece.begin, piece.end, kind, name, index, files);
-        check_moment_finite(s.moments[kind], kind, name, folder);
-      }
-    }
+    s.state = stage_optimizer_state(piece, saved, meta, optimizer, index, files, folder);
     staged.push_back(std::move(s));
   }
   return staged;
 }
 
-// Copies the staged pieces into the shards and replaces the optimizer's state. Cannot fail.
-void apply(AdamW& optimizer, std::vector<StagedPiece>& staged) {
+// Each buffer whole from its file, checked against its CRC-32; none when the checkpoint
+// predates saved buffers (the model keeps its own).
+StagedBuffers stage_buffers(const NamedTensors& buffers, const CheckpointMeta& meta,
+                            const std::string& folder) {
+  StagedBuffers staged;
+  if (!meta.buffers) return staged;
+  std::map<std::string, const BufferMeta*> saved;
+  for (const auto& b : *meta.buffers) saved[b.name] = &b;
+  std::map<std::string, const ParamMeta*> params;
+  for (const auto& p : meta.params) params[p.name] = &p;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> files;
+  for (const auto& [name, buffer] : buffers) {
+    const BufferMeta& b = *saved.at(name);
+    const FileMeta& file = *std::find_if(meta.files.begin(), meta.files.end(),
+                                         [&](const FileMeta& f) { return f.name == b.file; });
+    auto& reader = files[b.file];
+    if (!reader) reader = open_shard_file(folder, file, params);
+    at::Tensor value = read_whole_checked(*reader, name, b.shape, b.crc32);
+    staged.emplace_back(buffer, std::move(value));
+  }
+  return staged;
+}
+
+// Copies the staged pieces into the shards, the buffers into the model, and replaces the
+// optimizer's state. Cannot fail.
+void apply(OptimizerState& optimizer, std::vector<StagedPiece>& staged, StagedBuffers& buffers) {
   torch::NoGradGuard no_grad;
   for (auto& s : staged) {
     s.piece.data.copy_(s.param);
     const at::Tensor& param = s.piece.entry->param;
-    void* key = param.unsafeGetTensorImpl();
-    if (!s.step) {
-      optimizer.state().erase(key);
-      continue;
+    if (s.state) {
+      for (auto& item : s.state->tensors) item.second = item.second.view(param.sizes());
     }
-    auto adam = std::make_unique<AdamWParamState>();
-    adam->step(*s.step);
-    adam->exp_avg(s.moments.at("exp_avg").view(param.sizes()));
-    adam->exp_avg_sq(s.moments.at("exp_avg_sq").view(param.sizes()));
-    if (s.moments.count("max_exp_avg_sq")) {
-      adam->max_exp_avg_sq(s.moments.at("max_exp_avg_sq").view(param.sizes()));
-    }
-    optimizer.state()[key] = std::move(adam);
+    optimizer.write(param, s.state);
   }
+  for (auto& [buffer, value] : buffers) buffer.copy_(value);
 }
 
 }  // namespace
 
-nlohmann::json load_sharded(FsdpState& state, AdamW& optimizer, const std::string& folder) {
+nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
+                            torch::optim::Optimizer& optimizer_in, const std::string& folder) {
+  OptimizerState optimizer(optimizer_in, "load_sharded");
   ProcessGroup& world = state.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   CheckpointMeta meta;
   std::vector<StagedPiece> staged;
+  StagedBuffers staged_buffers;
   uint32_t metadata_crc = 0;
   std::string error = try_local([&] {
     TORCH_CHECK(std::filesystem::exists(metadata), metadata, " does not exist: ", folder,
@@ -139,7 +184,10 @@ nlohmann::json load_sharded(FsdpState& state, AdamW& optimizer, const std::strin
     meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
     for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
     check_matches_model(meta, describe_model(state, optimizer), metadata);
+    check_buffers_match(meta, describe_buffers(buffers), metadata);
+    check_same_optimizer(meta, optimizer, folder);
     staged = stage(state, optimizer, meta, folder);
+    staged_buffers = stage_buffers(buffers, meta, folder);
   });
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
 
@@ -152,7 +200,7 @@ nlohmann::json load_sharded(FsdpState& state, AdamW& optimizer, const std::strin
               : metadata + " differs from rank 0's: every rank must read the same checkpoint";
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
 
-  apply(optimizer, staged);
+  apply(optimizer, staged, staged_buffers);
   return meta.extra;
 }
 

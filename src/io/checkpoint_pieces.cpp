@@ -1,6 +1,5 @@
 #include "io/checkpoint_pieces.h"
 
-#include "io/adamw_state.h"
 
 #include <c10/util/Exception.h>
 
@@ -21,21 +20,27 @@ std::vector<LocalPiece> local_pieces(FsdpState& state) {
   return pieces;
 }
 
-std::vector<ParamMeta> describe_model(FsdpState& state, torch::optim::AdamW& optimizer) {
+std::vector<ParamMeta> describe_model(FsdpState& state, const OptimizerState& optimizer) {
   std::vector<ParamMeta> params;
   for (auto& group : state.groups()) {
     for (auto& e : group->flat().entries()) {
       ParamMeta meta{e.name, e.shape, std::string(c10::toString(e.param.scalar_type())), {}, {}};
-      if (const auto* adam = adamw_state(optimizer, e.param)) {
-        meta.step = adam->step();
-        for (const char* kind : kMomentKinds) {
-          if (moment(*adam, kind).defined()) meta.moments.push_back(kind);
-        }
+      if (const auto saved = optimizer.read(e.param)) {
+        meta.step = saved->step;
+        for (const auto& item : saved->tensors) meta.moments.push_back(item.first);
       }
       params.push_back(std::move(meta));
     }
   }
   return params;
+}
+
+std::vector<BufferMeta> describe_buffers(const NamedTensors& buffers) {
+  std::vector<BufferMeta> out;
+  for (const auto& [name, buffer] : buffers) {
+    out.push_back(BufferMeta{name, buffer.sizes().vec(), std::string(c10::toString(buffer.scalar_type())), {}, 0});
+  }
+  return out;
 }
 
 }  // namespace fsdp::detail

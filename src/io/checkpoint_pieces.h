@@ -3,9 +3,10 @@
 // what it loads), and the description of every parameter that metadata.json holds.
 
 #include "io/checkpoint_format.h"
+#include "io/optimizer_state.h"
 #include "core/fsdp_state.h"
 
-#include <torch/optim/adamw.h>
+#include <fsdp/named_tensors.h>
 
 #include <cstdint>
 #include <vector>
@@ -24,7 +25,11 @@ struct LocalPiece {
 /// (between a forward and its backward).
 std::vector<LocalPiece> local_pieces(FsdpState& state);
 
-/// The model's parameters as metadata: names, shapes, dtypes, and this rank's AdamW steps.
-std::vector<ParamMeta> describe_model(FsdpState& state, torch::optim::AdamW& optimizer);
+/// The model's parameters as metadata: names, shapes, dtypes, and this rank's optimizer steps
+/// and kinds of state.
+std::vector<ParamMeta> describe_model(FsdpState& state, const OptimizerState& optimizer);
+
+/// The model's buffers as metadata (names, shapes, dtypes; no file yet).
+std::vector<BufferMeta> describe_buffers(const NamedTensors& buffers);
 
 }  // namespace fsdp::detail

@@ -94,7 +94,7 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
   for (const auto& piece : file.pieces) {
     const ParamMeta& param = *params.at(piece.param);
     std::vector<std::string> kinds{"param"};
-    if (param.step) kinds.insert(kinds.end(), param.moments.begin(), param.moments.end());
+    if (param.has_state()) kinds.insert(kinds.end(), param.moments.begin(), param.moments.end());
     for (const auto& kind : kinds) {
       const auto& entry = reader->entry(tensor_key(kind, piece.param));
       TORCH_CHECK(entry.numel() == piece.end - piece.begin &&
@@ -111,6 +111,20 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
     }
   }
   return reader;
+}
+
+at::Tensor read_whole_checked(const SafetensorsReader& file, const std::string& key,
+                              const std::vector<int64_t>& shape, uint32_t crc) {
+  const auto& entry = file.entry(key);
+  TORCH_CHECK(entry.shape == shape, file.path(), ": buffer '", key, "' has shape ",
+              shape_text(entry.shape), " but ", kMetadataFile, " says ", shape_text(shape),
+              ": the file was edited or is corrupt");
+  at::Tensor data = at::empty(shape, at::TensorOptions().dtype(entry.dtype));
+  file.read_range_into(key, 0, data.view({-1}));
+  const uint32_t actual = crc32(data.data_ptr(), data.nbytes());
+  TORCH_CHECK(actual == crc, file.path(), ": buffer '", key, "' has CRC-32 ", actual, " but ",
+              kMetadataFile, " says ", crc, ": the file is corrupt");
+  return data;
 }
 
 void assemble(const at::Tensor& out, int64_t begin, int64_t end, const std::string& kind,

@@ -1,10 +1,10 @@
 // Saving a sharded checkpoint (include/fsdp/checkpoint.h): each writing rank's pieces of the
-// parameters and of the AdamW state to its shard files, then metadata.json, written last by
-// rank 0 ([Note: checkpoint agreement] between the phases).
+// parameters and of the optimizer's state to its shard files (rank 0's first also the model's
+// buffers, whole), then metadata.json, written last by rank 0 ([Note: checkpoint agreement]
+// between the phases).
 #include <fsdp/checkpoint.h>
 #include <fsdp/safetensors.h>
 
-#include "io/adamw_state.h"
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_pieces.h"
 #include "io/tensor_boxes.h"
@@ -20,7 +20,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The tensors of one shard file: for each box, the parameter's and its AdamW moments' views.
+// The tensors of one shard file: for each box, the parameter's and its optimizer state's views.
 struct ShardFileContents {
   NamedTensors tensors;
   nlohmann::json sharding_info = nlohmann::json::object();  // DCP_SHARDING_INFO
@@ -36,13 +36,13 @@ void add_box(ShardFileContents& contents, const std::string& key, const at::Tens
 }
 
 // Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); shard file k holds the
-// k-th box of every piece. AdamW's step goes, as a 0-d float ("state.NAME.step", as PyTorch's
-// AdamW keeps it), with the box that starts the parameter.
-std::vector<ShardFileContents> shard_files_contents(FsdpState& state, torch::optim::AdamW& optimizer) {
+// k-th box of every piece. The optimizer's step goes, as a 0-d float ("state.NAME.step", as
+// PyTorch's optimizers keep it), with the box that starts the parameter.
+std::vector<ShardFileContents> shard_files_contents(FsdpState& state, const OptimizerState& optimizer) {
   std::vector<ShardFileContents> files;
   for (const auto& piece : local_pieces(state)) {
     const FlatEntry& entry = *piece.entry;
-    const auto* adam = adamw_state(optimizer, entry.param);
+    const auto saved = optimizer.read(entry.param);
     const auto boxes = boxes_of_range(entry.shape, piece.begin, piece.end);
     if (files.size() < boxes.size()) files.resize(boxes.size());
     for (size_t k = 0; k < boxes.size(); ++k) {
@@ -53,24 +53,40 @@ std::vector<ShardFileContents> shard_files_contents(FsdpState& state, torch::opt
       };
       add_box(contents, tensor_key("param", entry.name), view(piece.data), box.offsets);
       contents.pieces.push_back(PieceMeta{entry.name, box.begin, box.end, {}});
-      if (!adam) continue;
-      for (const char* kind : kMomentKinds) {
-        const at::Tensor m = moment(*adam, kind);
-        if (m.defined()) add_box(contents, tensor_key(kind, entry.name), view(m.reshape({-1})), box.offsets);
+      if (!saved) continue;
+      for (const auto& [kind, tensor] : saved->tensors) {
+        add_box(contents, tensor_key(kind, entry.name), view(tensor.reshape({-1})), box.offsets);
       }
-      if (box.begin == 0) {
+      if (box.begin == 0 && saved->step) {
         add_box(contents, tensor_key("step", entry.name),
-                at::scalar_tensor(static_cast<double>(adam->step()), at::kFloat), {});
+                at::scalar_tensor(static_cast<double>(*saved->step), at::kFloat), {});
       }
     }
   }
   return files;
 }
 
-// Writes this rank's shard files; returns their descriptions for metadata.json.
-std::vector<FileMeta> write_shard_files(FsdpState& state, torch::optim::AdamW& optimizer,
-                                        const std::string& folder) {
+// Rank 0's buffers, whole (their offsets all 0 in DCP_SHARDING_INFO), join its first file.
+void add_buffers(ShardFileContents& contents, const NamedTensors& buffers) {
+  for (const auto& [name, buffer] : buffers) {
+    add_box(contents, name, buffer.detach().to(at::kCPU).contiguous(),
+            std::vector<int64_t>(buffer.dim(), 0));
+  }
+}
+
+// Writes this rank's shard files; returns their descriptions for metadata.json, and (rank 0)
+// `buffers` described in `buffer_metas`.
+std::vector<FileMeta> write_shard_files(FsdpState& state, const OptimizerState& optimizer,
+                                        const NamedTensors& buffers, const std::string& folder,
+                                        std::vector<BufferMeta>& buffer_metas) {
   auto contents_by_file = shard_files_contents(state, optimizer);
+  const bool holds_buffers = state.world().rank() == 0 && !buffers.empty();
+  if (holds_buffers) {
+    if (contents_by_file.empty()) contents_by_file.resize(1);
+    add_buffers(contents_by_file[0], buffers);
+  }
+  std::vector<std::string> kinds = optimizer.kinds_in_use();
+  kinds.insert(kinds.end(), {"param", "step"});
   std::vector<FileMeta> files;
   for (size_t k = 0; k < contents_by_file.size(); ++k) {
     ShardFileContents& contents = contents_by_file[k];
@@ -86,9 +102,16 @@ std::vector<FileMeta> write_shard_files(FsdpState& state, torch::optim::AdamW& o
       crc_of_key[contents.tensors[t].first] = written.tensor_crc32[t];
     }
     for (auto& piece : contents.pieces) {
-      for (const char* kind : {"param", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"}) {
+      for (const auto& kind : kinds) {
         auto it = crc_of_key.find(tensor_key(kind, piece.param));
         if (it != crc_of_key.end()) piece.crc32[kind] = it->second;
+      }
+    }
+    if (holds_buffers && k == 0) {
+      buffer_metas = describe_buffers(buffers);
+      for (auto& b : buffer_metas) {
+        b.file = file.name;
+        b.crc32 = crc_of_key.at(b.name);
       }
     }
     file.pieces = std::move(contents.pieces);
@@ -97,10 +120,13 @@ std::vector<FileMeta> write_shard_files(FsdpState& state, torch::optim::AdamW& o
   return files;
 }
 
-CheckpointMeta build_metadata(FsdpState& state, torch::optim::AdamW& optimizer,
+CheckpointMeta build_metadata(FsdpState& state, const OptimizerState& optimizer,
+                              const std::vector<BufferMeta>& buffers,
                               const std::vector<std::string>& descriptions,
                               const nlohmann::json& extra) {
   CheckpointMeta meta;
+  meta.optimizer = optimizer.name();
+  meta.buffers = buffers;
   meta.world_size = state.world().size();
   meta.shard_group_size = state.collectives().size();
   meta.strategy = to_string(state.options().strategy());
@@ -117,8 +143,11 @@ CheckpointMeta build_metadata(FsdpState& state, torch::optim::AdamW& optimizer,
 
 }  // namespace
 
-void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::string& folder,
+void save_sharded(FsdpState& state, const NamedTensors& buffers,
+                  torch::optim::Optimizer& optimizer_in, const std::string& folder,
                   const nlohmann::json& extra, const SaveHooks& hooks) {
+  // The same on every rank (the same optimizer class): every rank throws, before any collective.
+  const OptimizerState optimizer(optimizer_in, "save_sharded");
   ProcessGroup& world = state.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   // An old metadata.json would make a half-rewritten folder look complete.
@@ -133,10 +162,13 @@ void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::s
   auto* replicas = state.replicate_collectives();
   const bool writer = replicas == nullptr || replicas->rank() == 0;
   std::string description;
+  std::vector<BufferMeta> buffer_metas;  // rank 0's
   error = try_local([&] {
     if (!writer) return;
     nlohmann::json files = nlohmann::json::array();
-    for (const auto& file : write_shard_files(state, optimizer, folder)) files.push_back(to_json(file));
+    for (const auto& file : write_shard_files(state, optimizer, buffers, folder, buffer_metas)) {
+      files.push_back(to_json(file));
+    }
     description = files.dump();
     if (hooks.after_shard_files) hooks.after_shard_files();
   });
@@ -145,8 +177,9 @@ void save_sharded(FsdpState& state, torch::optim::AdamW& optimizer, const std::s
   const auto descriptions = all_gather_strings(world, description);
   error = try_local([&] {
     if (world.rank() != 0) return;
-    const CheckpointMeta meta = build_metadata(state, optimizer, descriptions, extra);
+    const CheckpointMeta meta = build_metadata(state, optimizer, buffer_metas, descriptions, extra);
     check_matches_model(meta, describe_model(state, optimizer), metadata);  // a complete layout
+    check_buffers_match(meta, describe_buffers(buffers), metadata);
     const std::string text = to_json(meta).dump(1);
     write_file_atomically(metadata, std::vector<char>(text.begin(), text.end()));
   });

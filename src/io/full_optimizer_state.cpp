@@ -1,9 +1,9 @@
-// gather_full_optimizer_state (include/fsdp/checkpoint.h): every parameter's AdamW moments,
-// gathered unit by unit from the shards like the parameters themselves.
+// gather_full_optimizer_state (include/fsdp/checkpoint.h): every parameter's optimizer state
+// tensors, gathered unit by unit from the shards like the parameters themselves.
 #include <fsdp/checkpoint.h>
 
-#include "io/adamw_state.h"
 #include "io/checkpoint_format.h"
+#include "io/optimizer_state.h"
 #include "core/model_collectives.h"
 
 #include <ATen/ATen.h>
@@ -13,16 +13,16 @@ namespace fsdp::detail {
 
 namespace {
 
-// The moments of `kind` of `flat`'s parameters, laid out like its shard (zeros where a
+// The state tensors of `kind` of `flat`'s parameters, laid out like its shard (zeros where a
 // parameter has none), on the collectives' device (a GPU's, also when the shards are offloaded).
-at::Tensor moment_shard(FsdpState& state, torch::optim::AdamW& optimizer, FlatParam& flat,
-                        const char* kind) {
+at::Tensor state_shard(FsdpState& state, const OptimizerState& optimizer, FlatParam& flat,
+                       const std::string& kind) {
   const auto options = flat.shard().options().device(state.compute_device()).pinned_memory(false);
   at::Tensor shard = at::zeros({flat.shard_numel()}, options);
   for (auto& e : flat.entries()) {
-    const auto* adam = adamw_state(optimizer, e.param);
-    if (adam && moment(*adam, kind).defined() && !e.outside_shard()) {
-      e.in_shard(shard).copy_(moment(*adam, kind).reshape({-1}));
+    const auto saved = optimizer.read(e.param);
+    if (saved && saved->tensors.count(kind) && !e.outside_shard()) {
+      e.in_shard(shard).copy_(saved->tensors.at(kind).reshape({-1}));
     }
   }
   return shard;
@@ -30,24 +30,26 @@ at::Tensor moment_shard(FsdpState& state, torch::optim::AdamW& optimizer, FlatPa
 
 }  // namespace
 
-NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::AdamW& optimizer) {
+NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimizer& optimizer_in) {
   torch::NoGradGuard no_grad;
-  const bool amsgrad = any_amsgrad(optimizer);  // the same on every rank: the same collectives
+  const OptimizerState optimizer(optimizer_in, "gather_full_optimizer_state");
+  // The same kinds on every rank: the same collectives.
+  const std::vector<std::string> kinds = optimizer.kinds_in_use();
   NamedTensors out;
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
-    for (const char* kind : kMomentKinds) {
-      if (std::string(kind) == "max_exp_avg_sq" && !amsgrad) continue;
-      const at::Tensor full = gather_flat(state, flat, moment_shard(state, optimizer, flat, kind));
+    for (const auto& kind : kinds) {
+      const at::Tensor full = gather_flat(state, flat, state_shard(state, optimizer, flat, kind));
       for (auto& e : flat.entries()) {
-        const auto* adam = adamw_state(optimizer, e.param);
-        if (!adam || !moment(*adam, kind).defined()) continue;
+        const auto saved = optimizer.read(e.param);
+        if (!saved || !saved->tensors.count(kind)) continue;
         out.emplace_back(tensor_key(kind, e.name), e.in_full(full).clone());
       }
     }
     for (auto& e : flat.entries()) {
-      if (const auto* adam = adamw_state(optimizer, e.param)) {
-        out.emplace_back(tensor_key("step", e.name), at::scalar_tensor(adam->step(), at::kLong));
+      const auto saved = optimizer.read(e.param);
+      if (saved && saved->step) {
+        out.emplace_back(tensor_key("step", e.name), at::scalar_tensor(*saved->step, at::kLong));
       }
     }
   }

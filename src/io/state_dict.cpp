@@ -16,10 +16,24 @@ namespace {
 
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// Every expected name present with its shape, nothing else; returns the tensors by name.
-std::map<std::string, at::Tensor> check_complete(const Shapes& expected, const NamedTensors& tensors,
+// The buffers that `by_name` holds must have their shapes.
+void check_buffer_shapes(const NamedTensors& buffers, const std::map<std::string, at::Tensor>& by_name,
+                         const std::string& source) {
+  for (const auto& [name, buffer] : buffers) {
+    auto it = by_name.find(name);
+    TORCH_CHECK(it == by_name.end() || it->second.sizes() == buffer.sizes(), source, ": buffer '",
+                name, "' has shape ", it->second.sizes(), " but the model's is ", buffer.sizes(),
+                ": it was saved from another model configuration");
+  }
+}
+
+// Every expected name present with its shape, buffers (optional) with theirs, nothing else;
+// returns the tensors by name.
+std::map<std::string, at::Tensor> check_complete(const Shapes& expected, const NamedTensors& buffers,
+                                                 const NamedTensors& tensors,
                                                  const std::string& source) {
   std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+  check_buffer_shapes(buffers, by_name, source);
   for (const auto& [name, shape] : expected) {
     auto it = by_name.find(name);
     TORCH_CHECK(it != by_name.end(), source, " has no parameter '", name,
@@ -32,6 +46,7 @@ std::map<std::string, at::Tensor> check_complete(const Shapes& expected, const N
   if (by_name.size() != expected.size()) {
     std::map<std::string, bool> known;
     for (const auto& item : expected) known[item.first] = true;
+    for (const auto& item : buffers) known[item.first] = true;
     for (const auto& item : by_name) {
       TORCH_CHECK(known.count(item.first), source, " has parameter '", item.first,
                   "' that the model does not have: it was saved from another model");
@@ -40,9 +55,22 @@ std::map<std::string, at::Tensor> check_complete(const Shapes& expected, const N
   return by_name;
 }
 
+// The model's buffers take the values in `by_name` (those it holds).
+void copy_buffers(const NamedTensors& buffers, const std::map<std::string, at::Tensor>& by_name) {
+  for (const auto& [name, buffer] : buffers) {
+    if (auto it = by_name.find(name); it != by_name.end()) buffer.copy_(it->second);
+  }
+}
+
 }  // namespace
 
-NamedTensors gather_full_params(FsdpState& state) {
+NamedTensors module_buffers(torch::nn::Module& module) {
+  NamedTensors buffers;
+  for (const auto& item : module.named_buffers()) buffers.emplace_back(item.key(), item.value());
+  return buffers;
+}
+
+NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers) {
   torch::NoGradGuard no_grad;
   NamedTensors params;
   for (auto& group : state.groups()) {
@@ -51,11 +79,18 @@ NamedTensors gather_full_params(FsdpState& state) {
     const at::Tensor full = gather_flat(state, flat, flat.shard().to(state.compute_device()));
     for (const auto& e : flat.entries()) params.emplace_back(e.name, e.in_full(full).clone());
   }
+  // Rank 0's buffers, as sync_buffers gives every rank (each rank's own running statistics
+  // drift apart under BatchNorm), over the world process group, in host memory.
+  for (const auto& [name, buffer] : buffers) {
+    at::Tensor value = buffer.detach().to(at::kCPU).clone();
+    broadcast(state.world(), value, /*root=*/0);
+    params.emplace_back(name, value.to(buffer.device()));
+  }
   return params;
 }
 
-void save_full_params(FsdpState& state, const std::string& path) {
-  NamedTensors params = gather_full_params(state);
+void save_full_params(FsdpState& state, const NamedTensors& buffers, const std::string& path) {
+  NamedTensors params = gather_full_params(state, buffers);
   std::string error;
   if (state.world().rank() == 0) {
     try {
@@ -72,13 +107,15 @@ void save_full_params(FsdpState& state, const std::string& path) {
               error.empty() ? "" : ": " + error);
 }
 
-void load_full_params(FsdpState& state, const NamedTensors& tensors, const std::string& source) {
+void load_full_params(FsdpState& state, const NamedTensors& buffers, const NamedTensors& tensors,
+                      const std::string& source) {
   Shapes expected;
   for (auto& group : state.groups()) {
     for (const auto& e : group->flat().entries()) expected.emplace_back(e.name, e.shape);
   }
-  auto by_name = check_complete(expected, tensors, source);
+  auto by_name = check_complete(expected, buffers, tensors, source);
   torch::NoGradGuard no_grad;
+  copy_buffers(buffers, by_name);
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
     for (const auto& e : flat.entries()) {
@@ -93,9 +130,11 @@ void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
   for (const auto& item : module.named_parameters()) {
     expected.emplace_back(item.key(), item.value().sizes().vec());
   }
-  auto by_name = check_complete(expected, tensors, source);
+  const NamedTensors buffers = module_buffers(module);
+  auto by_name = check_complete(expected, buffers, tensors, source);
   torch::NoGradGuard no_grad;
   for (auto& item : module.named_parameters()) item.value().copy_(by_name.at(item.key()));
+  copy_buffers(buffers, by_name);
 }
 
 }  // namespace detail

@@ -1,0 +1,192 @@
+// Sharded checkpoints carry the whole training state, whatever the optimizer: a model with
+// BatchNorm trained by each of torch::optim's SGD (momentum), Adam, AdamW, RMSprop and Adagrad,
+// saved by W - 1 ranks (a subgroup of this job) and resumed by all W, ends where the unsharded
+// program that was never interrupted ends, within fp32 rounding: parameters, running
+// statistics, num_batches_tracked. Every rank trains on the same batch, so BatchNorm's
+// statistics, and so the run, do not depend on the world size; the unsharded program is each
+// rank's own plain LibTorch model. The full state dict holds the buffers, and an optimizer whose
+// state is unknown is refused by name at the first save.
+#include "dist_env.h"
+
+#include <fsdp/checkpoint.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <unistd.h>
+
+namespace fsdp_test {
+namespace {
+
+namespace nn = torch::nn;
+namespace fs = std::filesystem;
+
+struct BlockImpl : nn::Module {
+  BlockImpl() {
+    // No bias before BatchNorm: its gradient would be rounding noise alone (BatchNorm removes a
+    // constant shift), which Adam-like optimizers scale up to full steps. 35 elements: uneven
+    // shards at W = 2 and 3.
+    fc = register_module("fc", nn::Linear(nn::LinearOptions(5, 7).bias(false)));
+    bn = register_module("bn", nn::BatchNorm1d(7));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(bn(fc(x))); }
+  nn::Linear fc{nullptr};
+  nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(Block);
+
+struct NetImpl : nn::Module {
+  NetImpl() {
+    block = register_module("block", Block());
+    head = register_module("head", nn::Linear(7, 3));
+    block_unit = block;
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(block_unit(x)); }
+  Block block{nullptr};
+  nn::Linear head{nullptr};
+  fsdp::Unit<Block> block_unit;
+};
+TORCH_MODULE(Net);
+
+constexpr int kSteps = 6;
+constexpr int kSavedAt = 3;
+
+Net fresh_net() {
+  torch::manual_seed(11);
+  return Net();
+}
+
+std::pair<torch::Tensor, torch::Tensor> batch(int step) {  // the same on every rank
+  auto gen = at::detail::createCPUGenerator(500 + step);
+  return {torch::randn({8, 5}, gen), torch::randn({8, 3}, gen)};
+}
+
+using MakeOptimizer = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>;
+
+void train(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
+           torch::optim::Optimizer& optimizer, int first, int last) {
+  for (int step = first; step < last; ++step) {
+    auto [x, y] = batch(step);
+    optimizer.zero_grad();
+    torch::mse_loss(forward(x), y).backward();
+    optimizer.step();
+  }
+}
+
+std::map<std::string, torch::Tensor> state_of(nn::Module& net) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : net.named_parameters()) out[item.key()] = item.value().detach().clone();
+  for (const auto& item : net.named_buffers()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// A folder every rank names alike (rank 0's pid, the optimizer); rank 0 removes it.
+std::string shared_folder(const std::string& what) {
+  auto pid = torch::full({1}, static_cast<int64_t>(::getpid()), torch::kLong);
+  fsdp::broadcast(*dist().world, pid, 0);
+  return "/tmp/fsdp-checkpoint-state-" + std::to_string(pid.item<int64_t>()) + "-w" +
+         std::to_string(dist().world_size()) + "-" + what;
+}
+
+void barrier() {
+  auto t = torch::zeros({1});
+  fsdp::all_reduce_sum(*dist().world, t);
+}
+
+// The unsharded program's final state, then: W - 1 ranks train to kSavedAt and save, all W load
+// and train to kSteps; the full state dict must match the unsharded one.
+void expect_resume_equals_uninterrupted(const std::string& name, const MakeOptimizer& make) {
+  const int world = dist().world_size();
+  if (world < 2) GTEST_SKIP() << "one rank: no other world size to resume at";
+  Net reference = fresh_net();
+  auto reference_optimizer = make(reference->parameters());
+  train([&](const torch::Tensor& x) { return reference->forward(x); }, *reference_optimizer, 0, kSteps);
+  const auto expected = state_of(*reference);
+
+  const std::string folder = shared_folder(name);
+  std::vector<int> savers(world - 1);
+  for (int r = 0; r < world - 1; ++r) savers[r] = r;
+  if (dist().rank() < world - 1) {
+    auto group = dist().world->subgroup(savers, "savers-" + name);
+    auto model = fsdp::fully_shard(fresh_net(), *group);
+    auto optimizer = make(model->parameters());
+    train([&](const torch::Tensor& x) { return model(x); }, *optimizer, 0, kSavedAt);
+    fsdp::save_sharded(model, *optimizer, folder, {{"step", kSavedAt}});
+  }
+  barrier();
+
+  auto model = fsdp::fully_shard(fresh_net(), *dist().world);
+  auto optimizer = make(model->parameters());
+  EXPECT_EQ(fsdp::load_sharded(model, *optimizer, folder).at("step").get<int>(), kSavedAt);
+  EXPECT_EQ(model->block->bn->num_batches_tracked.item<int64_t>(), kSavedAt);
+  train([&](const torch::Tensor& x) { return model(x); }, *optimizer, kSavedAt, kSteps);
+
+  const auto full = fsdp::gather_full_params(model);
+  EXPECT_EQ(full.size(), expected.size()) << "the full state dict: every parameter and buffer";
+  double worst = 0;
+  for (const auto& [key, tensor] : full) {
+    ASSERT_TRUE(expected.count(key)) << key;
+    const auto& want = expected.at(key);
+    const double diff = (tensor.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>() /
+                        std::max(want.to(torch::kDouble).abs().max().item<double>(), 1e-12);
+    EXPECT_LE(diff, 1e-5) << name << ": " << key;
+    worst = std::max(worst, diff);
+  }
+  if (dist().rank() == 0) {
+    std::printf("[%s] saved at W=%d, resumed at W=%d: max relative difference %.3g\n",
+                name.c_str(), world - 1, world, worst);
+  }
+  barrier();
+  if (dist().rank() == 0) fs::remove_all(folder);
+}
+
+TEST(CheckpointState, SgdWithMomentumResumesAtAnotherWorldSize) {
+  expect_resume_equals_uninterrupted("sgd", [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::SGD>(p, torch::optim::SGDOptions(0.1).momentum(0.9));
+  });
+}
+
+TEST(CheckpointState, AdamResumesAtAnotherWorldSize) {
+  expect_resume_equals_uninterrupted("adam", [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(0.01));
+  });
+}
+
+TEST(CheckpointState, AdamWWithAmsgradResumesAtAnotherWorldSize) {
+  expect_resume_equals_uninterrupted("adamw", [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::AdamW>(p, torch::optim::AdamWOptions(0.01).amsgrad(true));
+  });
+}
+
+TEST(CheckpointState, CenteredRmspropWithMomentumResumesAtAnotherWorldSize) {
+  expect_resume_equals_uninterrupted("rmsprop", [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::RMSprop>(
+        p, torch::optim::RMSpropOptions(0.01).momentum(0.5).centered(true));
+  });
+}
+
+TEST(CheckpointState, AdagradResumesAtAnotherWorldSize) {
+  expect_resume_equals_uninterrupted("adagrad", [](std::vector<torch::Tensor> p) {
+    return std::make_unique<torch::optim::Adagrad>(p, torch::optim::AdagradOptions(0.1));
+  });
+}
+
+TEST(CheckpointState, AnUnknownOptimizerIsRefusedByNameAtTheFirstSave) {
+  auto model = fsdp::fully_shard(fresh_net(), *dist().world);
+  torch::optim::LBFGS optimizer(model->parameters());
+  try {
+    fsdp::save_sharded(model, optimizer, shared_folder("lbfgs"));
+    FAIL() << "saved an LBFGS";
+  } catch (const c10::Error& e) {
+    const std::string text = e.what_without_backtrace();
+    EXPECT_NE(text.find("LBFGS"), std::string::npos) << text;
+    EXPECT_NE(text.find("SGD, Adam, AdamW, RMSprop"), std::string::npos) << text;
+  }
+  barrier();
+}
+
+}  // namespace
+}  // namespace fsdp_test
