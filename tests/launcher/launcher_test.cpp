@@ -116,7 +116,8 @@ class TempDir {
 // starts fsdprun without them (a test that wants one passes it explicitly).
 const char* const kScrubbedVariables[] = {
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT"};
+    "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "PYTHONUNBUFFERED"};  // Python would flush every line without fsdprun's help
 
 struct Result {
   int status = -1;  // raw wait status
