@@ -80,6 +80,22 @@ struct UnitSlot {
 
 /// Registers `module` as a unit and returns its slot (fully_shard finds units through this).
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
+/// The slot of the unit holding `module`; null if no Unit holds it.
+std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module);
+
+// [Note: unit->forward]
+// Every public LibTorch program calls a submodule as `sub->forward(x)`. Through a Unit, `->`
+// would reach the module itself and skip the unit: the module would compute on its 1-D shard.
+// So a Unit's `->` shows the module as UnitMembers, the module's own type with `forward` hidden
+// by one that calls the unit; every other member (parameters(), train(), fields) is the
+// module's. (UnitMembers adds no data and is never constructed: it only renames `forward`.)
+template <class U>
+struct UnitMembers : U::Impl {
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return U::holding(this)(std::forward<Args>(args)...);
+  }
+};
 
 void pre_forward(UnitSlot& unit);
 void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
@@ -155,6 +171,8 @@ void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds no tensor
 template <class M>
 class Unit {
  public:
+  using Impl = typename M::ContainedType;
+
   Unit() = default;
   /* implicit */ Unit(M module)
       : module_(std::move(module)), slot_(detail::register_unit(module_.ptr().get())) {
@@ -170,7 +188,14 @@ class Unit {
 
   M& module() { return module_; }
   const M& module() const { return module_; }
-  auto operator->() { return module_.operator->(); }
+  /// The module's members, `forward` going through the unit ([Note: unit->forward]).
+  auto operator->() {
+    if constexpr (std::is_final_v<Impl>) {
+      return module_.operator->();
+    } else {
+      return static_cast<detail::UnitMembers<Unit>*>(module_.operator->());
+    }
+  }
   auto operator->() const { return module_.operator->(); }
   bool is_sharded() const { return slot_ && slot_->group; }
 
@@ -181,6 +206,14 @@ class Unit {
 
   /// Internal: the slot filled in by fully_shard().
   detail::UnitSlot& slot() { return *slot_; }
+
+  /// Internal: a holder of the unit whose module is `impl` (another holder of the same unit).
+  static Unit holding(Impl* impl) {
+    Unit unit;
+    unit.module_ = M(std::static_pointer_cast<Impl>(impl->shared_from_this()));
+    unit.slot_ = detail::find_unit(impl);
+    return unit;
+  }
 
  private:
   // Unshard, forward, reshard; the pre-backward hook goes on the outputs.

@@ -37,12 +37,6 @@ UnitRegistry& registry() {
   return instance;
 }
 
-std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
-  std::lock_guard<std::mutex> lock(registry().mutex);
-  auto it = registry().slots.find(module);
-  return it == registry().slots.end() ? nullptr : it->second.lock();
-}
-
 // The innermost unit whose module path is a prefix of the parameter's name ("" for the root).
 const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::string& param) {
   const std::string* best = &plans[0].name;
@@ -158,6 +152,12 @@ void check_presharded_claimed(const std::vector<UnitPlan>& plans, size_t preshar
 }
 
 }  // namespace
+
+std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().slots.find(module);
+  return it == registry().slots.end() ? nullptr : it->second.lock();
+}
 
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
   auto slot = std::make_shared<UnitSlot>();

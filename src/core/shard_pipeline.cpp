@@ -49,6 +49,15 @@ std::vector<at::Tensor> tensors_of(const NamedTensors& params) {
   return tensors;
 }
 
+// The parameters of the plans not sharded yet (presharded ones were checked when sharded).
+NamedTensors unsharded_params(const std::vector<UnitPlan>& plans) {
+  NamedTensors params;
+  for (const auto& plan : plans) {
+    if (!plan.presharded) params.insert(params.end(), plan.params.begin(), plan.params.end());
+  }
+  return params;
+}
+
 }  // namespace
 
 void place_on_device(torch::nn::Module& module, const c10::Device& device, bool offload) {
@@ -65,7 +74,11 @@ void shard_units(FsdpState& state, std::vector<UnitPlan>& plans, const ParamInit
   for (auto& plan : plans) {
     if (!plan.presharded && init) initialise(plan.params, init);
   }
-  if (options.verify_model()) check_same_model_on_all_ranks(state.world(), describe(plans));
+  if (options.verify_model()) {
+    check_same_model_on_all_ranks(state.world(), describe(plans));
+    // sync_module_states makes them rank 0's anyway.
+    if (!options.sync_module_states()) check_same_initial_values(state.world(), unsharded_params(plans));
+  }
   for (auto& plan : plans) {
     if (plan.presharded) continue;
     if (options.sync_module_states()) broadcast_from_rank0(tensors_of(plan.params), state.world());

@@ -7,7 +7,8 @@
 //     name); fully_shard plans the whole model, a deferred unit takes what no inner unit took;
 //  3. initialise: the user's ParamInit, without recording gradients;
 //  4. verify: every rank holds the same parameters (verify_model), before any collective
-//     touches them;
+//     touches them, and, unless step 5 makes them rank 0's, the same initial values (one
+//     all-reduce of their checksums);
 //  5. sync: every rank takes rank 0's values (sync_module_states);
 //  6. build: the unit's flat parameter groups ([Note: full-precision modules]).
 // Steps 3-6 are shard_units; fully_shard then syncs and casts the buffers of the whole model.

@@ -116,7 +116,8 @@ class TempDir {
 // starts fsdprun without them (a test that wants one passes it explicitly).
 const char* const kScrubbedVariables[] = {
     "OMP_NUM_THREADS", "MKL_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-    "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT"};
+    "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT",
+    "PYTHONUNBUFFERED"};  // Python would flush every line without fsdprun's help
 
 struct Result {
   int status = -1;  // raw wait status
@@ -559,6 +560,55 @@ TEST(Fsdprun, SigtermWhileAFailedAttemptStopsDoesNotRestart) {
   EXPECT_NE(r.err.find("fsdprun: rank 1 exited with status 4"), std::string::npos) << r.err;
   EXPECT_EQ(count_of(r.err, "restarting"), 0u) << r.err;
   expect_all_dead(dir.recorded_pids());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Output as it comes: a rank's stdout reaches fsdprun's line by line, however the rank writes it
+// (the C library and Python buffer whole blocks when stdout is a pipe). The rank prints a line
+// and waits for a file the test creates only once it has seen the line: no timing involved.
+
+#ifndef LINE_BUFFER_PROBE
+#error "LINE_BUFFER_PROBE must be defined to the line_buffer_probe executable's path"
+#endif
+
+namespace {
+
+// Runs `rank_command` (which must print "first line", wait for the file GO, named by its last
+// argument, and print "saw go" if it came) under fsdprun and creates GO once the line arrived.
+void expect_line_relayed_before_exit(std::vector<std::string> rank_command) {
+  TempDir dir;
+  const std::string go = dir.file("go");
+  rank_command.push_back(go);
+  std::vector<std::string> args{"--nproc-per-node", "1"};
+  args.insert(args.end(), rank_command.begin(), rank_command.end());
+  Fsdprun proc(dir, args);
+  // Bounded only against a broken launcher: the rank gives up waiting for GO after 60 s.
+  const auto start = Clock::now();
+  while (read_file(dir.file("fsdprun.out")).find("[rank0]: first line\n") == std::string::npos &&
+         seconds_since(start) < 90) {
+    sleep_ms(20);
+  }
+  std::ofstream(go) << "go\n";
+  Result r = proc.wait(120);
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(r.out, "[rank0]: first line\n[rank0]: saw go\n")
+      << "the rank's first line reached fsdprun only when the rank exited: its stdout is buffered";
+}
+
+TEST(Fsdprun, RelaysPrintfOutputAsItComes) { expect_line_relayed_before_exit({LINE_BUFFER_PROBE, "printf"}); }
+
+TEST(Fsdprun, RelaysCoutOutputAsItComes) { expect_line_relayed_before_exit({LINE_BUFFER_PROBE, "cout"}); }
+
+TEST(Fsdprun, RelaysPythonPrintAsItComes) {
+  expect_line_relayed_before_exit(
+      {FSDPRUN_TEST_PYTHON, "-c",
+       "import os, sys, time\n"
+       "print('first line')\n"
+       "deadline = time.time() + 60\n"
+       "while not os.path.exists(sys.argv[1]) and time.time() < deadline: time.sleep(0.05)\n"
+       "print('saw go' if os.path.exists(sys.argv[1]) else 'no go')\n"});
 }
 
 }  // namespace

@@ -184,6 +184,15 @@ MUTATIONS = [
      "TORCH_CHECK(measured_peak <= cap, \"--auto: rank \", peak_rank, \"'s measured peak \", measured_peak / 1048576.0,",
      "TORCH_CHECK(true, \"--auto: rank \", peak_rank, \"'s measured peak \", measured_peak / 1048576.0,",
      [(2, "Planner.AnAutoRunAboveItsCapFailsOnEveryRank")]),
+    # Issue 34: the same start on every rank, and `unit->forward(x)` through the unit.
+    ("initial-values-check-skipped", "src/core/shard_pipeline.cpp",
+     "if (!options.sync_module_states()) check_same_initial_values(state.world(), unsharded_params(plans));",
+     "(void)unsharded_params;",
+     [(2, "InitialValues.*")]),
+    ("unit-arrow-skips-the-unit", "include/fsdp/fully_shard.h",
+     "return static_cast<detail::UnitMembers<Unit>*>(module_.operator->());",
+     "return module_.operator->();",
+     [(2, "UnitForward.*")]),
 ]
 
 
@@ -191,7 +200,8 @@ def sh(cmd, cwd, timeout):
     start = time.time()
     try:
         p = subprocess.run(cmd, cwd=cwd, shell=True, capture_output=True, text=True, timeout=timeout,
-                           env=dict(os.environ, FSDP_TIMEOUT_SECONDS="60", OMP_NUM_THREADS="1"))
+                           env=dict(os.environ, FSDP_TIMEOUT_SECONDS="60", OMP_NUM_THREADS="1",
+                                                GTEST_COLOR="no"))  # fsdprun gives ranks a terminal
         return p.returncode, p.stdout + p.stderr, time.time() - start
     except subprocess.TimeoutExpired as e:
         out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")

@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -234,11 +236,30 @@ std::vector<char*> c_strings(std::vector<std::string>& strings) {
   ::_exit(127);
 }
 
-// Starts one rank with its stdout/stderr connected to fresh pipes.
+// A rank's stdout: the slave side of a pseudo-terminal, so that the C library, std::cout and
+// Python see a terminal and flush every line (through a pipe they buffer blocks, and a run's
+// output would appear only at exit). Output processing is off: "\n" stays "\n", not "\r\n".
+// Falls back to a pipe where no pseudo-terminal can be had. fds[0]: read end, fds[1]: write end.
+void open_stdout_channel(int fds[2]) {
+  termios raw_output{};
+  cfmakeraw(&raw_output);
+  if (::openpty(&fds[0], &fds[1], nullptr, &raw_output, nullptr) == 0) {
+    ::fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+    ::fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    return;
+  }
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw UsageError{std::string("pipe: ") + std::strerror(errno)};
+}
+
+// Starts one rank with its stdout on a fresh pseudo-terminal and its stderr on a fresh pipe
+// (stderr is unbuffered anyway).
 void spawn_rank(Rank& rank, const std::string& path, std::vector<std::string> argv,
                 std::vector<std::string> env) {
   int out_pipe[2], err_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0 || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+  open_stdout_channel(out_pipe);
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
     throw UsageError{std::string("pipe: ") + std::strerror(errno)};
   }
   std::vector<char*> c_argv = c_strings(argv);
