@@ -93,8 +93,11 @@ TEST(BadInput, SyncModuleStatesTakesRankZerosInitialisation) {
   OddNet net = make_odd_net(1 + dist().rank());  // every rank seeds differently
   auto model = fsdp::fully_shard(net, *dist().world,
                                  fsdp::FullyShardOptions().sync_module_states(true));
-  for (const auto& [name, tensor] : fsdp::gather_full_params(model)) {
-    EXPECT_TRUE(torch::equal(tensor, reference->named_parameters()[name])) << name;
+  const auto params = reference->named_parameters(), buffers = reference->named_buffers();
+  for (const auto& [name, tensor] : fsdp::gather_full_params(model)) {  // parameters, then buffers
+    const torch::Tensor* expected = params.find(name) ? params.find(name) : buffers.find(name);
+    ASSERT_NE(expected, nullptr) << "unexpected " << name;
+    EXPECT_TRUE(torch::equal(tensor, *expected)) << name;
   }
 }
 

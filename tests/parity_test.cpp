@@ -195,8 +195,9 @@ TEST(Parity, AwkwardModelMatchesReference) {
                 kLossRelTol * reference_loss.item<double>())
         << "step " << step;
   }
-  std::map<std::string, torch::Tensor> expected;
+  std::map<std::string, torch::Tensor> expected;  // the full state dict: parameters and buffers
   for (auto& item : reference->named_parameters()) expected[item.key()] = item.value().detach();
+  for (auto& item : reference->named_buffers()) expected[item.key()] = item.value().detach();
   expect_same_params(fsdp::gather_full_params(model), expected);
 }
 

@@ -5,7 +5,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace fsdp {
@@ -46,6 +48,19 @@ void on_host(const at::Tensor& t, Collective&& collective) {
   t.copy_(host);
 }
 
+// [Note: a Gloo collective's tensors]
+// Gloo's worker thread still holds the work (and through it the tensors) for a moment after
+// wait() returns, and drops it on its own thread. A tensor the caller frees would then be freed
+// later, on that thread: fully_shard's check of the initial values left its checksum table
+// alive past its return one time in three (Accounting.PersistentState... measures right then).
+// So the caller waits until the worker has let go (bounded), and the work and its tensors are
+// freed here, before the collective returns.
+void wait_and_release(c10::intrusive_ptr<c10d::Work> work, std::chrono::milliseconds timeout) {
+  work->wait(timeout);
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (work.use_count() > 1 && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+}
+
 }  // namespace
 
 void run_guarded(const ProcessGroup& group, const char* what, PeersWaitedOn peers,
@@ -64,7 +79,7 @@ void backend_all_reduce_sum(ProcessGroup& group, const at::Tensor& t) {
   if (group.size() == 1) return;
   std::vector<at::Tensor> tensors{t};
   run_guarded(group, "all_reduce", PeersWaitedOn::AllMembers,
-              [&] { group.backend().allreduce(tensors)->wait(group.timeout()); });
+              [&] { wait_and_release(group.backend().allreduce(tensors), group.timeout()); });
   // Gloo runs a ring all-reduce: 2(W-1)/W of the bytes leave each rank.
   count_sent_bytes(CollectiveKind::AllReduce, 2 * (group.size() - 1) * nbytes(t) / group.size());
 }
@@ -75,7 +90,7 @@ void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
   c10d::BroadcastOptions options;
   options.rootRank = root;
   run_guarded(group, "broadcast", PeersWaitedOn::AllMembers,
-              [&] { group.backend().broadcast(tensors, options)->wait(group.timeout()); });
+              [&] { wait_and_release(group.backend().broadcast(tensors, options), group.timeout()); });
   if (group.rank() == root) {
     count_sent_bytes(CollectiveKind::Broadcast, (group.size() - 1) * nbytes(t));
   }
