@@ -92,15 +92,23 @@ std::string read_holder(int fd) {
   return text;
 }
 
-// The line of a holder that has the flock: it writes its line just after taking the flock, so
-// an empty file may be a run that is starting; wait for its line a moment.
-std::string read_holder_of_held_lock(int fd) {
-  std::string line = read_holder(fd);
-  for (int tries = 0; line.empty() && tries < 50; ++tries) {
+// Takes the flock, or returns the line of the run that holds it. A holder writes its line just
+// after taking the flock and empties the file just before letting it go, so an empty file under
+// a held flock is a run that is starting or ending: wait a moment for its line, or for the flock
+// (an ending run's folder is then this run's). "" when this run has the flock.
+std::string take_flock_or_read_holder(int fd, const std::string& path) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    if (error != EWOULDBLOCK) {
+      ::close(fd);
+      TORCH_CHECK(false, "cannot lock ", printable(path), ": ", std::strerror(error));
+    }
+    if (std::string line = read_holder(fd); !line.empty()) return line;
+    if (std::chrono::steady_clock::now() > give_up) return "a run that is starting or ending";
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    line = read_holder(fd);
   }
-  return line.empty() ? "a run that is starting" : line;
+  return "";
 }
 
 // Whether the run named by `line` is alive on this host although flock granted the lock (a file
@@ -159,11 +167,8 @@ int open_lock_file(const std::string& folder, const std::string& path) {
 
 RunLock::RunLock(const std::string& folder) : path_(path_in(folder)) {
   fd_ = open_lock_file(folder, path_);
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int error = errno;
-    const std::string holder = error == EWOULDBLOCK ? read_holder_of_held_lock(fd_) : "";
+  if (const std::string holder = take_flock_or_read_holder(fd_, path_); !holder.empty()) {
     ::close(fd_);
-    TORCH_CHECK(error == EWOULDBLOCK, "cannot lock ", printable(path_), ": ", std::strerror(error));
     refuse(path_, holder, "");
   }
   const std::string previous = read_holder(fd_);
