@@ -167,6 +167,18 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
   }
 }
 
+// The saved entry named as the model's `mine` (a parameter's or a buffer's), of its shape.
+template <class Meta>
+const Meta& saved_like(const std::map<std::string, const Meta*>& saved, const Meta& mine, const char* kind,
+                       const std::string& source) {
+  auto it = saved.find(mine.name);
+  TORCH_CHECK(it != saved.end(), source, " has no ", kind, " '", mine.name, "': it was saved from another model");
+  TORCH_CHECK(it->second->shape == mine.shape, source, ": ", kind, " '", mine.name, "' has shape ",
+              shape_text(it->second->shape), " but the model's is ", shape_text(mine.shape),
+              ": it was saved from another model configuration");
+  return *it->second;
+}
+
 void check_buffers_match(const CheckpointMeta& meta, const std::vector<BufferMeta>& model,
                          const std::string& source) {
   if (!meta.buffers) return;  // saved before buffers were: the model keeps its own
@@ -178,14 +190,7 @@ void check_buffers_match(const CheckpointMeta& meta, const std::vector<BufferMet
     TORCH_CHECK(in_a_file, source, ": buffer '", b.name, "' is in ", b.file,
                 ", which is not among its files: the file was edited");
   }
-  for (const auto& b : model) {
-    auto it = saved.find(b.name);
-    TORCH_CHECK(it != saved.end(), source, " has no buffer '", b.name,
-                "': it was saved from another model");
-    TORCH_CHECK(it->second->shape == b.shape, source, ": buffer '", b.name, "' has shape ",
-                shape_text(it->second->shape), " but the model's is ", shape_text(b.shape),
-                ": it was saved from another model configuration");
-  }
+  for (const auto& b : model) saved_like(saved, b, "buffer", source);
   TORCH_CHECK(saved.size() == model.size(), source, " has ", saved.size(), " buffers but the model has ",
               model.size(), ": it was saved from another model");
 }
@@ -197,14 +202,9 @@ void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta
     TORCH_CHECK(saved.emplace(p.name, &p).second, source, " lists parameter '", p.name, "' twice");
   }
   for (const auto& p : model) {
-    auto it = saved.find(p.name);
-    TORCH_CHECK(it != saved.end(), source, " has no parameter '", p.name,
-                "': it was saved from another model");
-    TORCH_CHECK(it->second->shape == p.shape, source, ": parameter '", p.name, "' has shape ",
-                shape_text(it->second->shape), " but the model's is ", shape_text(p.shape),
-                ": it was saved from another model configuration");
-    TORCH_CHECK(it->second->dtype == p.dtype, source, ": parameter '", p.name, "' is ",
-                it->second->dtype, " but the model's is ", p.dtype);
+    const ParamMeta& found = saved_like(saved, p, "parameter", source);
+    TORCH_CHECK(found.dtype == p.dtype, source, ": parameter '", p.name, "' is ", found.dtype,
+                " but the model's is ", p.dtype);
   }
   if (saved.size() != model.size()) {
     std::map<std::string, bool> known;
