@@ -14,3 +14,4 @@
 #include <fsdp/options.h>
 #include <fsdp/plan.h>
 #include <fsdp/state_dict.h>
+#include <fsdp/summon_full_params.h>

@@ -145,6 +145,8 @@ T&& cast_input(std::optional<c10::ScalarType>, T&& arg) {
   return std::forward<T>(arg);
 }
 
+/// Whether the unit's model is inside a SummonFullParams scope: its units are plain calls then.
+bool holds_full_params(const UnitSlot& unit);
 /// Whether the unit's forward is recomputed in backward (activation checkpointing).
 bool checkpoints_activations(const UnitSlot& unit);
 /// Runs `forward(inputs)` keeping only `inputs` for backward, which runs it again with gradients
@@ -166,37 +168,85 @@ void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds no tensor
 
 }  // namespace detail
 
+/// Whether M is a module holder (torch::nn::Linear, a TORCH_MODULE, torch::nn::ModuleHolder<T>).
+template <class M>
+inline constexpr bool is_module_holder_v = torch::detail::is_module_holder<M>::value;
+
+namespace detail {
+/// Whether the arguments build an `Impl` rather than name a module (a holder, a pointer, nullptr).
+template <class Impl, class Head, class... Tail>
+constexpr bool builds_module() {
+  using H = std::decay_t<Head>;
+  const bool names_a_module = sizeof...(Tail) == 0 &&
+                              (std::is_same_v<H, std::nullptr_t> || is_module_holder_v<H> ||
+                               std::is_same_v<H, std::shared_ptr<Impl>>);
+  return !names_a_module && std::is_constructible_v<Impl, Head, Tail...>;
+}
+}  // namespace detail
+
 /// Holds a module (a torch::nn::ModuleHolder such as `torch::nn::Linear` or your TORCH_MODULE)
 /// as one FSDP unit. Calling it runs: unshard (all-gather), the module's forward, reshard.
+///
+/// A Unit is the holder itself, so it is declared, built and registered as the holder it replaces:
+///   fsdp::Unit<torch::nn::Linear> fc1{nullptr};                  // was: torch::nn::Linear fc1{nullptr};
+///   fc1 = register_module("fc1", fsdp::Unit<torch::nn::Linear>(784, 64));
+///   x = fc1->forward(x);                                          // or fc1(x): through the unit
+// [Note: a Unit is its module's holder]
+// Unit<M> derives from the holder M, so a port changes only a member's type: register_module takes
+// a Unit (its ModuleHolder<T> overload deduces T through the base) and returns a shared_ptr that
+// converts back into the same unit, because units are found by their module (register_unit), so
+// every holder of one module is one unit. The holder's own API stays (ptr(), is_empty(),
+// torch::save and torch::load). Only () and -> are the unit's: `*unit` and `unit.get()` are the
+// holder's and reach the module itself, skipping the unit.
 template <class M>
-class Unit {
+class Unit : public M {
+  static_assert(is_module_holder_v<M>,
+                "fsdp::Unit<M>: M must be a module holder such as torch::nn::Linear, or a "
+                "TORCH_MODULE: write `struct BlockImpl : torch::nn::Module {...}; "
+                "TORCH_MODULE(Block);` and hold fsdp::Unit<Block> (or use "
+                "fsdp::Unit<torch::nn::ModuleHolder<BlockImpl>> for a module kept in a shared_ptr)");
+
  public:
   using Impl = typename M::ContainedType;
 
-  Unit() = default;
-  /* implicit */ Unit(M module)
-      : module_(std::move(module)), slot_(detail::register_unit(module_.ptr().get())) {
-    detail::shard_if_deferred(*slot_, module_.ptr());
+  /// An empty unit, as `torch::nn::Linear fc{nullptr}` is an empty holder: assign it later.
+  Unit() : M(nullptr) {}
+  /* implicit */ Unit(std::nullptr_t) : M(nullptr) {}
+  /* implicit */ Unit(M module) : M(std::move(module)) { attach(); }
+  /// Also register_module's result: another holder of a module is the same unit.
+  /* implicit */ Unit(std::shared_ptr<Impl> module) : M(std::move(module)) { attach(); }
+  /// Builds the module from its constructor's arguments, as `torch::nn::Linear(784, 64)` does:
+  /// `fsdp::Unit<torch::nn::Linear>(784, 64)`, `fsdp::Unit<Block>(config)`.
+  template <class Head, class... Tail,
+            class = std::enable_if_t<detail::builds_module<Impl, Head, Tail...>()>>
+  explicit Unit(Head&& head, Tail&&... tail) : M(std::forward<Head>(head), std::forward<Tail>(tail)...) {
+    attach();
   }
 
   template <class... Args>
   auto operator()(Args&&... args) {
-    if (!slot_ || !slot_->group) return module_->forward(std::forward<Args>(args)...);
-    const auto dtype = detail::input_dtype(*slot_);
-    return sharded_call(detail::cast_input(dtype, std::forward<Args>(args))...);
+    return run(Forward{}, std::forward<Args>(args)...);
   }
 
-  M& module() { return module_; }
-  const M& module() const { return module_; }
+  /// Calls another method of the module through the unit, as FSDP2's register_fsdp_forward_method:
+  /// unshard, `method`, reshard (a generator's `sample`, an LSTM's packed forward).
+  ///   auto images = generator.call(&GeneratorImpl::sample, 16);
+  template <class Method, class... Args>
+  auto call(Method method, Args&&... args) {
+    return run(CallMethod<Method>{method}, std::forward<Args>(args)...);
+  }
+
+  M& module() { return *this; }
+  const M& module() const { return *this; }
   /// The module's members, `forward` going through the unit ([Note: unit->forward]).
   auto operator->() {
     if constexpr (std::is_final_v<Impl>) {
-      return module_.operator->();
+      return M::operator->();
     } else {
-      return static_cast<detail::UnitMembers<Unit>*>(module_.operator->());
+      return static_cast<detail::UnitMembers<Unit>*>(M::operator->());
     }
   }
-  auto operator->() const { return module_.operator->(); }
+  auto operator->() const { return M::operator->(); }
   bool is_sharded() const { return slot_ && slot_->group; }
 
   /// The units of the model sharded through this root, root first (empty unless this is a root).
@@ -210,35 +260,66 @@ class Unit {
   /// Internal: a holder of the unit whose module is `impl` (another holder of the same unit).
   static Unit holding(Impl* impl) {
     Unit unit;
-    unit.module_ = M(std::static_pointer_cast<Impl>(impl->shared_from_this()));
+    static_cast<M&>(unit) = M(std::static_pointer_cast<Impl>(impl->shared_from_this()));
     unit.slot_ = detail::find_unit(impl);
     return unit;
   }
 
  private:
-  // Unshard, forward, reshard; the pre-backward hook goes on the outputs.
-  template <class... Args>
-  auto sharded_call(Args&&... args) {
+  // What a unit runs between unshard and reshard: the module's forward, or another method.
+  struct Forward {
+    template <class... Args>
+    auto operator()(Impl& module, Args&&... args) const {
+      return module.forward(std::forward<Args>(args)...);
+    }
+  };
+  template <class Method>
+  struct CallMethod {
+    Method method;
+    template <class... Args>
+    auto operator()(Impl& module, Args&&... args) const {
+      return std::invoke(method, module, std::forward<Args>(args)...);
+    }
+  };
+
+  void attach() {
+    if (this->is_empty()) return;
+    slot_ = detail::register_unit(this->ptr().get());
+    detail::shard_if_deferred(*slot_, this->ptr());
+  }
+
+  // Before fully_shard, and inside a SummonFullParams scope, a unit is a plain call.
+  template <class Fn, class... Args>
+  auto run(Fn fn, Args&&... args) {
+    if (!is_sharded() || detail::holds_full_params(*slot_)) {
+      return fn(*this->ptr(), std::forward<Args>(args)...);
+    }
+    const auto dtype = detail::input_dtype(*slot_);
+    return sharded_call(fn, detail::cast_input(dtype, std::forward<Args>(args))...);
+  }
+
+  // Unshard, run, reshard; the pre-backward hook goes on the outputs.
+  template <class Fn, class... Args>
+  auto sharded_call(const Fn& fn, Args&&... args) {
     std::vector<at::Tensor> inputs, outputs;
     (detail::collect_tensors(args, inputs), ...);
     detail::pre_forward(*slot_);
-    auto output = forward_maybe_checkpointed(std::forward<Args>(args)...);
+    auto output = run_maybe_checkpointed(fn, std::forward<Args>(args)...);
     detail::collect_tensors(output, outputs);
     detail::post_forward(*slot_, inputs, outputs);
     return output;
   }
 
-  template <class... Args>
-  auto forward_maybe_checkpointed(Args&&... args) {
-    using Output = std::decay_t<decltype(module_->forward(std::forward<Args>(args)...))>;
+  template <class Fn, class... Args>
+  auto run_maybe_checkpointed(const Fn& fn, Args&&... args) {
+    using Output = std::decay_t<decltype(fn(*this->ptr(), std::forward<Args>(args)...))>;
     constexpr bool checkpointable = std::is_same_v<Output, at::Tensor> &&
                                     (std::is_convertible_v<Args, const at::Tensor&> && ...);
     if constexpr (checkpointable) {
       if (detail::checkpoints_activations(*slot_)) {
-        M module = module_;
         return detail::run_checkpointed(
-            [module](const std::vector<at::Tensor>& inputs) {
-              return forward_unpacked(module, inputs, std::index_sequence_for<Args...>{});
+            [module = this->ptr(), fn](const std::vector<at::Tensor>& inputs) {
+              return run_unpacked(*module, fn, inputs, std::index_sequence_for<Args...>{});
             },
             {at::Tensor(args)...});
       }
@@ -247,16 +328,15 @@ class Unit {
                   "of unit '", detail::unit_name(*slot_), "' must take only tensors and return one "
                   "tensor to be recomputed; turn the option off or change the unit's forward");
     }
-    return module_->forward(std::forward<Args>(args)...);
+    return fn(*this->ptr(), std::forward<Args>(args)...);
   }
 
-  template <size_t... I>
-  static at::Tensor forward_unpacked(const M& module, const std::vector<at::Tensor>& inputs,
-                                     std::index_sequence<I...>) {
-    return module.ptr()->forward(inputs[I]...);
+  template <class Fn, size_t... I>
+  static at::Tensor run_unpacked(Impl& module, const Fn& fn, const std::vector<at::Tensor>& inputs,
+                                 std::index_sequence<I...>) {
+    return fn(module, inputs[I]...);
   }
 
-  M module_{nullptr};
   std::shared_ptr<detail::UnitSlot> slot_;
 };
 
@@ -293,9 +373,21 @@ class NoSyncGuard {
 /// rank naming the first parameter that differs.
 template <class M>
 Unit<M> fully_shard(M model, ProcessGroup& group, FullyShardOptions options = {}) {
+  static_assert(is_module_holder_v<M>,
+                "fsdp::fully_shard takes a module holder, not a module by value: declare "
+                "`struct NetImpl : torch::nn::Module {...}; TORCH_MODULE(Net);` and pass Net(), "
+                "or pass std::make_shared<NetImpl>()");
   Unit<M> root(std::move(model));
   root.slot().state = detail::shard_model(root.module().ptr(), root.slot(), group, options);
   return root;
+}
+
+/// A model kept in a std::shared_ptr (`auto net = std::make_shared<NetImpl>()`, as many LibTorch
+/// programs hold one), sharded as the holder torch::nn::ModuleHolder<NetImpl>.
+template <class T, class = std::enable_if_t<std::is_base_of_v<torch::nn::Module, T>>>
+Unit<torch::nn::ModuleHolder<T>> fully_shard(std::shared_ptr<T> model, ProcessGroup& group,
+                                             FullyShardOptions options = {}) {
+  return fully_shard(torch::nn::ModuleHolder<T>(std::move(model)), group, std::move(options));
 }
 
 /// Deferred initialisation: builds the model with `factory` and shards every unit the moment

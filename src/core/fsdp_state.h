@@ -37,6 +37,9 @@ class FsdpState final : public UnitEvents {
   c10::Device compute_device() const { return device_->device(); }
   const FullyShardOptions& options() const { return options_; }
   void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
+  /// Inside a SummonFullParams scope every parameter is whole and units are plain calls.
+  bool full_params_held() const { return full_params_held_; }
+  void set_full_params_held(bool held) { full_params_held_ = held; }
   std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
   const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
 
@@ -83,6 +86,7 @@ class FsdpState final : public UnitEvents {
   std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
   bool finish_queued_ = false;
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
+  bool full_params_held_ = false;  // inside a SummonFullParams scope
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
   std::unique_ptr<DeviceRuntime> device_;  // last: its work finishes first, before the buffers it uses go away

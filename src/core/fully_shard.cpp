@@ -160,11 +160,13 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
 }
 
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
-  auto slot = std::make_shared<UnitSlot>();
   std::lock_guard<std::mutex> lock(registry().mutex);
   for (auto it = registry().slots.begin(); it != registry().slots.end();) {
     it = it->second.expired() ? registry().slots.erase(it) : std::next(it);
   }
+  // Another holder of the same module (register_module's result, a copy) is the same unit.
+  if (auto it = registry().slots.find(module); it != registry().slots.end()) return it->second.lock();
+  auto slot = std::make_shared<UnitSlot>();
   registry().slots[module] = slot;
   return slot;
 }
@@ -212,6 +214,8 @@ const std::string& unit_name(const UnitSlot& unit) { return unit.group->name(); 
 std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit) {
   return unit.model->options().mixed_precision().param_dtype();
 }
+
+bool holds_full_params(const UnitSlot& unit) { return unit.model->full_params_held(); }
 
 bool checkpoints_activations(const UnitSlot& unit) {
   return unit.model->options().activation_checkpointing() && !unit.group->is_root();

@@ -24,7 +24,7 @@ PUBLIC = {
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
     "fused_sgd.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
-    "state_dict.h": "io", "param_loader.h": "io",
+    "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
     "plan.h": "plan",
     "fsdp.h": "plan",  # the umbrella header: everything
 }
