@@ -129,7 +129,7 @@ struct TwoHoldersImpl : torch::nn::Module {
     first = register_module("shared", fsdp::Unit<torch::nn::Linear>(shared));
     second = fsdp::Unit<torch::nn::Linear>(shared);
   }
-  torch::Tensor forward(torch::Tensor x) { return first->forward(x) + second(x); }
+  torch::Tensor forward(torch::Tensor x) { return first(x) + second(x); }
   fsdp::Unit<torch::nn::Linear> first{nullptr}, second{nullptr};
 };
 TORCH_MODULE(TwoHolders);
@@ -140,6 +140,7 @@ TEST(PortingApi, TwoHoldersOfOneModuleAreOneUnit) {
   const auto expected = net->forward(port_input(0)).detach();
   auto model = fsdp::fully_shard(net, *dist().world);
   EXPECT_EQ(model.units().size(), 2u);
+  EXPECT_TRUE(net->first.is_sharded());
   EXPECT_TRUE(net->second.is_sharded());
   EXPECT_TRUE(torch::allclose(model->forward(port_input(0)), expected, 1e-6, 1e-6));
 }
