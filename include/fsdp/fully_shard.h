@@ -8,17 +8,20 @@
 /// Example:
 ///   struct NetImpl : torch::nn::Module {
 ///     NetImpl() {
+///       fc1 = register_module("fc1", fsdp::Unit<torch::nn::Linear>(784, 256));  // a unit
 ///       for (int i = 0; i < 4; ++i) {
 ///         blocks.emplace_back(register_module("h" + std::to_string(i), Block()));
 ///       }
-///       head = register_module("head", torch::nn::Linear(64, 10));
+///       head = register_module("head", torch::nn::Linear(256, 10));
 ///     }
 ///     torch::Tensor forward(torch::Tensor x) {
-///       for (auto& block : blocks) x = block(x);   // unshard, forward, reshard
+///       x = fc1->forward(x);                       // unshard, forward, reshard
+///       for (auto& block : blocks) x = block(x);   // the same
 ///       return head(x);
 ///     }
-///     std::vector<fsdp::Unit<Block>> blocks;      // one unit per block
-///     torch::nn::Linear head{nullptr};            // belongs to the root unit
+///     fsdp::Unit<torch::nn::Linear> fc1{nullptr};  // declared as the holder it replaces
+///     std::vector<fsdp::Unit<Block>> blocks;       // one unit per block
+///     torch::nn::Linear head{nullptr};             // belongs to the root unit
 ///   };
 ///   TORCH_MODULE(Net);
 ///
