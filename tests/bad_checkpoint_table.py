@@ -174,6 +174,24 @@ def first_element(kind, value):
     return lambda ck: ck.edit_tensors(ck.params()[0]["name"], kind, lambda v: [value] + v[1:])
 
 
+def saved_by_adam(ck):
+    """metadata.json names Adam (whose state is AdamW's, tensor for tensor): a checkpoint of a
+    program that trained the same GPT with torch::optim::Adam."""
+    ck.meta["optimizer"] = "Adam"
+
+
+def without_exp_avg_in_file(ck):
+    """The first parameter's exp_avg gone from a shard file that holds a piece of it;
+    metadata.json still lists it."""
+    param = ck.params()[0]["name"]
+    key = f"state.{param}.exp_avg"
+
+    def change(tensors, info):
+        del tensors[key]
+        del info[key]
+    ck.rewrite_file(ck.piece_file(param), change)
+
+
 def without_exp_avg_sq(ck):
     ck.params()[0]["optimizer_moments"] = ["exp_avg"]
 
@@ -317,6 +335,12 @@ def checkpoint_cases(t, tmp):
          ("exp_avg", "holds inf or NaN"), ()),
         ("exp_avg_sq left out of optimizer_moments", without_exp_avg_sq,
          ("metadata.json", "without its 'exp_avg_sq'", "wte.weight"), ("amsgrad",)),
+        ("metadata.json names Adam: another optimizer's checkpoint", saved_by_adam,
+         (metadata, "holds Adam state but the program's optimizer is AdamW",
+          "build an Adam as the saved run did"), ()),
+        ("exp_avg missing from its shard file", without_exp_avg_in_file,
+         (".safetensors has no tensor 'state.", ".exp_avg' but metadata.json lists it",
+          "resume from an intact copy of the checkpoint"), (NLOHMANN,)),
         ("a box's shape flattened in its header", lambda c: c.edit_header(flatten_box),
          ("safetensors", "in the header, but", "is the box"), ()),
         ("DCP_SHARDING_INFO offsets shifted", lambda c: c.edit_header(shift_box),
