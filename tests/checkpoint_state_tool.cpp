@@ -6,6 +6,8 @@
 // be one line, naming the cause, the file or entry and the fix. Rank 0 prints
 //   resumed_step N        after --load
 //   saved FOLDER          after --save
+#include "test_models.h"
+
 #include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>
 
@@ -17,32 +19,6 @@
 #include <memory>
 
 namespace {
-
-namespace nn = torch::nn;
-
-struct BlockImpl : nn::Module {
-  BlockImpl() {
-    fc = register_module("fc", nn::Linear(nn::LinearOptions(5, 7).bias(false)));
-    bn = register_module("bn", nn::BatchNorm1d(7));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(bn(fc(x))); }
-  nn::Linear fc{nullptr};
-  nn::BatchNorm1d bn{nullptr};
-};
-TORCH_MODULE(Block);
-
-struct NetImpl : nn::Module {
-  NetImpl() {
-    block = register_module("block", Block());
-    head = register_module("head", nn::Linear(7, 3));
-    block_unit = block;
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return head(block_unit(x)); }
-  Block block{nullptr};
-  nn::Linear head{nullptr};
-  fsdp::Unit<Block> block_unit;
-};
-TORCH_MODULE(Net);
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& name,
                                                         std::vector<torch::Tensor> params) {
@@ -72,7 +48,7 @@ int main(int argc, char** argv) {
   try {
     auto dist = fsdp::init_distributed();
     torch::manual_seed(11);  // the same initial model on every rank
-    auto model = fsdp::fully_shard(Net(), *dist->world);
+    auto model = fsdp::fully_shard(fsdp_test::BatchNormNet(), *dist->world);
     auto optimizer = make_optimizer(optimizer_name, model->parameters());
     int64_t step = 0;
     if (!load_dir.empty()) {
