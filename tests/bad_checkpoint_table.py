@@ -239,6 +239,14 @@ def count_as_double(ck):
     ck.buffer(COUNT).update(dtype="Double", crc32=saved["crc"])
 
 
+def count_header_as_double(ck):
+    """num_batches_tracked's header says F64 (its 8 bytes and metadata.json's Long unchanged,
+    so its CRC-32 holds): read as a double, 2 would become 1e-323, then 0 in the model."""
+    def change(tensors, info):
+        tensors[COUNT][0]["dtype"] = "F64"
+    ck.rewrite_file(ck.buffer(COUNT)["file"], change)
+
+
 def extra_buffer(ck):
     """A buffer the model does not have ("block.bn.running_max", a copy of running_mean), in
     metadata.json and in the file, its CRC-32 right."""
@@ -452,6 +460,10 @@ def state_cases(t, tmp):
         ("buffer of another dtype (int64 count saved as double)", "sgd", count_as_double, "sgd",
          ("metadata.json", f"buffer '{COUNT}' is Double but the model's is Long",
           "build the model as the saved run did")),
+        ("buffer's header dtype edited (metadata.json's and the CRC-32 unchanged)", "sgd",
+         count_header_as_double, "sgd",
+         (shard0, f"buffer '{COUNT}' is Double [] in the header but metadata.json says Long []",
+          intact)),
         ("a buffer the model does not have", "sgd", extra_buffer, "sgd",
          ("metadata.json", "has buffer 'block.bn.running_max' that the model does not have",
           "build the model as the saved run did")),
