@@ -3,7 +3,7 @@
 checkpoint (src/io/checkpoint_*.cpp, examples/gpt/saved_run.cpp) and of outputs that cannot be
 written (examples/gpt/output_errors.h and its callers), each disabled in turn, as
 tests/bad_files_mutations.py does for its table (the same runner, the same rules), with
-checkpoint_tool rebuilt too.
+checkpoint_tool and checkpoint_state_tool rebuilt too.
 
     .venv/bin/python tests/bad_checkpoint_mutations.py WORKTREE"""
 import sys
@@ -56,7 +56,7 @@ CHECKPOINT_MUTATIONS = [
          "TORCH_CHECK(offsets == nlohmann::json(boxes[0].offsets), ", "TORCH_CHECK(true, ",
          ["DCP_SHARDING_INFO offsets shifted"]),
         ("moment-missing-blamed-on-amsgrad", "src/io/checkpoint_load.cpp",
-         "TORCH_CHECK(kind != \"max_exp_avg_sq\", ", "TORCH_CHECK(false, ",
+         "TORCH_CHECK(!options_differ || kind != \"max_exp_avg_sq\", ", "TORCH_CHECK(false, ",
          ["exp_avg_sq left out of optimizer_moments"]),
         ("adamw-step-negative-accepted", "src/io/checkpoint_format.cpp",
          "TORCH_CHECK(!param.step || *param.step >= 0, ", "TORCH_CHECK(true, ",
@@ -74,6 +74,43 @@ CHECKPOINT_MUTATIONS = [
          "TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), ", "TORCH_CHECK(is_frozen(o, name), ",
          ["fp16, every step skipped: --resume without AdamW state"]),
     ],
+    # A model's buffers and any optimizer's state (tests/checkpoint_state_tool.cpp's rows).
+    [
+        ("buffer-crc-unchecked", "src/io/checkpoint_read.cpp",
+         "TORCH_CHECK(actual == saved.crc32, ", "TORCH_CHECK(true, ",
+         ["buffer bytes altered (CRC-32 mismatch)"]),
+        ("buffers-unmatched", "src/io/checkpoint_format.cpp",
+         '    saved_like(saved, b, "buffer", source);\n', "",
+         ["buffer missing from the checkpoint", "buffer of another shape",
+          "buffer of another dtype (int64 count saved as double)"]),
+        ("extra-buffer-unnamed", "src/io/checkpoint_format.cpp",
+         "TORCH_CHECK(known.count(b.name), ", "TORCH_CHECK(true, ",
+         ["a buffer the model does not have"]),
+        ("other-optimizer-accepted", "src/io/checkpoint_load.cpp",
+         "TORCH_CHECK(!any_state || meta.optimizer == optimizer.name(), ", "TORCH_CHECK(true, ",
+         ["saved with SGD (momentum), resumed with AdamW",
+          "saved with AdamW, resumed with SGD (momentum)",
+          "metadata.json names Adam: another optimizer's checkpoint"]),
+        ("stateless-parameter-unchecked", "src/io/checkpoint_format.cpp",
+         "  check_stateless_pieces(meta, source);\n", "",
+         ["momentum_buffer left out of one parameter's optimizer_moments"]),
+        ("listed-tensor-unnamed", "src/io/checkpoint_read.cpp",
+         "TORCH_CHECK(file.contains(key), ", "TORCH_CHECK(true, ",
+         ["momentum_buffer missing from its shard file", "exp_avg missing from its shard file"]),
+    ],
+    [
+        ("buffer-dtype-unchecked", "src/io/checkpoint_format.cpp",
+         "TORCH_CHECK(it->second->dtype == mine.dtype, ", "TORCH_CHECK(true, ",
+         ["buffer of another dtype (int64 count saved as double)"]),
+        ("buffer-header-dtype-unchecked", "src/io/checkpoint_read.cpp",
+         "TORCH_CHECK(entry.shape == saved.shape && std::string(c10::toString(entry.dtype)) == saved.dtype,",
+         "TORCH_CHECK(entry.shape == saved.shape,",
+         ["buffer's header dtype edited (metadata.json's and the CRC-32 unchanged)"]),
+        ("one-moment-blamed-on-options", "src/io/checkpoint_load.cpp",
+         'TORCH_CHECK(!options_differ || (kind != "momentum_buffer" && kind != "grad_avg"), ',
+         'TORCH_CHECK(kind != "momentum_buffer" && kind != "grad_avg", ',
+         ["RMSprop: momentum_buffer left out of one parameter's optimizer_moments"]),
+    ],
 ]
 
 
@@ -81,7 +118,7 @@ def main():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bad_input_mutations as runner
     runner.run_for_table(CHECKPOINT_MUTATIONS, Path(__file__).with_name("bad_checkpoint_table.py"),
-                         ["gpt_train", "fsdprun", "checkpoint_tool"])
+                         ["gpt_train", "fsdprun", "checkpoint_tool", "checkpoint_state_tool"])
 
 
 if __name__ == "__main__":

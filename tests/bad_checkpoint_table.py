@@ -3,7 +3,11 @@ errors. Each checkpoint case edits a copy of a real checkpoint that a tiny run s
 the CRC-32s that metadata.json holds (so only the semantic check can catch it): optimizer state
 left out, AdamW steps and extra.step that disagree with each other or with the folder, inf/NaN
 moments, a box's shape or DCP_SHARDING_INFO offsets that disagree with metadata.json, extra
-fields missing or mistyped. Each output case writes to a full file system (/dev/full, or a full
+fields missing or mistyped. The same for a model's buffers and any torch::optim optimizer's
+state (tests/checkpoint_state_tool.cpp: a BatchNorm model): a buffer corrupt, missing, of another
+shape or dtype, or one the model lacks; a checkpoint of another optimizer than the resuming one;
+an optimizer state entry missing. A refused checkpoint must stay byte for byte as it was. Each
+output case writes to a full file system (/dev/full, or a full
 tmpfs mounted in a private mount namespace when this test runs as root): the run must end with
 a non-zero exit naming the flag and the file, in one line, without a backtrace.
 
@@ -103,6 +107,33 @@ class Checkpoint:
             for piece in f["pieces"]:
                 piece["crc32"] = {"param": piece["crc32"]["param"]}
 
+    def rewrite_file(self, name, change):
+        """Rewrites shard file `name` through change(tensors, info): tensors maps each key to
+        [header entry without data_offsets, bytes] (in file order), info is its
+        DCP_SHARDING_INFO; both edited in place. Offsets and the file's size follow."""
+        header, data = self.read_file(name)
+        meta = header.pop("__metadata__")
+        info = json.loads(meta["DCP_SHARDING_INFO"])
+        tensors = {}
+        for key in sorted(header, key=lambda k: header[k]["data_offsets"][0]):
+            begin, end = header[key]["data_offsets"]
+            tensors[key] = [{k: v for k, v in header[key].items() if k != "data_offsets"},
+                            data[begin:end]]
+        change(tensors, info)
+        out, new = b"", {"__metadata__": {**meta, "DCP_SHARDING_INFO": json.dumps(info)}}
+        for key, (entry, blob) in tensors.items():
+            new[key] = {**entry, "data_offsets": [len(out), len(out) + len(blob)]}
+            out += blob
+        self.write_file(name, new, out)
+
+    def buffer(self, name):
+        return next(b for b in self.meta["buffers"] if b["name"] == name)
+
+    def piece_file(self, param):
+        """The name of the first shard file holding a piece of `param`."""
+        return next(f["name"] for f in self.meta["files"]
+                    if any(p["param"] == param for p in f["pieces"]))
+
     def first_matrix_box(self):
         """(file name, tensor key) of the first 2-D parameter box in a shard file."""
         for f in self.meta["files"]:
@@ -143,8 +174,111 @@ def first_element(kind, value):
     return lambda ck: ck.edit_tensors(ck.params()[0]["name"], kind, lambda v: [value] + v[1:])
 
 
+def saved_by_adam(ck):
+    """metadata.json names Adam (whose state is AdamW's, tensor for tensor): a checkpoint of a
+    program that trained the same GPT with torch::optim::Adam."""
+    ck.meta["optimizer"] = "Adam"
+
+
+def without_exp_avg_in_file(ck):
+    """The first parameter's exp_avg gone from a shard file that holds a piece of it;
+    metadata.json still lists it."""
+    param = ck.params()[0]["name"]
+    key = f"state.{param}.exp_avg"
+
+    def change(tensors, info):
+        del tensors[key]
+        del info[key]
+    ck.rewrite_file(ck.piece_file(param), change)
+
+
 def without_exp_avg_sq(ck):
     ck.params()[0]["optimizer_moments"] = ["exp_avg"]
+
+
+# The buffers of tests/checkpoint_state_tool.cpp's model (a BatchNorm1d(7) in its unit "block").
+MEAN, VAR, COUNT = "block.bn.running_mean", "block.bn.running_var", "block.bn.num_batches_tracked"
+FC = "block.fc.weight"
+
+
+def corrupt_buffer(ck):
+    """Bytes of running_mean altered on disk; metadata.json's CRC-32 left as saved."""
+    def change(tensors, info):
+        blob = tensors[MEAN][1]
+        tensors[MEAN][1] = bytes([blob[0] ^ 0xFF]) + blob[1:]
+    ck.rewrite_file(ck.buffer(MEAN)["file"], change)
+
+
+def drop_buffer(ck):
+    """running_var gone, from metadata.json and from its file: a checkpoint of a model without it."""
+    def change(tensors, info):
+        del tensors[VAR]
+        del info[VAR]
+    ck.rewrite_file(ck.buffer(VAR)["file"], change)
+    ck.meta["buffers"] = [b for b in ck.meta["buffers"] if b["name"] != VAR]
+
+
+def reshape_buffer(ck):
+    """running_mean saved as [1, 7] (the same bytes), in metadata.json and in its file."""
+    def change(tensors, info):
+        tensors[MEAN][0]["shape"] = [1, 7]
+        info[MEAN]["saved_offsets"] = [0, 0]
+    ck.rewrite_file(ck.buffer(MEAN)["file"], change)
+    ck.buffer(MEAN)["shape"] = [1, 7]
+
+
+def count_as_double(ck):
+    """num_batches_tracked (int64) saved as a double of the same value, its CRC-32 recomputed."""
+    saved = {}
+
+    def change(tensors, info):
+        (count,) = struct.unpack("<q", tensors[COUNT][1])
+        tensors[COUNT] = [{**tensors[COUNT][0], "dtype": "F64"}, struct.pack("<d", float(count))]
+        saved["crc"] = zlib.crc32(tensors[COUNT][1])
+    ck.rewrite_file(ck.buffer(COUNT)["file"], change)
+    ck.buffer(COUNT).update(dtype="Double", crc32=saved["crc"])
+
+
+def count_header_as_double(ck):
+    """num_batches_tracked's header says F64 (its 8 bytes and metadata.json's Long unchanged,
+    so its CRC-32 holds): read as a double, 2 would become 1e-323, then 0 in the model."""
+    def change(tensors, info):
+        tensors[COUNT][0]["dtype"] = "F64"
+    ck.rewrite_file(ck.buffer(COUNT)["file"], change)
+
+
+def extra_buffer(ck):
+    """A buffer the model does not have ("block.bn.running_max", a copy of running_mean), in
+    metadata.json and in the file, its CRC-32 right."""
+    name = "block.bn.running_max"
+
+    def change(tensors, info):
+        tensors[name] = [dict(tensors[MEAN][0]), tensors[MEAN][1]]
+        info[name] = dict(info[MEAN])
+    ck.rewrite_file(ck.buffer(MEAN)["file"], change)
+    ck.meta["buffers"].append({**ck.buffer(MEAN), "name": name})
+
+
+def without_momentum_in_metadata(ck):
+    """One parameter's momentum_buffer left out of its optimizer_moments; the others keep theirs."""
+    next(p for p in ck.params() if p["name"] == FC)["optimizer_moments"] = []
+
+
+def without_one_momentum(ck):
+    """RMSprop (momentum, centered): one parameter's momentum_buffer left out of its
+    optimizer_moments, its square_avg, grad_avg and step kept, as the other parameters' all."""
+    param = next(p for p in ck.params() if p["name"] == FC)
+    param["optimizer_moments"] = [k for k in param["optimizer_moments"] if k != "momentum_buffer"]
+
+
+def without_momentum_in_file(ck):
+    """One parameter's momentum_buffer tensor gone from its shard file; metadata.json lists it."""
+    key = f"state.{FC}.momentum_buffer"
+
+    def change(tensors, info):
+        del tensors[key]
+        del info[key]
+    ck.rewrite_file(ck.piece_file(FC), change)
 
 
 def edited_copy(source, dest, edit):
@@ -153,6 +287,18 @@ def edited_copy(source, dest, edit):
     edit(ck)
     ck.save()
     return dest
+
+
+def refused_intact(t, name, folder, attempt, *needles, absent=()):
+    """refused() for the run attempt() starts, which must also leave `folder` (the checkpoint it
+    was refused) byte for byte as it was."""
+    before = bt.digest(folder)
+    result = attempt()
+    if result.rc not in (0, "hang") and bt.digest(folder) != before:
+        t.check(name, "error, the checkpoint left intact", result, False,
+                "the refused run changed the checkpoint")
+        return
+    refused(t, name, result, *needles, absent=absent)
 
 
 def resume(folder, *extra, n=2):
@@ -197,6 +343,12 @@ def checkpoint_cases(t, tmp):
          ("exp_avg", "holds inf or NaN"), ()),
         ("exp_avg_sq left out of optimizer_moments", without_exp_avg_sq,
          ("metadata.json", "without its 'exp_avg_sq'", "wte.weight"), ("amsgrad",)),
+        ("metadata.json names Adam: another optimizer's checkpoint", saved_by_adam,
+         (metadata, "holds Adam state but the program's optimizer is AdamW",
+          "build an Adam as the saved run did"), ()),
+        ("exp_avg missing from its shard file", without_exp_avg_in_file,
+         (".safetensors has no tensor 'state.", ".exp_avg' but metadata.json lists it",
+          "resume from an intact copy of the checkpoint"), (NLOHMANN,)),
         ("a box's shape flattened in its header", lambda c: c.edit_header(flatten_box),
          ("safetensors", "in the header, but", "is the box"), ()),
         ("DCP_SHARDING_INFO offsets shifted", lambda c: c.edit_header(shift_box),
@@ -204,7 +356,7 @@ def checkpoint_cases(t, tmp):
     ]
     for i, (name, edit, needles, absent) in enumerate(cases):
         copy = edited_copy(ck, tmp / "cases" / f"case{i}", edit)
-        refused(t, name, resume(copy), *needles, absent=absent)
+        refused_intact(t, name, copy, lambda: resume(copy), *needles, absent=absent)
     reset_optimizer_cases(t, tmp, ck)
 
 
@@ -271,6 +423,79 @@ def checkpoint_tool_cases(t, tmp):
         refused(t, name, result, *needles, absent=(NLOHMANN,))
 
 
+def state_tool(*flags):
+    return bt.run([bt.FSDPRUN, "--nproc-per-node", "2", str(bt.BIN / "checkpoint_state_tool"), *flags])
+
+
+def state_cases(t, tmp):
+    """tests/checkpoint_state_tool.cpp (a BatchNorm model, any torch::optim optimizer, through
+    fsdp::save_checkpoint / fsdp::load_sharded) resuming an edited checkpoint, or one another
+    optimizer saved: a non-zero exit, one line naming the cause, the file or entry and the fix,
+    and the checkpoint byte for byte as it was."""
+    saved = {}
+    for optimizer in ("sgd", "adamw", "rmsprop"):
+        ck = tmp / f"state-{optimizer}"
+        made = state_tool("--optimizer", optimizer, "--steps", "2", "--save", str(ck))
+        t.check(f"setup: checkpoint_state_tool --optimizer {optimizer} --save", f"exit 0, {STEP}",
+                made, made.rc == 0 and (ck / STEP / "metadata.json").exists())
+        if made.rc != 0:
+            raise RuntimeError("the checkpoint_state_tool run failed:\n" + made.output)
+        saved[optimizer] = ck
+    for optimizer, ck in saved.items():  # the checks refuse edits, not checkpoints
+        copy = tmp / f"state-{optimizer}-intact"
+        shutil.copytree(ck, copy)
+        resumed = state_tool("--optimizer", optimizer, "--steps", "1", "--load", str(copy))
+        t.check(f"unedited {optimizer} checkpoint resumed by {optimizer}", "exit 0, resumed_step 2",
+                resumed, resumed.rc == 0 and "resumed_step 2" in resumed.output)
+    shard0 = "shard-00000-model-00001-of-"
+    intact = "resume from an intact copy of the checkpoint"
+    cases = [  # name, saved by, edit, resumed by, needles
+        ("buffer bytes altered (CRC-32 mismatch)", "sgd", corrupt_buffer, "sgd",
+         (shard0, f"buffer '{MEAN}' has CRC-32", "the file is corrupt", intact)),
+        ("buffer missing from the checkpoint", "sgd", drop_buffer, "sgd",
+         ("metadata.json", f"has no buffer '{VAR}'", "build the model as the saved run did")),
+        ("buffer of another shape", "sgd", reshape_buffer, "sgd",
+         ("metadata.json", f"buffer '{MEAN}' has shape [1, 7] but the model's is [7]",
+          "build the model as the saved run did")),
+        ("buffer of another dtype (int64 count saved as double)", "sgd", count_as_double, "sgd",
+         ("metadata.json", f"buffer '{COUNT}' is Double but the model's is Long",
+          "build the model as the saved run did")),
+        ("buffer's header dtype edited (metadata.json's and the CRC-32 unchanged)", "sgd",
+         count_header_as_double, "sgd",
+         (shard0, f"buffer '{COUNT}' is Double [] in the header but metadata.json says Long []",
+          intact)),
+        ("a buffer the model does not have", "sgd", extra_buffer, "sgd",
+         ("metadata.json", "has buffer 'block.bn.running_max' that the model does not have",
+          "build the model as the saved run did")),
+        ("saved with SGD (momentum), resumed with AdamW", "sgd", None, "adamw",
+         ("metadata.json", "holds SGD state", "the program's optimizer is AdamW",
+          "build an SGD as the saved run did", "to switch optimizers")),
+        ("saved with AdamW, resumed with SGD (momentum)", "adamw", None, "sgd",
+         ("metadata.json", "holds AdamW state", "the program's optimizer is SGD",
+          "build an AdamW as the saved run did")),
+        ("momentum_buffer left out of one parameter's optimizer_moments", "sgd",
+         without_momentum_in_metadata, "sgd",
+         ("metadata.json", f"parameter '{FC}' lists no SGD state", "holds its 'momentum_buffer'",
+          intact)),
+        ("RMSprop: momentum_buffer left out of one parameter's optimizer_moments", "rmsprop",
+         without_one_momentum, "rmsprop",
+         ("metadata.json", f"parameter '{FC}' has RMSprop state without its 'momentum_buffer'",
+          intact)),
+        ("momentum_buffer missing from its shard file", "sgd", without_momentum_in_file, "sgd",
+         (".safetensors", f"has no tensor 'state.{FC}.momentum_buffer'", "metadata.json lists",
+          intact)),
+    ]
+    for i, (name, by, edit, resumer, needles) in enumerate(cases):
+        copy = tmp / "state-cases" / f"case{i}"
+        if edit is None:
+            shutil.copytree(saved[by], copy)
+        else:
+            edited_copy(saved[by], copy, edit)
+        refused_intact(t, name, copy, lambda: state_tool("--optimizer", resumer, "--steps", "1",
+                                                         "--load", str(copy)),
+                       *needles, absent=(NLOHMANN, "with other options"))
+
+
 def full_tmpfs_command(mountpoint, command):
     """`command` in a private mount namespace where `mountpoint` is a 4 KiB tmpfs, filled: every
     write there fails with ENOSPC, as on a full disk (the mount ends with the command)."""
@@ -316,7 +541,7 @@ def output_cases(t, tmp):
 
 def main():
     bt.run_in_text_folder("bad_checkpoint_", "bad-checkpoint", TABLE, checkpoint_cases,
-                          checkpoint_tool_cases, output_cases)
+                          checkpoint_tool_cases, state_cases, output_cases)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 // rank's own plain LibTorch model. The full state dict holds the buffers, and an optimizer whose
 // state is unknown is refused by name at the first save.
 #include "dist_env.h"
+#include "test_models.h"
 
 #include <fsdp/checkpoint.h>
 
@@ -24,32 +25,7 @@ namespace {
 namespace nn = torch::nn;
 namespace fs = std::filesystem;
 
-struct BlockImpl : nn::Module {
-  BlockImpl() {
-    // No bias before BatchNorm: its gradient would be rounding noise alone (BatchNorm removes a
-    // constant shift), which Adam-like optimizers scale up to full steps. 35 elements: uneven
-    // shards at W = 2 and 3.
-    fc = register_module("fc", nn::Linear(nn::LinearOptions(5, 7).bias(false)));
-    bn = register_module("bn", nn::BatchNorm1d(7));
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(bn(fc(x))); }
-  nn::Linear fc{nullptr};
-  nn::BatchNorm1d bn{nullptr};
-};
-TORCH_MODULE(Block);
-
-struct NetImpl : nn::Module {
-  NetImpl() {
-    block = register_module("block", Block());
-    head = register_module("head", nn::Linear(7, 3));
-    block_unit = block;
-  }
-  torch::Tensor forward(const torch::Tensor& x) { return head(block_unit(x)); }
-  Block block{nullptr};
-  nn::Linear head{nullptr};
-  fsdp::Unit<Block> block_unit;
-};
-TORCH_MODULE(Net);
+using Net = BatchNormNet;
 
 constexpr int kSteps = 6;
 constexpr int kSavedAt = 3;

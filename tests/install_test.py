@@ -6,6 +6,8 @@ build tree is a package too: find_package(fsdp_cpp) pointed at BUILD_DIR finds B
 config and targets, and examples/minimal built against it trains. Every program linked with fsdp,
 ours and the package's user's, names libstdc++.so.6 before LibTorch's libraries ([Note: libstdc++
 before LibTorch] in src/CMakeLists.txt: some wheels export std::filesystem functions that crash).
+Without LibTorch or nlohmann_json, find_package(fsdp_cpp) fails naming the missing package and
+where it comes from.
 
 install_test.py BUILD_DIR SOURCE_DIR TORCH_PYTHON
 """
@@ -32,6 +34,27 @@ def assert_cxx_runtime_first(binary):
         f"{binary} names LibTorch before libstdc++.so.6 (NEEDED {needed}): a wheel's exported copies would win"
 
 
+def missing_dependencies(source, prefix, torch_prefix, tmp):
+    """find_package(fsdp_cpp) without one of the dependencies the package needs (LibTorch, left
+    off CMAKE_PREFIX_PATH; nlohmann_json, its /usr prefix ignored) fails at configure time with
+    a line naming the missing package and where it comes from."""
+    cases = [
+        ("Torch", [f"-DCMAKE_PREFIX_PATH={prefix}"],
+         ["fsdp_cpp needs Torch, which was not found", "pip install torch==", "cmake_prefix_path"]),
+        ("nlohmann_json", [f"-DCMAKE_PREFIX_PATH={prefix};{torch_prefix}", "-DCMAKE_IGNORE_PREFIX_PATH=/usr"],
+         ["fsdp_cpp needs nlohmann_json, which was not found", "apt-get install nlohmann-json3-dev"]),
+    ]
+    for name, flags, needles in cases:
+        r = subprocess.run(["cmake", "-S", Path(source) / "examples" / "minimal", "-B", tmp / f"without-{name}",
+                            "-G", "Ninja", *flags], capture_output=True, text=True)
+        output = " ".join((r.stdout + r.stderr).split())  # CMake wraps long messages
+        lacking = [n for n in needles if n not in output]
+        assert r.returncode != 0 and not lacking, \
+            f"configure without {name}: exit {r.returncode}, message lacks {lacking}:\n{output[-3000:]}"
+        print(f"without {name}: find_package(fsdp_cpp) fails naming it: "
+              f"{output[output.find('fsdp_cpp needs'):][:160]}")
+
+
 def main(build, source, torch_python):
     torch_prefix = run([torch_python, "-c", "import torch; print(torch.utils.cmake_prefix_path)"]).strip()
     with tempfile.TemporaryDirectory() as tmp:
@@ -44,6 +67,8 @@ def main(build, source, torch_python):
         missing = [p for p in expected if not (prefix / p).exists()]
         assert not missing, f"not installed: {missing}"
         print(f"installed into {prefix}: {', '.join(expected)}, {libdir}/libfsdp.a")
+
+        missing_dependencies(source, prefix, torch_prefix, Path(tmp))
 
         outside = Path(tmp) / "minimal"
         run(["cmake", "-S", Path(source) / "examples" / "minimal", "-B", outside, "-G", "Ninja",

@@ -63,4 +63,34 @@ inline std::pair<torch::Tensor, torch::Tensor> odd_batch(int64_t step, int64_t r
   return {torch::randn({rows, 7}, gen), torch::randn({rows, 3}, gen)};
 }
 
+/// A block with BatchNorm (buffers: running_mean, running_var, num_batches_tracked) in a unit
+/// "block", and a head: the checkpoints of tests/checkpoint_state_test.cpp and
+/// tests/checkpoint_state_tool.cpp. Inputs [rows, 5], outputs [rows, 3].
+struct BatchNormBlockImpl : torch::nn::Module {
+  BatchNormBlockImpl() {
+    // No bias before BatchNorm: its gradient would be rounding noise alone (BatchNorm removes a
+    // constant shift), which Adam-like optimizers scale up to full steps. 35 elements: uneven
+    // shards at W = 2 and 3.
+    fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(5, 7).bias(false)));
+    bn = register_module("bn", torch::nn::BatchNorm1d(7));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::relu(bn(fc(x))); }
+  torch::nn::Linear fc{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(BatchNormBlock);
+
+struct BatchNormNetImpl : torch::nn::Module {
+  BatchNormNetImpl() {
+    block = register_module("block", BatchNormBlock());
+    head = register_module("head", torch::nn::Linear(7, 3));
+    block_unit = block;
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(block_unit(x)); }
+  BatchNormBlock block{nullptr};
+  torch::nn::Linear head{nullptr};
+  fsdp::Unit<BatchNormBlock> block_unit;
+};
+TORCH_MODULE(BatchNormNet);
+
 }  // namespace fsdp_test

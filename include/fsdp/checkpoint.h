@@ -44,7 +44,9 @@
 /// Save and load are collectives: every rank calls them, between steps (not during a forward or
 /// a backward). Optimizer hyperparameters (learning rate, betas...) are not saved: the program
 /// builds its optimizer as before (the same class: a checkpoint of SGD's state does not load
-/// into an Adam). An optimizer of another class (LBFGS, one of the program's own) is refused by
+/// into an Adam; to switch, load with the saved class, then build the new optimizer over
+/// model->parameters(), which starts afresh). A buffer must match the model's in name, shape and
+/// dtype, as a parameter does. An optimizer of another class (LBFGS, one of the program's own) is refused by
 /// name at the first save. A checkpoint saved before buffers were saved (no "buffers" in
 /// metadata.json) still loads: the model's buffers then keep their values.
 ///

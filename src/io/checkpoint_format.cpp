@@ -12,6 +12,9 @@ namespace fsdp {
 
 namespace {
 
+// The fix of a checkpoint that describes another model (names, shapes, dtypes, buffers).
+constexpr const char* kOtherModel = ": it was saved from another model; build the model as the saved run did";
+
 constexpr const char* kFormat = "fsdp-cpp sharded checkpoint";
 constexpr int kVersion = 2;  // 1: torch.save shard files (fsdp-cpp 0.x); 2: safetensors
 
@@ -75,6 +78,28 @@ void check_optimizer_steps(const CheckpointMeta& meta, const std::string& source
     TORCH_CHECK(!param.step || *param.step >= 0, source, ": parameter '", param.name,
                 "' has ", meta.optimizer, " step ", *param.step, " (optimizer_step), but a step count is never "
                 "negative: the file was edited; resume from an intact checkpoint");
+  }
+}
+
+// A parameter that metadata.json lists without optimizer state (no optimizer_moments, no
+// optimizer_step) must have no state in its pieces either: SGD's one state tensor left out of
+// optimizer_moments would otherwise make its parameter look stateless, and its momentum restart
+// from zero without a word (a parameter the optimizer never stepped has no state saved at all).
+void check_stateless_pieces(const CheckpointMeta& meta, const std::string& source) {
+  std::map<std::string, const ParamMeta*> params;
+  for (const auto& p : meta.params) params[p.name] = &p;
+  for (const auto& file : meta.files) {
+    for (const auto& piece : file.pieces) {
+      const ParamMeta& param = *params.at(piece.param);
+      if (param.has_state()) continue;
+      for (const auto& [kind, crc] : piece.crc32) {
+        TORCH_CHECK(kind == "param", source, ": parameter '", param.name, "' lists no ",
+                    meta.optimizer, " state (no optimizer_moments, no optimizer_step) but ",
+                    file.name, " holds its '", kind, "' (piece [", piece.begin, ", ", piece.end,
+                    ")): the file was edited; resume from an intact copy of the checkpoint (or an "
+                    "earlier one)");
+      }
+    }
   }
 }
 
@@ -172,10 +197,13 @@ template <class Meta>
 const Meta& saved_like(const std::map<std::string, const Meta*>& saved, const Meta& mine, const char* kind,
                        const std::string& source) {
   auto it = saved.find(mine.name);
-  TORCH_CHECK(it != saved.end(), source, " has no ", kind, " '", mine.name, "': it was saved from another model");
+  TORCH_CHECK(it != saved.end(), source, " has no ", kind, " '", mine.name, "'", kOtherModel);
   TORCH_CHECK(it->second->shape == mine.shape, source, ": ", kind, " '", mine.name, "' has shape ",
               shape_text(it->second->shape), " but the model's is ", shape_text(mine.shape),
-              ": it was saved from another model configuration");
+              kOtherModel);
+  // A value of another dtype would be converted silently by the copy into the model.
+  TORCH_CHECK(it->second->dtype == mine.dtype, source, ": ", kind, " '", mine.name, "' is ",
+              it->second->dtype, " but the model's is ", mine.dtype, kOtherModel);
   return *it->second;
 }
 
@@ -190,9 +218,16 @@ void check_buffers_match(const CheckpointMeta& meta, const std::vector<BufferMet
     TORCH_CHECK(in_a_file, source, ": buffer '", b.name, "' is in ", b.file,
                 ", which is not among its files: the file was edited");
   }
-  for (const auto& b : model) saved_like(saved, b, "buffer", source);
-  TORCH_CHECK(saved.size() == model.size(), source, " has ", saved.size(), " buffers but the model has ",
-              model.size(), ": it was saved from another model");
+  std::map<std::string, bool> known;
+  for (const auto& b : model) {
+    saved_like(saved, b, "buffer", source);
+    known[b.name] = true;
+  }
+  // Name the buffer the model lacks, not only the counts.
+  for (const auto& b : *meta.buffers) {
+    TORCH_CHECK(known.count(b.name), source, " has buffer '", b.name,
+                "' that the model does not have", kOtherModel);
+  }
 }
 
 void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta>& model,
@@ -201,17 +236,13 @@ void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta
   for (const auto& p : meta.params) {
     TORCH_CHECK(saved.emplace(p.name, &p).second, source, " lists parameter '", p.name, "' twice");
   }
-  for (const auto& p : model) {
-    const ParamMeta& found = saved_like(saved, p, "parameter", source);
-    TORCH_CHECK(found.dtype == p.dtype, source, ": parameter '", p.name, "' is ", found.dtype,
-                " but the model's is ", p.dtype);
-  }
+  for (const auto& p : model) saved_like(saved, p, "parameter", source);
   if (saved.size() != model.size()) {
     std::map<std::string, bool> known;
     for (const auto& p : model) known[p.name] = true;
     for (const auto& p : meta.params) {
       TORCH_CHECK(known.count(p.name), source, " has parameter '", p.name,
-                  "' that the model does not have: it was saved from another model");
+                  "' that the model does not have", kOtherModel);
     }
   }
   for (const auto& file : meta.files) {
@@ -222,6 +253,7 @@ void check_matches_model(const CheckpointMeta& meta, const std::vector<ParamMeta
   }
   check_coverage(meta, source);
   check_optimizer_steps(meta, source);
+  check_stateless_pieces(meta, source);
 }
 
 }  // namespace fsdp

@@ -47,19 +47,28 @@ OpenFiles open_needed_files(const std::vector<LocalPiece>& pieces, const Checkpo
   return files;
 }
 
-// The optimizer needs its state tensor `kind` of `saved`: metadata.json must list it.
-void check_moment_saved(const ParamMeta& saved, const std::string& optimizer,
+bool lists_kind(const ParamMeta& saved, const std::string& kind) {
+  return std::find(saved.moments.begin(), saved.moments.end(), kind) != saved.moments.end();
+}
+
+// The optimizer needs its state tensor `kind` of `saved`: metadata.json must list it. Other
+// options of the saved optimizer (no amsgrad, no momentum) leave `kind` out of every parameter;
+// one parameter without it while another has it is an incomplete or edited checkpoint.
+void check_moment_saved(const CheckpointMeta& meta, const ParamMeta& saved,
                         const std::string& kind, const std::string& folder) {
-  if (std::find(saved.moments.begin(), saved.moments.end(), kind) != saved.moments.end()) return;
-  TORCH_CHECK(kind != "max_exp_avg_sq", folder, " has no '", kind, "' for '", saved.name,
+  if (lists_kind(saved, kind)) return;
+  const std::string& optimizer = meta.optimizer;
+  const bool options_differ = std::none_of(meta.params.begin(), meta.params.end(),
+                                           [&](const ParamMeta& p) { return lists_kind(p, kind); });
+  TORCH_CHECK(!options_differ || kind != "max_exp_avg_sq", folder, " has no '", kind, "' for '", saved.name,
               "': it was saved by an ", optimizer, " without amsgrad");
-  TORCH_CHECK(kind != "momentum_buffer" && kind != "grad_avg", folder, " has no '", kind,
-              "' for '", saved.name, "': it was saved by an ", optimizer, " with other options "
-              "(momentum, centered): build the optimizer as the saved run did");
+  TORCH_CHECK(!options_differ || (kind != "momentum_buffer" && kind != "grad_avg"), folder,
+              " has no '", kind, "' for '", saved.name, "': it was saved by an ", optimizer,
+              " with other options (momentum, centered): build the optimizer as the saved run did");
   TORCH_CHECK(false, folder, "/", kMetadataFile, ": parameter '", saved.name, "' has ", optimizer,
               " state without its '", kind, "' (", tensor_key(kind, saved.name), " is not among "
               "its optimizer_moments): the checkpoint is incomplete or was edited; resume from an "
-              "intact checkpoint");
+              "intact copy of the checkpoint (or an earlier one)");
 }
 
 // A state tensor that holds inf or NaN would freeze its parameter (or make it NaN) for good.
@@ -75,10 +84,12 @@ void check_same_optimizer(const CheckpointMeta& meta, const OptimizerState& opti
                           const std::string& folder) {
   const bool any_state = std::any_of(meta.params.begin(), meta.params.end(),
                                      [](const ParamMeta& p) { return p.has_state(); });
-  TORCH_CHECK(!any_state || meta.optimizer == optimizer.name(), folder, " holds the state of a ",
-              meta.optimizer, " optimizer but the program's optimizer is ", optimizer.name(),
-              ": build a ", meta.optimizer, " as the saved run did (or clear the optimizer's "
-              "state after loading to start it afresh)");
+  // The fix names a way that works: a load that throws leaves nothing to clear afterwards.
+  TORCH_CHECK(!any_state || meta.optimizer == optimizer.name(), folder, "/", kMetadataFile,
+              " holds ", meta.optimizer, " state but the program's optimizer is ", optimizer.name(),
+              ": build an ", meta.optimizer, " as the saved run did to resume it (to switch "
+              "optimizers, load with that ", meta.optimizer, ", then build the ", optimizer.name(),
+              " over model->parameters(): it starts afresh)");
 }
 
 std::optional<ParamOptimState> stage_optimizer_state(const LocalPiece& piece, const ParamMeta& saved,
@@ -97,7 +108,7 @@ std::optional<ParamOptimState> stage_optimizer_state(const LocalPiece& piece, co
               name, "' has ", meta.optimizer, " state without its step (optimizer_step): the "
               "file was edited; resume from an intact checkpoint");
   for (const auto& kind : *kinds) {
-    check_moment_saved(saved, meta.optimizer, kind, folder);
+    check_moment_saved(meta, saved, kind, folder);
     at::Tensor t = at::empty({piece.end - piece.begin}, piece.data.options());
     assemble(t, piece.begin, piece.end, kind, name, index, files);
     check_moment_finite(t, meta.optimizer, kind, name, folder);
@@ -143,7 +154,7 @@ StagedBuffers stage_buffers(const NamedTensors& buffers, const CheckpointMeta& m
                                          [&](const FileMeta& f) { return f.name == b.file; });
     auto& reader = files[b.file];
     if (!reader) reader = open_shard_file(folder, file, params);
-    at::Tensor value = read_whole_checked(*reader, name, b.shape, b.crc32);
+    at::Tensor value = read_whole_checked(*reader, b);
     staged.emplace_back(buffer, std::move(value));
   }
   return staged;

@@ -14,6 +14,18 @@ namespace fsdp::detail {
 
 namespace {
 
+// The fix of a shard file that disagrees with metadata.json.
+constexpr const char* kIntact = "resume from an intact copy of the checkpoint (or an earlier one)";
+
+// The tensor `key` that metadata.json places in `file`: named when it is not there (the reader's
+// own message names neither metadata.json nor the fix).
+const SafetensorsEntry& listed_entry(const SafetensorsReader& file, const std::string& key,
+                                     const std::string& what) {
+  TORCH_CHECK(file.contains(key), file.path(), " has no tensor '", key, "' but ", kMetadataFile,
+              " lists it (", what, "): the file was edited or replaced; ", kIntact);
+  return file.entry(key);
+}
+
 // One saved tensor of `kind` of a piece, whole, read into `out` (contiguous, its size) and checked
 // against its CRC-32 in metadata.json.
 void read_checked_into(const SafetensorsReader& file, const PieceMeta& piece,
@@ -25,7 +37,7 @@ void read_checked_into(const SafetensorsReader& file, const PieceMeta& piece,
               " has no CRC-32 of tensor '", key, "' (an edited or incomplete metadata file)");
   const uint32_t actual = crc32(out.data_ptr(), out.nbytes());
   TORCH_CHECK(actual == expected->second, file.path(), ": tensor '", key, "' has CRC-32 ", actual,
-              " but ", kMetadataFile, " says ", expected->second, ": the file is corrupt");
+              " but ", kMetadataFile, " says ", expected->second, ": the file is corrupt; ", kIntact);
 }
 
 at::Tensor read_checked(const SafetensorsReader& file, const PieceMeta& piece,
@@ -96,7 +108,9 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
     std::vector<std::string> kinds{"param"};
     if (param.has_state()) kinds.insert(kinds.end(), param.moments.begin(), param.moments.end());
     for (const auto& kind : kinds) {
-      const auto& entry = reader->entry(tensor_key(kind, piece.param));
+      const auto& entry = listed_entry(*reader, tensor_key(kind, piece.param),
+                                       "piece [" + std::to_string(piece.begin) + ", " +
+                                           std::to_string(piece.end) + ") of '" + piece.param + "'");
       TORCH_CHECK(entry.numel() == piece.end - piece.begin &&
                       std::string(c10::toString(entry.dtype)) == param.dtype,
                   path, ": tensor '", entry.name, "' is ", entry.dtype, " of ", entry.numel(),
@@ -113,17 +127,20 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
   return reader;
 }
 
-at::Tensor read_whole_checked(const SafetensorsReader& file, const std::string& key,
-                              const std::vector<int64_t>& shape, uint32_t crc) {
-  const auto& entry = file.entry(key);
-  TORCH_CHECK(entry.shape == shape, file.path(), ": buffer '", key, "' has shape ",
-              shape_text(entry.shape), " but ", kMetadataFile, " says ", shape_text(shape),
-              ": the file was edited or is corrupt");
-  at::Tensor data = at::empty(shape, at::TensorOptions().dtype(entry.dtype));
+at::Tensor read_whole_checked(const SafetensorsReader& file, const BufferMeta& saved) {
+  const std::string& key = saved.name;
+  const auto& entry = listed_entry(file, key, "a buffer");
+  // The dtype too: metadata.json's was checked against the model's, and the copy into the
+  // model would convert another silently.
+  TORCH_CHECK(entry.shape == saved.shape && std::string(c10::toString(entry.dtype)) == saved.dtype,
+              file.path(), ": buffer '", key, "' is ", entry.dtype, " ", shape_text(entry.shape),
+              " in the header but ", kMetadataFile, " says ", saved.dtype, " ",
+              shape_text(saved.shape), ": the file was edited or is corrupt; ", kIntact);
+  at::Tensor data = at::empty(saved.shape, at::TensorOptions().dtype(entry.dtype));
   file.read_range_into(key, 0, data.view({-1}));
   const uint32_t actual = crc32(data.data_ptr(), data.nbytes());
-  TORCH_CHECK(actual == crc, file.path(), ": buffer '", key, "' has CRC-32 ", actual, " but ",
-              kMetadataFile, " says ", crc, ": the file is corrupt");
+  TORCH_CHECK(actual == saved.crc32, file.path(), ": buffer '", key, "' has CRC-32 ", actual, " but ",
+              kMetadataFile, " says ", saved.crc32, ": the file is corrupt; ", kIntact);
   return data;
 }
 

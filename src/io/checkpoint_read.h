@@ -32,10 +32,9 @@ PieceIndex index_pieces(const CheckpointMeta& meta);
 std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, const FileMeta& file,
                                                    const std::map<std::string, const ParamMeta*>& params);
 
-/// The tensor `key` of `file` whole (a buffer), checked against its shape `shape` and the CRC-32
-/// `crc` that metadata.json gives it.
-at::Tensor read_whole_checked(const SafetensorsReader& file, const std::string& key,
-                              const std::vector<int64_t>& shape, uint32_t crc);
+/// The buffer `saved` whole from `file`, checked against its shape, dtype and CRC-32 in
+/// metadata.json.
+at::Tensor read_whole_checked(const SafetensorsReader& file, const BufferMeta& saved);
 
 /// `out` (1-D [end - begin], elements [begin, end) of the flattened parameter `param`) <- the
 /// saved tensors of `kind` of the pieces that overlap it, which check_matches_model proved cover
