@@ -35,7 +35,9 @@ struct MnistNetImpl : nn::Module {
   MnistNetImpl() {
     // A unit is built from the module's holder and its module registered: register_module returns
     // a std::shared_ptr<Impl>, which a Unit does not take (it takes the holder).
-    conv1 = nn::Conv2d(nn::Conv2dOptions(1, 8, /*kernel_size=*/3));
+    // No bias before a BatchNorm (which removes any constant): its gradient would be rounding
+    // noise, and so would its momentum.
+    conv1 = nn::Conv2d(nn::Conv2dOptions(1, 8, /*kernel_size=*/3).bias(false));
     register_module("conv1", conv1.module());
     bn1 = nn::BatchNorm2d(8);
     register_module("bn1", bn1.module());

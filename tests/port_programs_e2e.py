@@ -18,7 +18,7 @@ from torch import nn
 class MnistNet(nn.Module):  # cpp/mnist's CNN with a BatchNorm
     def __init__(self):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 8, 3)
+        self.conv1 = nn.Conv2d(1, 8, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(8)
         self.conv2 = nn.Conv2d(8, 16, 3)
         self.conv2_drop = nn.Dropout2d()

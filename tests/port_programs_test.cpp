@@ -18,12 +18,13 @@
 //    same operations on the same values (bitwise equal); later steps start from parameters that
 //    differ by rounding, which moves a loss by about as much.
 //  - parameters and running statistics: ||x - x_ref|| <= 1e-3 of what training changed,
-//    ||x_ref - x_0|| (floor: 1e-3 ||x_ref||, for a convolution bias right before a BatchNorm, whose
-//    gradient is rounding noise). Measured <= 1.1e-5 (the DCGAN, whose discriminator gradient is
-//    the sum of two backwards: the reference sums them on each rank before averaging, the
-//    sharded run reduces each one), 0 to 1e-6 for the others; W = 2 is often bitwise (a + b
-//    is commutative). A gradient divided by the wrong count, a rank's contribution lost, a buffer
-//    or a momentum not restored moves them by a whole update (a ratio of 0.1 to 1).
+//    ||x_ref - x_0|| (floor: 1e-3 ||x_ref||); the optimizer's state (momentum, Adam's moments):
+//    <= 1e-3 of its norm. Measured <= 1.1e-5 (the DCGAN, whose discriminator gradient is the sum
+//    of two backwards: the reference sums them on each rank before averaging, the sharded run
+//    reduces each one), 0 to 1e-6 for the others; W = 2 is often bitwise (a + b is
+//    commutative). A gradient divided by the wrong count, a rank's contribution lost, a buffer or
+//    a momentum not restored moves them by a whole update (a ratio of 0.1 to 1). No model has a
+//    bias right before a BatchNorm: its gradient, and so its momentum, would be rounding noise.
 //  - num_batches_tracked: exact.
 //  - a checkpoint loaded back: bitwise the parameters, buffers and optimizer state saved.
 #include "dist_env.h"
@@ -133,7 +134,35 @@ struct RankGenerators {
   }
 };
 
-// Every reference: Losses step(s); Tensors params(); Tensors buffers(r); void shrink(world).
+/// The state torch::optim keeps for each parameter of `net`, under the names
+/// fsdp::gather_full_optimizer_state gives it ("state.NAME.exp_avg", "state.NAME.step"...), read
+/// from the optimizer by the test.
+Tensors adam_state(torch::optim::Adam& optimizer, nn::Module& net, const std::string& prefix) {
+  Tensors out;
+  for (const auto& item : net.named_parameters()) {
+    auto it = optimizer.state().find(item.value().unsafeGetTensorImpl());
+    if (it == optimizer.state().end()) continue;
+    auto& state = static_cast<torch::optim::AdamParamState&>(*it->second);
+    const std::string key = prefix + "state." + item.key() + ".";
+    out[key + "exp_avg"] = state.exp_avg().clone();
+    out[key + "exp_avg_sq"] = state.exp_avg_sq().clone();
+    out[key + "step"] = torch::tensor(state.step(), torch::kLong);
+  }
+  return out;
+}
+Tensors sgd_state(torch::optim::SGD& optimizer, nn::Module& net, const std::string& prefix) {
+  Tensors out;
+  for (const auto& item : net.named_parameters()) {
+    auto it = optimizer.state().find(item.value().unsafeGetTensorImpl());
+    if (it == optimizer.state().end()) continue;
+    auto& state = static_cast<torch::optim::SGDParamState&>(*it->second);
+    out[prefix + "state." + item.key() + ".momentum_buffer"] = state.momentum_buffer().clone();
+  }
+  return out;
+}
+
+// Every reference: Losses step(s); Tensors params(); Tensors buffers(r); Tensors
+// optimizer_state(); void shrink(world).
 // Each is built as its program builds its models, and then takes the generator state that
 // follows as every rank's (the programs seed every rank the same).
 
@@ -164,6 +193,7 @@ struct MnistReference {
   }
   Tensors params() { return named(nets.master->named_parameters(), ""); }
   Tensors buffers(int r) { return named(nets.ranks[r]->named_buffers(), ""); }
+  Tensors optimizer_state() { return sgd_state(optimizer, *nets.master, ""); }
   void shrink(int world) {
     nets.shrink(world);
     rng.states.resize(world);
@@ -213,6 +243,11 @@ struct GanReference {
     merge(out, named(discriminators.ranks[r]->named_buffers(), "discriminator."));
     return out;
   }
+  Tensors optimizer_state() {
+    Tensors out = adam_state(g_optimizer, *generators.master, "generator.");
+    merge(out, adam_state(d_optimizer, *discriminators.master, "discriminator."));
+    return out;
+  }
   void shrink(int world) {
     generators.shrink(world);
     discriminators.shrink(world);
@@ -247,6 +282,7 @@ struct LstmReference {
   }
   Tensors params() { return named(nets.master->named_parameters(), ""); }
   Tensors buffers(int r) { return named(nets.ranks[r]->named_buffers(), ""); }
+  Tensors optimizer_state() { return adam_state(optimizer, *nets.master, ""); }
   void shrink(int world) {
     nets.shrink(world);
     rng.states.resize(world);
@@ -334,7 +370,7 @@ struct GanSharded {
 // ---- Comparisons ------------------------------------------------------------------------------
 
 struct Worst {
-  double loss = 0, param = 0, buffer = 0;
+  double loss = 0, param = 0, buffer = 0, optimizer = 0;
 };
 
 void expect_losses(const std::vector<double>& got, const std::vector<double>& want, int step,
@@ -371,9 +407,20 @@ void expect_tensor_near(const std::string& name, const torch::Tensor& got, const
 /// The sharded program's state against the reference's: the full state dict's parameters against
 /// the master parameters and its buffers (rank 0's) against rank 0's replica; this rank's own
 /// buffers against its replica.
+/// And the optimizer's state against the reference optimizer's: relative to its size (it starts
+/// at zero), step counts exactly. Adam's steps hardly change when every gradient is scaled by the
+/// same factor, its moments change by that factor.
 template <class Reference>
-void expect_state(const Tensors& full, const Tensors& own_buffers, Reference& ref, int rank,
-                  const Tensors& initial_params, const Tensors& initial_buffers, Worst& worst) {
+void expect_state(const Tensors& full, const Tensors& own_buffers, const Tensors& optimizer_state,
+                  Reference& ref, int rank, const Tensors& initial_params,
+                  const Tensors& initial_buffers, Worst& worst) {
+  const Tensors ref_optimizer = ref.optimizer_state();
+  EXPECT_FALSE(ref_optimizer.empty());
+  EXPECT_EQ(optimizer_state.size(), ref_optimizer.size()) << "every state tensor of the optimizer";
+  for (const auto& [name, want] : ref_optimizer) {
+    ASSERT_TRUE(optimizer_state.count(name)) << name << " missing from the optimizer state";
+    expect_tensor_near(name, optimizer_state.at(name), want, torch::zeros_like(want), worst.optimizer);
+  }
   const Tensors params = ref.params(), rank0 = ref.buffers(0), mine = ref.buffers(rank);
   EXPECT_EQ(full.size(), params.size() + rank0.size()) << "every parameter and buffer";
   for (const auto& [name, tensor] : full) {
@@ -430,10 +477,10 @@ std::shared_ptr<fsdp::ProcessGroup> first_ranks(int n, const std::string& name) 
 }
 
 void report(const std::string& what, const Worst& worst) {
-  std::printf("[ports %s, rank %d] max loss rel diff %.3g (tol %.0e), params %.3g, buffers %.3g "
-              "of the update (tol %.0e)\n",
+  std::printf("[ports %s, rank %d] max loss rel diff %.3g (tol %.0e); params %.3g, buffers %.3g of "
+              "the update, optimizer state %.3g of its size (tol %.0e)\n",
               what.c_str(), dist().rank(), worst.loss, kLossTol, worst.param, worst.buffer,
-              kStateTol);
+              worst.optimizer, kStateTol);
   std::fflush(stdout);
 }
 
@@ -473,8 +520,9 @@ void expect_port_matches_unsharded_program(const std::string& name) {
         saved_generator = generator_state();
       }
     }
-    expect_state(program.full(), program.own_buffers(), ref, rank, initial_params, initial_buffers,
-                 worst);
+    const Tensors full = program.full(), buffers = program.own_buffers(),
+                  optimizer = program.optimizer_state();
+    expect_state(full, buffers, optimizer, ref, rank, initial_params, initial_buffers, worst);
     report(name + " uninterrupted at W=" + std::to_string(world), worst);
   }
   if (rank < world - 1) {
@@ -490,8 +538,10 @@ void expect_port_matches_unsharded_program(const std::string& name) {
     for (int s = kSavedAt; s < kSteps; ++s) {
       expect_losses(program.step(s, rank), resumed_losses[s][rank], s, worst);
     }
-    expect_state(program.full(), program.own_buffers(), resumed_ref, rank, initial_params,
-                 initial_buffers, worst);
+    const Tensors full = program.full(), buffers = program.own_buffers(),
+                  optimizer = program.optimizer_state();
+    expect_state(full, buffers, optimizer, resumed_ref, rank, initial_params, initial_buffers,
+                 worst);
     report(name + " saved at W=" + std::to_string(world) + ", resumed at W=" +
                std::to_string(world - 1),
            worst);
