@@ -3,8 +3,8 @@
 // tests/port_programs_e2e.py) give PyTorch a full state dict it loads with strict=True.
 //
 // The ground truth of programs 1-3 is the unsharded program of W ranks simulated in one process,
-// with no code of the library: W replicas of the plain model (a Unit is a plain pass-through
-// until fully_shard), replica r fed rank r's batch with rank r's random generator state (its
+// with none of the library's sharding, collectives or state dicts: W replicas of the plain model
+// (a Unit is a plain pass-through until fully_shard), replica r fed rank r's batch with rank r's random generator state (its
 // dropout masks, noise and smoothed labels), each keeping its own BatchNorm statistics
 // (BatchNorm is rank-local, as in PyTorch FSDP), the gradients summed in rank order and divided
 // by W by the test, one plain torch::optim optimizer stepping the master parameters. That is the
@@ -23,7 +23,8 @@
 //    of two backwards: the reference sums them on each rank before averaging, the sharded run
 //    reduces each one), 0 to 1e-6 for the others; W = 2 is often bitwise (a + b is
 //    commutative). A gradient divided by the wrong count, a rank's contribution lost, a buffer or
-//    a momentum not restored moves them by a whole update (a ratio of 0.1 to 1). No model has a
+//    a momentum not restored moves them by a whole update (a ratio of 0.1 to 1): the bound leaves
+//    100x for other kernels' summation orders and sits 100x below those. No model has a
 //    bias right before a BatchNorm: its gradient, and so its momentum, would be rounding noise.
 //  - num_batches_tracked: exact.
 //  - a checkpoint loaded back: bitwise the parameters, buffers and optimizer state saved.
