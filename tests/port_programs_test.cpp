@@ -644,8 +644,12 @@ TEST(PortPrograms, DistMnistShardedEqualsTheGradientsAveragedByHandAndResumes) {
   torch::Tensor port_generator_at_save;
   {
     Worst worst;
-    auto model = dist_mnist_port(*dist().world);
-    torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(kDistMnistLr));
+    // As dist-mnist orders it: the optimizer over the model's parameters first, the model sharded
+    // after (the parameters stay the same tensors, now this rank's shards).
+    torch::manual_seed(kDistMnistSeed + rank);
+    DistMnistNet net;
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(kDistMnistLr));
+    auto model = fsdp::fully_shard(net, *dist().world, fsdp::FullyShardOptions().sync_module_states(true));
     for (int s = 0; s < kSteps; ++s) {
       expect_losses({dist_mnist_port_step(model, optimizer, s, rank)}, {original_losses[s]}, s, worst);
       if (s + 1 == kSavedAt) {
