@@ -319,7 +319,16 @@ struct ShardedModel {
 
 struct MnistSharded : ShardedModel<MnistNet, torch::optim::SGD> {
   explicit MnistSharded(fsdp::ProcessGroup& group) : ShardedModel(make_mnist(), group, mnist_sgd()) {}
-  std::vector<double> step(int s, int rank) { return {mnist_step(model, optimizer, s, rank)}; }
+  std::vector<double> step(int s, int rank) {
+    const double loss = mnist_step(model, optimizer, s, rank);
+    // An evaluation between steps, as mnist's test() but without its NoGradGuard: a forward in
+    // eval mode whose graph is never backpropagated changes nothing (no statistics, no draws).
+    model->eval();
+    auto [data, targets] = mnist_batch(1000 + s, rank);
+    EXPECT_TRUE(model->forward(data).requires_grad());
+    model->train();
+    return {loss};
+  }
 };
 
 struct LstmSharded : ShardedModel<LstmNet, torch::optim::Adam> {
@@ -561,6 +570,59 @@ TEST(PortPrograms, DcganTwoModelsOnOneGroupMatchTheUnshardedProgramAndResume) {
 
 TEST(PortPrograms, TwoLayerLstmMatchesTheUnshardedProgramAndResumes) {
   expect_port_matches_unsharded_program<LstmSharded, LstmReference>("lstm");
+}
+
+// A forward under grad mode whose output is never backpropagated (an evaluation without
+// NoGradGuard, as public programs often write it) leaves the root unit unsharded for a backward
+// that never comes. A full state dict loaded then must reach the next forward (as PyTorch FSDP2
+// reshards before a state dict), and a checkpoint must save (MnistSharded evaluates so each step).
+TEST(PortPrograms, AFullStateDictLoadedAfterAnEvaluationForwardReachesTheNextForward) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "one rank: the shard is the whole unit";
+  auto model = fsdp::fully_shard(make_mnist(), *dist().world);
+  auto [x, y] = mnist_batch(0, dist().rank());
+  model->eval();
+  EXPECT_TRUE(model->forward(x).requires_grad());  // no backward follows
+
+  torch::manual_seed(kMnistSeed + 1);
+  MnistNet other;  // other values, trained statistics
+  for (auto& b : other->buffers()) {
+    if (b.is_floating_point()) b.add_(0.5);
+  }
+  other->eval();
+  fsdp::NamedTensors state;
+  for (const auto& item : other->named_parameters()) state.emplace_back(item.key(), item.value().detach());
+  for (const auto& item : other->named_buffers()) state.emplace_back(item.key(), item.value());
+  fsdp::load_full_params(model, state, "another MnistNet");
+
+  torch::NoGradGuard no_grad;
+  const auto expected = other->forward(x);
+  const auto output = model->forward(x);
+  EXPECT_TRUE(torch::allclose(output, expected, /*rtol=*/1e-6, /*atol=*/1e-7))
+      << "max |diff| " << (output - expected).abs().max().item<double>();
+}
+
+// The root resharded for a checkpoint saved between a forward and its backward: the backward
+// unshards it again and the step is bitwise the one without the save.
+TEST(PortPrograms, ACheckpointSavedBetweenAForwardAndItsBackwardLeavesTheStepUnchanged) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "one rank: the shard is the whole unit";
+  const std::string folder = shared_folder("between");
+  auto [x, y] = mnist_batch(0, dist().rank());
+  auto saved = fsdp::fully_shard(make_mnist(), *dist().world);
+  auto plain = fsdp::fully_shard(make_mnist(), *dist().world);
+  torch::optim::SGD saved_optimizer(saved->parameters(), mnist_sgd());
+  torch::optim::SGD plain_optimizer(plain->parameters(), mnist_sgd());
+  const torch::Tensor generator = generator_state();  // the same dropout masks in both
+  auto loss = torch::nll_loss(saved->forward(x), y);
+  fsdp::save_sharded(saved, saved_optimizer, folder);
+  loss.backward();
+  saved_optimizer.step();
+  set_generator_state(generator);
+  torch::nll_loss(plain->forward(x), y).backward();
+  plain_optimizer.step();
+  expect_bitwise(named(fsdp::gather_full_params(saved), ""), named(fsdp::gather_full_params(plain), ""),
+                 "the step with a save between its forward and backward");
+  barrier();
+  if (dist().rank() == 0) fs::remove_all(folder);
 }
 
 // ---- 4. dist-mnist: the gradients averaged by hand, and the port that shards instead ----------
