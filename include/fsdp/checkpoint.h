@@ -42,7 +42,9 @@
 /// succeeded: otherwise every rank throws the same error, naming the rank, the file and the cause.
 ///
 /// Save and load are collectives: every rank calls them, between steps (not during a forward or
-/// a backward). Optimizer hyperparameters (learning rate, betas...) are not saved: the program
+/// a backward). A unit a forward left unsharded for a backward that has not started (or never
+/// will: an evaluation without NoGradGuard) is resharded first, as PyTorch FSDP2 does before a
+/// state dict; that backward, if it comes, gathers it again. Optimizer hyperparameters (learning rate, betas...) are not saved: the program
 /// builds its optimizer as before (the same class: a checkpoint of SGD's state does not load
 /// into an Adam; to switch, load with the saved class, then build the new optimizer over
 /// model->parameters(), which starts afresh). A buffer must match the model's in name, shape and

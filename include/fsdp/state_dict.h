@@ -52,7 +52,8 @@ void save_full_params(Unit<M>& root, const std::string& path) {
 /// Loads full parameters (from load_tensor_dict, e.g. a file of save_full_params or of Python's
 /// torch.save(model.state_dict())) into a sharded or unsharded model. Every parameter must be
 /// present with its shape; the buffers are loaded when present (a file of parameters alone
-/// leaves them as they are); other entries are errors. Checks everything before it copies
+/// leaves them as they are); other entries are errors. Between steps: units a forward left
+/// unsharded are resharded first, so that the next forward gathers the loaded values. Checks everything before it copies
 /// anything, so a bad file changes nothing. `source` names the file in errors.
 template <class M>
 void load_full_params(Unit<M>& root, const NamedTensors& tensors, const std::string& source) {

@@ -142,6 +142,21 @@ void ParamGroup::reshard(bool with_parts) {
   }
 }
 
+// [Note: resharding between steps]
+// A forward under grad mode leaves the root (and, under SHARD_GRAD_OP, every unit) unsharded for
+// its backward. When that backward never comes (an evaluation without NoGradGuard, as public
+// programs often write it), the unit stays unsharded: its parameters are views of the gathered
+// buffer, and the next forward, finding the unit unsharded, gathers nothing. A state dict or a
+// checkpoint loaded into the shards in between would not reach that forward (it computed with the
+// old values), and a checkpoint refused to save. So the between-step entry points reshard first,
+// as PyTorch FSDP2 does before a state dict; a backward that does come later unshards the unit
+// again in its pre-backward (backward_reached), as for any unit resharded after forward.
+bool ParamGroup::reshard_unless_in_backward() {
+  if (backward_state_ != BackwardState::Idle) return false;
+  reshard();
+  return true;
+}
+
 void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
                               const std::vector<at::Tensor>& outputs, bool reshard_after_forward) {
   // A unit with parameters (frozen ones too: backward needs them to reach earlier units) is

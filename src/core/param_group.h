@@ -86,6 +86,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
 
   /// Autograd has accumulated the gradient of the flat parameter's entry `entry` (its hook).
   void on_grad_accumulated(size_t entry);
+  /// Between steps: reshards the unit if a forward left it unsharded for a backward that has not
+  /// started ([Note: resharding between steps]). False if its backward is under way.
+  bool reshard_unless_in_backward();
 
   const std::string& name() const { return name_; }
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.

@@ -9,6 +9,7 @@ std::vector<LocalPiece> local_pieces(FsdpState& state) {
   std::vector<LocalPiece> pieces;
   for (auto& group : state.groups()) {
     FlatParam& flat = group->flat();
+    group->reshard_unless_in_backward();  // [Note: resharding between steps]
     TORCH_CHECK(!flat.sharded() || group->sharded_state() == ShardedState::Sharded,
                 "unit '", group->name(), "' is unsharded: save and load checkpoints between "
                 "steps, not between a forward and its backward");

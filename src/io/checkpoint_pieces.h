@@ -21,8 +21,9 @@ struct LocalPiece {
   int64_t end = 0;
 };
 
-/// Every parameter's part of this rank's shards, unit by unit; throws when a unit is unsharded
-/// (between a forward and its backward).
+/// Every parameter's part of this rank's shards, unit by unit, after resharding the units a
+/// forward left unsharded ([Note: resharding between steps]); throws when a unit's backward is
+/// under way.
 std::vector<LocalPiece> local_pieces(FsdpState& state);
 
 /// The model's parameters as metadata: names, shapes, dtypes, and this rank's optimizer steps

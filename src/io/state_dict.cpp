@@ -114,6 +114,11 @@ void load_full_params(FsdpState& state, const NamedTensors& buffers, const Named
     for (const auto& e : group->flat().entries()) expected.emplace_back(e.name, e.shape);
   }
   auto by_name = check_complete(expected, buffers, tensors, source);
+  for (auto& group : state.groups()) {
+    // Into the shards the next forward gathers: not behind a unit a forward left unsharded.
+    TORCH_CHECK(group->reshard_unless_in_backward(), "load_full_params: unit '", group->name(),
+                "' is in its backward: load between steps");  // [Note: resharding between steps]
+  }
   torch::NoGradGuard no_grad;
   copy_buffers(buffers, by_name);
   for (auto& group : state.groups()) {
