@@ -33,19 +33,14 @@ inline at::Generator batch_generator(int program, int step, int rank) {
 
 struct MnistNetImpl : nn::Module {
   MnistNetImpl() {
-    // A unit is built from the module's holder and its module registered: register_module returns
-    // a std::shared_ptr<Impl>, which a Unit does not take (it takes the holder).
+    // Units declared, built and registered as the holders they replace.
     // No bias before a BatchNorm (which removes any constant): its gradient would be rounding
     // noise, and so would its momentum.
-    conv1 = nn::Conv2d(nn::Conv2dOptions(1, 8, /*kernel_size=*/3).bias(false));
-    register_module("conv1", conv1.module());
-    bn1 = nn::BatchNorm2d(8);
-    register_module("bn1", bn1.module());
-    conv2 = nn::Conv2d(nn::Conv2dOptions(8, 16, /*kernel_size=*/3));
-    register_module("conv2", conv2.module());
+    conv1 = register_module("conv1", fsdp::Unit<nn::Conv2d>(nn::Conv2dOptions(1, 8, /*kernel_size=*/3).bias(false)));
+    bn1 = register_module("bn1", fsdp::Unit<nn::BatchNorm2d>(8));
+    conv2 = register_module("conv2", fsdp::Unit<nn::Conv2d>(nn::Conv2dOptions(8, 16, /*kernel_size=*/3)));
     conv2_drop = register_module("conv2_drop", nn::Dropout2d());
-    fc1 = nn::Linear(64, 32);
-    register_module("fc1", fc1.module());
+    fc1 = register_module("fc1", fsdp::Unit<nn::Linear>(64, 32));
     fc2 = register_module("fc2", nn::Linear(32, 10));
   }
   torch::Tensor forward(torch::Tensor x) {  // 1x14x14 images
@@ -57,10 +52,10 @@ struct MnistNetImpl : nn::Module {
     x = fc2->forward(x);
     return torch::log_softmax(x, /*dim=*/1);
   }
-  fsdp::Unit<nn::Conv2d> conv1, conv2;  // units; fc2 belongs to the root
-  fsdp::Unit<nn::BatchNorm2d> bn1;
+  fsdp::Unit<nn::Conv2d> conv1{nullptr}, conv2{nullptr};  // units; fc2 belongs to the root
+  fsdp::Unit<nn::BatchNorm2d> bn1{nullptr};
   nn::Dropout2d conv2_drop{nullptr};
-  fsdp::Unit<nn::Linear> fc1;
+  fsdp::Unit<nn::Linear> fc1{nullptr};
   nn::Linear fc2{nullptr};
 };
 TORCH_MODULE(MnistNet);
@@ -95,11 +90,9 @@ constexpr int64_t kNoiseSize = 8;
 
 struct GeneratorImpl : nn::Module {
   GeneratorImpl() {
-    conv1 = nn::ConvTranspose2d(nn::ConvTranspose2dOptions(kNoiseSize, 32, 4).bias(false));
-    register_module("conv1", conv1.module());
+    conv1 = register_module("conv1", fsdp::Unit<nn::ConvTranspose2d>(nn::ConvTranspose2dOptions(kNoiseSize, 32, 4).bias(false)));
     batch_norm1 = register_module("batch_norm1", nn::BatchNorm2d(32));
-    conv2 = nn::ConvTranspose2d(nn::ConvTranspose2dOptions(32, 16, 4).stride(2).padding(1).bias(false));
-    register_module("conv2", conv2.module());
+    conv2 = register_module("conv2", fsdp::Unit<nn::ConvTranspose2d>(nn::ConvTranspose2dOptions(32, 16, 4).stride(2).padding(1).bias(false)));
     batch_norm2 = register_module("batch_norm2", nn::BatchNorm2d(16));
     conv3 = register_module(
         "conv3", nn::ConvTranspose2d(
@@ -110,7 +103,7 @@ struct GeneratorImpl : nn::Module {
     x = torch::relu(batch_norm2->forward(conv2->forward(x)));
     return torch::tanh(conv3->forward(x));
   }
-  fsdp::Unit<nn::ConvTranspose2d> conv1, conv2;  // units; the rest is the root's
+  fsdp::Unit<nn::ConvTranspose2d> conv1{nullptr}, conv2{nullptr};  // units; the rest is the root's
   nn::ConvTranspose2d conv3{nullptr};
   nn::BatchNorm2d batch_norm1{nullptr}, batch_norm2{nullptr};
 };
@@ -200,16 +193,15 @@ constexpr int64_t kLstmInput = 3, kLstmHidden = 8, kLstmOutput = 2, kLstmSeq = 5
 
 struct LstmNetImpl : nn::Module {
   LstmNetImpl() {
-    lstm = nn::LSTM(
-        nn::LSTMOptions(kLstmInput, kLstmHidden).num_layers(2).dropout(0.2).batch_first(true));
-    register_module("lstm", lstm.module());
+    lstm = register_module("lstm", fsdp::Unit<nn::LSTM>(
+        nn::LSTMOptions(kLstmInput, kLstmHidden).num_layers(2).dropout(0.2).batch_first(true)));
     fc = register_module("fc", nn::Linear(kLstmHidden, kLstmOutput));
   }
   torch::Tensor forward(const torch::Tensor& x) {  // N x T x 3 -> N x 2
     auto [output, state] = lstm->forward(x);
     return fc->forward(output.select(/*dim=*/1, /*index=*/-1));
   }
-  fsdp::Unit<nn::LSTM> lstm;  // the unit; fc belongs to the root
+  fsdp::Unit<nn::LSTM> lstm{nullptr};  // the unit; fc belongs to the root
   nn::Linear fc{nullptr};
 };
 TORCH_MODULE(LstmNet);
@@ -274,13 +266,10 @@ struct DistMnistOriginal : nn::Module {
 /// initialisation unchanged).
 struct DistMnistNetImpl : nn::Module {
   DistMnistNetImpl() {
-    conv1 = nn::Conv2d(nn::Conv2dOptions(1, 10, /*kernel_size=*/5));
-    register_module("conv1", conv1.module());
-    conv2 = nn::Conv2d(nn::Conv2dOptions(10, 20, /*kernel_size=*/5));
-    register_module("conv2", conv2.module());
+    conv1 = register_module("conv1", fsdp::Unit<nn::Conv2d>(nn::Conv2dOptions(1, 10, /*kernel_size=*/5)));
+    conv2 = register_module("conv2", fsdp::Unit<nn::Conv2d>(nn::Conv2dOptions(10, 20, /*kernel_size=*/5)));
     conv2_drop = register_module("conv2_drop", nn::Dropout2d());
-    fc1 = nn::Linear(320, 50);
-    register_module("fc1", fc1.module());
+    fc1 = register_module("fc1", fsdp::Unit<nn::Linear>(320, 50));
     fc2 = register_module("fc2", nn::Linear(50, 10));
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -292,9 +281,9 @@ struct DistMnistNetImpl : nn::Module {
     x = fc2->forward(x);
     return torch::log_softmax(x, /*dim=*/1);
   }
-  fsdp::Unit<nn::Conv2d> conv1, conv2;
+  fsdp::Unit<nn::Conv2d> conv1{nullptr}, conv2{nullptr};
   nn::Dropout2d conv2_drop{nullptr};
-  fsdp::Unit<nn::Linear> fc1;
+  fsdp::Unit<nn::Linear> fc1{nullptr};
   nn::Linear fc2{nullptr};
 };
 TORCH_MODULE(DistMnistNet);

@@ -25,7 +25,8 @@ void release_full_params(HeldFullParams& held, bool writeback) noexcept;
 /// While it lives, every parameter of the sharded model `root` is whole (its original shape and
 /// dtype, full precision under mixed precision) on every rank, and autograd is off (a
 /// torch::NoGradGuard: it is for evaluation, inspection and saving, not for training). Building it
-/// is a collective: every rank must build it, between steps. Leaving it is not: each rank copies
+/// is a collective: every rank must build it, outside a backward (a unit that a forward left
+/// unsharded, an evaluation under grad mode, is resharded first). Leaving it is not: each rank copies
 /// its own piece of each parameter back into its shard (`writeback`, the default: edits made inside
 /// the scope are kept; make the same edit on every rank) and the units are sharded again. Every
 /// rank holds the whole model meanwhile. On a model that is not sharded it does nothing.
@@ -33,7 +34,7 @@ void release_full_params(HeldFullParams& held, bool writeback) noexcept;
 /// Example:
 ///   {
 ///     fsdp::SummonFullParams full(model);       // every rank
-///     if (dist->rank == 0) {
+///     if (dist->rank() == 0) {
 ///       model->eval();
 ///       auto accuracy = evaluate(model, test_set);  // rank 0 alone: no collectives
 ///       torch::save(model, "model.pt");             // the whole model, as an unsharded program saves it

@@ -32,15 +32,16 @@ struct HeldFullParams {
 
 namespace {
 
-// The scope gathers between steps: no unit may be unsharded for a forward or backward under way.
-void check_between_steps(FsdpState& state) {
+// The scope starts from the shards: a unit a forward left unsharded (an evaluation under grad
+// mode) is resharded first, so that edits written back reach its next forward
+// ([Note: resharding between steps]); a unit in its backward is refused.
+void reshard_between_steps(FsdpState& state) {
   TORCH_CHECK(!state.full_params_held(), "SummonFullParams: this model's full parameters are held "
               "already; scopes do not nest");
   for (const auto& group : state.groups()) {
-    TORCH_CHECK(group->sharded_state() == ShardedState::Sharded, "SummonFullParams: unit '",
-                group->name().empty() ? "<root>" : group->name(), "' is unsharded for a step under "
-                "way (a forward whose backward has not run); build the scope between steps, after "
-                "backward, or run that forward under torch::NoGradGuard");
+    TORCH_CHECK(group->reshard_unless_in_backward(), "SummonFullParams: unit '",
+                group->name().empty() ? "<root>" : group->name(), "' is in its backward; build "
+                "the scope between steps");
   }
 }
 
@@ -52,7 +53,7 @@ void point_at(at::Tensor& param, const at::Tensor& data) {
 }  // namespace
 
 std::shared_ptr<HeldFullParams> hold_full_params(FsdpState& state) {
-  check_between_steps(state);
+  reshard_between_steps(state);
   torch::NoGradGuard no_grad;
   auto held = std::make_shared<HeldFullParams>();
   held->state = &state;

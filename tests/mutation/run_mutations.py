@@ -214,10 +214,10 @@ MUTATIONS = [
      "(void)point_at;",
      [(2, "PortingApi.SummonFullParamsLetsOneRankEvaluateTheWholeModelAlone"),
       (2, "PortingApi.EditsInsideSummonFullParamsAreWrittenBackAndTrainingGoesOn")]),
-    ("summon-during-a-step-allowed", "src/io/summon_full_params.cpp",
-     "TORCH_CHECK(group->sharded_state() == ShardedState::Sharded, \"SummonFullParams: unit '\",",
+    ("summon-without-resharding", "src/io/summon_full_params.cpp",
+     "TORCH_CHECK(group->reshard_unless_in_backward(), \"SummonFullParams: unit '\",",
      "TORCH_CHECK(true, \"SummonFullParams: unit '\",",
-     [(2, "PortingApi.SummonFullParamsDuringAStepIsRefusedNamingTheUnit")]),
+     [(2, "PortingApi.SummonFullParamsAfterAForwardWithoutItsBackwardKeepsEditsAndTheStep")]),
     # Issue 34: public LibTorch programs ported (tests/port_programs_test.cpp).
     ("ports/fp32-divides-by-w-minus-1", "src/core/unit_comm.cpp",
      "if (c10::elementSize(dtype) >= 4) return {1.0, static_cast<double>(w)};",
