@@ -311,5 +311,37 @@ TEST(PortingApi, SummonFullParamsBetweenAForwardAndItsBackwardLeavesTheStepUncha
   expect_same_state(model, plain, 1e-6);
 }
 
+// Public programs evaluate without a NoGradGuard, between backward and step: the evaluation
+// reshards every unit ([Note: an evaluation forward reshards]), so the step meets shards and
+// their gradients; a backward after an evaluation forward (a saliency map) gathers again.
+TEST(PortingApi, AStepAfterAnEvaluationForwardUnderGradModeStepsTheShards) {
+  torch::manual_seed(29);
+  auto model = fsdp::fully_shard(PortNet(), *dist().world);
+  torch::manual_seed(29);
+  PlainNet plain;
+  torch::optim::SGD optim(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD plain_optim(plain->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  model->forward(port_input(0)).pow(2).mean().backward();
+  plain->forward(port_input(0)).pow(2).mean().backward();
+  model->eval();
+  plain->eval();
+  const auto evaluated = model->forward(port_input(8));  // grad mode, no backward
+  EXPECT_TRUE(torch::allclose(evaluated, plain->forward(port_input(8)), 1e-6, 1e-6));
+  model->train();
+  plain->train();
+  optim.step();
+  plain_optim.step();
+  expect_same_state(model, plain, 1e-5);
+  optim.zero_grad();  // a backward through an evaluation forward
+  plain_optim.zero_grad();
+  model->eval();
+  plain->eval();
+  model->forward(port_input(9)).sum().backward();
+  plain->forward(port_input(9)).sum().backward();
+  optim.step();
+  plain_optim.step();
+  expect_same_state(model, plain, 1e-5);
+}
+
 }  // namespace
 }  // namespace fsdp_test

@@ -101,8 +101,9 @@ struct UnitMembers : U::Impl {
 };
 
 void pre_forward(UnitSlot& unit);
+/// `training`: the unit's module is in training mode (module->is_training()).
 void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
-                  const std::vector<at::Tensor>& outputs);
+                  const std::vector<at::Tensor>& outputs, bool training);
 
 /// Shards the model; `deferred` holds the units fully_shard_deferred has sharded already.
 std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
@@ -309,7 +310,7 @@ class Unit : public M {
     detail::pre_forward(*slot_);
     auto output = run_maybe_checkpointed(fn, std::forward<Args>(args)...);
     detail::collect_tensors(output, outputs);
-    detail::post_forward(*slot_, inputs, outputs);
+    detail::post_forward(*slot_, inputs, outputs, this->ptr()->is_training());
     return output;
   }
 

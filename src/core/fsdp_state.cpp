@@ -64,12 +64,18 @@ void FsdpState::pre_forward(ParamGroup& unit) {
   unit.wait_unshard();
 }
 
+// [Note: an evaluation forward reshards]
+// In training mode the root's parameters are needed again at once by backward (its output is the
+// loss), and SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward. A
+// forward in evaluation mode (module->eval()) reshards every unit as it ends, even under grad
+// mode: public programs evaluate without a NoGradGuard, and a unit kept unsharded for a backward
+// that never comes leaves its parameters as views of the gathered buffer next to gradients that
+// are views of the shard, so the optimizer's next step meets two shapes. A backward that does
+// follow an evaluation (a saliency map) gathers the unit again in its pre-backward.
 void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
-                             const std::vector<at::Tensor>& outputs) {
-  // The root's parameters are needed again at once by backward (its output is the loss);
-  // SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward.
-  unit.post_forward(inputs, outputs,
-                    !unit.is_root() && options_.unit_reshards_after_forward(unit.name()));
+                             const std::vector<at::Tensor>& outputs, bool training) {
+  const bool keep_for_backward = unit.is_root() || !options_.unit_reshards_after_forward(unit.name());
+  unit.post_forward(inputs, outputs, !training || !keep_for_backward);
 }
 
 void FsdpState::backward_reached(ParamGroup& unit) {

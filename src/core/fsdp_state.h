@@ -47,9 +47,10 @@ class FsdpState final : public UnitEvents {
   /// first iteration with check_execution_order it is checked against the other ranks), unshards
   /// the unit, prefetches the next one.
   void pre_forward(ParamGroup& unit);
-  /// A unit's forward ended: it reshards unless it keeps its parameters for backward.
+  /// A unit's forward ended: it reshards unless it keeps its parameters for backward (only in
+  /// training mode: `training` is the unit's module's is_training()).
   void post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
-                    const std::vector<at::Tensor>& outputs);
+                    const std::vector<at::Tensor>& outputs, bool training);
 
   // UnitEvents
   void backward_reached(ParamGroup& unit) override;

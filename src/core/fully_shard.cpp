@@ -224,8 +224,8 @@ bool checkpoints_activations(const UnitSlot& unit) {
 void pre_forward(UnitSlot& unit) { unit.model->pre_forward(*unit.group); }
 
 void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
-                  const std::vector<at::Tensor>& outputs) {
-  unit.model->post_forward(*unit.group, inputs, outputs);
+                  const std::vector<at::Tensor>& outputs, bool training) {
+  unit.model->post_forward(*unit.group, inputs, outputs, training);
 }
 
 }  // namespace detail
