@@ -625,13 +625,16 @@ TEST(PortPrograms, ACheckpointSavedBetweenAForwardAndItsBackwardLeavesTheStepUnc
   if (dist().rank() == 0) fs::remove_all(folder);
 }
 
-// KNOWN BUG, left open (enable to see it): an optimizer step after an evaluation forward under grad
-// mode, before the next backward (training metrics computed between backward and step), meets
-// the root's parameters as views of its gathered buffer (kept for a backward that never comes)
-// next to gradients that are views of the gradient shard: torch::optim::SGD throws "The size of
-// tensor a (32) must match the size of tensor b (165)" (W = 2), and shapes that happen to broadcast
-// would step the wrong tensor. A fix must point the parameters at the shards between a forward and
-// its backward (and back at the unit's pre-backward), and regather at the next forward.
+// KNOWN BUG, left open (enable to see it): an optimizer step after a forward in *training* mode
+// under grad mode, before the next backward (training metrics computed between backward and step
+// without model->eval()), meets the root's parameters as views of its gathered buffer (kept for a
+// backward that never comes) next to gradients that are views of the gradient shard:
+// torch::optim::SGD throws "The size of tensor a (32) must match the size of tensor b (165)"
+// (W = 2), and shapes that happen to broadcast would step the wrong tensor. A forward in
+// evaluation mode reshards ([Note: an evaluation forward reshards];
+// PortingApi.AStepAfterAnEvaluationForwardUnderGradModeStepsTheShards). A fix for training mode
+// must point the parameters at the shards between a forward and its backward (and back at the
+// unit's pre-backward), and regather at the next forward.
 TEST(PortPrograms, DISABLED_AStepAfterAnEvaluationForwardStepsTheShards) {
   if (dist().world_size() < 2) GTEST_SKIP() << "one rank: the shard is the whole unit";
   auto [x, y] = mnist_batch(0, dist().rank());
