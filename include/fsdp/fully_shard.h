@@ -34,6 +34,7 @@
 
 #include <fsdp/distributed.h>
 #include <fsdp/options.h>
+#include <fsdp/unit_runtime.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -48,9 +49,6 @@
 #include <vector>
 
 namespace fsdp {
-
-class ParamGroup;
-class FsdpState;
 
 /// What one unit holds, for tests, benchmarks and logs.
 struct UnitInfo {
@@ -68,109 +66,6 @@ struct UnitInfo {
   bool trainable = true;
 };
 
-/// Initialises one parameter (`name` relative to its unit) before it is sharded: see
-/// fully_shard_deferred.
-using ParamInit = std::function<void(const std::string& name, torch::Tensor& param)>;
-
-namespace detail {
-
-/// Where a Unit holder finds its runtime once fully_shard() has run; empty before.
-struct UnitSlot {
-  std::shared_ptr<ParamGroup> group;
-  FsdpState* model = nullptr;        // the sharded model the unit belongs to
-  std::shared_ptr<FsdpState> state;  // set on the root only: it owns every unit of the model
-};
-
-/// Registers `module` as a unit and returns its slot (fully_shard finds units through this).
-std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
-/// The slot of the unit holding `module`; null if no Unit holds it.
-std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module);
-
-// [Note: unit->forward]
-// Every public LibTorch program calls a submodule as `sub->forward(x)`. Through a Unit, `->`
-// would reach the module itself and skip the unit: the module would compute on its 1-D shard.
-// So a Unit's `->` shows the module as UnitMembers, the module's own type with `forward` hidden
-// by one that calls the unit; every other member (parameters(), train(), fields) is the
-// module's. (UnitMembers adds no data and is never constructed: it only renames `forward`.)
-template <class U>
-struct UnitMembers : U::Impl {
-  template <class... Args>
-  auto forward(Args&&... args) {
-    return U::holding(this)(std::forward<Args>(args)...);
-  }
-};
-
-void pre_forward(UnitSlot& unit);
-/// `training`: the unit's module is in training mode (module->is_training()).
-void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
-                  const std::vector<at::Tensor>& outputs, bool training);
-
-/// Shards the model; `deferred` holds the units fully_shard_deferred has sharded already.
-std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
-                                       UnitSlot& root_slot, ProcessGroup& group,
-                                       const FullyShardOptions& options,
-                                       std::shared_ptr<FsdpState> deferred = nullptr,
-                                       const ParamInit& init = nullptr);
-
-/// While a fully_shard_deferred factory runs on this thread: shards the unit `module` at once.
-void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>& module);
-
-struct DeferredSharding;
-/// The sharding of one fully_shard_deferred call, active on this thread while the factory runs.
-class DeferredScope {
- public:
-  DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init);
-  ~DeferredScope();
-  /// The factory has returned: Unit holders built from now on are ordinary.
-  void close();
-  std::shared_ptr<FsdpState> state() const;
-  const ParamInit& init() const;
-
- private:
-  std::unique_ptr<DeferredSharding> sharding_;
-};
-std::vector<UnitInfo> unit_infos(const FsdpState& state);
-void set_no_sync(FsdpState& state, bool no_sync);
-/// Called for each unit as its reduced gradient is issued: its trainable parameters, their
-/// gradients (views of its gradient shard) and a wait that returns once those hold this
-/// backward's gradient in memory the host may read.
-using GradientsReducedHook = std::function<void(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
-                                                std::function<void()> wait)>;
-void set_gradients_reduced_hook(FsdpState& state, GradientsReducedHook hook);
-const std::string& unit_name(const UnitSlot& unit);
-
-/// Mixed precision: the dtype a unit's floating-point inputs are cast to (none: unchanged).
-std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit);
-inline at::Tensor cast_input(std::optional<c10::ScalarType> dtype, const at::Tensor& t) {
-  return dtype && t.defined() && t.is_floating_point() ? t.to(*dtype) : t;
-}
-template <class T, class = std::enable_if_t<!std::is_convertible_v<T, const at::Tensor&>>>
-T&& cast_input(std::optional<c10::ScalarType>, T&& arg) {
-  return std::forward<T>(arg);
-}
-
-/// Whether the unit's model is inside a SummonFullParams scope: its units are plain calls then.
-bool holds_full_params(const UnitSlot& unit);
-/// Whether the unit's forward is recomputed in backward (activation checkpointing).
-bool checkpoints_activations(const UnitSlot& unit);
-/// Runs `forward(inputs)` keeping only `inputs` for backward, which runs it again with gradients
-/// (and the same random numbers) and backpropagates through the recomputed graph.
-at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> forward,
-                            std::vector<at::Tensor> inputs);
-
-// The tensors of a forward's output, to hook the pre-backward unshard onto them.
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
-inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <class... T>
-void collect_tensors(const std::tuple<T...>& tuple, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... item) { (collect_tensors(item, out), ...); }, tuple);
-}
-template <class T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds no tensor
-
-}  // namespace detail
 
 /// Whether M is a module holder (torch::nn::Linear, a TORCH_MODULE, torch::nn::ModuleHolder<T>).
 template <class M>

@@ -4,7 +4,7 @@
 // pre-backward hook sits on the checkpoint's output and has unsharded the parameters before the
 // recomputation starts; the recomputed graph accumulates into the same parameters' gradient
 // accumulators, whose post-hooks reduce the gradient once, as without checkpointing.
-#include <fsdp/fully_shard.h>
+#include <fsdp/unit_runtime.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

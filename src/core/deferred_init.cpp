@@ -2,7 +2,7 @@
 // fsdp::Unit holder it constructs shards its module at once, so the whole model never exists on
 // one rank. The units get their module paths, and the root its own flat parameter, when the
 // factory has returned (shard_model).
-#include <fsdp/fully_shard.h>
+#include <fsdp/unit_runtime.h>
 
 #include "core/shard_pipeline.h"
 

@@ -10,7 +10,7 @@
 #include "core/param_group.h"
 #include "core/rate_limiter.h"
 
-#include <fsdp/fully_shard.h>
+#include <fsdp/unit_runtime.h>
 #include <fsdp/options.h>
 
 #include <memory>

@@ -17,7 +17,7 @@
 #include "core/model_check.h"
 #include "core/unit_groups.h"
 
-#include <fsdp/fully_shard.h>
+#include <fsdp/unit_runtime.h>
 
 #include <string>
 #include <vector>

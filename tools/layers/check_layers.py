@@ -20,7 +20,7 @@ PUBLIC = {
     "checked_math.h": "util", "bounded_json.h": "util",
     "distributed.h": "launch", "peer_errors.h": "launch",
     "comm_stats.h": "comm",
-    "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core",
+    "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
     "fused_sgd.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
@@ -28,6 +28,23 @@ PUBLIC = {
     "plan.h": "plan",
     "fsdp.h": "plan",  # the umbrella header: everything
 }
+
+# The public face: what users include. A header in src/ includes none of them: the plumbing their
+# templates need is in <fsdp/unit_runtime.h> ([Note: the public face carries no plumbing]).
+FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state_dict.h"}
+
+# Inside src/core, lowest first: a file (X.h, X.cpp) includes "core/Y.h" only from its own tier
+# or one below. A unit (param_group) calls nothing above it: the model (fsdp_state) calls it.
+CORE_TIERS = [
+    {"flat_param", "rate_limiter", "model_check", "options", "activation_checkpoint"},
+    {"unit_comm"},
+    {"unit_env"},
+    {"param_group"},
+    {"fsdp_state"},
+    {"model_collectives", "unit_groups"},
+    {"shard_pipeline"},
+    {"deferred_init", "fully_shard"},
+]
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")
@@ -67,6 +84,47 @@ def check_file(path, own_layer, shown):
     return errors
 
 
+def core_tier(stem):
+    for i, tier in enumerate(CORE_TIERS):
+        if stem in tier:
+            return i
+    raise LookupError(f"src/core/{stem}: not in tools/layers/check_layers.py's CORE_TIERS")
+
+
+def check_inside_core(path, name):
+    """A core file includes core headers of its own tier or below, and no public face."""
+    errors = []
+    shown = f"src/core/{name}"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        own = core_tier(name.split(".")[0])
+    except LookupError as e:
+        return [str(e)]
+    for kind, target in INCLUDE.findall(text):
+        if kind == '"' and target.startswith("core/"):
+            stem = target[len("core/"):].split(".")[0]
+            try:
+                tier = core_tier(stem)
+            except LookupError as e:
+                errors.append(f"{shown}: {e}")
+                continue
+            if tier > own:
+                errors.append(f"{shown}: includes \"{target}\", above it inside core (tiers, lowest "
+                              f"first: {' < '.join('/'.join(sorted(t)) for t in CORE_TIERS)})")
+    return errors
+
+
+def check_no_face(path, shown):
+    """A header in src/ includes none of the public face's headers."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return [f"{shown}: includes <{target}>, the public face; include <fsdp/unit_runtime.h> for "
+            f"the plumbing ([Note: the public face carries no plumbing])"
+            for kind, target in INCLUDE.findall(text)
+            if kind == "<" and target.startswith("fsdp/") and target[len("fsdp/"):] in FACE]
+
+
 def check(repo):
     errors = []
     src = os.path.join(repo, "src")
@@ -82,6 +140,10 @@ def check(repo):
         for name in sorted(os.listdir(path)):
             if name.endswith(SOURCE):
                 errors += check_file(os.path.join(path, name), entry, f"src/{entry}/{name}")
+                if name.endswith(".h"):
+                    errors += check_no_face(os.path.join(path, name), f"src/{entry}/{name}")
+                if entry == "core":
+                    errors += check_inside_core(os.path.join(path, name), name)
     public = os.path.join(repo, "include", "fsdp")
     for name in sorted(os.listdir(public)):
         if name not in PUBLIC:

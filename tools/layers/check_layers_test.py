@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layer check passes on the repository and fails on an upward include: a copy of src/ and
-include/ in which the lowest layer's first header includes a header of the top layer, and one in
-which a file sits outside every layer folder.
+include/ in which the lowest layer's first header includes a header of the top layer, one in
+which a file sits outside every layer folder, one in which param_group.cpp includes fsdp_state.h
+(above it inside core), and one in which a core header includes <fsdp/fully_shard.h>.
 
     python3 tools/layers/check_layers_test.py REPO
 """
@@ -30,26 +31,41 @@ def first_header(folder):
     return sorted(n for n in os.listdir(folder) if n.endswith(".h"))[0]
 
 
+def red_after(repo, edit, expected):
+    """The check on a copy of the tree with `edit(copy)` applied fails, printing `expected`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy_tree(repo, tmp)
+        edit(tmp)
+        code, out = run(tmp)
+        assert code == 1 and expected in out, out
+
+
+def append(path, line):
+    with open(path, "a") as f:
+        f.write(f"\n{line}\n")
+
+
 def main():
     repo = sys.argv[1]
     code, out = run(repo)
     assert code == 0, f"the repository fails its layer check:\n{out}"
 
-    with tempfile.TemporaryDirectory() as tmp:
-        copy_tree(repo, tmp)
+    def upward(tmp):
         low, top = os.path.join(tmp, "src", LAYERS[0]), os.path.join(tmp, "src", LAYERS[-1])
-        victim = os.path.join(low, first_header(low))
-        with open(victim, "a") as f:
-            f.write(f'\n#include "{LAYERS[-1]}/{first_header(top)}"\n')
-        code, out = run(tmp)
-        assert code == 1 and f"of layer '{LAYERS[-1]}', above its own layer '{LAYERS[0]}'" in out, out
-
-    with tempfile.TemporaryDirectory() as tmp:
-        copy_tree(repo, tmp)
-        open(os.path.join(tmp, "src", "stray.cpp"), "w").close()
-        code, out = run(tmp)
-        assert code == 1 and "src/stray.cpp: outside every layer folder" in out, out
-    print("layer check: green on the repository, red on an upward include and on a stray file")
+        append(os.path.join(low, first_header(low)), f'#include "{LAYERS[-1]}/{first_header(top)}"')
+    red_after(repo, upward, f"of layer '{LAYERS[-1]}', above its own layer '{LAYERS[0]}'")
+    red_after(repo, lambda tmp: open(os.path.join(tmp, "src", "stray.cpp"), "w").close(),
+              "src/stray.cpp: outside every layer folder")
+    # Inside core: a unit calls nothing above it.
+    red_after(repo, lambda tmp: append(os.path.join(tmp, "src", "core", "param_group.cpp"),
+                                       '#include "core/fsdp_state.h"'),
+              'src/core/param_group.cpp: includes "core/fsdp_state.h", above it inside core')
+    # No header of the engine includes the public face.
+    red_after(repo, lambda tmp: append(os.path.join(tmp, "src", "core", "unit_comm.h"),
+                                       "#include <fsdp/fully_shard.h>"),
+              "src/core/unit_comm.h: includes <fsdp/fully_shard.h>, the public face")
+    print("layer check: green on the repository, red on an upward include, a stray file, an "
+          "include above a file inside core and a src/ header that includes the public face")
 
 
 if __name__ == "__main__":
