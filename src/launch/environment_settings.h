@@ -34,7 +34,4 @@ struct EnvironmentSettings {
   static EnvironmentSettings from_environment();
 };
 
-/// The variables of this process's environment.
-EnvLookup process_environment();
-
 }  // namespace fsdp

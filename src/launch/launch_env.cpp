@@ -9,9 +9,7 @@
 // MASTER_ADDR defaults to the first node of the step's node list, MASTER_PORT to
 // 10000 + SLURM_JOB_ID % 20000 (the same on every node of a job, below the ephemeral ports).
 // Open MPI gives neither: mpirun -x MASTER_ADDR=... -x MASTER_PORT=... must pass them.
-#include <fsdp/distributed.h>
-
-#include "launch/environment_settings.h"
+#include <fsdp/launch_env.h>
 
 #include <c10/util/Exception.h>
 

@@ -18,7 +18,7 @@ PUBLIC = {
     "printable.h": "util",
     "error_text.h": "util",
     "checked_math.h": "util", "bounded_json.h": "util",
-    "distributed.h": "launch", "peer_errors.h": "launch",
+    "distributed.h": "launch", "peer_errors.h": "launch", "launch_env.h": "launch",
     "comm_stats.h": "comm",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
