@@ -167,13 +167,16 @@ Tensors sgd_state(torch::optim::SGD& optimizer, nn::Module& net, const std::stri
 // Each is built as its program builds its models, and then takes the generator state that
 // follows as every rank's (the programs seed every rank the same).
 
-struct MnistReference {
-  Replicas<MnistNet> nets;
-  torch::optim::SGD optimizer;
+// One model and one optimizer (mnist, the LSTM): W replicas, the gradients averaged by the test.
+// `Program` names the program's parts: make, options, batch, loss and state (its optimizer's).
+template <class Net, class Optimizer, class Program>
+struct OneModelReference {
+  Replicas<Net> nets;
+  Optimizer optimizer;
   RankGenerators rng;
-  explicit MnistReference(int world)
-      : nets(make_mnist, world),
-        optimizer(nets.master->parameters(), mnist_sgd()),
+  explicit OneModelReference(int world)
+      : nets(Program::make, world),
+        optimizer(nets.master->parameters(), Program::options()),
         rng{std::vector<torch::Tensor>(world, generator_state())} {}
   Losses step(int s) {
     nets.send_params();
@@ -181,11 +184,11 @@ struct MnistReference {
     for (int r = 0; r < static_cast<int>(nets.ranks.size()); ++r) {
       rng.as_rank(r, [&] {
         auto& net = nets.ranks[r];
-        auto [data, targets] = mnist_batch(s, r);
+        auto [input, target] = Program::batch(s, r);
         net->zero_grad();
-        auto loss = torch::nll_loss(net->forward(data), targets);
+        auto loss = Program::loss(net->forward(input), target);
         loss.backward();
-        losses.push_back({loss.item<double>()});
+        losses.push_back({loss.template item<double>()});
       });
     }
     nets.average_grads();
@@ -194,12 +197,25 @@ struct MnistReference {
   }
   Tensors params() { return named(nets.master->named_parameters(), ""); }
   Tensors buffers(int r) { return named(nets.ranks[r]->named_buffers(), ""); }
-  Tensors optimizer_state() { return sgd_state(optimizer, *nets.master, ""); }
+  Tensors optimizer_state() { return Program::state(optimizer, *nets.master, ""); }
   void shrink(int world) {
     nets.shrink(world);
     rng.states.resize(world);
   }
 };
+
+struct MnistProgram {
+  static MnistNet make() { return make_mnist(); }
+  static torch::optim::SGDOptions options() { return mnist_sgd(); }
+  static auto batch(int s, int r) { return mnist_batch(s, r); }
+  static torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) {
+    return torch::nll_loss(output, target);
+  }
+  static Tensors state(torch::optim::SGD& optimizer, nn::Module& net, const std::string& prefix) {
+    return sgd_state(optimizer, net, prefix);
+  }
+};
+using MnistReference = OneModelReference<MnistNet, torch::optim::SGD, MnistProgram>;
 
 struct GanReference {
   Replicas<Generator> generators;
@@ -256,39 +272,18 @@ struct GanReference {
   }
 };
 
-struct LstmReference {
-  Replicas<LstmNet> nets;
-  torch::optim::Adam optimizer;
-  RankGenerators rng;
-  explicit LstmReference(int world)
-      : nets(make_lstm, world),
-        optimizer(nets.master->parameters(), lstm_adam()),
-        rng{std::vector<torch::Tensor>(world, generator_state())} {}
-  Losses step(int s) {
-    nets.send_params();
-    Losses losses;
-    for (int r = 0; r < static_cast<int>(nets.ranks.size()); ++r) {
-      rng.as_rank(r, [&] {
-        auto& net = nets.ranks[r];
-        auto [x, y] = lstm_batch(s, r);
-        net->zero_grad();
-        auto loss = torch::mse_loss(net->forward(x), y);
-        loss.backward();
-        losses.push_back({loss.item<double>()});
-      });
-    }
-    nets.average_grads();
-    optimizer.step();
-    return losses;
+struct LstmProgram {
+  static LstmNet make() { return make_lstm(); }
+  static torch::optim::AdamOptions options() { return lstm_adam(); }
+  static auto batch(int s, int r) { return lstm_batch(s, r); }
+  static torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& target) {
+    return torch::mse_loss(output, target);
   }
-  Tensors params() { return named(nets.master->named_parameters(), ""); }
-  Tensors buffers(int r) { return named(nets.ranks[r]->named_buffers(), ""); }
-  Tensors optimizer_state() { return adam_state(optimizer, *nets.master, ""); }
-  void shrink(int world) {
-    nets.shrink(world);
-    rng.states.resize(world);
+  static Tensors state(torch::optim::Adam& optimizer, nn::Module& net, const std::string& prefix) {
+    return adam_state(optimizer, net, prefix);
   }
 };
+using LstmReference = OneModelReference<LstmNet, torch::optim::Adam, LstmProgram>;
 
 // ---- The sharded programs ---------------------------------------------------------------------
 
