@@ -19,7 +19,6 @@ std::pair<torch::Tensor, torch::Tensor> local_batch(int64_t step, int64_t batch,
   return test_corpus().batch(/*seed=*/9, step, dist().rank() * batch, batch, seq);
 }
 
-int64_t bytes_of(const fsdp::UnitInfo& unit, int64_t numel) { return numel * unit.element_size; }
 
 TEST(Accounting, PersistentStateAfterAStepIsOneWthOfTheModel) {
   const auto config = small_gpt();
@@ -70,7 +69,7 @@ TEST(Accounting, ForwardHoldsNoUnshardedUnitBeyondTheBound) {
   auto model = fsdp::fully_shard(gpt::make_gpt(config, 2), *dist().world);
   int64_t root_full = 0, largest_unit_full = 0, smallest_unit_full = INT64_MAX;
   for (const auto& unit : model.units()) {
-    const int64_t full = bytes_of(unit, unit.padded_numel);
+    const int64_t full = unit.unsharded_bytes;
     if (unit.is_root) {
       root_full = full;
     } else {
@@ -111,7 +110,7 @@ TEST(Accounting, RateLimiterBoundsBackwardMemory) {
       auto options = fsdp::FullyShardOptions().limit_all_gathers(limit).backward_prefetch(prefetch);
       auto model = fsdp::fully_shard(net, *dist().world, options);
       int64_t shard_bytes = 0;
-      for (const auto& unit : model.units()) shard_bytes += bytes_of(unit, unit.shard_numel);
+      for (const auto& unit : model.units()) shard_bytes += unit.shard_bytes;
 
       auto loss = model(torch::ones({1, kWidth})).sum();
       fsdp::reset_peak_memory();

@@ -160,7 +160,9 @@ void expect_cnn_matches_reference(std::optional<c10::ScalarType> param_dtype, do
     if (param_dtype) {  // each stage: its convolution in bf16, its BatchNorm in full precision
       int full_precision_groups = 0;
       for (const auto& unit : model.units()) {
-        if (!unit.is_root && unit.compute_element_size == 4) ++full_precision_groups;
+        for (const auto& flat : unit.flats) {
+          if (!unit.is_root && flat.compute_element_size == 4) ++full_precision_groups;
+        }
       }
       EXPECT_EQ(full_precision_groups, 2);
     }

@@ -82,11 +82,13 @@ TEST(FrozenParams, AreNotReducedNotUpdatedAndHoldNoGradientMemory) {
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
   int64_t trainable_shards = 0, all_shards = 0, frozen_units = 0;
   for (const auto& unit : model.units()) {
-    all_shards += unit.shard_numel;
-    if (unit.trainable) trainable_shards += unit.shard_numel;
-    frozen_units += !unit.trainable;
+    for (const auto& flat : unit.flats) {
+      all_shards += flat.shard_numel;
+      if (flat.trainable) trainable_shards += flat.shard_numel;
+      frozen_units += !flat.trainable;
+    }
   }
-  EXPECT_EQ(frozen_units, 2);  // pair's frozen part, and middle
+  EXPECT_EQ(frozen_units, 2);  // pair's frozen parameters, and middle
   const auto comm_before = fsdp::comm_stats();
   for (int step = 0; step < steps; ++step) {
     auto [x, y] = batch(step, rows * world);

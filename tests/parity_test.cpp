@@ -122,7 +122,7 @@ TEST(Prefetch, BackwardPreGathersTheNextUnitAsSoonAsABackwardStarts) {
         torch::nn::Linear(kWidth, kWidth), torch::nn::Functional([&](at::Tensor x) {
           at::Tensor y = x * 1;  // its gradient comes from unit "2"'s backward, before x's
           y.register_hook([&](const at::Tensor&) {
-            for (const auto& group : state->groups()) {
+            for (const auto& group : state->units()) {
               if (group->name() == "0") gathered = group->sharded_state() != fsdp::ShardedState::Sharded;
             }
           });

@@ -21,8 +21,10 @@ struct ModelBytes {
 ModelBytes model_bytes(fsdp::Unit<GPT>& model) {
   ModelBytes bytes;
   for (const auto& unit : model.units()) {
-    bytes.sharded += unit.shard_numel * unit.element_size;
-    if (unit.is_root) bytes.root += unit.numel * unit.element_size;
+    bytes.sharded += unit.shard_bytes;
+    for (const auto& flat : unit.flats) {
+      if (unit.is_root) bytes.root += flat.numel * flat.element_size;
+    }
   }
   if (!model.is_sharded()) {
     for (const auto& item : model->named_parameters()) bytes.sharded += item.value().nbytes();

@@ -50,20 +50,31 @@
 
 namespace fsdp {
 
-/// What one unit holds, for tests, benchmarks and logs.
-struct UnitInfo {
-  std::string name;          ///< module path from the root ("" for the root unit)
-  int64_t num_params = 0;    ///< original parameters in the unit
+/// One flat parameter of a unit: its parameters of one kind. A unit has one per kind it holds:
+/// trainable ones first, then frozen (requires_grad false), each split into param_dtype and full
+/// precision (BatchNorm under mixed precision) where it has both.
+struct FlatInfo {
+  int64_t num_params = 0;    ///< original parameters in it
   int64_t numel = 0;         ///< elements of those parameters
   int64_t padded_numel = 0;  ///< numel rounded up to a multiple of the shard group size
   int64_t shard_numel = 0;   ///< elements this rank keeps
   int64_t element_size = 0;  ///< bytes per element of the shard (the parameters' dtype)
   int64_t compute_element_size = 0;  ///< bytes per element unsharded (mixed precision's param_dtype)
+  bool trainable = true;     ///< false for frozen parameters
+};
+
+/// What one unit holds, for tests, benchmarks and logs: the sums over its flat parameters, and
+/// each of them.
+struct UnitInfo {
+  std::string name;          ///< module path from the root ("" for the root unit)
   bool is_root = false;
-  /// False for the flat parameter holding a unit's frozen parameters (requires_grad false). A
-  /// unit is listed once per flat parameter: trainable ones first, then frozen, each split into
-  /// param_dtype and full precision (BatchNorm under mixed precision) where it has both.
-  bool trainable = true;
+  int64_t num_params = 0;    ///< original parameters in the unit
+  int64_t numel = 0;         ///< elements of those parameters
+  int64_t padded_numel = 0;  ///< the flat parameters' elements, padded
+  int64_t shard_numel = 0;   ///< elements this rank keeps
+  int64_t shard_bytes = 0;   ///< bytes this rank keeps
+  int64_t unsharded_bytes = 0;  ///< bytes of the unit's parameters gathered (padded, compute dtypes)
+  std::vector<FlatInfo> flats;
 };
 
 

@@ -1,11 +1,11 @@
 #include "core/fsdp_state.h"
 
+#include "core/unit_rules.h"
 #include "launch/host_placement.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
-#include <algorithm>
 #include <iostream>
 
 namespace fsdp {
@@ -57,6 +57,14 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
 
 FsdpState::~FsdpState() { device_.reset(); }
 
+std::vector<FlatParam*> FsdpState::flat_params() {
+  std::vector<FlatParam*> flats;
+  for (auto& unit : units_) {
+    for (FlatGroup& g : unit->flats()) flats.push_back(&g.flat);
+  }
+  return flats;
+}
+
 void FsdpState::pre_forward(ParamGroup& unit) {
   record_forward_order(unit);
   unit.begin_forward();
@@ -85,18 +93,16 @@ void FsdpState::backward_reached(ParamGroup& unit) {
   unit.begin_backward(no_sync_);
 }
 
-void FsdpState::gradients_reduced(ParamGroup& unit, const CommHandle& reduction) {
+void FsdpState::gradients_reduced(ParamGroup&, FlatParam& flat, const CommHandle& reduction) {
   if (!gradients_reduced_hook_) return;
-  auto [params, grads] = unit.flat().sharded_grads();
+  auto [params, grads] = flat.sharded_grads();
   if (params.empty()) return;
   gradients_reduced_hook_(std::move(params), std::move(grads),
                           [handle = reduction]() mutable { handle.wait_host(); });
 }
 
 void FsdpState::gradient_ready(ParamGroup& unit) {
-  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPost && !unit.is_part()) {
-    prefetch_backward_after(unit);
-  }
+  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPost) prefetch_backward_after(unit);
 }
 
 void FsdpState::record_forward_order(ParamGroup& group) {
@@ -135,26 +141,13 @@ void FsdpState::check_execution_order(const ParamGroup& group, size_t index) {
 
 void FsdpState::prefetch_forward_after(ParamGroup& group) {
   if (!options_.forward_prefetch()) return;
-  const auto& order = previous_forward_order_;
-  // The unit that followed `group` last time; the root is followed by the first unit.
-  auto next = order.begin();
-  if (!group.is_root()) {
-    next = std::find(order.begin(), order.end(), &group);
-    if (next != order.end()) ++next;
-  }
-  if (next != order.end()) (*next)->issue_unshard(/*optional=*/true);
+  ParamGroup* next = rules::forward_prefetch_target(previous_forward_order_, &group, group.is_root());
+  if (next) next->issue_unshard(/*optional=*/true);
 }
 
 void FsdpState::prefetch_backward_after(ParamGroup& group) {
   if (options_.backward_prefetch() == BackwardPrefetch::None) return;
-  const auto& order = forward_order_;
-  ParamGroup* next = nullptr;
-  if (group.is_root()) {
-    if (!order.empty()) next = order.back();
-  } else {
-    auto it = std::find(order.rbegin(), order.rend(), &group);
-    if (it != order.rend() && ++it != order.rend()) next = *it;
-  }
+  ParamGroup* next = rules::backward_prefetch_target(forward_order_, &group, group.is_root());
   // BACKWARD_POST: the root's gradients may complete last (an embedding used first in forward),
   // when the unit "after" it is long done: gathering it again would be wasted.
   if (next && !next->backward_ran()) next->issue_unshard(/*optional=*/true);
@@ -171,7 +164,7 @@ void FsdpState::queue_finish_backward() {
 void FsdpState::finish_backward() {
   finish_queued_ = false;
   // Reverse forward order issues any late reduce-scatters in the order backward would have.
-  for (auto it = groups_.rbegin(); it != groups_.rend(); ++it) (*it)->finish_backward();
+  for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
   order_checked_ = true;
 }
 

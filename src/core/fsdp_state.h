@@ -40,8 +40,11 @@ class FsdpState final : public UnitEvents {
   /// Inside a SummonFullParams scope every parameter is whole and units are plain calls.
   bool full_params_held() const { return full_params_held_; }
   void set_full_params_held(bool held) { full_params_held_ = held; }
-  std::vector<std::shared_ptr<ParamGroup>>& groups() { return groups_; }
-  const std::vector<std::shared_ptr<ParamGroup>>& groups() const { return groups_; }
+  /// The model's units, the root first.
+  std::vector<std::shared_ptr<ParamGroup>>& units() { return units_; }
+  const std::vector<std::shared_ptr<ParamGroup>>& units() const { return units_; }
+  /// Every flat parameter of every unit, the root's first.
+  std::vector<FlatParam*> flat_params();
 
   /// A unit's forward starts: records the forward order (the root starts an iteration; in the
   /// first iteration with check_execution_order it is checked against the other ranks), unshards
@@ -55,7 +58,7 @@ class FsdpState final : public UnitEvents {
   // UnitEvents
   void backward_reached(ParamGroup& unit) override;
   void gradient_ready(ParamGroup& unit) override;
-  void gradients_reduced(ParamGroup& unit, const CommHandle& reduction) override;
+  void gradients_reduced(ParamGroup& unit, FlatParam& flat, const CommHandle& reduction) override;
 
   /// Called with each unit's trainable parameters and gradient shard views as its reduction is
   /// issued (fsdp::optim::StepInBackward); empty: none.
@@ -81,7 +84,7 @@ class FsdpState final : public UnitEvents {
   FullyShardOptions options_;
   RateLimiter limiter_;
   std::unique_ptr<UnitEnv> unit_env_;
-  std::vector<std::shared_ptr<ParamGroup>> groups_;  // groups_[0] is the root unit
+  std::vector<std::shared_ptr<ParamGroup>> units_;  // units_[0] is the root
   std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
   detail::GradientsReducedHook gradients_reduced_hook_;
   std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's

@@ -88,18 +88,32 @@ std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
   return plans;
 }
 
-UnitInfo info_of(const ParamGroup& group) {
-  const FlatParam& flat = group.flat();
-  UnitInfo info;
-  info.name = group.name();
+FlatInfo info_of(const FlatParam& flat) {
+  FlatInfo info;
   info.num_params = static_cast<int64_t>(flat.entries().size());
   info.numel = flat.numel();
   info.padded_numel = flat.padded_numel();
   info.shard_numel = flat.shard_numel();
   info.element_size = flat.element_size();
   info.compute_element_size = flat.compute_element_size();
-  info.is_root = group.is_root();
   info.trainable = flat.requires_grad();
+  return info;
+}
+
+UnitInfo info_of(const ParamGroup& unit) {
+  UnitInfo info;
+  info.name = unit.name();
+  info.is_root = unit.is_root();
+  for (const FlatGroup& g : unit.flats()) {
+    const FlatInfo flat = info_of(g.flat);
+    info.num_params += flat.num_params;
+    info.numel += flat.numel;
+    info.padded_numel += flat.padded_numel;
+    info.shard_numel += flat.shard_numel;
+    info.shard_bytes += flat.shard_numel * flat.element_size;
+    info.unsharded_bytes += flat.padded_numel * flat.compute_element_size;
+    info.flats.push_back(flat);
+  }
   return info;
 }
 
@@ -133,22 +147,19 @@ c10::Device compute_device(torch::nn::Module& root, const FullyShardOptions& opt
   return device.value_or(c10::Device(c10::kCPU));
 }
 
-// groups[0] must be the root: moves its group(s) before those of the units sharded earlier.
-void put_root_first(FsdpState& state, size_t groups_before) {
-  auto& groups = state.groups();
-  std::rotate(groups.begin(), groups.begin() + groups_before, groups.end());
+// units[0] must be the root: moves it before the units sharded earlier.
+void put_root_first(FsdpState& state, size_t units_before) {
+  auto& units = state.units();
+  std::rotate(units.begin(), units.begin() + units_before, units.end());
 }
 
-// Every group of the units built inside a deferred factory belongs to a unit of the model.
-void check_presharded_claimed(const std::vector<UnitPlan>& plans, size_t presharded_groups) {
-  size_t claimed = 0;
-  for (const auto& plan : plans) {
-    if (plan.presharded) claimed += 1 + plan.slot->group->parts().size();
-  }
-  TORCH_CHECK(claimed == presharded_groups, "fully_shard_deferred: ",
-              presharded_groups - claimed, " flat parameter group(s) of units built inside the "
-              "factory are not part of the model it returned; construct fsdp::Unit holders only "
-              "for modules the model registers");
+// Every unit built inside a deferred factory is a unit of the model.
+void check_presharded_claimed(const std::vector<UnitPlan>& plans, size_t presharded_units) {
+  const auto claimed = static_cast<size_t>(
+      std::count_if(plans.begin(), plans.end(), [](const UnitPlan& plan) { return plan.presharded; }));
+  TORCH_CHECK(claimed == presharded_units, "fully_shard_deferred: ", presharded_units - claimed,
+              " unit(s) built inside the factory are not part of the model it returned; construct "
+              "fsdp::Unit holders only for modules the model registers");
 }
 
 }  // namespace
@@ -188,10 +199,10 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
     if (plan.presharded) name_presharded_unit(plan);
   }
   auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options, device);
-  const size_t presharded_groups = state->groups().size();
+  const size_t presharded_units = state->units().size();
   shard_units(*state, plans, init, full_precision_params(*root, options.mixed_precision()));
-  put_root_first(*state, presharded_groups);
-  check_presharded_claimed(plans, presharded_groups);
+  put_root_first(*state, presharded_units);
+  check_presharded_claimed(plans, presharded_units);
   if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
   cast_floating_buffers(*root, options.mixed_precision());
   return state;
@@ -199,7 +210,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
 
 std::vector<UnitInfo> unit_infos(const FsdpState& state) {
   std::vector<UnitInfo> infos;
-  for (const auto& group : state.groups()) infos.push_back(info_of(*group));
+  for (const auto& unit : state.units()) infos.push_back(info_of(*unit));
   return infos;
 }
 

@@ -16,56 +16,68 @@ namespace fsdp {
 namespace {
 
 // Runs after AccumulateGrad has added a parameter's gradient (the paper prefers this moment to a
-// tensor hook, which fires before accumulation). `entry`: the parameter's index in the flat
-// parameter.
+// tensor hook, which fires before accumulation). `flat`, `entry`: the unit's flat parameter and
+// the parameter's index in it.
 class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
  public:
-  GradAccumulatedHook(std::weak_ptr<ParamGroup> group, size_t entry)
-      : group_(std::move(group)), entry_(entry) {}
+  GradAccumulatedHook(std::weak_ptr<ParamGroup> group, size_t flat, size_t entry)
+      : group_(std::move(group)), flat_(flat), entry_(entry) {}
   torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
                                             const torch::autograd::variable_list&) override;
 
  private:
   std::weak_ptr<ParamGroup> group_;
+  size_t flat_;
   size_t entry_;
 };
 
 }  // namespace
 
-ParamGroup::ParamGroup(std::string name, FlatParam flat, UnitEnv env, UnitEvents& events,
-                       bool is_root)
+ParamGroup::ParamGroup(std::string name, std::vector<FlatGroup> flats, UnitEnv env,
+                       UnitEvents& events, bool is_root)
     : name_(std::move(name)),
       label_(is_root ? "root" : name_),
-      flat_(std::move(flat)),
+      flats_(std::move(flats)),
       env_(std::move(env)),
       events_(events),
-      is_root_(is_root) {}
+      is_root_(is_root) {
+  TORCH_INTERNAL_ASSERT(!flats_.empty(), "a unit has at least one flat parameter");
+}
 
 void ParamGroup::install_grad_hooks() {
-  for (size_t i = 0; i < flat_.entries().size(); ++i) {
-    if (flat_.entries()[i].grad_accumulator) hook(i);
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    const auto& entries = flats_[f].flat.entries();
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i].grad_accumulator) hook(f, i);
+    }
   }
 }
 
-void ParamGroup::hook(size_t entry) {
-  flat_.entries()[entry].grad_accumulator->add_post_hook(
-      std::make_unique<GradAccumulatedHook>(weak_from_this(), entry));
+void ParamGroup::hook(size_t flat, size_t entry) {
+  flats_[flat].flat.entries()[entry].grad_accumulator->add_post_hook(
+      std::make_unique<GradAccumulatedHook>(weak_from_this(), flat, entry));
 }
 
 void ParamGroup::set_name(const std::string& name) {
   name_ = name;
   label_ = is_root_ ? "root" : name;
-  for (auto& part : parts_) part->set_name(name);
 }
 
-void ParamGroup::attach_part(std::shared_ptr<ParamGroup> part) {
-  part->is_part_ = true;
-  parts_.push_back(std::move(part));
+ShardedState ParamGroup::sharded_state() const {
+  auto all = [&](ShardedState state) {
+    return std::all_of(flats_.begin(), flats_.end(), [&](const FlatGroup& g) { return g.sharded_state == state; });
+  };
+  if (all(ShardedState::Sharded)) return ShardedState::Sharded;
+  if (all(ShardedState::Unsharded)) return ShardedState::Unsharded;
+  return ShardedState::Unsharding;
 }
 
-bool ParamGroup::has_frozen_part() const {
-  return std::any_of(parts_.begin(), parts_.end(),
-                     [](const auto& part) { return !part->flat_.requires_grad(); });
+bool ParamGroup::has_frozen_params() const {
+  return std::any_of(flats_.begin(), flats_.end(), [](const FlatGroup& g) { return !g.trainable(); });
+}
+
+bool ParamGroup::needs_unshard() const {
+  return std::any_of(flats_.begin(), flats_.end(), [](const FlatGroup& g) { return g.flat.needs_unshard(); });
 }
 
 void ParamGroup::begin_forward() {
@@ -75,71 +87,81 @@ void ParamGroup::begin_forward() {
 }
 
 void ParamGroup::release_cleared_gradients() {
-  // Not between the backwards of no_sync: they clear the gradients while their sum waits
-  // unsharded, and the last one may still add it to the shard.
-  if (full_grad_kept_) return;
-  flat_.release_cleared_grad_shard();  // [Note: gradient shards live as long as the gradients]
-  for (auto& part : parts_) part->release_cleared_gradients();
+  for (FlatGroup& g : flats_) {
+    // Not between the backwards of no_sync: they clear the gradients while their sum waits
+    // unsharded, and the last one may still add it to the shard.
+    if (!g.full_grad_kept) g.flat.release_cleared_grad_shard();  // [Note: gradient shards live as long as the gradients]
+  }
 }
 
 bool ParamGroup::issue_unshard(bool optional) {
-  if (sharded_state_ != ShardedState::Sharded) return true;
-  if (!flat_.needs_unshard()) {  // a shard group of one in full precision: the shard is the unit
-    for (auto& part : parts_) part->issue_unshard(optional);
-    sharded_state_ = ShardedState::Unsharded;
-    return true;
-  }
-  if (rate_limited()) {
+  auto sharded = [](const FlatGroup& g) { return g.sharded_state == ShardedState::Sharded; };
+  if (std::none_of(flats_.begin(), flats_.end(), sharded)) return true;
+  if (rate_limited() && !holds_limiter_slot_ && needs_unshard()) {
     TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
     if (!env_.limiter.acquire(optional)) return false;
     holds_limiter_slot_ = true;
   }
-  for (auto& part : parts_) part->issue_unshard(optional);
-  flat_.allocate_full();
-  if (!flat_.sharded() && !flat_.offloaded()) {
+  for (FlatGroup& g : flats_) {
+    if (sharded(g)) issue_all_gather(g);
+  }
+  return true;
+}
+
+void ParamGroup::issue_all_gather(FlatGroup& g) {
+  if (!g.flat.needs_unshard()) {  // a shard group of one in full precision: the shard is the unit
+    g.sharded_state = ShardedState::Unsharded;
+    return;
+  }
+  g.flat.allocate_full();
+  g.sharded_state = ShardedState::Unsharding;
+  if (!g.flat.sharded() && !g.flat.offloaded()) {
     // A shard group of one rank (W = 1) only casts its shard for compute: on the compute stream,
     // in order. On a lane's high-priority stream the cast would overlap GEMMs and slow them
     // (measured on an H200: 2.5x the cast's own time), with no communication to hide.
     at::NoGradGuard no_grad;
-    gather_unit(flat_, env_.shard_group);
-    all_gather_ = CommHandle();
-    sharded_state_ = ShardedState::Unsharding;
-    return true;
+    gather_unit(g.flat, env_.shard_group);
+    g.all_gather = CommHandle();
+    return;
   }
-  all_gather_ = env_.device.submit(CommLane::AllGather, [this] {
+  g.all_gather = env_.device.submit(CommLane::AllGather, [this, &g] {
     TraceSpan trace("all_gather", label_, TraceLane::Communication);
-    gather_unit(flat_, env_.shard_group);
+    gather_unit(g.flat, env_.shard_group);
   });
-  sharded_state_ = ShardedState::Unsharding;
-  return true;
 }
 
 void ParamGroup::wait_unshard() {
   issue_unshard(/*optional=*/false);
-  for (auto& part : parts_) part->wait_unshard();
-  if (sharded_state_ == ShardedState::Unsharded) return;
-  {
-    TraceSpan waiting("wait all_gather", label_, TraceLane::Waits);
-    all_gather_.wait();
+  for (size_t f = 0; f < flats_.size(); ++f) {
+    FlatGroup& g = flats_[f];
+    if (g.sharded_state == ShardedState::Unsharded) continue;
+    {
+      TraceSpan waiting("wait all_gather", label_, TraceLane::Waits);
+      g.all_gather.wait();
+    }
+    g.flat.use_full_params();
+    for (size_t entry : g.flat.refresh_grad_accumulators()) hook(f, entry);
+    g.sharded_state = ShardedState::Unsharded;
   }
-  flat_.use_full_params();
-  for (size_t entry : flat_.refresh_grad_accumulators()) hook(entry);
-  sharded_state_ = ShardedState::Unsharded;
 }
 
-void ParamGroup::reshard(bool with_parts) {
-  if (with_parts) {
-    for (auto& part : parts_) part->reshard();
-  }
-  if (sharded_state_ == ShardedState::Sharded) return;
-  if (sharded_state_ == ShardedState::Unsharding) all_gather_.wait();  // never free under a collective
-  flat_.use_sharded_params();
-  flat_.free_full();
-  sharded_state_ = ShardedState::Sharded;
-  if (holds_limiter_slot_) {  // [Note: rate limiter slots]
-    holds_limiter_slot_ = false;
-    env_.limiter.release();
-  }
+void ParamGroup::reshard_all() {
+  for (FlatGroup& g : flats_) reshard(g);
+}
+
+void ParamGroup::reshard(FlatGroup& g) {
+  if (g.sharded_state == ShardedState::Sharded) return;
+  if (g.sharded_state == ShardedState::Unsharding) g.all_gather.wait();  // never free under a collective
+  g.flat.use_sharded_params();
+  g.flat.free_full();
+  g.sharded_state = ShardedState::Sharded;
+  release_slot_if_sharded();
+}
+
+void ParamGroup::release_slot_if_sharded() {
+  if (!holds_limiter_slot_ || sharded_state() != ShardedState::Sharded) return;
+  holds_limiter_slot_ = false;  // [Note: rate limiter slots]
+  env_.limiter.release();
 }
 
 // [Note: resharding between steps]
@@ -152,8 +174,11 @@ void ParamGroup::reshard(bool with_parts) {
 // as PyTorch FSDP2 does before a state dict; a backward that does come later unshards the unit
 // again in its pre-backward (backward_reached), as for any unit resharded after forward.
 bool ParamGroup::reshard_unless_in_backward() {
-  if (backward_state_ != BackwardState::Idle) return false;
-  reshard();
+  const bool in_backward = std::any_of(flats_.begin(), flats_.end(), [](const FlatGroup& g) {
+    return g.backward_state != BackwardState::Idle;
+  });
+  if (in_backward) return false;
+  reshard_all();
   return true;
 }
 
@@ -162,7 +187,7 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
   // A unit with parameters (frozen ones too: backward needs them to reach earlier units) is
   // unsharded again for backward. The root hooks its output even without parameters of its
   // own: its pre-backward queues the end-of-backward callback that completes every reduction.
-  const bool has_params = is_root_ || flat_.numel() > 0 || !parts_.empty();
+  const bool has_params = is_root_ || flats_.size() > 1 || flats_.front().flat.numel() > 0;
   bool will_backward = false;
   if (at::GradMode::is_enabled() && has_params) {
     std::weak_ptr<ParamGroup> self = weak_from_this();
@@ -174,10 +199,9 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
       will_backward = true;
     }
   }
-  if (will_backward && (!flat_.requires_grad() || has_frozen_part())) {
+  if (will_backward && has_frozen_params()) {
     // The gradient accumulators say when the trainable parameters are done, not when the frozen
-    // ones are (a frozen layer's input gradient may come after every trainable layer's): the
-    // gradient of the unit's inputs does.
+    // ones are: the gradient of the unit's inputs does.
     std::weak_ptr<ParamGroup> self = weak_from_this();
     for (const auto& input : inputs) {
       if (!input.defined() || !input.requires_grad()) continue;
@@ -186,12 +210,12 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
       });
     }
   }
-  if (!will_backward || reshard_after_forward) reshard();
+  if (!will_backward || reshard_after_forward) reshard_all();
   record_span("forward", label_, TraceLane::Compute, span_start_);
 }
 
 void ParamGroup::pre_backward() {
-  if (backward_state_ != BackwardState::Idle) return;  // another output got there first
+  if (backward_ran_) return;  // another output got there first
   span_start_ = trace_now();
   backward_ran_ = true;
   events_.backward_reached(*this);
@@ -199,124 +223,123 @@ void ParamGroup::pre_backward() {
 
 void ParamGroup::begin_backward(bool no_sync) {
   wait_unshard();
-  begin_accumulating(no_sync);
-  for (auto& part : parts_) {
-    if (part->flat_.requires_grad()) part->begin_accumulating(no_sync);
-  }
+  no_sync_ = no_sync;
+  // The limiter counts one unsharded gradient per unit: its first flat group's.
+  for (FlatGroup& g : flats_) begin_accumulating(g, is_first(g) && rate_limited());
 }
 
-void ParamGroup::begin_accumulating(bool no_sync) {
-  no_sync_ = no_sync;
-  if (flat_.requires_grad()) {
+void ParamGroup::begin_accumulating(FlatGroup& g, bool counted) {
+  if (g.trainable()) {
     // Under no_sync the sum so far is kept: keep adding to it.
-    if (!full_grad_kept_) accumulate_into_shard_ = flat_.has_sharded_grads();
-    if (!full_grad_kept_ && !grads_need_no_reduction() && rate_limited()) {
+    if (!g.full_grad_kept) g.accumulate_into_shard = g.flat.has_sharded_grads();
+    if (!g.full_grad_kept && !grads_need_no_reduction(g) && counted) {
       TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
       env_.limiter.wait_for_reductions();
     }
-    flat_.begin_full_grad(/*keep=*/full_grad_kept_, /*into_shard=*/grads_need_no_reduction());
+    g.flat.begin_full_grad(/*keep=*/g.full_grad_kept, /*into_shard=*/grads_need_no_reduction(g));
   }
-  grads_pending_ = flat_.requires_grad_count();
-  backward_state_ = BackwardState::Accumulating;
+  g.grads_pending = g.flat.requires_grad_count();
+  g.backward_state = BackwardState::Accumulating;
 }
 
-void ParamGroup::on_grad_accumulated(size_t entry) {
-  if (backward_state_ != BackwardState::Accumulating) return;
-  flat_.take_grad(entry);
-  if (--grads_pending_ == 0) post_backward();
+void ParamGroup::on_grad_accumulated(size_t flat, size_t entry) {
+  FlatGroup& g = flats_[flat];
+  if (g.backward_state != BackwardState::Accumulating) return;
+  g.flat.take_grad(entry);
+  if (--g.grads_pending == 0) post_backward(g);
 }
 
 void ParamGroup::on_input_grad() {
-  for (auto& part : parts_) {
-    if (!part->flat_.requires_grad()) part->reshard();
+  for (FlatGroup& g : flats_) {
+    if (!g.trainable() && g.backward_state == BackwardState::Accumulating) post_backward(g);
   }
-  if (!flat_.requires_grad() && backward_state_ == BackwardState::Accumulating) post_backward();
 }
 
-void ParamGroup::post_backward() {
-  record_span("backward", label_, TraceLane::Compute, span_start_);
-  if (!flat_.requires_grad()) {  // nothing to reduce: only free the parameters
-    backward_state_ = BackwardState::Idle;
-    reshard();
+void ParamGroup::post_backward(FlatGroup& g) {
+  if (!g.trainable()) {  // nothing to reduce: only free the parameters
+    if (is_first(g)) record_span("backward", label_, TraceLane::Compute, span_start_);
+    g.backward_state = BackwardState::Idle;
+    reshard(g);
     return;
   }
-  flat_.complete_full_grad();
-  events_.gradient_ready(*this);
-  if (flat_.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
-    backward_state_ = BackwardState::Reduced;
-    reshard(/*with_parts=*/false);
-    events_.gradients_reduced(*this, CommHandle());
+  if (is_first(g)) record_span("backward", label_, TraceLane::Compute, span_start_);
+  g.flat.complete_full_grad();
+  if (is_first(g)) events_.gradient_ready(*this);
+  // The gradients are complete: autograd needs these parameters no more.
+  if (g.flat.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
+    g.backward_state = BackwardState::Reduced;
+    reshard(g);
+    events_.gradients_reduced(*this, g.flat, CommHandle());
     return;
   }
   if (no_sync_) {  // keep the unsharded gradient for the next backward
-    full_grad_kept_ = true;
-    backward_state_ = BackwardState::Idle;
-    reshard(/*with_parts=*/false);
+    g.full_grad_kept = true;
+    g.backward_state = BackwardState::Idle;
+    reshard(g);
     return;
   }
-  backward_state_ = BackwardState::Reducing;
-  // The gradients are complete: autograd needs these parameters no more (a frozen part waits for
-  // the unit's input gradient, on_input_grad; a full-precision part for its own gradients).
-  reshard(/*with_parts=*/false);
-  issue_reduce_scatter();
+  g.backward_state = BackwardState::Reducing;
+  reshard(g);
+  issue_reduce_scatter(g);
 }
 
-void ParamGroup::issue_reduce_scatter() {
-  full_grad_kept_ = false;
-  RateLimiter* limiter = rate_limited() ? &env_.limiter : nullptr;
+void ParamGroup::issue_reduce_scatter(FlatGroup& g) {
+  g.full_grad_kept = false;
+  RateLimiter* limiter = is_first(g) && rate_limited() ? &env_.limiter : nullptr;
   if (limiter) limiter->reduction_issued();
   // The count ends when the task is destroyed, whether it ran, threw, or was skipped after an
   // earlier collective failed: a unit waiting in the limiter then meets the error, never hangs.
   auto end = std::make_shared<ReductionEnd>(limiter);
-  const ReducePlan plan = reduce_plan();
+  const ReducePlan plan = reduce_plan(g);
   // Allocated here, on the caller's thread, before the task can: gradients_reduced hands out
   // views of it while the task runs (two lazy allocations would race to two buffers).
-  flat_.grad_shard();
-  reduce_scatter_ = env_.device.submit(CommLane::Reduce, [this, plan, end] {
+  g.flat.grad_shard();
+  g.reduce_scatter = env_.device.submit(CommLane::Reduce, [this, &g, plan, end] {
     TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
     at::NoGradGuard no_grad;
-    reduce_unit_gradient(flat_, plan, env_.shard_group, env_.replicas);
-    env_.device.release_after(CommLane::Reduce, flat_.take_full_grad_bytes());
+    reduce_unit_gradient(g.flat, plan, env_.shard_group, env_.replicas);
+    env_.device.release_after(CommLane::Reduce, g.flat.take_full_grad_bytes());
   });
-  events_.gradients_reduced(*this, reduce_scatter_);
+  events_.gradients_reduced(*this, g.flat, g.reduce_scatter);
 }
 
-// A shard group of one rank without replicas (W = 1, not offloaded) whose reduction would be a
-// copy: the gradients can go straight into the gradient shard, unless they add to a sum kept
-// there (accumulation) or kept unsharded (no_sync).
-bool ParamGroup::grads_need_no_reduction() const {
-  const ReducePlan plan = reduce_plan();
-  return !flat_.sharded() && env_.replicas == nullptr && !flat_.offloaded() && plan.pre == 1.0 &&
-         plan.post == 1.0 && !accumulate_into_shard_ && !full_grad_kept_ && !no_sync_;
+// The gradients go straight into the gradient shard (rules::grads_into_shard), unless they add to
+// a sum kept there (accumulation) or kept unsharded (no_sync).
+bool ParamGroup::grads_need_no_reduction(const FlatGroup& g) const {
+  const int replicas = env_.reduce.world_size / g.flat.shard_group_size();
+  const bool accumulating = g.accumulate_into_shard || g.full_grad_kept || no_sync_;
+  return rules::grads_into_shard(g.flat.placement(replicas), accumulating);
 }
 
-ReducePlan ParamGroup::reduce_plan() const {
-  return plan_reduction(env_.reduce, flat_.full_grad().scalar_type(), full_precision_,
-                        accumulate_into_shard_);
+ReducePlan ParamGroup::reduce_plan(const FlatGroup& g) const {
+  return plan_reduction(env_.reduce, g.flat.full_grad().scalar_type(), g.full_precision,
+                        g.accumulate_into_shard);
 }
 
 void ParamGroup::finish_backward() {
-  if (backward_state_ == BackwardState::Accumulating) post_backward();  // some grads never came
-  if (backward_state_ == BackwardState::Reducing) {
-    TraceSpan waiting("wait reduce_scatter", label_, TraceLane::Waits);
-    // Offloaded, the optimizer reads the gradient shard on the host after backward.
-    if (flat_.offloaded()) {
-      reduce_scatter_.wait_host();
-    } else {
-      reduce_scatter_.wait();
+  for (FlatGroup& g : flats_) {
+    if (g.backward_state == BackwardState::Accumulating) post_backward(g);  // some grads never came
+    if (g.backward_state == BackwardState::Reducing) {
+      TraceSpan waiting("wait reduce_scatter", label_, TraceLane::Waits);
+      // Offloaded, the optimizer reads the gradient shard on the host after backward.
+      if (g.flat.offloaded()) {
+        g.reduce_scatter.wait_host();
+      } else {
+        g.reduce_scatter.wait();
+      }
     }
+    if (g.backward_state == BackwardState::Reducing || g.backward_state == BackwardState::Reduced) {
+      g.flat.use_sharded_grads();
+    }
+    g.backward_state = BackwardState::Idle;
   }
-  if (backward_state_ == BackwardState::Reducing || backward_state_ == BackwardState::Reduced) {
-    flat_.use_sharded_grads();
-  }
-  reshard();  // e.g. a prefetched unit whose backward never ran
-  backward_state_ = BackwardState::Idle;
+  reshard_all();  // e.g. a prefetched unit whose backward never ran
   backward_ran_ = false;
 }
 
 torch::autograd::variable_list GradAccumulatedHook::operator()(
     const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-  if (auto group = group_.lock()) group->on_grad_accumulated(entry_);
+  if (auto group = group_.lock()) group->on_grad_accumulated(flat_, entry_);
   return outputs;
 }
 

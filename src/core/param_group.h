@@ -1,5 +1,5 @@
 #pragma once
-// One FSDP unit at run time: its flat parameter, its state machine, and the moments of the
+// One FSDP unit at run time: its flat parameters, their state machine, and the moments of the
 // paper's section 3.3: unshard before forward, reshard after, unshard before backward, reduce
 // the gradient and reshard as soon as backward has produced it. Communication is submitted to the
 // model's DeviceRuntime ([Note: the device seam]). Which unit runs when (execution order, prefetching,
@@ -26,11 +26,13 @@ class UnitEvents {
   /// The first gradient reached one of `unit`'s outputs: its backward is next. The model then
   /// unshards it (prefetching another) and calls begin_backward.
   virtual void backward_reached(ParamGroup& unit) = 0;
-  /// `unit`'s unsharded gradient is complete; its reduction is issued next.
+  /// `unit`'s unsharded gradient is complete (that of its first flat group); its reduction is
+  /// issued next.
   virtual void gradient_ready(ParamGroup& unit) = 0;
-  /// `unit`'s reduced gradient is issued into its gradient shard (`reduction`; an empty handle
-  /// when it is there already): wait_host() on it, and the shard holds this backward's gradient.
-  virtual void gradients_reduced(ParamGroup& unit, const CommHandle& reduction) = 0;
+  /// The reduced gradient of `flat`, one of `unit`'s flat parameters, is issued into its gradient
+  /// shard (`reduction`; an empty handle when it is there already): wait_host() on it, and the
+  /// shard holds this backward's gradient.
+  virtual void gradients_reduced(ParamGroup& unit, FlatParam& flat, const CommHandle& reduction) = 0;
 };
 
 /// Where the unit's parameters live.
@@ -48,44 +50,67 @@ enum class BackwardState {
   Reduced,       ///< parameters resharded; the gradient shard holds the gradient (no reduction)
 };
 
+/// One flat parameter of a unit and where it is in the step. A unit has one per kind of
+/// parameter it holds ([Note: a unit's flat parameters]).
+struct FlatGroup {
+  explicit FlatGroup(FlatParam flat_param, bool keeps_full_precision)
+      : flat(std::move(flat_param)), full_precision(keeps_full_precision) {}
+
+  FlatParam flat;
+  bool full_precision;  // mixed precision leaves these parameters in their own dtype
+  ShardedState sharded_state = ShardedState::Sharded;
+  BackwardState backward_state = BackwardState::Idle;
+  CommHandle all_gather;
+  CommHandle reduce_scatter;
+  int grads_pending = 0;               // trainable parameters whose gradient has not arrived
+  bool accumulate_into_shard = false;  // the optimizer kept the previous gradient: add to it
+  bool full_grad_kept = false;         // no_sync: the unsharded gradient survives to the next backward
+
+  bool trainable() const { return flat.requires_grad(); }
+};
+
+// [Note: a unit's flat parameters]
+// A unit's parameters are flattened by kind: trainable or frozen (requires_grad false: no
+// gradient buffer, no reduction), and, under mixed precision, computed in param_dtype or kept in
+// full precision (BatchNorm: [Note: full-precision modules]). The unit owns its flat groups as
+// peers (FSDP2's FSDPParamGroup owns its FSDPParams so): they are gathered together, and each is
+// resharded when autograd needs it no more: a trainable one once its gradients are complete, a
+// frozen one once the gradient of the unit's inputs is (a frozen layer's input gradient may come
+// after every trainable layer's). The unit holds one rate-limiter slot while any of them is
+// unsharded, and its first flat group (trainable in param_dtype, when it has such parameters)
+// is the one whose reduction the limiter counts and whose completed gradient starts a
+// BACKWARD_POST prefetch.
+
 class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
  public:
-  ParamGroup(std::string name, FlatParam flat, UnitEnv env, UnitEvents& events, bool is_root);
+  /// `flats`: at least one (a unit without parameters has one empty flat parameter), the first
+  /// holding trainable parameters when the unit has any.
+  ParamGroup(std::string name, std::vector<FlatGroup> flats, UnitEnv env, UnitEvents& events, bool is_root);
 
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
 
-  /// The other flat parameters of the same unit, gathered together with this one and counted as
-  /// part of it by the rate limiter: its frozen parameters (requires_grad false: no gradient
-  /// buffer, no reduction, freed when the unit's input gradient is complete), and, under mixed
-  /// precision, those kept in full precision (BatchNorm: see [Note: full-precision modules]),
-  /// which get their gradients, reduce them in their own dtype and reshard by themselves.
-  void attach_part(std::shared_ptr<ParamGroup> part);
-  const std::vector<std::shared_ptr<ParamGroup>>& parts() const { return parts_; }
-  /// This group's parameters stay in their own dtype under mixed precision, reductions included.
-  void keep_full_precision() { full_precision_ = true; }
-
-  /// Forward starts: issues this unit's all-gather (wait_unshard waits for it).
+  /// Forward starts: issues this unit's all-gathers (wait_unshard waits for them).
   void begin_forward();
-  /// Issues the all-gather if the unit is sharded (a prefetch passes `optional`: the rate
+  /// Issues the all-gathers if the unit is sharded (a prefetch passes `optional`: the rate
   /// limiter may refuse it). Returns false if refused.
   bool issue_unshard(bool optional);
-  /// Waits for the all-gather (issuing it if needed): the parameters are usable.
+  /// Waits for the all-gathers (issuing them if needed): the parameters are usable.
   void wait_unshard();
-  /// Forward ended. `inputs`: the unit's input tensors (a unit without trainable parameters
-  /// learns from their gradients that its backward is over). The parameters stay unsharded for
-  /// backward unless `reshard_after_forward`.
+  /// Forward ended. `inputs`: the unit's input tensors (frozen parameters learn from their
+  /// gradients that the unit's backward is over). The parameters stay unsharded for backward
+  /// unless `reshard_after_forward`.
   void post_forward(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                     bool reshard_after_forward);
   /// The model unsharded this unit for its backward: wait for it and take gradients. Under
   /// `no_sync` the unsharded gradient is kept (and added to) instead of reduced.
   void begin_backward(bool no_sync);
   /// End of backward, on the caller's thread: reduce what is still accumulating (parameters
-  /// without gradient), wait for the reduce-scatter, point the gradients at the shard.
+  /// without gradient), wait for the reduce-scatters, point the gradients at the shards.
   void finish_backward();
 
-  /// Autograd has accumulated the gradient of the flat parameter's entry `entry` (its hook).
-  void on_grad_accumulated(size_t entry);
+  /// Autograd has accumulated the gradient of entry `entry` of flat group `flat` (its hook).
+  void on_grad_accumulated(size_t flat, size_t entry);
   /// Between steps: reshards the unit if a forward left it unsharded for a backward that has not
   /// started ([Note: resharding between steps]). False if its backward is under way.
   bool reshard_unless_in_backward();
@@ -93,52 +118,49 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   const std::string& name() const { return name_; }
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
   void set_name(const std::string& name);
-  ShardedState sharded_state() const { return sharded_state_; }
+  /// Sharded when every flat group is; Unsharded when every one is usable; else Unsharding.
+  ShardedState sharded_state() const;
   /// Whether this unit's backward has started in the current backward pass.
   bool backward_ran() const { return backward_ran_; }
   bool is_root() const { return is_root_; }
-  /// One of another group's parts: it follows its leader and is never prefetched by itself.
-  bool is_part() const { return is_part_; }
-  FlatParam& flat() { return flat_; }
-  const FlatParam& flat() const { return flat_; }
+  std::vector<FlatGroup>& flats() { return flats_; }
+  const std::vector<FlatGroup>& flats() const { return flats_; }
 
  private:
-  /// Counted by the rate limiter (slots and reductions): every unit but the root and parts.
-  bool rate_limited() const { return !is_root_ && !is_part_; }
-  void reshard(bool with_parts = true);
-  /// Drops the gradient shards (this group's and its parts') whose gradients the optimizer cleared.
+  /// Counted by the rate limiter (slots and reductions): rules::rate_limited.
+  bool rate_limited() const { return rules::rate_limited(is_root_); }
+  /// Whether any flat group needs a separate unsharded buffer (FlatParam::needs_unshard).
+  bool needs_unshard() const;
+  void issue_all_gather(FlatGroup& g);
+  void reshard_all();
+  void reshard(FlatGroup& g);
+  /// Gives the limiter slot back once no flat group is unsharded.
+  void release_slot_if_sharded();
+  /// Drops the gradient shards whose gradients the optimizer cleared.
   void release_cleared_gradients();
   /// Autograd's hook on an output: the unit's backward is next.
   void pre_backward();
-  /// Allocates (or keeps, under no_sync) the unsharded gradient and waits for autograd's.
-  void begin_accumulating(bool no_sync);
-  bool has_frozen_part() const;
-  void post_backward();
-  /// A unit without trainable parameters: the gradient of its inputs is complete.
+  /// Allocates (or keeps, under no_sync) `g`'s unsharded gradient and waits for autograd's.
+  void begin_accumulating(FlatGroup& g, bool counted);
+  void post_backward(FlatGroup& g);
+  /// The gradient of the unit's inputs is complete: its frozen parameters are done.
   void on_input_grad();
-  void issue_reduce_scatter();
-  /// How this unit's gradient is reduced now (dtype, divisors, accumulation).
-  ReducePlan reduce_plan() const;
-  bool grads_need_no_reduction() const;
-  /// Installs the post-hook on the gradient accumulator of the flat parameter's entry `entry`.
-  void hook(size_t entry);
+  void issue_reduce_scatter(FlatGroup& g);
+  /// How `g`'s gradient is reduced now (dtype, divisors, accumulation).
+  ReducePlan reduce_plan(const FlatGroup& g) const;
+  bool grads_need_no_reduction(const FlatGroup& g) const;
+  /// Whether `g` is this unit's first flat group (see [Note: a unit's flat parameters]).
+  bool is_first(const FlatGroup& g) const { return &g == &flats_.front(); }
+  bool has_frozen_params() const;
+  /// Installs the post-hook on the gradient accumulator of entry `entry` of flat group `flat`.
+  void hook(size_t flat, size_t entry);
 
   std::string name_;
   std::string label_;  // name_, or "root": for traces
-  FlatParam flat_;
+  std::vector<FlatGroup> flats_;
   UnitEnv env_;
   UnitEvents& events_;
   bool is_root_;
-  std::vector<std::shared_ptr<ParamGroup>> parts_;  // this unit's other flat parameters
-  bool is_part_ = false;         // this group is one of another group's parts_
-  bool full_precision_ = false;  // mixed precision leaves this group in its own dtype
-  ShardedState sharded_state_ = ShardedState::Sharded;
-  BackwardState backward_state_ = BackwardState::Idle;
-  CommHandle all_gather_;
-  CommHandle reduce_scatter_;
-  int grads_pending_ = 0;               // trainable parameters whose gradient has not arrived
-  bool accumulate_into_shard_ = false;  // the optimizer kept the previous gradient: add to it
-  bool full_grad_kept_ = false;         // no_sync: the unsharded gradient survives to the next backward
   bool no_sync_ = false;                // this backward runs under no_sync
   bool holds_limiter_slot_ = false;     // counted by the rate limiter (not the root)
   bool backward_ran_ = false;           // pre_backward ran in this backward pass

@@ -83,7 +83,7 @@ void shard_units(FsdpState& state, std::vector<UnitPlan>& plans, const ParamInit
     if (plan.presharded) continue;
     if (options.sync_module_states()) broadcast_from_rank0(tensors_of(plan.params), state.world());
     plan.slot->group =
-        add_unit_groups(state, plan.name, std::move(plan.params), plan.is_root, full_precision);
+        add_unit(state, plan.name, std::move(plan.params), plan.is_root, full_precision);
     plan.slot->model = &state;
   }
 }

@@ -37,7 +37,7 @@ struct UnitPlan {
 void place_on_device(torch::nn::Module& module, const c10::Device& device, bool offload);
 
 /// Steps 3-6 for every plan that is not presharded (presharded ones are verified with them, in
-/// plan order): their groups are appended to state.groups() and their slots filled in.
+/// plan order): their units are appended to state.units() and their slots filled in.
 void shard_units(FsdpState& state, std::vector<UnitPlan>& plans, const ParamInit& init,
                  const TensorSet& full_precision);
 

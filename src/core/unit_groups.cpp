@@ -20,9 +20,8 @@ struct GroupPlan {
   NamedTensors params;
 };
 
-// A unit's parameters by kind, in the order that makes the first non-empty one the unit's leading
-// group: trainable before frozen (a frozen leader would learn of the end of backward only from
-// the unit's input gradient).
+// A unit's parameters by kind ([Note: a unit's flat parameters]), trainable before frozen and
+// param_dtype before full precision: the unit's first flat group is its main one.
 std::vector<GroupPlan> split_by_kind(NamedTensors params, const TensorSet& full_precision) {
   std::vector<GroupPlan> plans = {{true, false, {}}, {true, true, {}}, {false, false, {}}, {false, true, {}}};
   for (auto& item : params) {
@@ -35,8 +34,7 @@ std::vector<GroupPlan> split_by_kind(NamedTensors params, const TensorSet& full_
   return plans;
 }
 
-std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name, GroupPlan plan,
-                                       bool is_root) {
+FlatGroup make_flat(FsdpState& state, GroupPlan plan) {
   ProcessGroup& shard_group = state.shard_group();
   const auto& policy = state.options().mixed_precision();
   const auto compute_dtype = plan.full_precision ? std::nullopt : policy.param_dtype();
@@ -44,15 +42,9 @@ std::shared_ptr<ParamGroup> make_group(FsdpState& state, const std::string& name
   const auto grad_dtype =
       plan.full_precision ? std::nullopt
                           : policy.reduce_dtype().has_value() ? policy.reduce_dtype() : compute_dtype;
-  auto group = std::make_shared<ParamGroup>(
-      name,
-      FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(), compute_dtype,
-                state.compute_device(), grad_dtype),
-      state.unit_env(), state, is_root);
-  if (plan.full_precision) group->keep_full_precision();
-  group->install_grad_hooks();
-  state.groups().push_back(group);
-  return group;
+  return FlatGroup(FlatParam(std::move(plan.params), shard_group.rank(), shard_group.size(),
+                             compute_dtype, state.compute_device(), grad_dtype),
+                   plan.full_precision);
 }
 
 bool is_batch_norm(const torch::nn::Module& module) {
@@ -83,23 +75,22 @@ TensorSet full_precision_params(const torch::nn::Module& root, const MixedPrecis
   return params;
 }
 
-std::shared_ptr<ParamGroup> add_unit_groups(FsdpState& state, const std::string& name,
-                                            NamedTensors params, bool is_root,
-                                            const TensorSet& full_precision) {
+std::shared_ptr<ParamGroup> add_unit(FsdpState& state, const std::string& name, NamedTensors params,
+                                     bool is_root, const TensorSet& full_precision) {
   std::vector<GroupPlan> plans = split_by_kind(std::move(params), full_precision);
   if (plans.empty()) plans.push_back({true, false, {}});  // a unit without parameters
-  auto leader = make_group(state, name, std::move(plans[0]), is_root);
-  for (size_t i = 1; i < plans.size(); ++i) {
-    leader->attach_part(make_group(state, name, std::move(plans[i]), /*is_root=*/false));
-  }
-  return leader;
+  std::vector<FlatGroup> flats;
+  for (GroupPlan& plan : plans) flats.push_back(make_flat(state, std::move(plan)));
+  auto unit = std::make_shared<ParamGroup>(name, std::move(flats), state.unit_env(), state, is_root);
+  unit->install_grad_hooks();
+  state.units().push_back(unit);
+  return unit;
 }
 
-std::vector<FlatEntry*> unit_entries(ParamGroup& leader) {
+std::vector<FlatEntry*> unit_entries(ParamGroup& unit) {
   std::vector<FlatEntry*> entries;
-  for (auto& entry : leader.flat().entries()) entries.push_back(&entry);
-  for (const auto& part : leader.parts()) {
-    for (auto& entry : part->flat().entries()) entries.push_back(&entry);
+  for (FlatGroup& g : unit.flats()) {
+    for (auto& entry : g.flat.entries()) entries.push_back(&entry);
   }
   return entries;
 }

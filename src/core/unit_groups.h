@@ -28,16 +28,14 @@ using TensorSet = std::unordered_set<const c10::TensorImpl*>;
 /// The parameters of `root` and its submodules that mixed precision leaves in full precision.
 TensorSet full_precision_params(const torch::nn::Module& root, const MixedPrecision& policy);
 
-/// Shards `params` as the unit `name`: one ParamGroup per kind of parameter (trainable or
-/// frozen, computed in param_dtype or kept in full precision: those in `full_precision`), the
-/// first one leading and the others attached to it as parts. All are appended to
-/// `state.groups()`; returns the leader.
-std::shared_ptr<ParamGroup> add_unit_groups(FsdpState& state, const std::string& name,
-                                            NamedTensors params, bool is_root,
-                                            const TensorSet& full_precision);
+/// Shards `params` as the unit `name`, with one flat parameter per kind of parameter (trainable
+/// or frozen, computed in param_dtype or kept in full precision: those in `full_precision`), and
+/// appends it to `state.units()`.
+std::shared_ptr<ParamGroup> add_unit(FsdpState& state, const std::string& name, NamedTensors params,
+                                     bool is_root, const TensorSet& full_precision);
 
-/// The entries of all of a unit's flat parameters: its leader's and its parts'.
-std::vector<FlatEntry*> unit_entries(ParamGroup& leader);
+/// The entries of all of a unit's flat parameters.
+std::vector<FlatEntry*> unit_entries(ParamGroup& unit);
 
 /// Casts the floating-point buffers to the policy's buffer_dtype, but those of full-precision modules.
 void cast_floating_buffers(torch::nn::Module& root, const MixedPrecision& policy);

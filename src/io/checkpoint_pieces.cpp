@@ -7,12 +7,14 @@ namespace fsdp::detail {
 
 std::vector<LocalPiece> local_pieces(FsdpState& state) {
   std::vector<LocalPiece> pieces;
-  for (auto& group : state.groups()) {
-    FlatParam& flat = group->flat();
+  for (auto& group : state.units()) {
     group->reshard_unless_in_backward();  // [Note: resharding between steps]
-    TORCH_CHECK(!flat.sharded() || group->sharded_state() == ShardedState::Sharded,
+    TORCH_CHECK(group->sharded_state() == ShardedState::Sharded || !group->flats().front().flat.sharded(),
                 "unit '", group->name(), "' is unsharded: save and load checkpoints between "
                 "steps, not between a forward and its backward");
+  }
+  for (FlatParam* flat_param : state.flat_params()) {
+    FlatParam& flat = *flat_param;
     for (auto& e : flat.entries()) {
       const auto [begin, end] = flat.local_range(e);
       pieces.push_back(LocalPiece{&e, e.in_shard(flat.shard()), begin, end});
@@ -23,8 +25,8 @@ std::vector<LocalPiece> local_pieces(FsdpState& state) {
 
 std::vector<ParamMeta> describe_model(FsdpState& state, const OptimizerState& optimizer) {
   std::vector<ParamMeta> params;
-  for (auto& group : state.groups()) {
-    for (auto& e : group->flat().entries()) {
+  for (FlatParam* flat : state.flat_params()) {
+    for (auto& e : flat->entries()) {
       ParamMeta meta{e.name, e.shape, std::string(c10::toString(e.param.scalar_type())), {}, {}};
       if (const auto saved = optimizer.read(e.param)) {
         meta.step = saved->step;

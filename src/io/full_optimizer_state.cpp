@@ -36,8 +36,8 @@ NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimiz
   // The same kinds on every rank: the same collectives.
   const std::vector<std::string> kinds = optimizer.kinds_in_use();
   NamedTensors out;
-  for (auto& group : state.groups()) {
-    FlatParam& flat = group->flat();
+  for (FlatParam* flat_param : state.flat_params()) {
+    FlatParam& flat = *flat_param;
     for (const auto& kind : kinds) {
       const at::Tensor full = gather_flat(state, flat, state_shard(state, optimizer, flat, kind));
       for (auto& e : flat.entries()) {

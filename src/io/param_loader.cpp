@@ -25,8 +25,8 @@ at::Tensor read_checked(const ParamRangeReader& read, const std::string& name, i
 
 ParamShapes param_shapes(FsdpState& state) {
   ParamShapes shapes;
-  for (auto& group : state.groups()) {
-    for (const auto& e : group->flat().entries()) shapes.emplace_back(e.name, e.shape);
+  for (FlatParam* flat : state.flat_params()) {
+    for (const auto& e : flat->entries()) shapes.emplace_back(e.name, e.shape);
   }
   return shapes;
 }
@@ -41,8 +41,8 @@ ParamShapes param_shapes(torch::nn::Module& module) {
 
 void load_params_from(FsdpState& state, const ParamRangeReader& read) {
   torch::NoGradGuard no_grad;
-  for (auto& group : state.groups()) {
-    FlatParam& flat = group->flat();
+  for (FlatParam* flat_param : state.flat_params()) {
+    FlatParam& flat = *flat_param;
     for (const auto& e : flat.entries()) {
       const auto [begin, end] = flat.local_range(e);
       if (begin == end) continue;

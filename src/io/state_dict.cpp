@@ -73,8 +73,8 @@ NamedTensors module_buffers(torch::nn::Module& module) {
 NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers) {
   torch::NoGradGuard no_grad;
   NamedTensors params;
-  for (auto& group : state.groups()) {
-    FlatParam& flat = group->flat();
+  for (FlatParam* flat_param : state.flat_params()) {
+    FlatParam& flat = *flat_param;
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
     const at::Tensor full = gather_flat(state, flat, flat.shard().to(state.compute_device()));
     for (const auto& e : flat.entries()) params.emplace_back(e.name, e.in_full(full).clone());
@@ -110,19 +110,19 @@ void save_full_params(FsdpState& state, const NamedTensors& buffers, const std::
 void load_full_params(FsdpState& state, const NamedTensors& buffers, const NamedTensors& tensors,
                       const std::string& source) {
   Shapes expected;
-  for (auto& group : state.groups()) {
-    for (const auto& e : group->flat().entries()) expected.emplace_back(e.name, e.shape);
+  for (FlatParam* flat : state.flat_params()) {
+    for (const auto& e : flat->entries()) expected.emplace_back(e.name, e.shape);
   }
   auto by_name = check_complete(expected, buffers, tensors, source);
-  for (auto& group : state.groups()) {
+  for (auto& group : state.units()) {
     // Into the shards the next forward gathers: not behind a unit a forward left unsharded.
     TORCH_CHECK(group->reshard_unless_in_backward(), "load_full_params: unit '", group->name(),
                 "' is in its backward: load between steps");  // [Note: resharding between steps]
   }
   torch::NoGradGuard no_grad;
   copy_buffers(buffers, by_name);
-  for (auto& group : state.groups()) {
-    FlatParam& flat = group->flat();
+  for (FlatParam* flat_param : state.flat_params()) {
+    FlatParam& flat = *flat_param;
     for (const auto& e : flat.entries()) {
       if (!e.outside_shard()) e.in_shard(flat.shard()).copy_(flat.local_piece(e, by_name.at(e.name)));
     }

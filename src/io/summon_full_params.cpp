@@ -38,7 +38,7 @@ namespace {
 void reshard_between_steps(FsdpState& state) {
   TORCH_CHECK(!state.full_params_held(), "SummonFullParams: this model's full parameters are held "
               "already; scopes do not nest");
-  for (const auto& group : state.groups()) {
+  for (const auto& group : state.units()) {
     TORCH_CHECK(group->reshard_unless_in_backward(), "SummonFullParams: unit '",
                 group->name().empty() ? "<root>" : group->name(), "' is in its backward; build "
                 "the scope between steps");
@@ -57,8 +57,8 @@ std::shared_ptr<HeldFullParams> hold_full_params(FsdpState& state) {
   torch::NoGradGuard no_grad;
   auto held = std::make_shared<HeldFullParams>();
   held->state = &state;
-  for (auto& group : state.groups()) {
-    FlatParam& flat = group->flat();
+  for (FlatParam* flat_param : state.flat_params()) {
+    FlatParam& flat = *flat_param;
     at::Tensor full = gather_flat(state, flat, flat.shard().to(state.compute_device()));
     for (auto& e : flat.entries()) {
       held->params.push_back({&flat, &e, e.param.variable_data(), e.in_full(full)});

@@ -14,8 +14,8 @@ double clip_grad_norm(FsdpState& state, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  for (auto& group : state.groups()) {
-    for (auto& entry : group->flat().entries()) {
+  for (FlatParam* flat : state.flat_params()) {
+    for (auto& entry : flat->entries()) {
       if (entry.param.grad().defined()) grads.push_back(entry.param.grad());
     }
   }
