@@ -1,5 +1,7 @@
 #include "core/flat_param.h"
 
+#include "core/flat_layout.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
@@ -67,21 +69,24 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
     entry.name = name;
     entry.param = param;
     entry.shape = param.sizes().vec();
-    entry.numel = param.numel();
-    entry.offset = numel_;
-    numel_ += entry.numel;
     if (param.requires_grad()) ++requires_grad_count_;
     entries_.push_back(std::move(entry));
+  }
+  std::vector<int64_t> numels;
+  for (const auto& [name, param] : params) numels.push_back(param.numel());
+  const FlatLayout layout = lay_out_flat(numels, rank, world_size);
+  numel_ = layout.numel;
+  shard_numel_ = layout.shard_numel;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const EntryLayout& cut = layout.entries[i];
+    entries_[i].numel = cut.numel;
+    entries_[i].offset = cut.offset;
+    entries_[i].shard_begin = cut.shard_begin;
+    entries_[i].shard_end = cut.shard_end;
   }
   // Created now, while the parameters have their full shapes: autograd checks incoming
   // gradients against the shape an accumulator was made with.
   refresh_grad_accumulators();
-  shard_numel_ = (numel_ + world_size - 1) / world_size;
-  const int64_t shard_offset = rank * shard_numel_;
-  for (auto& e : entries_) {
-    e.shard_begin = std::clamp(e.offset - shard_offset, int64_t{0}, shard_numel_);
-    e.shard_end = std::clamp(e.offset + e.numel - shard_offset, int64_t{0}, shard_numel_);
-  }
 
   auto options = params.empty() ? at::TensorOptions(at::kFloat)
                                  : params.front().second.options().requires_grad(false);

@@ -20,6 +20,8 @@
 // with every unshard/reshard, and autograd drops a leaf's gradient accumulator when its dtype
 // changes: see refresh_grad_accumulators().
 
+#include "core/unit_rules.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
@@ -96,9 +98,14 @@ class FlatParam {
   /// False for a shard group of one rank (NO_SHARD): the shard is the whole flat buffer and the
   /// parameters keep their shapes.
   bool sharded() const { return world_size_ > 1; }
-  /// Whether forward needs a separate unsharded buffer: the shard is partial, or in another dtype,
-  /// or on another device.
-  bool needs_unshard() const { return sharded() || mixed_precision() || offloaded(); }
+  int shard_group_size() const { return world_size_; }
+  /// Where it is kept and computed, replicated `replicas` times: what the rules of a step read
+  /// ([Note: one rulebook, two readers]).
+  rules::FlatPlacement placement(int replicas) const {
+    return {world_size_, replicas, mixed_precision(), offloaded()};
+  }
+  /// Whether forward needs a separate unsharded buffer (rules::needs_unshard).
+  bool needs_unshard() const { return rules::needs_unshard(placement(1)); }
   bool mixed_precision() const { return compute_dtype_ != shard_.scalar_type(); }
   /// The shards live in host memory, the unsharded buffers on the compute device.
   bool offloaded() const { return compute_device_ != shard_.device(); }

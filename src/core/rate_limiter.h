@@ -13,6 +13,8 @@
 // not wait for its unit's reduce-scatter (it did once): backward then stalled before every unit
 // until the peer ranks had finished the one before, i.e. a barrier per unit with no slack.
 
+#include "core/unit_rules.h"
+
 #include <condition_variable>
 #include <mutex>
 
@@ -37,8 +39,8 @@ class RateLimiter {
   void reduction_finished();
 
  private:
-  static constexpr int kReductionsInFlight = 1;
-  bool over_limit() const { return limit_ > 0 && held_ >= limit_; }
+  static constexpr int kReductionsInFlight = rules::kReductionsInFlight;
+  bool over_limit() const { return rules::limiter_refuses_prefetch(limit_, held_); }
 
   const int limit_;
   std::mutex mutex_;

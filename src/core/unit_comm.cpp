@@ -1,5 +1,7 @@
 #include "core/unit_comm.h"
 
+#include "core/unit_rules.h"
+
 #include <ATen/ATen.h>
 
 #include <tuple>
@@ -42,8 +44,8 @@ void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& 
                           Collectives* replicas) {
   at::Tensor& grad_shard = flat.grad_shard();
   at::Tensor full_grad = flat.full_grad().to(plan.dtype);  // no copy when the dtypes agree
-  const bool into_shard = !plan.accumulate && grad_shard.scalar_type() == plan.dtype &&
-                         grad_shard.device() == full_grad.device();  // not offloaded
+  const bool into_shard =
+      rules::reduces_into_shard(plan.accumulate, plan.dtype, grad_shard.scalar_type(), flat.offloaded());
   at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
   // In low precision, the mean over W ranks as a division before the sum and one after, each
   // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones

@@ -1,8 +1,9 @@
 #include "plan/plan_layout.h"
 
-#include <c10/util/Exception.h>
+#include "core/flat_layout.h"
+#include "core/unit_rules.h"
 
-#include <algorithm>
+#include <c10/util/Exception.h>
 
 namespace fsdp::planning {
 
@@ -10,44 +11,42 @@ namespace {
 
 int64_t element_size(c10::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
 
-// This rank's shard is [position·S, (position+1)·S) of the padded flat buffer; a parameter holds
-// [offset, offset + numel) of it. The overlap is the parameter's piece on this rank.
-int64_t piece_elements(int64_t offset, int64_t numel, int64_t shard_begin, int64_t shard_end) {
-  return std::max<int64_t>(0, std::min(offset + numel, shard_end) - std::max(offset, shard_begin));
+std::vector<int64_t> numels_of(const PlanUnit& unit) {
+  std::vector<int64_t> numels;
+  for (const auto& p : unit.params) numels.push_back(p.numel());
+  return numels;
 }
 
 UnitLayout unit_layout(const PlanUnit& unit, const PlanSetup& setup, int position, int f, int w,
                        const Precision& precision) {
   const FullyShardOptions& options = setup.policy.fsdp;
+  const FlatLayout flat = lay_out_flat(numels_of(unit), position, f);
   UnitLayout layout;
   layout.name = unit.name;
   layout.param_tensors = static_cast<int64_t>(unit.params.size());
-  for (const auto& p : unit.params) layout.numel += p.numel();
-  layout.shard_numel = (layout.numel + f - 1) / f;
-  const int64_t begin = position * layout.shard_numel, end = begin + layout.shard_numel;
-  int64_t offset = 0;
-  for (const auto& p : unit.params) {
-    layout.piece_numel += piece_elements(offset, p.numel(), begin, end);
-    offset += p.numel();
-  }
+  layout.numel = flat.numel;
+  layout.shard_numel = flat.shard_numel;
+  layout.piece_numel = flat.held_numel();
   layout.trainable = layout.numel > 0;
   layout.reshard_after_forward = options.unit_reshards_after_forward(unit.name);
-  const int64_t padded = layout.shard_numel * f;
   const bool offload = options.cpu_offload();
-  // FlatParam::needs_unshard: a partial shard, another dtype or another device.
-  const bool needs_unshard = f > 1 || precision.mixed() || offload;
-  layout.unsharded_params = needs_unshard ? padded * precision.compute_bytes : 0;
-  // ParamGroup::grads_need_no_reduction: one rank alone writes gradients into its shard.
-  const bool into_shard = w == 1 && !offload;
-  layout.unsharded_grad = into_shard || !layout.trainable ? 0 : padded * precision.reduce_bytes;
-  // reduce_unit_gradient reduces straight into the gradient shard when the dtypes agree.
-  const bool reduces_into_shard = precision.reduce_bytes == precision.shard_bytes && !offload;
+  const rules::FlatPlacement placement{f, w / f, precision.mixed(), offload};
+  layout.unsharded_params = rules::needs_unshard(placement) ? flat.padded_numel * precision.compute_bytes : 0;
+  const bool into_shard = rules::grads_into_shard(placement, /*accumulating=*/false);
+  layout.unsharded_grad = into_shard || !layout.trainable ? 0 : flat.padded_numel * precision.reduce_bytes;
+  const bool reduces_into_shard = rules::reduces_into_shard(/*accumulate=*/false, precision.reduce_dtype,
+                                                            precision.shard_dtype, offload);
   layout.reduce_output = into_shard || reduces_into_shard || !layout.trainable
                              ? 0 : layout.shard_numel * precision.reduce_bytes;
   layout.grad_shard = layout.trainable && !offload ? layout.shard_numel * precision.shard_bytes : 0;
   layout.grads_into_shard = into_shard && layout.trainable;
-  layout.accumulating_grad = layout.trainable ? padded * precision.reduce_bytes : 0;
-  layout.accumulating_reduce_output = layout.trainable ? layout.shard_numel * precision.reduce_bytes : 0;
+  // Accumulating, gradients never go straight into the shard, and a reduction adds to it from a
+  // temporary.
+  layout.accumulating_grad = layout.trainable ? flat.padded_numel * precision.reduce_bytes : 0;
+  const bool accumulate_reduces_into_shard =
+      rules::reduces_into_shard(/*accumulate=*/true, precision.reduce_dtype, precision.shard_dtype, offload);
+  layout.accumulating_reduce_output =
+      layout.trainable && !accumulate_reduces_into_shard ? layout.shard_numel * precision.reduce_bytes : 0;
   return layout;
 }
 
@@ -61,10 +60,12 @@ Precision precision_of(const PlanModel& model, const FullyShardOptions& options)
     if (!unit.params.empty()) shard = unit.params.front().dtype;
   }
   const auto& mp = options.mixed_precision();
-  const c10::ScalarType compute = mp.param_dtype().value_or(shard);
-  p.shard_bytes = element_size(shard);
-  p.compute_bytes = element_size(compute);
-  p.reduce_bytes = element_size(mp.reduce_dtype().value_or(compute));
+  p.shard_dtype = shard;
+  p.compute_dtype = mp.param_dtype().value_or(shard);
+  p.reduce_dtype = mp.reduce_dtype().value_or(p.compute_dtype);
+  p.shard_bytes = element_size(p.shard_dtype);
+  p.compute_bytes = element_size(p.compute_dtype);
+  p.reduce_bytes = element_size(p.reduce_dtype);
   return p;
 }
 

@@ -1,9 +1,11 @@
 #pragma once
 // How a planned model lies on one rank: each unit's flat buffer padded to the shard group, this
-// rank's shard and the pieces of the parameters in it (exactly as FlatParam cuts them, computed
-// without a tensor), and the sizes of the buffers a step allocates.
+// rank's shard and the pieces of the parameters in it (core/flat_layout.h's cut), and the sizes
+// of the buffers a step allocates (core/unit_rules.h's rules: [Note: one rulebook, two readers]).
 
 #include <fsdp/plan.h>
+
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
@@ -11,12 +13,15 @@
 
 namespace fsdp::planning {
 
-/// The dtypes a policy computes, reduces and keeps shards in.
+/// The dtypes a policy computes, reduces and keeps shards in, and their element sizes.
 struct Precision {
-  int64_t shard_bytes = 4;    ///< element size of shards, gradient shards, optimizer state
-  int64_t compute_bytes = 4;  ///< of the unsharded parameters (what the all-gather moves)
-  int64_t reduce_bytes = 4;   ///< of the unsharded gradient (what the reductions move)
-  bool mixed() const { return compute_bytes != shard_bytes; }
+  c10::ScalarType shard_dtype = c10::kFloat;    ///< of shards, gradient shards, optimizer state
+  c10::ScalarType compute_dtype = c10::kFloat;  ///< of the unsharded parameters (what the all-gather moves)
+  c10::ScalarType reduce_dtype = c10::kFloat;   ///< of the unsharded gradient (what the reductions move)
+  int64_t shard_bytes = 4;
+  int64_t compute_bytes = 4;
+  int64_t reduce_bytes = 4;
+  bool mixed() const { return compute_dtype != shard_dtype; }
 };
 Precision precision_of(const PlanModel& model, const FullyShardOptions& options);
 

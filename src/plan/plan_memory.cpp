@@ -1,5 +1,7 @@
 #include "plan/plan_memory.h"
 
+#include "core/unit_rules.h"
+
 #include <algorithm>
 #include <deque>
 #include <string>
@@ -39,8 +41,8 @@ std::string unit_label(const UnitLayout& unit) { return unit.name.empty() ? "the
 // replay runs each kind of micro-batch a step has and keeps the highest peak:
 // - synchronised (the default): the first is a step of its own; from the second on, every
 //   gradient shard the first allocated is alive from the start, and each reduction lands in a
-//   temporary that is added to the shard (reduce_unit_gradient's accumulate), so even at W = 1
-//   gradients no longer go straight into the shard (ParamGroup::grads_need_no_reduction).
+//   temporary that is added to the shard, so even at W = 1 gradients no longer go straight into
+//   the shard (rules::grads_into_shard with a sum to add to).
 // - no_sync: the micro-batches before the last reduce nothing and keep each unit's unsharded
 //   gradient; from the second on, every one of them is alive from the start; the last reduces
 //   them all (into shards zero_grad freed).
@@ -80,16 +82,17 @@ class StepReplay {
   StepReplay(const PlanSetup& setup, const RankLayout& layout, const MicroBatch& micro, Timeline& timeline)
       : setup_(setup), layout_(layout), micro_(micro), t_(timeline), unsharded_(layout.units.size(), false),
         batch_(setup.policy.batch), checkpointing_(setup.policy.fsdp.activation_checkpointing()),
-        limit_(setup.policy.fsdp.limit_all_gathers()) {}
+        limit_(setup.policy.fsdp.limit_all_gathers()), order_(forward_order()) {}
 
   void forward() {
     const PlanModel& model = setup_.model;
     unshard(0);
+    if (setup_.policy.fsdp.forward_prefetch()) prefetch_forward_after(0);
     t_.check(batch_ * model.root_pre.forward_transient, "forward of the root (before the units)");
     t_.now().activations += batch_ * model.root_pre.saved;
     for (size_t u = 1; u < layout_.units.size(); ++u) {
       unshard(u);
-      if (setup_.policy.fsdp.forward_prefetch() && u + 1 < layout_.units.size()) prefetch(u + 1);
+      if (setup_.policy.fsdp.forward_prefetch()) prefetch_forward_after(u);
       const PlanActivations& a = activations(u);
       // Under checkpointing nothing is saved, but the intermediates exist while it runs: at most
       // what it would have saved.
@@ -107,14 +110,14 @@ class StepReplay {
     const PlanModel& model = setup_.model;
     const size_t last = layout_.units.size() - 1;
     begin_gradients(0);
-    if (prefetches_before_backward() && last >= 1) prefetch(last);
+    if (prefetches_before_backward()) prefetch_backward_after(0);
     const PlanActivations& head = model.root.activations;
     t_.check(batch_ * head.backward_transient + model.root.backward_workspace, "backward of the root (before the units)");
     // The head frees what it saved and the last unit's output (its input).
     t_.now().activations -= batch_ * (head.saved + (last >= 1 ? activations(last).checkpointed : 0));
     for (size_t u = last; u >= 1; --u) {
       unshard(u);
-      if (prefetches_before_backward() && u > 1) prefetch(u - 1);
+      if (prefetches_before_backward()) prefetch_backward_after(u);
       begin_gradients(u);
       const PlanActivations& a = activations(u);
       if (checkpointing_) t_.now().activations += batch_ * a.saved;  // recomputed
@@ -124,7 +127,7 @@ class StepReplay {
       // recomputed copy too), and its input, the unit before it's output.
       t_.now().activations -= batch_ * (checkpointing_ ? a.saved : a.saved - a.checkpointed);
       if (u > 1) t_.now().activations -= batch_ * activations(u - 1).checkpointed;
-      if (setup_.policy.fsdp.backward_prefetch() == BackwardPrefetch::BackwardPost && u > 1) prefetch(u - 1);
+      if (setup_.policy.fsdp.backward_prefetch() == BackwardPrefetch::BackwardPost) prefetch_backward_after(u);
       reshard(u);
       reduce(u);
     }
@@ -140,23 +143,41 @@ class StepReplay {
   bool prefetches_before_backward() const {
     return setup_.policy.fsdp.backward_prefetch() == BackwardPrefetch::BackwardPre;
   }
-  bool rate_limited(size_t u) const { return u > 0 && limit_ > 0; }
+  bool rate_limited(size_t u) const { return rules::rate_limited(/*is_root=*/u == 0); }
+  size_t index_of(const UnitLayout* unit) const { return static_cast<size_t>(unit - layout_.units.data()); }
+  // The units after the root in forward order, as the engine records them.
+  std::vector<const UnitLayout*> forward_order() const {
+    std::vector<const UnitLayout*> order;
+    for (size_t u = 1; u < layout_.units.size(); ++u) order.push_back(&layout_.units[u]);
+    return order;
+  }
+  // The rules' prefetch targets (the order is the same every iteration).
+  void prefetch_forward_after(size_t u) {
+    if (const UnitLayout* next = rules::forward_prefetch_target(order_, &layout_.units[u], /*is_root=*/u == 0)) {
+      prefetch(index_of(next));
+    }
+  }
+  void prefetch_backward_after(size_t u) {
+    if (const UnitLayout* next = rules::backward_prefetch_target(order_, &layout_.units[u], /*is_root=*/u == 0)) {
+      prefetch(index_of(next));
+    }
+  }
 
   void unshard(size_t u) {
     if (unsharded_[u]) return;
     unsharded_[u] = true;
-    if (u > 0) ++in_flight_;
+    if (rate_limited(u)) ++in_flight_;
     t_.now().unsharded_params += layout_.units[u].unsharded_params;
   }
-  // A prefetch at the rate limiter's limit is refused (RateLimiter::acquire).
+  // A prefetch at the rate limiter's limit is refused.
   void prefetch(size_t u) {
-    if (unsharded_[u] || (rate_limited(u) && in_flight_ >= limit_)) return;
+    if (unsharded_[u] || (rate_limited(u) && rules::limiter_refuses_prefetch(limit_, in_flight_))) return;
     unshard(u);
   }
   void reshard(size_t u) {
     if (!unsharded_[u]) return;
     unsharded_[u] = false;
-    if (u > 0) --in_flight_;
+    if (rate_limited(u)) --in_flight_;
     t_.now().unsharded_params -= layout_.units[u].unsharded_params;
   }
   int64_t unsharded_grad(const UnitLayout& unit) const {
@@ -172,8 +193,9 @@ class StepReplay {
   void allocate_grad_shard(const UnitLayout& unit) {
     if (!setup_.policy.gradients_kept && !micro_.shards_hold_sum) t_.now().sharded_grads += unit.grad_shard;
   }
-  // The reduce-scatter is issued; the limiter lets one reduction stay in flight while the next
-  // unit computes, so the gradient before it is freed now (planned at its latest).
+  // The reduce-scatter is issued; the limiter lets rules::kReductionsInFlight stay in flight
+  // while the next unit computes, so the gradients before them are freed now (planned at their
+  // latest).
   // Under no_sync (not the last micro-batch) nothing is reduced: the unsharded gradient stays.
   void reduce(size_t u) {
     const UnitLayout& unit = layout_.units[u];
@@ -181,13 +203,13 @@ class StepReplay {
       if (u == 0) reshard(0);
       return;
     }
-    while (!pending_.empty()) {
+    while (pending_.size() >= static_cast<size_t>(rules::kReductionsInFlight)) {
       const size_t done = pending_.front();
       pending_.pop_front();
       t_.now().unsharded_grads -= unsharded_grad(layout_.units[done]);
     }
     if (!grads_into_shard(unit)) allocate_grad_shard(unit);  // before the task runs
-    // A sum in the shard is added to from a temporary (reduce_unit_gradient's accumulate).
+    // A sum in the shard is added to from a temporary.
     const int64_t output = gradients_held() ? unit.accumulating_reduce_output : unit.reduce_output;
     t_.check(output, "reduction of " + unit_label(unit));
     if (u == 0) {  // the end of backward waits for every reduction
@@ -198,7 +220,7 @@ class StepReplay {
     pending_.push_back(u);
   }
   // Gradient shards already hold a sum when the reduction lands (kept by zero_grad, or earlier
-  // micro-batches): ParamGroup's accumulate_into_shard_.
+  // micro-batches): the reduction adds to it.
   bool gradients_held() const { return setup_.policy.gradients_kept || micro_.shards_hold_sum; }
 
 
@@ -212,6 +234,7 @@ class StepReplay {
   bool checkpointing_;
   int limit_;
   int in_flight_ = 0;
+  std::vector<const UnitLayout*> order_;  // forward_order()
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #pragma once
 // One rank's memory through one training step, replayed from the unit layout: the order in which
-// FsdpState unshards, prefetches, reshards and reduces, what autograd keeps and frees, and the
+// a step unshards, prefetches, reshards and reduces (with the engine's rules of
+// core/unit_rules.h: prefetch targets, the rate limiter), what autograd keeps and frees, and the
 // transients of each piece. The highest point, broken down, is the predicted peak.
 // docs/planner.md ("Memory") lists each event and the bytes it moves.
 

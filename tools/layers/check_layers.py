@@ -36,7 +36,8 @@ FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state
 # Inside src/core, lowest first: a file (X.h, X.cpp) includes "core/Y.h" only from its own tier
 # or one below. A unit (param_group) calls nothing above it: the model (fsdp_state) calls it.
 CORE_TIERS = [
-    {"flat_param", "rate_limiter", "model_check", "options", "activation_checkpoint"},
+    {"flat_layout", "unit_rules", "flat_param", "rate_limiter", "model_check", "options",
+     "activation_checkpoint"},
     {"unit_comm"},
     {"unit_env"},
     {"param_group"},

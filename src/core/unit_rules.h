@@ -1,0 +1,81 @@
+#pragma once
+// [Note: one rulebook, two readers]
+// The decisions a step makes for a unit, as plain functions of a small description of it: which
+// buffers it needs (an unsharded one, a reduction's temporary), where its gradients go, what the
+// rate limiter counts and refuses, which unit a prefetch gathers. The engine (FlatParam,
+// ParamGroup, unit_comm, RateLimiter, FsdpState) calls them for each real unit; the planner
+// (src/plan) calls them for each planned one, over the same cut (core/flat_layout.h). So what the
+// planner predicts a step allocates and moves is what the engine does, and a rule is changed
+// here, once.
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace fsdp::rules {
+
+/// Where a unit's flat parameter is kept and computed.
+struct FlatPlacement {
+  int shard_group_size = 1;      ///< F
+  int replicas = 1;              ///< W / F
+  bool mixed_precision = false;  ///< computed in another dtype than its shard's
+  bool offloaded = false;        ///< the shards in host memory, computed on a device
+};
+
+/// Forward needs a separate unsharded buffer: the shard is partial, or in another dtype, or on
+/// another device.
+inline bool needs_unshard(const FlatPlacement& p) {
+  return p.shard_group_size > 1 || p.mixed_precision || p.offloaded;
+}
+
+/// Backward writes the gradients straight into the gradient shard, with no unsharded gradient
+/// and no reduction: one rank alone (W = 1, where the reduction would be a copy), not offloaded,
+/// and no sum to add to (`accumulating`: the shard holds gradients the optimizer kept, or no_sync
+/// keeps the sum unsharded).
+inline bool grads_into_shard(const FlatPlacement& p, bool accumulating) {
+  return p.shard_group_size == 1 && p.replicas == 1 && !p.offloaded && !accumulating;
+}
+
+/// A reduction writes its result straight into the gradient shard (no temporary): it overwrites
+/// the shard, in the shard's dtype, on the shard's device.
+inline bool reduces_into_shard(bool accumulate, c10::ScalarType reduce_dtype, c10::ScalarType shard_dtype,
+                               bool offloaded) {
+  return !accumulate && reduce_dtype == shard_dtype && !offloaded;
+}
+
+/// Counted by the rate limiter (its slots and reductions): every unit but the root, whose
+/// parameters stay gathered from the first forward to the end of backward anyway.
+inline bool rate_limited(bool is_root) { return !is_root; }
+
+/// The rate limiter refuses a prefetch when `holding` units already hold unsharded parameters
+/// and the limit (0: none) is reached ([Note: rate limiter slots]).
+inline bool limiter_refuses_prefetch(int limit, int holding) { return limit > 0 && holding >= limit; }
+
+/// Reduce-scatters the rate limiter lets stay in flight while the next unit allocates its
+/// unsharded gradient: the gradients of the ones before are freed by then.
+constexpr int kReductionsInFlight = 1;
+
+/// Forward prefetch: the unit that followed `unit` in the previous iteration's forward (the
+/// first one follows the root); null when none.
+template <class UnitPtr>
+UnitPtr forward_prefetch_target(const std::vector<UnitPtr>& previous_order, UnitPtr unit, bool is_root) {
+  auto next = previous_order.begin();
+  if (!is_root) {
+    next = std::find(previous_order.begin(), previous_order.end(), unit);
+    if (next != previous_order.end()) ++next;
+  }
+  return next == previous_order.end() ? nullptr : *next;
+}
+
+/// Backward prefetch: the unit whose backward comes after `unit`'s, i.e. the one before it in
+/// this iteration's forward (the last one comes after the root); null when none.
+template <class UnitPtr>
+UnitPtr backward_prefetch_target(const std::vector<UnitPtr>& order, UnitPtr unit, bool is_root) {
+  if (is_root) return order.empty() ? nullptr : order.back();
+  auto it = std::find(order.rbegin(), order.rend(), unit);
+  if (it == order.rend() || ++it == order.rend()) return nullptr;
+  return *it;
+}
+
+}  // namespace fsdp::rules
