@@ -50,8 +50,8 @@ void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>&
   FsdpState& state = *sharding.state;
   // Built where the factory runs, sharded where the model computes.
   place_on_device(*module, state.compute_device(), state.options().cpu_offload());
-  std::vector<UnitPlan> plans(1);
-  UnitPlan& plan = plans[0];
+  std::vector<UnitToShard> plans(1);
+  UnitToShard& plan = plans[0];
   plan.name = "deferred unit #" + std::to_string(sharding.units++);
   plan.slot = &slot;
   // Parameters of units nested inside this one are sharded already; a tie is sharded once.

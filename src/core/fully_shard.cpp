@@ -38,7 +38,7 @@ UnitRegistry& registry() {
 }
 
 // The innermost unit whose module path is a prefix of the parameter's name ("" for the root).
-const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::string& param) {
+const std::string& unit_holding(const std::vector<UnitToShard>& plans, const std::string& param) {
   const std::string* best = &plans[0].name;
   for (const auto& plan : plans) {
     const bool inside = !plan.name.empty() && param.size() > plan.name.size() &&
@@ -51,9 +51,9 @@ const std::string& unit_holding(const std::vector<UnitPlan>& plans, const std::s
 
 // Assigns every parameter to the innermost unit that holds it, the root taking the rest.
 // named_modules() lists parents before children, so an inner unit overrides its parent.
-std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
+std::vector<UnitToShard> plans_of(const std::shared_ptr<torch::nn::Module>& root,
                                const FsdpState* deferred) {
-  std::vector<UnitPlan> plans(1);  // plans[0]: the root
+  std::vector<UnitToShard> plans(1);  // plans[0]: the root
   std::unordered_map<const c10::TensorImpl*, size_t> owner;
   for (const auto& item : root->named_modules("", /*include_self=*/false)) {
     auto slot = find_unit(item.value().get());
@@ -61,7 +61,7 @@ std::vector<UnitPlan> plans_of(const std::shared_ptr<torch::nn::Module>& root,
     const bool presharded = slot->group && deferred && slot->model == deferred;
     TORCH_CHECK(!slot->group || presharded, "fully_shard: module '", item.key(),
                 "' is already a unit of another sharded model");
-    plans.push_back(UnitPlan{item.key(), slot.get(), {}, presharded});
+    plans.push_back(UnitToShard{item.key(), slot.get(), {}, presharded});
     for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
   }
   // A parameter registered under two names (tied weights) is sharded once, under its first
@@ -118,7 +118,7 @@ UnitInfo info_of(const ParamGroup& unit) {
 }
 
 // A deferred unit was sharded before its place in the model was known: give it its path.
-void name_presharded_unit(const UnitPlan& plan) {
+void name_presharded_unit(const UnitToShard& plan) {
   std::unordered_map<const c10::TensorImpl*, std::string> full_names;
   for (const auto& [name, p] : plan.params) full_names.emplace(p.unsafeGetTensorImpl(), name);
   for (FlatEntry* entry : unit_entries(*plan.slot->group)) {
@@ -154,9 +154,9 @@ void put_root_first(FsdpState& state, size_t units_before) {
 }
 
 // Every unit built inside a deferred factory is a unit of the model.
-void check_presharded_claimed(const std::vector<UnitPlan>& plans, size_t presharded_units) {
+void check_presharded_claimed(const std::vector<UnitToShard>& plans, size_t presharded_units) {
   const auto claimed = static_cast<size_t>(
-      std::count_if(plans.begin(), plans.end(), [](const UnitPlan& plan) { return plan.presharded; }));
+      std::count_if(plans.begin(), plans.end(), [](const UnitToShard& plan) { return plan.presharded; }));
   TORCH_CHECK(claimed == presharded_units, "fully_shard_deferred: ", presharded_units - claimed,
               " unit(s) built inside the factory are not part of the model it returned; construct "
               "fsdp::Unit holders only for modules the model registers");
@@ -192,7 +192,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
   TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
   const c10::Device device = compute_device(*root, options, deferred.get());
   place_on_device(*root, device, options.cpu_offload());
-  std::vector<UnitPlan> plans = plans_of(root, deferred.get());
+  std::vector<UnitToShard> plans = plans_of(root, deferred.get());
   plans[0].slot = &root_slot;
   plans[0].is_root = true;
   for (auto& plan : plans) {

@@ -19,7 +19,7 @@ std::string describe_param(const std::string& unit, const std::string& name,
 
 // Every rank's description of the model, in plan order. Presharded units' shapes come from
 // their flat parameters' entries.
-ModelDescription describe(const std::vector<UnitPlan>& plans) {
+ModelDescription describe(const std::vector<UnitToShard>& plans) {
   ModelDescription description;
   for (const auto& plan : plans) {
     if (plan.presharded) {
@@ -50,7 +50,7 @@ std::vector<at::Tensor> tensors_of(const NamedTensors& params) {
 }
 
 // The parameters of the plans not sharded yet (presharded ones were checked when sharded).
-NamedTensors unsharded_params(const std::vector<UnitPlan>& plans) {
+NamedTensors unsharded_params(const std::vector<UnitToShard>& plans) {
   NamedTensors params;
   for (const auto& plan : plans) {
     if (!plan.presharded) params.insert(params.end(), plan.params.begin(), plan.params.end());
@@ -68,7 +68,7 @@ void place_on_device(torch::nn::Module& module, const c10::Device& device, bool 
   }
 }
 
-void shard_units(FsdpState& state, std::vector<UnitPlan>& plans, const ParamInit& init,
+void shard_units(FsdpState& state, std::vector<UnitToShard>& plans, const ParamInit& init,
                  const TensorSet& full_precision) {
   const FullyShardOptions& options = state.options();
   for (auto& plan : plans) {

@@ -25,7 +25,7 @@
 namespace fsdp::detail {
 
 /// One unit on its way through the pipeline.
-struct UnitPlan {
+struct UnitToShard {
   std::string name;           ///< module path; "" for the root; "deferred unit #N" while deferred
   UnitSlot* slot = nullptr;   ///< where its Unit holder finds it
   NamedTensors params;         ///< step 2's result
@@ -38,7 +38,7 @@ void place_on_device(torch::nn::Module& module, const c10::Device& device, bool 
 
 /// Steps 3-6 for every plan that is not presharded (presharded ones are verified with them, in
 /// plan order): their units are appended to state.units() and their slots filled in.
-void shard_units(FsdpState& state, std::vector<UnitPlan>& plans, const ParamInit& init,
+void shard_units(FsdpState& state, std::vector<UnitToShard>& plans, const ParamInit& init,
                  const TensorSet& full_precision);
 
 /// Makes every rank's tensors equal to rank 0's.
