@@ -8,8 +8,8 @@ Launch (from the repository root):
         --init-from init.pt --batches batches.pt --metrics peer-{rank}.jsonl [--device cuda]
 
 The model mirrors examples/gpt/gpt.cpp exactly (names, pre-LN blocks, tanh-GELU, causal SDPA, head
-tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/train_step.cpp (zero_grad,
-forward, cross-entropy, backward, AdamW step) and training_loop.cpp (all-reduce of the loss for the
+tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/step.cpp (zero_grad,
+forward, cross-entropy, backward, AdamW step) and trainer.cpp (all-reduce of the loss for the
 global mean), and it is timed over the same span.
 
 `--param-dtype bf16 --reduce-dtype fp32` is gpt_train's mixed precision policy of the same flags:

@@ -56,5 +56,8 @@ cmake --build "$BUILD" -j "${JOBS:-2}"
 
 [ "$TEST" = 0 ] && exit 0
 "$BUILD/bin/fsdp_unit_tests"
+"$BUILD/bin/gpt_unit_tests"
 FSDP_TIMEOUT_SECONDS=60 OMP_NUM_THREADS=1 "$BUILD/bin/fsdprun" --nproc-per-node 2 \
   "$BUILD/bin/fsdp_dist_tests" --gtest_filter=-Fault.*
+FSDP_TIMEOUT_SECONDS=60 OMP_NUM_THREADS=1 "$BUILD/bin/fsdprun" --nproc-per-node 2 \
+  "$BUILD/bin/gpt_dist_tests"

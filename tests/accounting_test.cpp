@@ -1,6 +1,7 @@
 // Memory and communication per rank, measured with the counting allocator and the byte counters,
 // against bounds computed from the units' sizes (model_sizes.h), each stated where it is checked.
 #include "dist_env.h"
+#include "test_corpus.h"
 #include "model_sizes.h"
 
 #include "data.h"

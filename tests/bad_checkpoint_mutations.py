@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Does tests/bad_checkpoint_table.py catch what it claims? The checks that make sense of a
-checkpoint (src/io/checkpoint_*.cpp, examples/gpt/saved_run.cpp) and of outputs that cannot be
-written (examples/gpt/output_errors.h and its callers), each disabled in turn, as
+checkpoint (src/io/checkpoint_*.cpp, examples/gpt/checkpointing.cpp) and of outputs that cannot be
+written (examples/gpt/options.h and its callers), each disabled in turn, as
 tests/bad_files_mutations.py does for its table (the same runner, the same rules), with
 checkpoint_tool and checkpoint_state_tool rebuilt too.
 
@@ -12,26 +12,26 @@ from pathlib import Path
 # (id, file, exact original text, mutated text, [cases that must turn red])
 CHECKPOINT_MUTATIONS = [
     [
-        ("metrics-write-unchecked", "examples/gpt/step_log.cpp",
+        ("metrics-write-unchecked", "examples/gpt/trainer.cpp",
          "TORCH_CHECK(metrics_.good(), ", "TORCH_CHECK(true, ",
          ["--metrics /dev/full", "--metrics on a full tmpfs"]),
-        ("output-flag-unnamed", "examples/gpt/output_errors.h",
+        ("output-flag-unnamed", "examples/gpt/options.h",
          "TORCH_CHECK(false, output_failed(flag, path, fsdp::message_of(e)));", "throw;",
          ["--trace on a full tmpfs", "--dump-batches on a full tmpfs",
           "--save-full on a full tmpfs (W=2)"]),
-        ("extra-field-missing-unchecked", "examples/gpt/saved_run.cpp",
+        ("extra-field-missing-unchecked", "examples/gpt/checkpointing.cpp",
          "TORCH_CHECK(extra.is_object() && extra.contains(field),", "TORCH_CHECK(true,",
          ["extra.step missing", "extra.seed missing"]),
-        ("extra-range-unchecked", "examples/gpt/saved_run.cpp",
+        ("extra-range-unchecked", "examples/gpt/checkpointing.cpp",
          "TORCH_CHECK(in_range, ", "TORCH_CHECK(true, ",
          ["extra.step -2", "extra.step a string", "extra.seed -1"]),
-        ("extra-step-folder-unchecked", "examples/gpt/saved_run.cpp",
+        ("extra-step-folder-unchecked", "examples/gpt/checkpointing.cpp",
          "TORCH_CHECK(named < 0 || named == step,", "TORCH_CHECK(true,",
          ["extra.step 3 in folder step-00000002"]),
-        ("adamw-state-missing-accepted", "examples/gpt/saved_run.cpp",
+        ("adamw-state-missing-accepted", "examples/gpt/checkpointing.cpp",
          "TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), ", "TORCH_CHECK(true, ",
          ["no AdamW state for any parameter"]),
-        ("adamw-step-range-unchecked", "examples/gpt/saved_run.cpp",
+        ("adamw-step-range-unchecked", "examples/gpt/checkpointing.cpp",
          "TORCH_CHECK(adamw.is_number_integer() && ", "TORCH_CHECK(true || ",
          ["AdamW step 3 at extra.step 2"]),
         ("moments-nonfinite-accepted", "src/io/checkpoint_load.cpp",
@@ -49,7 +49,7 @@ CHECKPOINT_MUTATIONS = [
         ("save-full-backtrace", "src/io/state_dict.cpp",
          "error = message_of(e);", "error = e.what();",
          ["--save-full on a full tmpfs (W=2)"]),
-        ("export-hf-backtrace", "examples/gpt/run_outputs.cpp",
+        ("export-hf-backtrace", "examples/gpt/checkpointing.cpp",
          "error = fsdp::message_of(e);", "error = e.what();",
          ["--export-hf on a full tmpfs (W=2)"]),
         ("box-offsets-unchecked", "src/io/checkpoint_read.cpp",
@@ -65,12 +65,12 @@ CHECKPOINT_MUTATIONS = [
          "step = gpt::saved_step(fsdp::load_sharded(model, *optim, path), path + \"/metadata.json\");",
          "step = fsdp::load_sharded(model, *optim, path).at(\"step\").get<int64_t>();",
          ["checkpoint_tool, no extra.step"]),
-        ("reset-optimizer-without-resume", "examples/gpt/usage_checks.cpp",
+        ("reset-optimizer-without-resume", "examples/gpt/command_line.cpp",
          "  if (o.reset_optimizer && !o.resume) {", "  if (false) {",
          ["--reset-optimizer without --resume"]),
     ],
     [
-        ("skipped-steps-state-demanded", "examples/gpt/saved_run.cpp",
+        ("skipped-steps-state-demanded", "examples/gpt/checkpointing.cpp",
          "TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), ", "TORCH_CHECK(is_frozen(o, name), ",
          ["fp16, every step skipped: --resume without AdamW state"]),
     ],

@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 using Net = BatchNormNet;
 
-constexpr int kSteps = 6;
+constexpr int kStateSteps = 6;
 constexpr int kSavedAt = 3;
 
 Net fresh_net() {
@@ -73,13 +73,13 @@ void barrier() {
 }
 
 // The unsharded program's final state, then: W - 1 ranks train to kSavedAt and save, all W load
-// and train to kSteps; the full state dict must match the unsharded one.
+// and train to kStateSteps; the full state dict must match the unsharded one.
 void expect_resume_equals_uninterrupted(const std::string& name, const MakeOptimizer& make) {
   const int world = dist().world_size();
   if (world < 2) GTEST_SKIP() << "one rank: no other world size to resume at";
   Net reference = fresh_net();
   auto reference_optimizer = make(reference->parameters());
-  train([&](const torch::Tensor& x) { return reference->forward(x); }, *reference_optimizer, 0, kSteps);
+  train([&](const torch::Tensor& x) { return reference->forward(x); }, *reference_optimizer, 0, kStateSteps);
   const auto expected = state_of(*reference);
 
   const std::string folder = shared_folder(name);
@@ -98,7 +98,7 @@ void expect_resume_equals_uninterrupted(const std::string& name, const MakeOptim
   auto optimizer = make(model->parameters());
   EXPECT_EQ(fsdp::load_sharded(model, *optimizer, folder).at("step").get<int>(), kSavedAt);
   EXPECT_EQ(model->block->bn->num_batches_tracked.item<int64_t>(), kSavedAt);
-  train([&](const torch::Tensor& x) { return model(x); }, *optimizer, kSavedAt, kSteps);
+  train([&](const torch::Tensor& x) { return model(x); }, *optimizer, kSavedAt, kStateSteps);
 
   const auto full = fsdp::gather_full_params(model);
   EXPECT_EQ(full.size(), expected.size()) << "the full state dict: every parameter and buffer";

@@ -3,6 +3,7 @@
 // nothing; an interrupted save leaves the previous checkpoint the one that loads. Loading on
 // another world size is tested by tests/checkpoint_e2e.py (it needs new processes).
 #include "dist_env.h"
+#include "test_corpus.h"
 
 #include "data.h"
 #include "gpt.h"

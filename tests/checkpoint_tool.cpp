@@ -5,7 +5,7 @@
 //   resumed_step N / load_seconds S / save_seconds S BYTES
 #include "data.h"
 #include "gpt.h"
-#include "saved_run.h"
+#include "checkpointing.h"
 
 #include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>

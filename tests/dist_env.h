@@ -4,8 +4,6 @@
 
 #include <fsdp/fsdp.h>
 
-#include "data.h"
-
 #include <string>
 
 namespace fsdp_test {
@@ -15,8 +13,5 @@ fsdp::Distributed& dist();
 
 /// A small text corpus generated from a fixed seed at configure time (tests/data/make_corpus.py).
 std::string corpus_dir();
-
-/// That corpus loaded once (its first MiB), for tests that draw batches from it directly.
-const gpt::ByteCorpus& test_corpus();
 
 }  // namespace fsdp_test

@@ -14,11 +14,6 @@ fsdp::Distributed& dist() { return *g_dist; }
 
 std::string corpus_dir() { return FSDP_TEST_CORPUS_DIR; }
 
-const gpt::ByteCorpus& test_corpus() {
-  static const auto instance = gpt::ByteCorpus::load(corpus_dir(), 1 << 20, 64);
-  return instance;
-}
-
 }  // namespace fsdp_test
 
 int main(int argc, char** argv) {

@@ -2,7 +2,8 @@
 // Comparing a sharded run with the unsharded reference: the tolerances and why.
 
 #include "dist_env.h"
-#include "reference_precision.h"
+#include "test_corpus.h"
+#include "step.h"
 #include "trainer.h"
 
 #include <gtest/gtest.h>

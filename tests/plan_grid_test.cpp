@@ -8,9 +8,8 @@
 #include "error_of.h"
 #include "parity_check.h"
 
-#include "auto_plan.h"
 #include "gpt_plan.h"
-#include "mib_text.h"
+#include "options.h"
 #include "trainer.h"
 
 #include <gtest/gtest.h>

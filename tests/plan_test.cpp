@@ -232,6 +232,44 @@ TEST(Planner, BadSetupsAreRefusedNamingTheCause) {
 
 namespace {
 
+// The planner's parameters are the model's: describe_gpt's units, in order, name and shape every
+// parameter of a GPT built by gpt.cpp as named_parameters() lists it (the blocks' under "h.N.",
+// the root's the rest); minGPT's description adds only its untied head to the root.
+std::vector<std::pair<std::string, std::vector<int64_t>>> described_params(const fsdp::PlanUnit& unit) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& p : unit.params) out.emplace_back(p.name, p.shape);
+  return out;
+}
+
+TEST(Planner, DescribedGptParametersAreTheBuiltModelsInOrder) {
+  gpt::GPTConfig wide_context = gpt::GPTConfig::sized(3, 24, 3, 16);
+  wide_context.vocab_size = 300;
+  wide_context.positions = 40;
+  for (const gpt::GPTConfig& config : {gpt::GPTConfig::sized(2, 32, 2, 8), wide_context}) {
+    gpt::GPT model(config);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> blocks, root;
+    for (const auto& item : model->named_parameters()) {
+      const bool in_block = item.key().rfind("h.", 0) == 0;
+      (in_block ? blocks : root).emplace_back(item.key(), item.value().sizes().vec());
+    }
+    const fsdp::PlanModel described = gpt::describe_gpt(config, at::kFloat, 0);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> described_blocks;
+    for (const fsdp::PlanUnit& unit : described.units) {
+      for (auto& p : described_params(unit)) described_blocks.push_back(p);
+    }
+    EXPECT_EQ(described_blocks, blocks);
+    EXPECT_EQ(described_params(described.root), root);
+
+    const fsdp::PlanModel min_gpt = gpt::describe_gpt(config, at::kFloat, 0, gpt::GptCode::MinGpt);
+    root.push_back({"lm_head.weight", {config.vocab_size, config.dim}});
+    EXPECT_EQ(described_params(min_gpt.root), root);
+    ASSERT_EQ(min_gpt.units.size(), described.units.size());
+    for (size_t i = 0; i < described.units.size(); ++i) {
+      EXPECT_EQ(described_params(min_gpt.units[i]), described_params(described.units[i]));
+    }
+  }
+}
+
 // The GPT's analytic activation count (gpt_plan.cpp, [Note: GPT activations]) against a
 // measurement of one block on one sequence, in fp32 and bf16: what forward leaves for backward and
 // the block's output.

@@ -1,11 +1,11 @@
 // Mixed precision and the sharded gradient scaler, against unsharded training with the same
-// precision policy (tests/../examples/gpt/reference_precision.h) and against fp32.
+// precision policy (tests/../examples/gpt/step.h) and against fp32.
 #include "dist_env.h"
 #include "parity_check.h"
 #include "test_models.h"
 
 #include "data.h"
-#include "reference_precision.h"
+#include "step.h"
 #include "trainer.h"
 
 #include <fsdp/fused_adamw.h>

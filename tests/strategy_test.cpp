@@ -2,11 +2,12 @@
 // moves exactly the bytes that the ring algorithms send, computed from the units' sizes
 // (model_sizes.h), through each kind of collective.
 #include "dist_env.h"
+#include "test_corpus.h"
 #include "model_sizes.h"
 #include "parity_check.h"
 
 #include "data.h"
-#include "reference_precision.h"
+#include "step.h"
 #include "trainer.h"
 
 #include <gtest/gtest.h>

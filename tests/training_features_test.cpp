@@ -1,6 +1,7 @@
 // Gradient accumulation (with and without communication) and gradient clipping across shards,
 // each against unsharded training on the same large batch.
 #include "dist_env.h"
+#include "test_corpus.h"
 #include "parity_check.h"
 #include "test_models.h"
 

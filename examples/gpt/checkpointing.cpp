@@ -1,24 +1,297 @@
 #include "checkpointing.h"
 
-#include "saved_run.h"
+#include "hf_gpt2.h"
+#include "options.h"
+#include "trainer.h"
 
 #include <fsdp/bounded_json.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
 #include <fsdp/printable.h>
+#include <fsdp/run_lock.h>
 
-#include <signal.h>
-#include <unistd.h>
-
+#include <c10/util/Exception.h>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <regex>
+#include <signal.h>
+#include <string>
 #include <thread>
+#include <unistd.h>
+#include <vector>
 
 namespace gpt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A path the run uses: one file, or a folder and everything below it.
+struct PathUse {
+  std::string flag;  // "--metrics"
+  std::string path;  // as given, {rank} replaced
+  bool folder = false;
+  bool output = false;
+};
+
+// "no such file", or why it cannot be reached (a folder above it this user may not enter).
+std::string why_missing(const std::error_code& ec, const char* what) {
+  if (!ec || ec == std::errc::no_such_file_or_directory) return std::string("no such ") + what;
+  return "cannot be reached (" + ec.message() + "; a folder above it may not be open to this user)";
+}
+
+void check_input_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  TORCH_CHECK(fs::exists(status), flag, " ", path, ": ", why_missing(ec, "file"));
+  TORCH_CHECK(fs::is_regular_file(status), flag, " ", path,
+              " is not a regular file (a folder, FIFO or device?)");
+  TORCH_CHECK(::access(path.c_str(), R_OK) == 0, flag, " ", path, " is not readable");
+}
+
+// --data: a FIFO would block forever and a device never ends; refuse both before reading.
+void check_data(const TrainOptions& o) {
+  const std::string& flag = o.data_flag;
+  TORCH_CHECK(!o.data.empty(), flag, " is empty: pass a text file or a folder of text files");
+  std::error_code ec;
+  const auto status = fs::status(o.data, ec);
+  TORCH_CHECK(fs::exists(status), flag, " ", o.data, ": ", why_missing(ec, "file or folder"));
+  TORCH_CHECK(fs::is_regular_file(status) || (fs::is_directory(status) && !o.data_is_tokens),
+              flag, " ", o.data, " is not a regular file", o.data_is_tokens ? "" : " or a folder",
+              " (a FIFO or a device cannot be read to an end); pass ",
+              o.data_is_tokens ? "a token file" : "a text file or a folder of text files");
+  TORCH_CHECK(::access(o.data.c_str(), R_OK) == 0, flag, " ", o.data, " is not readable");
+}
+
+// The file `path` can be written: its folder exists and is writable, and it is not a folder.
+void check_output_file(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  TORCH_CHECK(!fs::is_directory(path, ec), flag, " ", path,
+              " is a folder; pass the path of a file to write");
+  fs::path folder = fs::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  TORCH_CHECK(fs::is_directory(folder, ec), flag, " ", path, ": folder ", folder.string(),
+              " does not exist (create it first)");
+  TORCH_CHECK(::access(folder.c_str(), W_OK) == 0, flag, " ", path, ": folder ", folder.string(),
+              " is not writable");
+}
+
+// The folder `path` is one, or can be created: the nearest existing folder above it is writable.
+void check_output_folder(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  TORCH_CHECK(!fs::exists(path, ec) || fs::is_directory(path, ec), flag, " ", path,
+              " is a file, not a folder; pass a folder (created if missing)");
+  fs::path writable = fs::absolute(path);
+  while (!fs::exists(writable, ec) && writable.has_parent_path() &&
+         writable != writable.parent_path()) {
+    writable = writable.parent_path();
+  }
+  TORCH_CHECK(fs::is_directory(writable, ec) && ::access(writable.c_str(), W_OK) == 0, flag, " ",
+              path, ": ", writable.string(), " is not a writable folder; nothing could be written "
+              "there");
+}
+
+// A per-rank output written by every rank needs {rank} in its name when there are several.
+void check_per_rank(const std::string& flag, const std::string& path, int world_size) {
+  TORCH_CHECK(path.find("{rank}") != std::string::npos || world_size == 1, flag, " ", path,
+              ": all ", world_size, " ranks would write this one file over each other; put "
+              "{rank} in its name (e.g. ", fs::path(path).stem().string(), ".rank{rank}",
+              fs::path(path).extension().string(), "), which each rank replaces with its own rank");
+}
+
+std::vector<PathUse> path_uses(const TrainOptions& o, int rank) {
+  std::error_code ec;
+  std::vector<PathUse> uses;
+  const auto use = [&](const std::string& flag, const std::string& path, bool folder, bool output) {
+    if (!path.empty()) uses.push_back({flag, path, folder, output});
+  };
+  use(o.data_flag, o.data, fs::is_directory(o.data, ec), false);
+  use("--init-from", o.init_from, false, false);
+  use("--init-from-hf", o.init_from_hf, true, false);
+  use("--eval-tokens", o.eval_tokens, false, false);
+  use("--checkpoint-dir", o.checkpoint_dir, true, true);  // read by --resume, written by saves
+  // Its lock file, written by the lock: a hard link there would be written through.
+  if (!o.checkpoint_dir.empty()) {
+    use("--checkpoint-dir", fsdp::RunLock::path_in(o.checkpoint_dir), false, true);
+  }
+  use("--export-hf", o.export_hf, true, true);
+  use("--metrics", for_rank(o.metrics_path, rank), false, true);
+  use("--trace", for_rank(o.trace, rank), false, true);
+  use("--save-full", o.save_full, false, true);
+  use("--dump-batches", o.dump_batches, false, true);
+  use("--eval-out", o.eval_out, false, true);
+  return uses;
+}
+
+// The path with links resolved as far as it exists (the rest as written, normalised).
+fs::path resolved(const std::string& path) {
+  std::error_code ec;
+  const fs::path out = fs::weakly_canonical(fs::absolute(path), ec);
+  return ec ? fs::absolute(path).lexically_normal() : out;
+}
+
+bool same_file(const PathUse& a, const PathUse& b) {
+  std::error_code ec;
+  return resolved(a.path) == resolved(b.path) || fs::equivalent(a.path, b.path, ec);  // hard links
+}
+
+// `inner` is `folder` or lies below it.
+bool lies_in(const PathUse& inner, const PathUse& folder) {
+  if (!folder.folder) return false;
+  std::string f = resolved(folder.path).string();
+  const std::string p = resolved(inner.path).string();
+  while (f.size() > 1 && f.back() == '/') f.pop_back();
+  return p == f || p.rfind(f == "/" ? f : f + "/", 0) == 0;
+}
+
+std::string both(const PathUse& a, const PathUse& b) {
+  return a.flag + " " + fsdp::printable(a.path) + " and " + b.flag + " " + fsdp::printable(b.path);
+}
+
+// An output must not be an input, lie in an input folder or hold an input; two outputs must not
+// be one file (each would overwrite the other).
+void check_no_overlap(const std::vector<PathUse>& uses) {
+  for (size_t i = 0; i < uses.size(); ++i) {
+    for (size_t j = 0; j < uses.size(); ++j) {
+      const PathUse& out = uses[i];
+      const PathUse& other = uses[j];
+      if (i == j || !out.output) continue;
+      TORCH_CHECK(!(same_file(out, other) && (!other.output || i < j)), both(out, other),
+                  " are the same ", out.folder || other.folder ? "path" : "file",
+                  ": the run would ", other.output ? "write both into one" : "overwrite its own input",
+                  "; pass another ", out.flag);
+      if (other.output) continue;
+      TORCH_CHECK(!lies_in(out, other), out.flag, " ", fsdp::printable(out.path),
+                  " lies inside the ", other.flag, " folder ", fsdp::printable(other.path),
+                  ": the run would write into its own input (and read it back next time); pass a "
+                  "path outside it");
+      TORCH_CHECK(!lies_in(other, out), other.flag, " ", fsdp::printable(other.path),
+                  " lies inside the ", out.flag, " folder ", fsdp::printable(out.path),
+                  ", which the run writes into; move one of them");
+    }
+  }
+}
+
+}  // namespace
+
+std::string for_rank(std::string path, int rank) {
+  const std::string token = "{rank}";
+  for (size_t at = path.find(token); at != std::string::npos; at = path.find(token)) {
+    path.replace(at, token.size(), std::to_string(rank));
+  }
+  return path;
+}
+
+void check_paths(const TrainOptions& o, int rank, int world_size) {
+  check_data(o);
+  if (!o.init_from.empty()) check_input_file("--init-from", o.init_from);
+  if (!o.eval_tokens.empty()) check_input_file("--eval-tokens", o.eval_tokens);
+  for (const auto& [flag, path] : {std::pair{"--metrics", o.metrics_path}, {"--trace", o.trace}}) {
+    if (path.empty()) continue;
+    check_per_rank(flag, path, world_size);
+    check_output_file(flag, for_rank(path, rank));
+  }
+  for (const auto& [flag, path] : {std::pair{"--save-full", o.save_full},
+                                   {"--dump-batches", o.dump_batches}, {"--eval-out", o.eval_out}}) {
+    if (!path.empty()) check_output_file(flag, path);
+  }
+  if (!o.export_hf.empty()) check_output_folder("--export-hf", o.export_hf);
+  if (!o.checkpoint_dir.empty() && o.save_every > 0) {
+    check_output_folder("--checkpoint-dir", o.checkpoint_dir);
+  }
+  check_no_overlap(path_uses(o, rank));
+}
+
+namespace {
+
+// A JSON value for a message: at most 40 characters of it (a user's file may hold anything).
+std::string shown(const nlohmann::json& value) {
+  const std::string text = value.dump(-1, ' ', /*ensure_ascii=*/true);
+  return text.size() <= 40 ? text : text.substr(0, 37) + "...";
+}
+
+// extra.FIELD, an integer in [lo, hi]; throws naming the file and the field.
+nlohmann::json saved_integer(const nlohmann::json& extra, const char* field, int64_t lo,
+                             uint64_t hi, const std::string& metadata, const char* what) {
+  TORCH_CHECK(extra.is_object() && extra.contains(field), metadata, " has no extra.", field, " (",
+              what, "): the file was edited or not written by gpt_train; resume from an intact "
+              "checkpoint");
+  const nlohmann::json& value = extra[field];
+  const bool in_range = value.is_number_unsigned() ? value.get<uint64_t>() <= hi
+                        : value.is_number_integer() && value.get<int64_t>() >= lo;
+  TORCH_CHECK(in_range, metadata, ": extra.", field, " is ", shown(value), ", not an integer from ",
+              lo, " to ", hi, " (", what, "): the file was edited; resume from an intact "
+              "checkpoint");
+  return value;
+}
+
+// The step of a folder named step-NNNNNNNN; -1 for any other name.
+int64_t folder_step(const std::string& folder) {
+  static const std::regex step_re("step-([0-9]{8})");
+  std::smatch m;
+  const std::string name = std::filesystem::path(folder).filename().string();
+  return std::regex_match(name, m, step_re) ? std::stoll(m[1]) : -1;
+}
+
+// The AdamW state of one saved parameter (metadata.json "params"), against the run's step.
+void check_adamw_step(const nlohmann::json& param, int64_t step, bool optimizer_stepped,
+                      const std::string& metadata, const TrainOptions& o) {
+  const nlohmann::json named = param.contains("name") ? param["name"] : nlohmann::json();
+  const std::string name =
+      named.is_string() && named.get<std::string>().size() <= 200 ? named.get<std::string>() : shown(named);
+  const nlohmann::json adamw =
+      param.contains("optimizer_step") ? param["optimizer_step"] : nlohmann::json();
+  if (adamw.is_null()) {
+    TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), metadata, ": parameter '", name, "' trains but has no AdamW "
+                "state (optimizer_step null): the checkpoint was saved without it or edited, and "
+                "AdamW would restart silently; pass --reset-optimizer to restart AdamW from these "
+                "parameters on purpose, or resume from a complete checkpoint");
+    return;
+  }
+  TORCH_CHECK(adamw.is_number_integer() && adamw.get<int64_t>() >= 1 &&
+                  adamw.get<int64_t>() <= step,
+              metadata, ": parameter '", name, "' has AdamW step ", shown(adamw),
+              " (optimizer_step), which a run at extra.step ", step, " cannot have (1 to ", step,
+              "): the file was edited; resume from an intact checkpoint or pass --reset-optimizer");
+}
+
+}  // namespace
+
+int64_t saved_step(const nlohmann::json& extra, const std::string& metadata) {
+  return saved_integer(extra, "step", 0, std::numeric_limits<int64_t>::max(), metadata,
+                       "the step to continue from")
+      .get<int64_t>();
+}
+
+uint64_t saved_seed(const nlohmann::json& extra, const std::string& metadata) {
+  return saved_integer(extra, "seed", 0, std::numeric_limits<int64_t>::max(), metadata,
+                       "the run's --seed")
+      .get<uint64_t>();
+}
+
+void check_saved_state(const nlohmann::json& meta, const std::string& folder, const TrainOptions& o) {
+  const std::string metadata = folder + "/metadata.json";
+  const nlohmann::json extra = meta.value("extra", nlohmann::json());
+  const int64_t step = saved_step(extra, metadata);
+  saved_seed(extra, metadata);
+  const int64_t named = folder_step(folder);
+  TORCH_CHECK(named < 0 || named == step, metadata, ": extra.step is ", step, " but its folder is ",
+              std::filesystem::path(folder).filename().string(), ": the file was edited or "
+              "moved; resume from an intact checkpoint");
+  if (o.reset_optimizer || !meta.contains("params") || !meta["params"].is_array()) return;
+  // Saved before AdamW took any step (fp16's scaler skipped them all): no state to restore.
+  // Checkpoints of earlier versions do not say, and are taken to have stepped.
+  const nlohmann::json stepped = extra.is_object() ? extra.value("optimizer_stepped", nlohmann::json(true))
+                                                   : nlohmann::json(true);
+  const bool optimizer_stepped = !stepped.is_boolean() || stepped.get<bool>();
+  for (const auto& param : meta["params"]) {
+    if (param.is_object()) check_adamw_step(param, step, optimizer_stepped, metadata, o);
+  }
+}
 
 namespace {
 
@@ -250,6 +523,50 @@ void save_checkpoint_if_due(fsdp::Unit<GPT>& model, torch::optim::AdamW& optimiz
   }
   fsdp::save_checkpoint(model, optimizer, dir, next_step, describe_run(o, next_step, !optimizer.state().empty()), kKeepLast,
                         hooks);
+}
+
+namespace {
+
+fsdp::NamedTensors named_parameters(fsdp::Unit<GPT>& model) {
+  fsdp::NamedTensors params;
+  for (auto& item : model->named_parameters()) params.emplace_back(item.key(), item.value());
+  return params;
+}
+
+}  // namespace
+
+void save_full(const TrainOptions& o, fsdp::Unit<GPT>& model, fsdp::Distributed* dist) {
+  if (dist) {
+    fsdp::save_full_params(model, o.save_full);
+  } else {
+    fsdp::save_tensor_dict(o.save_full, named_parameters(model));
+  }
+}
+
+fsdp::NamedTensors full_params(fsdp::Unit<GPT>& model, fsdp::Distributed* dist) {
+  if (dist) return fsdp::gather_full_params(model);
+  fsdp::NamedTensors params = named_parameters(model);
+  for (auto& [name, tensor] : params) tensor = tensor.detach().clone();
+  return params;
+}
+
+void export_hf(const TrainOptions& o, const fsdp::NamedTensors& full_params,
+               fsdp::Distributed* dist) {
+  std::string error;
+  if (!dist || dist->rank() == 0) {
+    try {
+      const nlohmann::json base = o.init_from_hf.empty()
+                                      ? nlohmann::json()
+                                      : HfGpt2Config::read(o.init_from_hf).json;
+      export_hf_gpt2(full_params, o.model, base, o.export_hf);
+    } catch (const std::exception& e) {
+      error = fsdp::message_of(e);
+    }
+  }
+  auto failed = torch::full({1}, error.empty() ? 0.0f : 1.0f);
+  if (dist) fsdp::all_reduce_sum(*dist->world, failed);
+  TORCH_CHECK(failed.item<float>() == 0.0f,
+              output_failed("--export-hf", o.export_hf, error.empty() ? "on rank 0" : error));
 }
 
 }  // namespace gpt

@@ -1,13 +1,93 @@
 #include "command_line.h"
 
-#include "flag_validators.h"
-#include "model_bounds.h"
-#include "usage_checks.h"
+#include "data.h"
+#include "gpt.h"
+#include "hf_gpt2.h"
 
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <limits>
 #include <optional>
+#include <sstream>
+#include <torch/cuda.h>
+#include <unistd.h>
 
 namespace gpt {
+
+namespace {
+
+std::string in_parentheses(const std::string& hint) {
+  return hint.empty() ? "" : " (" + hint + ")";
+}
+
+}  // namespace
+
+CLI::Validator integer_in(int64_t lo, int64_t hi, std::string hint) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        errno = 0;
+        char* end = nullptr;
+        const long long value = std::strtoll(text.c_str(), &end, 10);
+        const bool whole = !text.empty() && end == text.c_str() + text.size() && errno == 0;
+        if (whole && value >= lo && value <= hi) return "";
+        std::string range = hi == std::numeric_limits<int64_t>::max()
+                                ? ">= " + std::to_string(lo)
+                                : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+        return "must be a whole number " + range + ", got '" + text + "'" + in_parentheses(hint);
+      },
+      "INT", "integer_in");
+}
+
+namespace {
+
+// A finite number that `accepts`, else the message naming `range` (e.g. ">= 0").
+CLI::Validator real_where(std::function<bool(double)> accepts, const std::string& range,
+                          const std::string& hint, const char* name) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        const bool number = !text.empty() && end == text.c_str() + text.size();
+        if (number && std::isfinite(value) && accepts(value)) return "";
+        return "must be a finite number " + range + ", got '" + text.substr(0, 40) + "'" +
+               in_parentheses(hint);
+      },
+      "REAL", name);
+}
+
+std::string number_text(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+}  // namespace
+
+CLI::Validator real_at_least(double lo, bool strictly_above, std::string hint) {
+  return real_where([=](double value) { return strictly_above ? value > lo : value >= lo; },
+                    (strictly_above ? "> " : ">= ") + number_text(lo), hint, "real_at_least");
+}
+
+CLI::Validator real_in(double lo, double hi, std::string hint) {
+  return real_where([=](double value) { return value >= lo && value <= hi; },
+                    "in [" + number_text(lo) + ", " + number_text(hi) + "]", hint, "real_in");
+}
+
+CLI::Validator device_name() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "cpu" || text == "cuda") return "";
+        const std::string index = text.rfind("cuda:", 0) == 0 ? text.substr(5) : "";
+        const bool whole = !index.empty() && index.size() <= 4 &&
+                           index.find_first_not_of("0123456789") == std::string::npos;
+        return whole ? "" : "must be cpu, cuda or cuda:N (N: a GPU's index), got '" + text + "'";
+      },
+      "DEVICE", "device_name");
+}
 
 namespace {
 
@@ -251,6 +331,178 @@ std::string finish_options(const CLI::App& app, CommandLine& cl) {
   if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);
   if (error.empty()) error = check_device_flags(cl.device, cl.cpu_offload, cl.reference);
   return error;
+}
+
+namespace {
+
+// What the sizes of a model too large for this machine came from, for the message.
+std::string sizes_source(const TrainOptions& o) {
+  if (o.init_from_hf.empty()) return "--layers/--dim/--seq/--batch ask";
+  return "the sizes of --init-from-hf " + o.init_from_hf + "/config.json (n_layer " +
+         std::to_string(o.model.layers) + ", n_embd " + std::to_string(o.model.dim) +
+         ", n_positions " + std::to_string(o.model.context()) + ", vocab_size " +
+         std::to_string(o.model.vocab_size) + ") with --seq " + std::to_string(o.model.max_seq) +
+         " and --batch " + std::to_string(o.batch) + " ask";
+}
+
+// Sizes whose tensors cannot fit this machine fail here, not in the kernel's OOM killer: the
+// parameters (each rank builds them; fp32; wpe has context() rows) and one block's activations,
+// both underestimates.
+std::string check_model_fits_memory(const TrainOptions& o, bool reference) {
+  const double ram = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+  const double d = static_cast<double>(o.model.dim), seq = static_cast<double>(o.model.max_seq);
+  const double params = o.model.layers * 12.0 * d * d +
+                        (static_cast<double>(o.model.vocab_size) + o.model.context()) * d;
+  const double rows = static_cast<double>(o.batch) * (reference ? o.reference_world_size : 1);
+  const double activations = rows * (seq * d * 16.0 + o.model.heads * seq * seq) * 4.0;
+  if (ram <= 0 || (params * 4.0 <= ram && activations <= ram)) return "";
+  char text[256];
+  std::snprintf(text, sizeof text, "%.0f GiB of parameters and %.0f GiB of activations per block",
+                params * 4.0 / (1 << 30), activations / (1 << 30));
+  return sizes_source(o) + " for at least " + text + ", more than this machine's " +
+         std::to_string(static_cast<int64_t>(ram / (1 << 30))) +
+         " GiB of memory; choose a smaller model or batch";
+}
+
+std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
+  if (reference && (o.save_every > 0 || o.resume || !o.checkpoint_dir.empty())) {
+    return "--save-every, --checkpoint-dir and --resume need the sharded run, not --reference";
+  }
+  if (o.save_every > 0 && o.checkpoint_dir.empty()) {
+    return "--save-every needs --checkpoint-dir DIR (where to write the checkpoints)";
+  }
+  if (o.reset_optimizer && !o.resume) {
+    return "--reset-optimizer applies to --resume (what it loads); drop it, or add --resume";
+  }
+  if (o.resume && o.checkpoint_dir.empty()) {
+    return "--resume needs --checkpoint-dir DIR (the folder of the run to continue)";
+  }
+  if (!o.checkpoint_dir.empty() && o.save_every == 0 && !o.resume) {
+    return "--checkpoint-dir does nothing without --save-every N (to save) or --resume (to load)";
+  }
+  return "";
+}
+
+std::string check_sharding_flags(const CLI::App& app, const TrainOptions& o) {
+  if (o.no_sync && o.grad_accum == 1) {
+    return "--no-sync needs --grad-accum N with N >= 2 (it skips the reduction of all but the "
+           "last micro-batch)";
+  }
+  const auto strategy = o.fsdp.strategy();
+  if (o.fsdp.shard_group_size() > 0 && strategy != fsdp::ShardingStrategy::HybridShard &&
+      strategy != fsdp::ShardingStrategy::HybridShardGradOp) {
+    return "--shard-group-size only applies with --strategy hybrid or hybrid_grad_op";
+  }
+  if (app.count("--loss-scale") > 0 && o.fsdp.mixed_precision().param_dtype() != torch::kHalf) {
+    return "--loss-scale only applies with --param-dtype fp16";
+  }
+  return "";
+}
+
+// The GPU part of --device: this LibTorch must have CUDA, and the GPU must exist.
+std::string check_gpu_available(const std::string& device, bool cpu_offload) {
+  const std::string flags = (cpu_offload ? "--cpu-offload --device " : "--device ") + device;
+  if (!at::detail::getCUDAHooks().isBuilt()) {
+    return flags + ": this gpt_train is built against a CPU-only LibTorch; build it "
+           "against a CUDA LibTorch (bash scripts/build_cuda.sh, binaries in build-cuda/bin) or "
+           "pass --device cpu";
+  }
+  const int count = torch::cuda::device_count();
+  if (count == 0) {
+    return flags + ": no CUDA GPU is visible to this process (check the driver and "
+           "CUDA_VISIBLE_DEVICES); run on a machine with a GPU or pass --device cpu";
+  }
+  if (device != "cuda" && std::stoi(device.substr(5)) >= count) {
+    return "--device " + device + ": this machine has " + std::to_string(count) +
+           " CUDA GPU(s), cuda:0 to cuda:" + std::to_string(count - 1);
+  }
+  return "";
+}
+
+// --step-in-backward where it cannot apply is refused, not silently ignored (train_step.cpp's
+// steps_in_backward): each of these needs every gradient, or another optimizer, before a step.
+std::string check_step_in_backward(const TrainOptions& o, bool reference) {
+  if (!o.step_in_backward) return "";
+  const char* why = reference ? "--reference has no units to step (it is the unsharded program)"
+                    : o.clip > 0 ? "--clip needs the global norm of every gradient before any step"
+                    : o.fsdp.mixed_precision().param_dtype() == torch::kHalf
+                        ? "fp16's gradient scaler checks every gradient for inf/nan before any step"
+                    : !o.fused_optimizer ? "only the fused AdamW (--optimizer fused) steps units during backward"
+                                         : nullptr;
+  if (!why) return "";
+  return std::string("--step-in-backward cannot apply: ") + why + "; drop --step-in-backward (or the flag "
+         "that conflicts with it)";
+}
+
+}  // namespace
+
+std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data_tokens,
+                                    TrainOptions& o) {
+  if (!data_tokens.empty() && !o.data.empty()) {
+    return "--data and --data-tokens both name training data; pass one";
+  }
+  if (data_tokens.empty() && o.data.empty()) {
+    return "--data is required: a text file or a folder of text files (or --data-tokens FILE)";
+  }
+  o.data_is_tokens = !data_tokens.empty() || is_token_file(o.data);
+  if (!data_tokens.empty()) {
+    o.data = data_tokens;
+    o.data_flag = "--data-tokens";
+  }
+  if (o.data_is_tokens && o.sample_bytes > 0) {
+    return "--sample generates bytes; with token data (" + o.data +
+           ") its ids are a tokenizer's: decode a sample in Python instead";
+  }
+  if (!o.eval_out.empty() && o.eval_tokens.empty()) {
+    return "--eval-out needs --eval-tokens FILE (the batch to evaluate)";
+  }
+  if (o.init_from_hf.empty()) return "";
+  if (!o.init_from.empty()) return "--init-from and --init-from-hf both name initial weights; pass one";
+  if (std::string error = apply_hf_sizes(app, o); !error.empty()) return error;
+  // Built block by block and filled from the files shard by shard: never the whole model at once.
+  o.deferred_init = true;
+  return "";
+}
+
+std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
+  if (o.init_from_hf.empty()) return "";
+  try {
+    const GivenSizes given{app.count("--layers") > 0, app.count("--dim") > 0,
+                           app.count("--heads") > 0, app.count("--seq") > 0,
+                           app.count("--vocab") > 0};
+    apply_hf_config(HfGpt2Config::read(o.init_from_hf), o.init_from_hf, given, o.model);
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  return "";
+}
+
+std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, bool reference) {
+  if (o.model.dim % o.model.heads != 0) {
+    return "--dim " + std::to_string(o.model.dim) + " is not a multiple of --heads " +
+           std::to_string(o.model.heads) + " (each head gets dim/heads channels)";
+  }
+  if (std::string error = check_model_fits_memory(o, reference); !error.empty()) return error;
+  if (app.count("--world-size") > 0 && !reference) {
+    return "--world-size only applies with --reference (a sharded run takes WORLD_SIZE from its "
+           "launcher)";
+  }
+  if (std::string error = check_checkpoint_flags(o, reference); !error.empty()) return error;
+  if (std::string error = check_step_in_backward(o, reference); !error.empty()) return error;
+  return check_sharding_flags(app, o);
+}
+
+std::string check_device_flags(const std::string& device, bool cpu_offload, bool reference) {
+  if (cpu_offload && reference) {
+    return "--cpu-offload needs the sharded run (it keeps the shards in host memory), not "
+           "--reference";
+  }
+  if (cpu_offload && device == "cpu") {
+    return "--cpu-offload keeps the shards in host memory and computes on a GPU: pass --device "
+           "cuda (or cuda:N) with it";
+  }
+  if (device == "cpu") return "";
+  return check_gpu_available(device, cpu_offload);
 }
 
 }  // namespace gpt

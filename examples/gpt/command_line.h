@@ -1,16 +1,37 @@
 #pragma once
-// gpt_train's command line: every flag, its default and help text, and the options it becomes.
+// gpt_train's command line, decoded once into typed options: every flag, its default and help
+// text, the checks of a flag's text before CLI11 converts it, and the usage errors (flags that
+// contradict each other or this machine) found before any rendezvous or work.
 
-#include "plan_flags.h"
-#include "train_options.h"
+#include "gpt_plan.h"
+#include "options.h"
 
 #include <CLI/CLI.hpp>
-
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace gpt {
 
+// gpt_train's checks of a flag's text before CLI11 converts it, so that a negative count, a NaN
+// or an infinity is refused before any work with a message that names the flag (CLI11 prefixes
+// the flag's name: "--lr: must be a finite number >= 0, got 'inf'").
+constexpr int64_t kMaxCount = int64_t(1) << 40;  // steps and the like: far beyond any real run
+
+/// A whole number in [lo, hi]; `hint`, when given, ends the message in parentheses.
+CLI::Validator integer_in(int64_t lo, int64_t hi, std::string hint = "");
+
+/// A finite number >= lo (> lo when `strictly_above`).
+CLI::Validator real_at_least(double lo, bool strictly_above = false, std::string hint = "");
+
+/// A finite number in [lo, hi]: a rate or a size whose absurd values (1e-300 TFLOP/s, 1e300
+/// GiB) would print as 300-digit times or "inf GiB".
+CLI::Validator real_in(double lo, double hi, std::string hint = "");
+
+/// --device: "cpu", "cuda" or "cuda:N".
+CLI::Validator device_name();
+
+// gpt_train's command line: every flag, its default and help text, and the options it becomes.
 struct CommandLine {
   TrainOptions train;
   bool reference = false;      // --reference: unsharded, in this process, on the global batch
@@ -54,5 +75,23 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl);
 /// included) and checks them against each other and this machine, before any work. Returns the
 /// usage error, "" when there is none.
 std::string finish_options(const CLI::App& app, CommandLine& cl);
+
+// gpt_train's usage errors: what its flags ask for, checked against each other and this machine
+// before any rendezvous or work. Each check returns the message ("" when the flags are fine);
+// main prints it and exits with status 2.
+/// --data or --data-tokens into o.data (and whether it holds token ids), and --init-from-hf's
+/// sizes from its config.json into o.model (before any check of sizes; it also makes the set-up
+/// deferred: the whole model never exists at once).
+std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data_tokens,
+                                    TrainOptions& o);
+
+/// Flags that contradict or need each other, and sizes that cannot fit this machine's memory.
+/// --init-from-hf: the model's sizes from its config.json (flags given explicitly must agree).
+std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o);
+
+std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, bool reference);
+
+/// --device and --cpu-offload: a GPU run needs a CUDA LibTorch and a GPU.
+std::string check_device_flags(const std::string& device, bool cpu_offload, bool reference);
 
 }  // namespace gpt

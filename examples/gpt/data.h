@@ -1,16 +1,36 @@
 #pragma once
+// gpt_train's training data: the bytes of a text file or of a folder of text files, or the ids of
+// a pre-tokenized .bin file (nanoGPT's or llm.c's), the global batch of each step as a pure
+// function of (corpus, seed, step, global batch size), and --dump-batches, those batches written
+// for a peer implementation.
+
+#include "options.h"
+
+#include <cstdint>
+#include <string>
+#include <torch/torch.h>
+
+namespace gpt {
+
+// Pre-tokenized training data: a .bin file of uint16 token ids, as nanoGPT's prepare.py writes
+// (train.bin: a raw array of little-endian uint16 ids, no header) or as llm.c writes (a header of
+// 256 int32, magic 20240520, version 1, the token count; then the uint16 ids). A file whose first
+// int32 is llm.c's magic is read as llm.c's; a nanoGPT file cannot start so with a GPT-2
+// vocabulary (the magic's low half, 55224, is no GPT-2 id).
+/// The first `max_tokens` token ids of `path` (1-D, uint16). Throws naming `flag` (the flag that
+/// named the file), the file and the cause:
+/// an odd byte count, a truncated llm.c file, an id >= `vocab_size` (with its position), fewer
+/// than `min_tokens` ids.
+torch::Tensor read_token_file(const std::string& path, const std::string& flag, int64_t vocab_size,
+                              int64_t max_tokens, int64_t min_tokens);
+
+/// Whether --data names a token file (by its .bin ending) rather than text.
+bool is_token_file(const std::string& path);
+
 // Training data: the bytes of a text file or of a folder of text files, or the ids of a
 // pre-tokenized .bin file (token_file.h), and the global batch of each step as a pure function of
 // (corpus, seed, step, global batch size), so that any world size that splits the same global
 // batch trains on the very same rows.
-
-#include <torch/torch.h>
-
-#include <cstdint>
-#include <string>
-
-namespace gpt {
-
 class Corpus {
  public:
   /// Reads `path` (a file, or every text file below a folder in sorted path order, skipping
@@ -38,5 +58,12 @@ class Corpus {
 };
 
 using ByteCorpus = Corpus;  // its name from before token files
+
+// gpt_train --dump-batches FILE: the global batches of the whole run, for a peer implementation
+// to train on the same data.
+/// Writes {"inputs": [steps, global_rows, seq], "targets": [steps, global_rows, seq]} as int64
+/// to o.dump_batches, where global_rows = grad_accum × world × batch (micro-batch m: rows
+/// [m·W·B, (m+1)·W·B)).
+void dump_batches(const TrainOptions& o, const Corpus& corpus, int world);
 
 }  // namespace gpt

@@ -18,18 +18,35 @@ void GPTConfig::validate() const {
               " is longer than the model's context of ", positions, " positions");
 }
 
-UninitializedLinearImpl::UninitializedLinearImpl(int64_t in_features, int64_t out_features) {
-  weight = register_parameter("weight", torch::empty({out_features, in_features}));
-  bias = register_parameter("bias", torch::empty({out_features}));
+GptLayers gpt_layers(const GPTConfig& config, GptCode code) {
+  const int64_t C = config.dim, V = config.vocab_size;
+  GptLayers layers;
+  layers.before_blocks = {{"wte", LayerKind::Embedding, V, C},
+                          {"wpe", LayerKind::Embedding, config.context(), C}};
+  layers.block = {{"ln_1", LayerKind::LayerNorm, C, C},
+                  {"attn.c_attn", LayerKind::Linear, C, 3 * C},  // q, k, v
+                  {"attn.c_proj", LayerKind::Linear, C, C},      // residual projection
+                  {"ln_2", LayerKind::LayerNorm, C, C},
+                  {"mlp.c_fc", LayerKind::Linear, C, 4 * C},
+                  {"mlp.c_proj", LayerKind::Linear, 4 * C, C}};  // residual projection
+  layers.after_blocks = {{"ln_f", LayerKind::LayerNorm, C, C}};
+  // This project's head is wte itself; minGPT's is a matrix of its own.
+  if (code == GptCode::MinGpt) {
+    layers.after_blocks.push_back({"lm_head", LayerKind::Linear, C, V, /*bias=*/false});
+  }
+  return layers;
 }
 
-torch::Tensor UninitializedLinearImpl::forward(const torch::Tensor& x) {
-  return torch::nn::functional::linear(x, weight, bias);
+std::vector<Layer> GptLayers::root() const {
+  std::vector<Layer> root = before_blocks;
+  root.insert(root.end(), after_blocks.begin(), after_blocks.end());
+  return root;
 }
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : heads(config.heads) {
-  c_attn = register_module("c_attn", UninitializedLinear(config.dim, 3 * config.dim));
-  c_proj = register_module("c_proj", UninitializedLinear(config.dim, config.dim));
+  register_layers(*this, gpt_layers(config).block, "attn.");
+  c_attn = child<UninitializedLinear>(*this, "c_attn");
+  c_proj = child<UninitializedLinear>(*this, "c_proj");
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
@@ -45,8 +62,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 MLPImpl::MLPImpl(const GPTConfig& config) {
-  c_fc = register_module("c_fc", UninitializedLinear(config.dim, 4 * config.dim));
-  c_proj = register_module("c_proj", UninitializedLinear(4 * config.dim, config.dim));
+  register_layers(*this, gpt_layers(config).block, "mlp.");
+  c_fc = child<UninitializedLinear>(*this, "c_fc");
+  c_proj = child<UninitializedLinear>(*this, "c_proj");
 }
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
@@ -54,10 +72,14 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
 }
 
 BlockImpl::BlockImpl(const GPTConfig& config) {
-  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
-  attn = register_module("attn", CausalSelfAttention(config));
-  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
-  mlp = register_module("mlp", MLP(config));
+  const auto make_group = [&](const std::string& group) -> std::shared_ptr<torch::nn::Module> {
+    if (group == "attn") return (attn = CausalSelfAttention(config)).ptr();
+    TORCH_CHECK(group == "mlp", "a GPT block has no ", group);
+    return (mlp = MLP(config)).ptr();
+  };
+  register_layers(*this, gpt_layers(config).block, "", make_group);
+  ln_1 = child<torch::nn::LayerNorm>(*this, "ln_1");
+  ln_2 = child<torch::nn::LayerNorm>(*this, "ln_2");
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -76,10 +98,13 @@ GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
     blocks->push_back(block);
     h.emplace_back(block);
   }
-  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.dim));
-  wpe = register_module("wpe", torch::nn::Embedding(config.context(), config.dim));
+  const GptLayers layers = gpt_layers(config);
+  register_layers(*this, layers.before_blocks, "");
   register_module("h", blocks);
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.dim})));
+  register_layers(*this, layers.after_blocks, "");
+  wte = child<torch::nn::Embedding>(*this, "wte");
+  wpe = child<torch::nn::Embedding>(*this, "wpe");
+  ln_f = child<torch::nn::LayerNorm>(*this, "ln_f");
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {

@@ -2,6 +2,9 @@
 // A byte-level GPT with GPT-2's layout and parameter names (wte, wpe, h.{i}.ln_1, h.{i}.attn.c_attn,
 // h.{i}.attn.c_proj, h.{i}.ln_2, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj, ln_f; the output head is tied
 // to wte). Pre-LayerNorm, causal attention, tanh-GELU, no dropout. Each block is one FSDP unit.
+// Its layers and their sizes are one table, gpt_layers, which the modules below register.
+
+#include "layer_table.h"
 
 #include <fsdp/fully_shard.h>
 
@@ -10,6 +13,19 @@
 #include <vector>
 
 namespace gpt {
+
+// The largest sizes gpt_train builds, whether they come from its flags (--layers, --dim, ...) or
+// from --init-from-hf's config.json: one bound for each, so that training and planning refuse
+// the same model, and every product of them fits int64 (the planner counts bytes in int64).
+constexpr int64_t kMaxLayers = 1024;            // --layers, n_layer
+constexpr int64_t kMaxDim = int64_t{1} << 16;    // --dim, n_embd
+constexpr int64_t kMaxHeads = int64_t{1} << 16;  // --heads, n_head
+constexpr int64_t kMaxSeq = int64_t{1} << 20;    // --seq, n_positions
+// config.json's n_positions (wpe's rows) may exceed the run's --seq; bounded so that wpe's
+// elements (n_positions x n_embd) stay far within int64, where the planner refuses them by size.
+constexpr int64_t kMaxPositions = int64_t{1} << 40;
+constexpr int64_t kMaxVocab = int64_t{1} << 16;  // --vocab, vocab_size (token ids are uint16)
+constexpr int64_t kMaxBatch = int64_t{1} << 20;  // --batch, each of --batches
 
 struct GPTConfig {
   int64_t vocab_size = 256;  // bytes
@@ -34,24 +50,29 @@ struct GPTConfig {
   }
 };
 
-/// torch::nn::Linear without its constructor's kaiming-uniform draw, which make_gpt (or the
-/// deferred init) overwrites unread: at 1.3 B parameters that draw, one serial RNG stream, took
-/// ~7 s of each process's start-up. Same parameter names (weight [out, in], bias [out]) and math.
-struct UninitializedLinearImpl : torch::nn::Module {
-  UninitializedLinearImpl(int64_t in_features, int64_t out_features);
-  torch::Tensor forward(const torch::Tensor& x);
+/// Whose GPT: this project's (gpt.cpp: fused attention, tanh-GELU, head tied to wte), or
+/// minGPT's (the paper's: attention scores kept for backward, dropout 0.1, GELU as elementwise
+/// ops, an untied head), which only the planner describes.
+enum class GptCode { ThisProject, MinGpt };
 
-  torch::Tensor weight, bias;
+/// The GPT's layers, the one table that gpt.cpp's modules register and the planner describes
+/// (gpt_plan.cpp), each in registration order.
+struct GptLayers {
+  std::vector<Layer> before_blocks;  // the root's layers registered before the blocks, "h"
+  std::vector<Layer> block;          // each block's, below "h.N."
+  std::vector<Layer> after_blocks;   // the root's layers after them
+
+  /// The root's own layers: before_blocks, then after_blocks.
+  std::vector<Layer> root() const;
 };
-TORCH_MODULE(UninitializedLinear);
+GptLayers gpt_layers(const GPTConfig& config, GptCode code = GptCode::ThisProject);
 
 struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
 
   int64_t heads;
-  UninitializedLinear c_attn{nullptr};  // dim -> 3·dim (q, k, v), with bias
-  UninitializedLinear c_proj{nullptr};  // dim -> dim, residual projection
+  UninitializedLinear c_attn{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -59,8 +80,7 @@ struct MLPImpl : torch::nn::Module {
   explicit MLPImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  UninitializedLinear c_fc{nullptr};    // dim -> 4·dim
-  UninitializedLinear c_proj{nullptr};  // 4·dim -> dim, residual projection
+  UninitializedLinear c_fc{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(MLP);
 

@@ -1,15 +1,25 @@
 #include "gpt_plan.h"
 
+#include "command_line.h"
 #include "data.h"
-#include "model_bounds.h"
+#include "gpt.h"
+#include "options.h"
 
 #include <fsdp/checked_math.h>
+#include <fsdp/distributed.h>
 
+#include <algorithm>
 #include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
-
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <iostream>
+#include <map>
 #include <optional>
+#include <sstream>
+#include <unistd.h>
 
 namespace gpt {
 
@@ -74,29 +84,21 @@ fsdp::PlanActivations block_activations(int64_t T, int64_t C, int64_t H, int64_t
   return a;
 }
 
-std::vector<fsdp::PlanParam> linear(const std::string& name, int64_t in, int64_t out) {
-  return {{name + ".weight", {out, in}}, {name + ".bias", {out}}};
+std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const std::string& prefix) {
+  std::vector<fsdp::PlanParam> params;
+  for (const Layer& layer : layers) {
+    for (fsdp::PlanParam& param : layer_params(layer, prefix)) params.push_back(std::move(param));
+  }
+  return params;
 }
 
-std::vector<fsdp::PlanParam> layer_norm(const std::string& name, int64_t dim) {
-  return {{name + ".weight", {dim}}, {name + ".bias", {dim}}};
-}
-
-void append(std::vector<fsdp::PlanParam>& to, std::vector<fsdp::PlanParam> more) {
-  to.insert(to.end(), more.begin(), more.end());
-}
-
-// A block's parameters in registration order (ln_1, attn, ln_2, mlp).
-fsdp::PlanUnit block_unit(const GPTConfig& config, int64_t i, int64_t e, GptCode code) {
+// Block i: its layers' parameters below "h.i.", and what it computes and keeps.
+fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int64_t i, int64_t e,
+                          GptCode code) {
   const int64_t T = config.max_seq, C = config.dim;
   fsdp::PlanUnit unit;
   unit.name = "h." + std::to_string(i);
-  append(unit.params, layer_norm(unit.name + ".ln_1", C));
-  append(unit.params, linear(unit.name + ".attn.c_attn", C, 3 * C));
-  append(unit.params, linear(unit.name + ".attn.c_proj", C, C));
-  append(unit.params, layer_norm(unit.name + ".ln_2", C));
-  append(unit.params, linear(unit.name + ".mlp.c_fc", C, 4 * C));
-  append(unit.params, linear(unit.name + ".mlp.c_proj", 4 * C, C));
+  unit.params = params_of(layers.block, unit.name + ".");
   unit.activations = code == GptCode::MinGpt ? min_gpt_block_activations(T, C, config.heads, e)
                                              : block_activations(T, C, config.heads, e);
   unit.backward_workspace = product({4, C, C, e});
@@ -116,19 +118,18 @@ fsdp::PlanUnit block_unit(const GPTConfig& config, int64_t i, int64_t e, GptCode
   return unit;
 }
 
-fsdp::PlanUnit root_unit(const GPTConfig& config, int64_t e, GptCode code) {
+// The root: the layers before and after the blocks (the embeddings, ln_f, minGPT's head).
+fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64_t e, GptCode code) {
   const int64_t T = config.max_seq, C = config.dim, V = config.vocab_size;
   fsdp::PlanUnit root;
   root.name = "";
-  root.params = {{"wte.weight", {V, C}}, {"wpe.weight", {config.context(), C}}};
+  root.params = params_of(layers.root(), "");
   root.backward_workspace = product({V, C, e});
   root.forward_flops = 2.0 * T * C * V;
   root.forward_memory_bytes = 5.0 * T * C * e + 3.0 * T * V * 4;
   root.forward_ops = 14;
-  append(root.params, layer_norm("ln_f", C));
   if (code == GptCode::MinGpt) {
-    // An untied head; the loss of the low-precision logits as they are (no fp32 copy).
-    root.params.push_back({"lm_head.weight", {V, C}});
+    // The loss of the low-precision logits as they are (no fp32 copy).
     root.activations.saved = sum({product({T, C, e}), 8 * T, product({T, V, e})});
     root.activations.forward_transient = product({T, V, e});
     root.activations.backward_transient = product({2, T, V, e});
@@ -153,11 +154,12 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
   model.name = std::string(code == GptCode::MinGpt ? "minGPT " : "GPT ") + std::to_string(config.layers) + "x" + std::to_string(C) + ", " +
                std::to_string(config.heads) + " heads, seq " + std::to_string(T) + ", vocab " +
                std::to_string(config.vocab_size);
-  model.root = root_unit(config, e, code);
+  const GptLayers layers = gpt_layers(config, code);
+  model.root = root_unit(config, layers, e, code);
   model.root_pre.saved = sum({product({T, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});  // minGPT: a dropout mask
   model.root_pre.forward_transient = product({T, C, e});
   model.root_pre.backward_transient = product({T, C, e});
-  for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, i, e, code));
+  for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, layers, i, e, code));
   model.sequence_tokens = T;
   model.input_bytes_per_sequence = 2 * T * 8;  // inputs and targets, int64
   model.resident_bytes = resident_bytes;
@@ -221,6 +223,336 @@ fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
   setup.policy.micro_batches = o.grad_accum;
   setup.policy.no_sync = o.no_sync && o.grad_accum > 1;
   return setup;
+}
+
+namespace {
+
+// The bounds of the planner's device flags: beyond any device (an exaflop or a petabyte per rank)
+// or below any (a kilobyte, a GFLOP/s), where a plan's times and sizes stop being numbers one
+// can read.
+constexpr double kMinGiB = 1.0 / (1 << 20), kMaxGiB = 1 << 20;
+constexpr double kMinRate = 1e-3, kMaxTflops = 1e6, kMaxGbps = 1e6, kMaxLatencyUs = 1e6;
+// The batches one search tries: each is planned for every strategy and option.
+constexpr size_t kMaxSearchBatches = 32;
+
+
+// Achieved, not datasheet, rates: large bf16 GEMMs reach ~55-80% of peak (an H200: ~790 of 989
+// TFLOP/s measured), a copy ~85% of the memory's bandwidth. Links per GPU: NVLink within a host;
+// across hosts one 200 Gb/s NIC per GPU (A100, the paper's cluster) or 400 Gb/s (H100, H200);
+// PCIe 4 (A100) or 5 x16 to the host; a host's memory and its bandwidth shared by its 8 GPUs'
+// ranks (a DGX A100's 1 TB, a DGX H100's 2 TB).
+struct GpuPreset {
+  double memory_gib, tflops_fp32, tflops_bf16, memory_gbps, nvlink_gbps, network_gbps, pcie_gbps,
+      host_gbps, host_gib;
+};
+const std::map<std::string, GpuPreset>& gpu_presets() {
+  static const std::map<std::string, GpuPreset> presets = {
+      {"a100-40gb", {40, 100, 200, 1300, 240, 25, 24, 30, 128}},
+      {"a100-80gb", {80, 100, 200, 1700, 240, 25, 24, 30, 128}},
+      {"h100-80gb", {80, 300, 600, 2800, 360, 50, 48, 40, 256}},
+      {"h200", {139, 300, 790, 4300, 360, 50, 48, 40, 256}},
+  };
+  return presets;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* text = std::getenv(name);
+  return text && *text ? std::atoi(text) : fallback;
+}
+
+// --batches' list: each a batch size within --batch's bound, a few of them; throws
+// std::invalid_argument naming the bad item.
+std::vector<int64_t> parse_batches(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || value < 1 || value > kMaxBatch) {
+      throw std::invalid_argument("'" + item.substr(0, 40) + "' is not a batch size in [1, " +
+                                  std::to_string(kMaxBatch) + "] (--batch's bound; e.g. --batches 1,2,4)");
+    }
+    if (out.size() == kMaxSearchBatches) {
+      throw std::invalid_argument("more than " + std::to_string(kMaxSearchBatches) + " batch sizes; "
+                                  "the search plans each for every configuration: list fewer");
+    }
+    out.push_back(value);
+  }
+  return out;
+}
+
+double host_memory_bytes() {
+  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+}
+
+}  // namespace
+
+void add_plan_flags(CLI::App& app, PlanFlags& f) {
+  const std::string group = "Planner";
+  std::string presets;
+  for (const auto& [name, preset] : gpu_presets()) presets += (presets.empty() ? "" : " | ") + name;
+  app.add_option("--ranks", f.ranks, "planner: ranks of the run (default: the launcher's WORLD_SIZE, else 1)")
+      ->check(integer_in(1, 1 << 20))->group(group);
+  app.add_option("--ranks-per-host", f.ranks_per_host,
+                 "planner: ranks per host (default: the launcher's LOCAL_WORLD_SIZE, else min(ranks, 8))")
+      ->check(integer_in(1, 1 << 20))->group(group);
+  app.add_option("--gpu", f.gpu, "planner: a GPU preset (" + presets + "); default: probe this machine")
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (const auto& [name, preset] : gpu_presets()) names.push_back(name);
+        return names;
+      }()))->group(group);
+  app.add_option("--memory-gb", f.memory_gb, "planner: device memory per rank in GiB")
+      ->check(real_in(kMinGiB, kMaxGiB))->group(group);
+  app.add_option("--tflops-fp32", f.tflops_fp32, "planner: achieved fp32 matrix TFLOP/s per rank")
+      ->check(real_in(kMinRate, kMaxTflops))->group(group);
+  app.add_option("--tflops-bf16", f.tflops_bf16, "planner: achieved bf16 matrix TFLOP/s per rank")
+      ->check(real_in(kMinRate, kMaxTflops))->group(group);
+  app.add_option("--memory-gbps", f.memory_gbps, "planner: device memory bandwidth in GB/s")
+      ->check(real_in(kMinRate, kMaxGbps))->group(group);
+  app.add_option("--intra-host-gbps", f.intra_host_gbps, "planner: per-rank bandwidth to a rank on the same host, GB/s")
+      ->check(real_in(kMinRate, kMaxGbps))->group(group);
+  app.add_option("--cross-host-gbps", f.cross_host_gbps, "planner: per-rank bandwidth to another host, GB/s")
+      ->check(real_in(kMinRate, kMaxGbps))->group(group);
+  app.add_option("--latency-us", f.latency_us, "planner: latency of one step of a collective, microseconds")
+      ->check(real_in(0, kMaxLatencyUs))->group(group);
+  app.add_option("--max-memory-gb", f.max_memory_gb,
+                 "planner: a memory cap per rank in GiB: search for the fastest configuration under it")
+      ->check(real_in(kMinGiB, kMaxGiB))->group(group);
+  app.add_option("--batches", f.batches, "planner: batches per rank the search tries, e.g. 1,2,4 (default: --batch)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              parse_batches(text);
+            } catch (const std::invalid_argument& e) {
+              return e.what();
+            }
+            return "";
+          },
+          "LIST", "batch_list"))
+      ->group(group);
+  app.add_flag("--zero-grad-in-place", f.zero_grad_in_place,
+               "planner: plan an optimizer whose zero_grad zeroes gradients in place (set_to_none = "
+               "false, PyTorch 1.x's default): the gradient shards stay between steps (gpt_train frees them)")
+      ->group(group);
+  app.add_flag("--json", f.json, "planner: print JSON")->group(group);
+}
+
+fsdp::PlanWorld plan_world(const PlanFlags& f) {
+  fsdp::PlanWorld world;
+  world.world_size = f.ranks > 0 ? f.ranks : env_int("WORLD_SIZE", 1);
+  const int local = env_int("LOCAL_WORLD_SIZE", 0);
+  world.ranks_per_host = f.ranks_per_host > 0 ? f.ranks_per_host
+                         : f.ranks == 0 && local > 0 ? local
+                                                     : std::min(world.world_size, 8);
+  return world;
+}
+
+// A GPU's rates from its matrix FLOP/s and memory bandwidth: fused attention at ~60% of the
+// matrix rate (FlashAttention-2's share on A100/H100), GELU bound by its traffic (forward reads
+// and writes an element, backward reads two and writes one: 5 elements moved).
+fsdp::KernelRates gpu_rates(double tflops, double memory_gbps, int64_t element_bytes) {
+  fsdp::KernelRates r;
+  r.matmul_flops = tflops * 1e12;
+  r.attention_flops = 0.6 * r.matmul_flops;
+  r.memory_bandwidth = memory_gbps * 1e9;
+  r.transcendentals = r.memory_bandwidth / (5.0 * element_bytes);
+  return r;
+}
+
+fsdp::PlanDevice plan_device(const PlanFlags& f, const TrainOptions& o, const fsdp::PlanWorld& world) {
+  fsdp::PlanDevice d;
+  const bool given = f.tflops_fp32 > 0 && f.tflops_bf16 > 0 && f.memory_gbps > 0;
+  if (!f.gpu.empty() || given) {
+    const GpuPreset p = f.gpu.empty() ? GpuPreset{0, 0, 0, 0, 0, 0, 0, 0, 0} : gpu_presets().at(f.gpu);
+    d.name = f.gpu.empty() ? "given" : f.gpu;
+    d.memory_bytes = p.memory_gib * kGiB;
+    const double fp32 = f.tflops_fp32 > 0 ? f.tflops_fp32 : p.tflops_fp32;
+    const double bf16 = f.tflops_bf16 > 0 ? f.tflops_bf16 : p.tflops_bf16;
+    const double gbps = f.memory_gbps > 0 ? f.memory_gbps : p.memory_gbps;
+    d.fp32 = gpu_rates(fp32, gbps, 4);
+    d.low_precision = gpu_rates(bf16, gbps, 2);
+    d.host_memory_bandwidth = p.host_gbps * 1e9;
+    d.host_link_bandwidth = p.pcie_gbps * 1e9;
+    d.host_memory_bytes = p.host_gib * kGiB;
+    d.op_overhead_s = 5e-6;  // a kernel launch
+    // PyTorch's CUDA caching allocator: the paper's 175B run at 128 GPUs, batch 2, reserved all
+    // 80 GB and slowed backward with allocator retries where this plan leaves 27% unallocated,
+    // while its configurations with more than 35% left ran clean. A caching allocator's cached
+    // blocks (split, or held per stream until the all-gather stream's buffers are released) take
+    // up to that share.
+    d.allocator_reserve = 0.30;
+  } else {
+    fsdp::ProbeShape shape;
+    shape.tokens = o.batch * o.model.max_seq;
+    shape.width = o.model.dim;
+    shape.sequences = o.batch;
+    shape.sequence = o.model.max_seq;
+    shape.heads = o.model.heads;
+    d = fsdp::probe_device(compute_device(o), shape);
+    // A CPU's memory is its host's, shared by the host's ranks; so is a GPU host's bandwidth.
+    if (compute_device(o).is_cpu()) d.memory_bytes = host_memory_bytes() / world.ranks_per_host;
+    d.host_memory_bandwidth /= world.ranks_per_host;
+    if (compute_device(o).is_cuda()) d.host_memory_bytes = host_memory_bytes() / world.ranks_per_host;
+  }
+  if (f.memory_gb > 0) d.memory_bytes = f.memory_gb * kGiB;
+  return d;
+}
+
+fsdp::PlanLinks plan_links(const PlanFlags& f, const fsdp::PlanDevice& device) {
+  fsdp::PlanLinks links;
+  if (!f.gpu.empty()) {
+    const GpuPreset& p = gpu_presets().at(f.gpu);
+    links = {p.nvlink_gbps * 1e9, p.network_gbps * 1e9, 10e-6};
+  } else {
+    links = {device.fp32.memory_bandwidth / 2, 1.25e9, 20e-6};
+  }
+  if (f.intra_host_gbps > 0) links.intra_host_bandwidth = f.intra_host_gbps * 1e9;
+  if (f.cross_host_gbps > 0) links.cross_host_bandwidth = f.cross_host_gbps * 1e9;
+  if (f.latency_us > 0) links.latency_s = f.latency_us * 1e-6;
+  return links;
+}
+
+std::vector<int64_t> search_batches(const PlanFlags& f, int64_t batch) {
+  if (f.batches.empty()) return {batch};
+  return parse_batches(f.batches);
+}
+
+namespace {
+
+
+// The batches per rank that keep the global batch with gradient accumulation: divisors of --batch.
+std::vector<int64_t> divisors(int64_t batch) {
+  std::vector<int64_t> out;
+  for (int64_t b = batch; b >= 1; --b) {
+    if (batch % b == 0) out.push_back(b);
+  }
+  return out;
+}
+
+// Rank 0's device numbers on every rank (a probe differs a little from rank to rank).
+fsdp::PlanDevice shared_device(fsdp::PlanDevice device, fsdp::Distributed& dist) {
+  std::vector<double*> fields = {&device.memory_bytes, &device.op_overhead_s};
+  for (fsdp::KernelRates* r : {&device.fp32, &device.low_precision}) {
+    for (double* x : {&r->matmul_flops, &r->attention_flops, &r->transcendentals, &r->memory_bandwidth}) {
+      fields.push_back(x);
+    }
+  }
+  auto numbers = torch::zeros({static_cast<int64_t>(fields.size())}, torch::kFloat64);
+  if (dist.rank() == 0) {
+    for (size_t i = 0; i < fields.size(); ++i) numbers[i] = *fields[i];
+  }
+  fsdp::all_reduce_sum(*dist.world, numbers);
+  for (size_t i = 0; i < fields.size(); ++i) *fields[i] = numbers[i].item<double>();
+  return device;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
+  const fsdp::PlanWorld world = plan_world(flags);
+  const fsdp::PlanDevice device = plan_device(flags, o, world);
+  fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
+  setup.policy.gradients_kept = flags.zero_grad_in_place;
+  // A GPU preset plans a GPU run (offload is one of its options) without --device cuda here.
+  if (!flags.gpu.empty() && !setup.policy.fsdp.device()) setup.policy.fsdp.device(c10::Device(c10::kCUDA, 0));
+  return setup;
+}
+
+void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
+  if (flags.max_memory_gb <= 0) {
+    const fsdp::Plan plan = fsdp::plan(setup);
+    std::cout << (flags.json ? fsdp::plan_json(plan).dump(2) + "\n" : fsdp::plan_text(plan));
+    return;
+  }
+  fsdp::SearchSpace space;
+  space.batches = search_batches(flags, setup.policy.batch);
+  space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
+  const double cap = flags.max_memory_gb * kGiB;
+  const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
+  std::cout << (flags.json ? fsdp::search_json(result, cap).dump(2) + "\n" : fsdp::search_text(result, cap));
+}
+
+fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist,
+                                const std::vector<std::string>& replaced_flags) {
+  TORCH_CHECK(flags.max_memory_gb > 0, "--auto needs --max-memory-gb X: the memory each rank may use");
+  TORCH_CHECK(flags.ranks == 0 || flags.ranks == dist.world_size(), "--ranks ", flags.ranks,
+              " differs from the world size ", dist.world_size(), " this run was launched with: "
+              "--auto plans the run it is in; omit --ranks (or launch ", flags.ranks, " ranks)");
+  fsdp::PlanWorld world = plan_world(flags);
+  world.world_size = dist.world_size();
+  const fsdp::PlanDevice device = shared_device(plan_device(flags, o, world), dist);
+  const fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
+  fsdp::SearchSpace space;
+  space.batches = divisors(o.batch);
+  space.keep_global_batch = true;
+  space.peak_margin = fsdp::kPlanPeakMargin;
+  space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
+  const double cap = flags.max_memory_gb * kGiB;
+  const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
+  if (dist.rank() == 0) std::cout << fsdp::search_text(result, cap) << std::flush;
+  if (!result.best()) {
+    int64_t smallest = -1;
+    for (const auto& [p, why] : result.rejected) {
+      if (smallest < 0 || p.peak_bytes < smallest) smallest = p.peak_bytes;
+    }
+    TORCH_CHECK(false, "--auto: no configuration fits --max-memory-gb ", flags.max_memory_gb,
+                " per rank with the planner's ", 100 * fsdp::kPlanPeakMargin, "% margin (the smallest "
+                "planned peak is ", smallest / kGiB, " GiB); raise the cap, use more ranks, or a smaller "
+                "model or --seq");
+  }
+  const fsdp::Plan& best = *result.best();
+  o.grad_accum = best.setup.policy.micro_batches;
+  o.batch = best.setup.policy.batch;
+  o.fsdp = best.setup.policy.fsdp;
+  if (dist.rank() == 0) {
+    std::string replaced;
+    for (const std::string& flag : replaced_flags) replaced += (replaced.empty() ? "" : ", ") + flag;
+    std::cout << "--auto: training with " << best.label()
+              << (replaced.empty() ? "" : " instead of the given " + replaced) << "\n" << std::flush;
+  }
+  return best;
+}
+
+void check_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
+                            const PlanFlags& flags, fsdp::Distributed& dist) {
+  int64_t peak = 0;
+  std::vector<double> step_ms;
+  const size_t first = result.steps.size() > 1 ? 1 : 0;  // the first step creates the optimizer state
+  for (size_t s = first; s < result.steps.size(); ++s) {
+    peak = std::max(peak, result.steps[s].memory.peak_bytes);
+    step_ms.push_back(result.steps[s].step_ms);
+  }
+  auto peaks = torch::zeros({dist.world_size()}, torch::kFloat64);
+  peaks[dist.rank()] = static_cast<double>(peak);
+  fsdp::all_reduce_sum(*dist.world, peaks);
+  const double measured_peak = peaks.max().item<double>();
+  const int64_t peak_rank = peaks.argmax().item<int64_t>();
+  if (dist.rank() == 0) {
+    const double measured_ms = median(step_ms);
+    const double predicted_ms = plan.time.step * 1000 * o.grad_accum;  // the plan is a micro-batch's
+    std::printf("plan vs run: peak per rank predicted %.2f MiB, measured %.2f MiB (max over ranks, "
+                "%.3fx); step (%lld micro-batch%s) predicted %.1f ms, measured %.1f ms (median of rank "
+                "0, %.3fx)\n",
+                plan.peak_bytes / 1048576.0, measured_peak / 1048576.0, measured_peak / plan.peak_bytes,
+                static_cast<long long>(o.grad_accum), o.grad_accum == 1 ? "" : "es", predicted_ms,
+                measured_ms, measured_ms / predicted_ms);
+    std::fflush(stdout);
+  }
+  // The promise --auto made: every rank under the cap (the same verdict on every rank).
+  const double cap = flags.max_memory_gb * kGiB;
+  TORCH_CHECK(measured_peak <= cap, "--auto: rank ", peak_rank, "'s measured peak ", measured_peak / 1048576.0,
+              " MiB exceeded --max-memory-gb ", flags.max_memory_gb, " (", cap / 1048576.0, " MiB; planned ",
+              plan.peak_bytes / 1048576.0, " MiB for ", plan.label(), "): the planner was wrong for this run; "
+              "lower --max-memory-gb or choose the configuration by hand, and report the plan");
 }
 
 }  // namespace gpt

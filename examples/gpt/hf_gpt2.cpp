@@ -1,6 +1,6 @@
 #include "hf_gpt2.h"
 
-#include "model_bounds.h"
+#include "gpt.h"
 
 #include <fsdp/bounded_json.h>
 #include <fsdp/file_checks.h>

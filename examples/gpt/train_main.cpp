@@ -1,9 +1,8 @@
 // gpt_train: trains the byte-level GPT with FSDP over the ranks that fsdprun or torchrun started,
 // or (--reference) unsharded in one process on the same global batches.
-#include "auto_plan.h"
+#include "gpt_plan.h"
 #include "checkpointing.h"
 #include "command_line.h"
-#include "run_paths.h"
 #include "trainer.h"
 
 #include <fsdp/peer_errors.h>

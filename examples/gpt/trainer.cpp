@@ -1,26 +1,363 @@
 #include "trainer.h"
 
-#include "batch_dump.h"
 #include "checkpointing.h"
 #include "data.h"
-#include "eval_batch.h"
-#include "model_setup.h"
-#include "output_errors.h"
-#include "run_outputs.h"
-#include "sample.h"
-#include "setup_memory.h"
-#include "step_log.h"
-#include "step_precision.h"
-#include "train_step.h"
-#include "training_loop.h"
+#include "hf_gpt2.h"
+#include "options.h"
+#include "step.h"
 
 #include <fsdp/memory.h>
+#include <fsdp/param_loader.h>
+#include <fsdp/state_dict.h>
+#include <fsdp/tensor_file.h>
+#include <fsdp/trace.h>
 
+#include <algorithm>
 #include <c10/core/DeviceGuard.h>
-
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
 #include <optional>
+#include <string>
+#include <torch/cuda.h>
+#include <vector>
 
 namespace gpt {
+
+namespace {
+
+// The names --freeze patterns match, from the same architecture at the smallest width.
+std::vector<std::string> freezable_names(const TrainOptions& o) {
+  GPTConfig tiny = o.model;
+  tiny.dim = tiny.heads;
+  tiny.max_seq = 2;
+  std::vector<std::string> names;
+  for (const auto& item : GPT(tiny)->named_parameters()) {
+    std::string name = item.key();
+    if (o.deferred_init && name.rfind("h.", 0) == 0) name = name.substr(name.find('.', 2) + 1);
+    names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace
+
+bool is_frozen(const TrainOptions& o, const std::string& name) {
+  for (const auto& pattern : o.freeze) {
+    if (name.find(pattern) != std::string::npos) return true;
+  }
+  return false;
+}
+
+void check_freeze_patterns(const TrainOptions& o) {
+  if (o.freeze.empty()) return;
+  const std::vector<std::string> names = freezable_names(o);
+  for (const auto& pattern : o.freeze) {
+    const bool matches = std::any_of(names.begin(), names.end(), [&](const std::string& name) {
+      return name.find(pattern) != std::string::npos;
+    });
+    TORCH_CHECK(matches, "--freeze '", pattern, "' matches no parameter name",
+                o.deferred_init ? " (with --deferred-init, names are relative to a block, e.g. "
+                                  "'attn.c_attn', or the root's 'wpe')"
+                                : " (e.g. 'wpe', 'h.0.attn', 'ln_f')");
+  }
+}
+
+fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
+  if (dist && o.deferred_init) {
+    return fsdp::fully_shard_deferred(
+        [&] {
+          torch::manual_seed(o.seed);
+          return GPT(o.model);
+        },
+        *dist->world, o.fsdp, [&](const std::string& name, torch::Tensor& p) {
+          init_parameter(o.model, name, p);
+          if (is_frozen(o, name)) p.set_requires_grad(false);
+        });
+  }
+  GPT gpt = make_gpt(o.model, o.seed);
+  for (auto& item : gpt->named_parameters()) {
+    if (is_frozen(o, item.key())) item.value().set_requires_grad(false);
+  }
+  if (dist) return fsdp::fully_shard(gpt, *dist->world, o.fsdp);  // moves it to fsdp.device()
+  gpt->to(compute_device(o));
+  return fsdp::Unit<GPT>(gpt);
+}
+
+void load_initial_weights(const TrainOptions& o, fsdp::Unit<GPT>& model) {
+  if (!o.init_from.empty()) {
+    fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);
+  }
+  if (!o.init_from_hf.empty()) load_hf_gpt2(model, o.init_from_hf);
+}
+
+namespace {
+
+struct ModelBytes {
+  int64_t sharded = 0;  // this rank's shards (the whole model when unsharded)
+  int64_t root = 0;     // the root unit's unsharded parameters
+  int64_t largest = 0;  // the largest parameter, unsharded, in fp32 (the masters' dtype)
+};
+
+ModelBytes model_bytes(fsdp::Unit<GPT>& model) {
+  ModelBytes bytes;
+  for (const auto& unit : model.units()) {
+    bytes.sharded += unit.shard_bytes;
+    for (const auto& flat : unit.flats) {
+      if (unit.is_root) bytes.root += flat.numel * flat.element_size;
+    }
+  }
+  if (!model.is_sharded()) {
+    for (const auto& item : model->named_parameters()) bytes.sharded += item.value().nbytes();
+  }
+  for (const auto& [name, shape] : fsdp::param_shapes(model)) {
+    int64_t numel = 1;
+    for (int64_t size : shape) numel *= size;
+    bytes.largest = std::max<int64_t>(bytes.largest, numel * 4);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+SetupMemory::SetupMemory(const c10::Device& device) : device_(device) {
+  fsdp::reset_peak_memory(device_);
+  before_bytes_ = fsdp::memory_stats(device_).current_bytes;
+}
+
+void SetupMemory::end_build() {
+  build_peak_bytes_ = fsdp::memory_stats(device_).peak_bytes - before_bytes_;
+  fsdp::reset_peak_memory(device_);
+}
+
+nlohmann::json SetupMemory::record(fsdp::Unit<GPT>& model) const {
+  const ModelBytes bytes = model_bytes(model);
+  const int64_t load_peak = fsdp::memory_stats(device_).peak_bytes - before_bytes_;
+  return {{"setup", "init-from-hf"},
+          {"build_peak_bytes", build_peak_bytes_},
+          {"load_peak_bytes", load_peak},
+          {"setup_peak_bytes", std::max(build_peak_bytes_, load_peak)},
+          {"sharded_model_bytes", bytes.sharded},
+          {"largest_param_bytes", bytes.largest},
+          {"root_unit_bytes", bytes.root},
+          {"setup_bound_bytes", bytes.sharded + bytes.largest}};
+}
+
+void print_setup_memory(const nlohmann::json& setup) {
+  std::printf("set-up (--init-from-hf): peak %s per rank (build %s, load %s), bound %s (sharded "
+              "model %s + largest parameter %s)\n",
+              mib(setup["setup_peak_bytes"].get<int64_t>()).c_str(),
+              mib(setup["build_peak_bytes"].get<int64_t>()).c_str(),
+              mib(setup["load_peak_bytes"].get<int64_t>()).c_str(),
+              mib(setup["setup_bound_bytes"].get<int64_t>()).c_str(),
+              mib(setup["sharded_model_bytes"].get<int64_t>()).c_str(),
+              mib(setup["largest_param_bytes"].get<int64_t>()).c_str());
+  std::fflush(stdout);
+}
+
+namespace {
+
+nlohmann::json to_json(const StepRecord& r) {
+  return {{"step", r.step},
+          {"loss", r.loss},
+          {"step_ms", r.step_ms},
+          {"tokens_per_s", r.tokens_per_s},
+          {"mem_current_bytes", r.memory.current_bytes},
+          {"mem_peak_bytes", r.memory.peak_bytes},
+          {"mem_reserved_bytes", r.memory.reserved_bytes},
+          {"bytes_all_gather", r.comm.all_gather_bytes},
+          {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
+          {"bytes_all_reduce", r.comm.all_reduce_bytes},
+          {"loss_scale", r.loss_scale},
+          {"skipped", r.skipped}};
+}
+
+// Rank 0 prints one line with every rank's memory (a small all-reduce gathers it).
+void print_progress(const StepRecord& r, int64_t steps, fsdp::Distributed* dist) {
+  const int world = dist ? dist->world_size() : 1;
+  auto memory = torch::zeros({world, 2}, torch::kFloat64);
+  memory[dist ? dist->rank() : 0][0] = static_cast<double>(r.memory.current_bytes);
+  memory[dist ? dist->rank() : 0][1] = static_cast<double>(r.memory.peak_bytes);
+  if (dist) fsdp::all_reduce_sum(*dist->world, memory);
+  if (dist && dist->rank() != 0) return;
+  std::printf("step %5lld/%lld | loss %.4f | %8.0f tok/s | %6.1f ms/step | mem", (long long)r.step + 1,
+              (long long)steps, r.loss, r.tokens_per_s, r.step_ms);
+  for (int i = 0; i < world; ++i) {
+    std::printf(" r%d %s (peak %s)", i, mib(memory[i][0].item<int64_t>()).c_str(),
+                mib(memory[i][1].item<int64_t>()).c_str());
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+StepLog::StepLog(const TrainOptions& o, fsdp::Distributed* dist, int rank)
+    : options_(o), dist_(dist) {
+  if (o.metrics_path.empty()) return;
+  metrics_path_ = for_rank(o.metrics_path, rank);
+  metrics_.open(metrics_path_);
+  TORCH_CHECK(metrics_, "--metrics: cannot write ", metrics_path_);
+}
+
+void StepLog::write_setup(const nlohmann::json& setup) { write_line(setup); }
+
+void StepLog::write(const StepRecord& record) {
+  write_line(to_json(record));
+  const int64_t done = record.step + 1;
+  if (options_.log_every > 0 && (done % options_.log_every == 0 || done == options_.steps)) {
+    print_progress(record, options_.steps, dist_);
+  }
+}
+
+void StepLog::write_line(const nlohmann::json& line) {
+  if (!metrics_.is_open()) return;
+  errno = 0;
+  metrics_ << line.dump() << "\n" << std::flush;
+  // A full disk or an I/O error fails the flush: the line (and the run's record) would be lost.
+  TORCH_CHECK(metrics_.good(), output_failed("--metrics", metrics_path_,
+                                             errno ? std::strerror(errno) : "the write failed"));
+}
+
+EvalBatch EvalBatch::load(const std::string& path, int64_t vocab_size, int64_t seq) {
+  const auto tokens = read_token_file(path, "--eval-tokens", vocab_size, std::numeric_limits<int64_t>::max(),
+                                      seq + 1).to(torch::kLong);
+  const int64_t rows = tokens.numel() / (seq + 1);
+  const auto table = tokens.narrow(0, 0, rows * (seq + 1)).view({rows, seq + 1});
+  return {table.narrow(1, 0, seq).contiguous(), table.narrow(1, 1, seq).contiguous()};
+}
+
+EvalResult evaluate(fsdp::Unit<GPT>& model, const EvalBatch& batch, const c10::Device& device) {
+  torch::NoGradGuard no_grad;
+  auto logits = model(batch.inputs.to(device));
+  EvalResult result;
+  result.loss = lm_loss(logits, batch.targets.to(device)).item<double>();
+  result.logits = logits.to(torch::kCPU, torch::kFloat);
+  return result;
+}
+
+void write_eval(const std::string& path, const EvalBatch& batch, const EvalResult& initial,
+                const EvalResult& final) {
+  std::printf("eval loss: initial %.8f final %.8f\n", initial.loss, final.loss);
+  std::fflush(stdout);
+  if (path.empty()) return;
+  fsdp::save_tensor_dict(path, {{"inputs", batch.inputs},
+                                {"targets", batch.targets},
+                                {"loss_initial", torch::tensor(initial.loss, torch::kDouble)},
+                                {"logits_initial", initial.logits},
+                                {"loss_final", torch::tensor(final.loss, torch::kDouble)},
+                                {"logits_final", final.logits}});
+}
+
+std::string generate(fsdp::Unit<GPT>& model, const c10::Device& device, const std::string& prompt,
+                     int64_t n, int64_t max_seq, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(seed);
+  // Bytes, not chars (a signed char above 127 would be a negative token). An empty prompt starts
+  // from a newline, which the sample does not show.
+  std::vector<int64_t> tokens;
+  for (unsigned char byte : prompt) tokens.push_back(byte);
+  const size_t hidden = tokens.empty() ? 1 : 0;
+  if (tokens.empty()) tokens.push_back('\n');
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - max_seq);
+    auto context = torch::tensor(std::vector<int64_t>(tokens.begin() + start, tokens.end()),
+                                 torch::kLong).unsqueeze(0).to(device);
+    auto logits = model(context).select(1, -1).squeeze(0) / 0.8;
+    tokens.push_back(torch::multinomial(torch::softmax(logits, -1), 1).item<int64_t>());
+  }
+  return std::string(tokens.begin() + hidden, tokens.end());
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
+  return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
+          a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes};
+}
+
+// A GPU runs the work queued on it after the host has moved on: wait for it before reading the
+// clock, so that a step's time is its compute's, not the time to queue it.
+void wait_for(const c10::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// The mean over the global batch of the ranks' mean losses (the reference's is that already).
+double global_loss(const StepContext& ctx, const torch::Tensor& rank_loss) {
+  auto sum = rank_loss.detach().clone();
+  if (!ctx.sharded()) return sum.item<double>();
+  fsdp::all_reduce_sum(*ctx.dist->world, sum);
+  return sum.item<double>() / ctx.world;
+}
+
+// Trains step `step` and measures it: the loss over the global batch, the time (and Chrome trace
+// when `traced`), throughput, this rank's memory and collective bytes.
+StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
+  const TrainOptions& o = ctx.options;
+  if (traced) fsdp::start_trace();
+  fsdp::reset_peak_memory(ctx.device);
+  const auto comm_before = fsdp::comm_stats();
+  wait_for(ctx.device);  // the previous step's work is not this step's
+  const auto start = Clock::now();
+
+  set_learning_rate(ctx.optimizer, learning_rate(o, step));
+  const StepResult trained = train_step(ctx, step);
+  if (traced) {
+    const std::string trace = for_rank(o.trace, ctx.rank);
+    write_output("--trace", trace, [&] { fsdp::write_trace(trace, ctx.rank); });
+  }
+
+  StepRecord record;
+  record.step = step;
+  record.loss = global_loss(ctx, trained.loss);
+  wait_for(ctx.device);
+  record.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  const double global_tokens =
+      static_cast<double>(o.grad_accum * ctx.world * o.batch * o.model.max_seq);
+  record.tokens_per_s = global_tokens / (record.step_ms / 1000.0);
+  record.memory = fsdp::memory_stats(ctx.device);
+  record.comm = minus(fsdp::comm_stats(), comm_before);
+  record.loss_scale = ctx.precision.loss_scale();
+  record.skipped = trained.skipped;
+  return record;
+}
+
+// A checkpoint is due after `step`: saved only when the loss and the parameters are finite.
+void save_checkpoint_if_finite(const StepContext& ctx, int64_t step, double loss) {
+  GPT gpt = ctx.model.module();
+  if (std::isfinite(loss) && parameters_finite(gpt, ctx.dist)) {
+    const TrainOptions& o = ctx.options;
+    save_checkpoint_if_due(ctx.model, ctx.optimizer, o.checkpoint_dir, o.save_every, step, o);
+  } else if (ctx.rank == 0) {
+    std::printf("step %lld: the loss or the parameters are not finite; not saving a checkpoint\n",
+                static_cast<long long>(step + 1));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+std::vector<StepRecord> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log) {
+  const TrainOptions& o = ctx.options;
+  std::vector<StepRecord> records;
+  NonFiniteGuard nonfinite(o);
+  const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
+  for (int64_t step = first_step; step < o.steps; ++step) {
+    const StepRecord record = measured_step(ctx, step, !o.trace.empty() && step == traced_step);
+    records.push_back(record);
+    log.write(record);
+    nonfinite.count(record.loss, step);
+    if (checkpoint_due(o, step)) save_checkpoint_if_finite(ctx, step, record.loss);
+  }
+  GPT gpt = ctx.model.module();
+  nonfinite.check_finished(gpt, ctx.dist);
+  return records;
+}
 
 namespace {
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Mutation testing of the engine: each mutation changes one line of src/ in a separate worktree
-(never the shared checkout), rebuilds fsdp_dist_tests, runs the tests meant to catch it (with a
+(never the shared checkout), rebuilds fsdp_dist_tests and gpt_dist_tests, runs the tests meant to catch it (with a
 timeout, stopping at the first that fails) and restores the file with git checkout.
 
     python3 tests/mutation/run_mutations.py /work/mut [--only ID,...] [--out table.md]
 
-The worktree must be built (build/bin/fsdp_dist_tests, fsdprun). Prints a Markdown table:
+The worktree must be built (build/bin/fsdp_dist_tests, gpt_dist_tests, fsdprun). Prints a Markdown table:
 mutation -> the failing test(s), or "survived"."""
 import argparse
 import os
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-D = "fsdp_dist_tests"
+BINARIES = ("fsdp_dist_tests", "gpt_dist_tests")  # the library's tests, the GPT's
 LOGS = ""  # --logs DIR: each test run's output
 
 # (id, file, exact original line (stripped), mutated line, [(world size, gtest filter), ...])
@@ -180,7 +180,7 @@ MUTATIONS = [
      "const double accepted_peak = (1 - space.peak_margin) * max_memory_bytes;",
      "const double accepted_peak = max_memory_bytes;",
      [(2, "Planner.AutoTrainsUnderItsCapWhenTheCapIsJustAboveTheChosenPlan")]),
-    ("auto-overshoot-unchecked", "examples/gpt/auto_plan.cpp",
+    ("auto-overshoot-unchecked", "examples/gpt/gpt_plan.cpp",
      "TORCH_CHECK(measured_peak <= cap, \"--auto: rank \", peak_rank, \"'s measured peak \", measured_peak / 1048576.0,",
      "TORCH_CHECK(true, \"--auto: rank \", peak_rank, \"'s measured peak \", measured_peak / 1048576.0,",
      [(2, "Planner.AnAutoRunAboveItsCapFailsOnEveryRank")]),
@@ -286,14 +286,14 @@ def run_one(tree, mid, path, original, mutated, tests, jobs, timeout):
     lines[i] = indent + mutated
     open(full, "w").write("\n".join(lines))
     try:
-        rc, out, secs = sh(f"cmake --build build -j{jobs} --target {D}", tree, 1800)
+        rc, out, secs = sh(f"cmake --build build -j{jobs} --target {' '.join(BINARIES)}", tree, 1800)
         if rc != 0:
             return "red: does not compile\n" + out[-2000:]
-        for world, filt in tests:
-            rc, out, secs = sh(f"build/bin/fsdprun --nproc-per-node {world} build/bin/{D} "
+        for (world, filt), binary in ((t, b) for t in tests for b in BINARIES):
+            rc, out, secs = sh(f"build/bin/fsdprun --nproc-per-node {world} build/bin/{binary} "
                                f"--gtest_filter='{filt}'", tree, timeout)
             if LOGS:
-                with open(os.path.join(LOGS, mid.replace("/", "_") + f"-w{world}.log"), "w") as f:
+                with open(os.path.join(LOGS, mid.replace("/", "_") + f"-{binary}-w{world}.log"), "w") as f:
                     f.write(out)
             failed = sorted(set(re.findall(r"\[  FAILED  \] (\w+\.\w+)", out)))
             sys.stderr.write(f"  {mid}: W={world} {filt}: rc {rc} in {secs:.0f}s {failed}\n")

@@ -4,9 +4,8 @@
 // peak memory broken down, the bytes each collective sends per step and the step time; with
 // --max-memory-gb, the fastest configuration under that cap, the runner-up and why the rest lose.
 // Any other model: --model-json, a description (--write-model-json writes the GPT's as a start).
-#include "auto_plan.h"
-#include "command_line.h"
 #include "gpt_plan.h"
+#include "command_line.h"
 
 #include <fsdp/bounded_json.h>
 #include <fsdp/file_checks.h>

@@ -1,17 +1,23 @@
 #pragma once
-// What gpt_train runs: the model, the data, the sharding and every output, as the command line
-// (command_line.h) or a test sets them.
+// What gpt_train runs (TrainOptions: the model, the data, the sharding and every output, as the
+// command line or a test sets them), and how it names what it prints and writes: byte counts in
+// MiB, and an output that cannot be written as one line naming the flag.
 
 #include "gpt.h"
 
+#include <fsdp/error_text.h>
 #include <fsdp/options.h>
 
+#include <c10/util/Exception.h>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 namespace gpt {
 
+// What gpt_train runs: the model, the data, the sharding and every output, as the command line
+// (command_line.h) or a test sets them.
 struct TrainOptions {
   GPTConfig model;
   // Sharding strategy, prefetch, rate limiter; fsdp.device() is where the model computes, the
@@ -67,6 +73,36 @@ struct TrainOptions {
 /// Where the model computes and the batches go: fsdp.device(), else the CPU.
 inline c10::Device compute_device(const TrainOptions& o) {
   return o.fsdp.device().value_or(c10::Device(c10::kCPU));
+}
+
+// Byte counts as gpt_train prints them: "12.3 MiB"; a GiB for flags given in GiB.
+inline constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+inline std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / 1048576.0);
+  return text;
+}
+
+// A file gpt_train writes (--metrics, --trace, --save-full, --dump-batches, --eval-out,
+// --export-hf) that cannot be written (a full disk, an I/O error) ends the run with one line
+// naming the flag, the path, the cause and the fix: never a C++ backtrace, never an exit 0 with
+// the output lost.
+/// The one-line error of an output that could not be written.
+inline std::string output_failed(const std::string& flag, const std::string& path,
+                                 const std::string& cause) {
+  return flag + " " + path + ": cannot write it (" + cause + "); free space there or pass " +
+         "another " + flag;
+}
+
+/// Runs `write` (which writes `path`); any error it throws becomes output_failed's line.
+template <class Write>
+void write_output(const std::string& flag, const std::string& path, Write&& write) {
+  try {
+    write();
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, output_failed(flag, path, fsdp::message_of(e)));
+  }
 }
 
 }  // namespace gpt

@@ -1,14 +1,10 @@
-// Single-process tests: the environment contract, options, the flat layout, data determinism,
-// the unit holder.
+// The launch layer (src/launch) on its own: the launchers' variables (torchrun, Slurm, Open MPI),
+// the library's FSDP_* settings, Gloo's address, shard groups across hosts.
 #include <fsdp/fsdp.h>
 
-#include "data.h"
 #include "launch/environment_settings.h"
-#include "core/flat_param.h"
 #include "launch/gloo_backend.h"
 #include "launch/host_placement.h"
-#include "gpt.h"
-#include "nonfinite_guard.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +12,6 @@
 
 #include <sys/socket.h>
 
-#include <cmath>
 #include <cstdlib>
 #include <map>
 
@@ -248,202 +243,6 @@ TEST(HostPlacement, WarnsNamingShardGroupsThatSpanHosts) {
   const std::string middle = fsdp::shard_groups_spanning_hosts({"a", "a", "a", "b", "b", "b"}, 2);
   EXPECT_NE(middle.find("1 of 3 shard groups"), std::string::npos) << middle;
   EXPECT_NE(middle.find("ranks 2-3 on a (rank 2), b (rank 3)"), std::string::npos) << middle;
-}
-
-TEST(Options, UnknownStrategyNamesTheValueAndTheChoices) {
-  const std::string message = error_of([] { fsdp::parse_sharding_strategy("fulll"); });
-  EXPECT_NE(message.find("'fulll'"), std::string::npos) << message;
-  EXPECT_NE(message.find("'full'"), std::string::npos) << message;
-  EXPECT_EQ(fsdp::parse_sharding_strategy("full"), fsdp::ShardingStrategy::FullShard);
-}
-
-TEST(Options, BadShardingOptionsNameTheValueAndTheFix) {
-  using S = fsdp::ShardingStrategy;
-  auto hybrid = [](int f) { return fsdp::FullyShardOptions().strategy(S::HybridShard).shard_group_size(f); };
-  std::string message = error_of([&] { hybrid(3).validate(4); });
-  EXPECT_NE(message.find("shard group size 3 does not divide the world size 4"), std::string::npos)
-      << message;
-  message = error_of([&] { hybrid(2).validate(2); });
-  EXPECT_NE(message.find("single replica group"), std::string::npos) << message;
-  EXPECT_NE(message.find("'full'"), std::string::npos) << message;
-  message = error_of([&] { fsdp::FullyShardOptions().shard_group_size(2).validate(4); });
-  EXPECT_NE(message.find("hybrid strategies only"), std::string::npos) << message;
-  message = error_of([&] { fsdp::FullyShardOptions().limit_all_gathers(-1).validate(4); });
-  EXPECT_NE(message.find("limit_all_gathers(-1)"), std::string::npos) << message;
-  EXPECT_EQ(error_of([&] { hybrid(2).validate(4); }), "");
-  EXPECT_EQ(hybrid(2).shard_group_size_for(4), 2);
-  EXPECT_EQ(fsdp::FullyShardOptions().strategy(S::NoShard).shard_group_size_for(4), 1);
-  EXPECT_EQ(fsdp::FullyShardOptions().strategy(S::ShardGradOp).shard_group_size_for(4), 4);
-  // The hybrid default: the ranks of one host, as the world group learnt them at init (never read
-  // from the environment at use); unknown, the whole world.
-  EXPECT_EQ(hybrid(0).shard_group_size_for(8, 2), 2);
-  EXPECT_EQ(hybrid(0).shard_group_size_for(8), 8);
-  EXPECT_EQ(hybrid(4).shard_group_size_for(8, 2), 4);
-  EXPECT_EQ(error_of([&] { hybrid(0).validate(4, 2); }), "");
-  message = error_of([&] { hybrid(0).validate(4, 3); });
-  EXPECT_NE(message.find("shard group size 3 does not divide"), std::string::npos) << message;
-  for (const char* name : {"full", "grad_op", "none", "hybrid", "hybrid_grad_op"}) {
-    EXPECT_STREQ(fsdp::to_string(fsdp::parse_sharding_strategy(name)), name);
-  }
-}
-
-TEST(Options, DtypesThatCannotBeReducedAreRejectedNamingThem) {
-  auto with = [](fsdp::MixedPrecision mp) { return fsdp::FullyShardOptions().mixed_precision(mp); };
-  std::string message =
-      error_of([&] { with(fsdp::MixedPrecision().param_dtype(at::kInt)).validate(2); });
-  EXPECT_NE(message.find("param_dtype(Int)"), std::string::npos) << message;
-  EXPECT_NE(message.find("at::kBFloat16"), std::string::npos) << message;
-  message = error_of(
-      [&] { with(fsdp::MixedPrecision().reduce_dtype(at::kFloat8_e4m3fn)).validate(2); });
-  EXPECT_NE(message.find("reduce_dtype(Float8_e4m3fn)"), std::string::npos) << message;
-  message = error_of([&] { with(fsdp::MixedPrecision().buffer_dtype(at::kBool)).validate(2); });
-  EXPECT_NE(message.find("buffer_dtype(Bool)"), std::string::npos) << message;
-  EXPECT_EQ(error_of([&] {
-              with(fsdp::MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat))
-                  .validate(2);
-            }),
-            "");
-  message = error_of([] { fsdp::parse_dtype("bfloat"); });
-  EXPECT_NE(message.find("'bfloat'"), std::string::npos) << message;
-  EXPECT_EQ(fsdp::parse_dtype("bf16"), at::kBFloat16);
-  EXPECT_EQ(fsdp::parse_dtype("fp16"), at::kHalf);
-}
-
-// bf16 compute with fp32 reduction: the unsharded gradient is fp32 from the start, each bf16
-// gradient cast exactly as it is copied in (the reduction then converts nothing); at W = 1 the
-// gradients can go straight into the fp32 gradient shard, with no unsharded gradient at all.
-TEST(FlatParam, GradientsAreKeptInTheReductionDtype) {
-  for (const bool into_shard : {false, true}) {
-    std::vector<std::pair<std::string, at::Tensor>> params{
-        {"w", torch::zeros({3, 4}).requires_grad_()}, {"b", torch::zeros({5}).requires_grad_()}};
-    fsdp::FlatParam flat(params, 0, 1, at::kBFloat16, std::nullopt, at::kFloat);
-    EXPECT_EQ(flat.full_grad().scalar_type(), at::kFloat);
-    flat.begin_full_grad(/*keep=*/false, into_shard);
-    EXPECT_EQ(flat.grads_in_shard(), into_shard);
-    const auto grad = (torch::randn({3, 4}) * 1e3).to(at::kBFloat16);
-    flat.entries()[0].param.mutable_grad() = grad;
-    flat.take_grad(0);
-    flat.complete_full_grad();
-    const at::Tensor sum = into_shard ? flat.grad_shard() : flat.full_grad();
-    EXPECT_TRUE(torch::equal(sum.narrow(0, 0, 12).view({3, 4}), grad.to(at::kFloat)));
-    EXPECT_TRUE(torch::equal(sum.narrow(0, 12, 5), torch::zeros({5})));  // no gradient: zero
-    // Into the shard: the unsharded gradient's storage was never allocated.
-    EXPECT_EQ(flat.full_grad().storage().nbytes() == 0, into_shard);
-  }
-}
-
-TEST(FlatParam, ShardsPartitionEveryParameterForAnyWorldSize) {
-  for (int world : {1, 2, 3, 5}) {
-    std::vector<int64_t> covered(4, 0);
-    const std::vector<int64_t> sizes{7, 1, 0, 12};
-    int64_t shard_numel = 0;
-    for (int rank = 0; rank < world; ++rank) {
-      std::vector<std::pair<std::string, at::Tensor>> params;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        params.emplace_back("p" + std::to_string(i), torch::arange(sizes[i], torch::kFloat));
-      }
-      fsdp::FlatParam flat(params, rank, world);
-      shard_numel = flat.shard_numel();
-      EXPECT_EQ(flat.padded_numel() % world, 0);
-      EXPECT_EQ(flat.numel(), 20);
-      EXPECT_LT(flat.padded_numel() - flat.numel(), world);  // padding < W elements
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        const auto& e = flat.entries()[i];
-        covered[i] += e.shard_end - e.shard_begin;
-        // The parameter now is its piece of the shard, with the right values.
-        EXPECT_EQ(e.param.numel(), e.shard_end - e.shard_begin);
-        if (e.param.numel() > 0) {
-          const int64_t first = rank * shard_numel + e.shard_begin - e.offset;
-          EXPECT_EQ(e.param[0].item<float>(), static_cast<float>(first));
-        }
-      }
-    }
-    for (size_t i = 0; i < sizes.size(); ++i) EXPECT_EQ(covered[i], sizes[i]) << "world " << world;
-    EXPECT_EQ(shard_numel, (20 + world - 1) / world);
-  }
-}
-
-TEST(Data, GlobalBatchDoesNotDependOnHowItIsSplit) {
-  const auto corpus = gpt::ByteCorpus::load(FSDP_TEST_CORPUS_DIR, 1 << 20, 34);
-  auto [all_x, all_y] = corpus.batch(7, 3, 0, 6, 32);
-  auto [first_x, first_y] = corpus.batch(7, 3, 0, 2, 32);
-  auto [rest_x, rest_y] = corpus.batch(7, 3, 2, 4, 32);
-  EXPECT_TRUE(torch::equal(all_x, torch::cat({first_x, rest_x})));
-  EXPECT_TRUE(torch::equal(all_y.narrow(1, 0, 31), all_x.narrow(1, 1, 31)));  // next-byte targets
-  auto [other_x, other_y] = corpus.batch(7, 4, 0, 6, 32);
-  EXPECT_FALSE(torch::equal(all_x, other_x));  // another step, other rows
-}
-
-TEST(Data, MissingOrTinyDataIsAClearError) {
-  std::string message = error_of([] { gpt::ByteCorpus::load("/no/such/path", 1 << 20, 34); });
-  EXPECT_NE(message.find("/no/such/path"), std::string::npos) << message;
-  message = error_of([] { gpt::ByteCorpus::load(FSDP_TEST_CORPUS_DIR, 10, 34); });
-  EXPECT_NE(message.find("fewer than"), std::string::npos) << message;
-}
-
-TEST(Unit, IsAPassThroughUntilSharded) {
-  torch::manual_seed(0);
-  torch::nn::Linear linear(3, 2);
-  fsdp::Unit<torch::nn::Linear> unit(linear);
-  auto x = torch::randn({4, 3});
-  EXPECT_FALSE(unit.is_sharded());
-  EXPECT_TRUE(torch::equal(unit(x), linear(x)));
-  EXPECT_TRUE(unit.units().empty());
-}
-
-TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
-  auto model = gpt::make_gpt(gpt::GPTConfig::sized(/*layers=*/2, /*dim=*/32, /*heads=*/4, /*max_seq=*/16), 1);
-  auto params = model->named_parameters();
-  for (const char* name : {"wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.attn.c_attn.weight",
-                           "h.0.attn.c_attn.bias", "h.1.attn.c_proj.weight", "h.1.ln_2.bias",
-                           "h.1.mlp.c_fc.weight", "h.1.mlp.c_proj.weight", "ln_f.weight"}) {
-    EXPECT_NE(params.find(name), nullptr) << name;
-  }
-  EXPECT_EQ(params["h.0.attn.c_attn.weight"].sizes(), torch::IntArrayRef({96, 32}));
-  EXPECT_EQ(params["h.0.mlp.c_fc.weight"].sizes(), torch::IntArrayRef({128, 32}));
-  EXPECT_NEAR(params["wte.weight"].std().item<double>(), 0.02, 0.002);
-  EXPECT_NEAR(params["h.0.mlp.c_proj.weight"].std().item<double>(), 0.02 / 2.0, 0.0015);
-  EXPECT_EQ(params["h.0.attn.c_attn.bias"].abs().sum().item<double>(), 0.0);
-  auto logits = model(torch::zeros({2, 16}, torch::kLong));
-  EXPECT_EQ(logits.sizes(), torch::IntArrayRef({2, 16, 256}));
-  // Causal: the first position's logits ignore later tokens.
-  auto changed = torch::zeros({2, 16}, torch::kLong);
-  changed.index_put_({torch::indexing::Slice(), 5}, 7);
-  EXPECT_TRUE(torch::allclose(model(changed).select(1, 0), logits.select(1, 0)));
-}
-
-gpt::GPTConfig two_block_config() { return gpt::GPTConfig::sized(2, 32, 4, 16); }
-
-// make_gpt draws each parameter from its own stream ([Note: GPT init]): the model is a function
-// of (config, seed) alone, whatever the thread count, and same-shaped parameters differ.
-TEST(Gpt, InitialisationDependsOnTheSeedNotOnTheThreads) {
-  const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  auto serial = gpt::make_gpt(two_block_config(), 7)->named_parameters();
-  at::set_num_threads(4);
-  auto parallel = gpt::make_gpt(two_block_config(), 7)->named_parameters();
-  at::set_num_threads(threads);
-  auto other_seed = gpt::make_gpt(two_block_config(), 8)->named_parameters();
-  for (const auto& item : serial) {
-    EXPECT_TRUE(torch::equal(item.value(), parallel[item.key()])) << item.key();
-    EXPECT_LT(item.value().abs().max().item<double>(), 1.01) << item.key() << " left uninitialised";
-  }
-  EXPECT_FALSE(torch::equal(serial["h.0.attn.c_attn.weight"], other_seed["h.0.attn.c_attn.weight"]));
-  EXPECT_FALSE(torch::equal(serial["h.0.mlp.c_fc.weight"], serial["h.1.mlp.c_fc.weight"]));
-  EXPECT_NE(gpt::parameter_seed(7, "h.0.mlp.c_fc.weight"), gpt::parameter_seed(7, "h.1.mlp.c_fc.weight"));
-  EXPECT_NE(gpt::parameter_seed(7, "wte.weight"), gpt::parameter_seed(8, "wte.weight"));
-}
-
-TEST(Gpt, AParameterWithANanOrAnInfIsNotFinite) {
-  auto model = gpt::make_gpt(two_block_config(), 1);
-  EXPECT_TRUE(gpt::parameters_finite(model, nullptr));
-  const double bad_values[] = {std::nan(""), INFINITY, -INFINITY};
-  for (const double bad : bad_values) {
-    auto broken = gpt::make_gpt(two_block_config(), 1);
-    torch::NoGradGuard no_grad;
-    broken->h[1]->mlp->c_fc->weight.view({-1})[77] = bad;
-    EXPECT_FALSE(gpt::parameters_finite(broken, nullptr)) << bad;
-  }
 }
 
 }  // namespace
