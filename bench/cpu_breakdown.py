@@ -82,7 +82,7 @@ COMM_ROWS = [
 # Which thread a callgrind thread is, from a function only it runs.
 THREAD_MARKERS = [
     ("compute", "main"),
-    ("comm", "fsdp::CommThread::run"),
+    ("comm", "fsdp::WorkerThread::run"),
     ("gloo_tcp_loop", "gloo::transport::tcp::Loop::run"),
     ("gloo_worker", "c10d::ProcessGroupGloo::runLoop"),
     ("store (libuv)", "c10d::detail::LibUVStoreDaemon::run"),

@@ -1,7 +1,7 @@
 #pragma once
 // The message an action throws ("" when it throws nothing), without LibTorch's backtrace.
 
-#include <c10/util/Exception.h>
+#include <fsdp/error_text.h>
 
 #include <exception>
 #include <functional>
@@ -12,10 +12,8 @@ namespace fsdp_test {
 inline std::string error_of(const std::function<void()>& action) {
   try {
     action();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
   } catch (const std::exception& e) {
-    return e.what();
+    return fsdp::message_of(e);
   }
   return "";
 }

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/accumulate.h>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -114,9 +115,7 @@ ModelBytes model_bytes(fsdp::Unit<GPT>& model) {
     for (const auto& item : model->named_parameters()) bytes.sharded += item.value().nbytes();
   }
   for (const auto& [name, shape] : fsdp::param_shapes(model)) {
-    int64_t numel = 1;
-    for (int64_t size : shape) numel *= size;
-    bytes.largest = std::max<int64_t>(bytes.largest, numel * 4);
+    bytes.largest = std::max<int64_t>(bytes.largest, c10::multiply_integers(shape) * 4);
   }
   return bytes;
 }

@@ -31,8 +31,8 @@
 #include <vector>
 
 namespace fsdp {
-class CommThread;
-class CommHandle;
+class WorkerThread;
+class QueuedTask;
 }  // namespace fsdp
 
 namespace fsdp::optim {
@@ -80,8 +80,8 @@ class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
 
   std::unordered_map<void*, DeviceStep> device_steps_;
   std::unordered_set<void*> stepped_;     // by step_parameters since the last step()
-  std::shared_ptr<CommThread> worker_;    // runs the queued steps in order (shared_ptr: the type is incomplete here)
-  std::shared_ptr<CommHandle> last_queued_;
+  std::shared_ptr<WorkerThread> worker_;  // runs the queued steps in order (shared_ptr: the type is incomplete here)
+  std::shared_ptr<QueuedTask> last_queued_;
 };
 
 /// ZeRO-Offload's overlap (Ren et al., 2021): while it lives, each unit's parameters are stepped

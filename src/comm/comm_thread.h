@@ -8,14 +8,10 @@
 // limiter) must depend only on state that is the same on every rank, never on timing: two
 // same-sized collectives issued in different orders would silently exchange each other's data.
 
-#include <condition_variable>
-#include <deque>
-#include <exception>
+#include "util/worker_thread.h"
+
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
 
 namespace fsdp {
 
@@ -45,33 +41,15 @@ class CommHandle {
   std::shared_ptr<Completion> completion_;
 };
 
+/// The model's communication thread: a WorkerThread whose tasks' completions are CommHandles. A
+/// failed collective leaves the ranks out of step: running the next ones would only wait for the
+/// timeout again, so they fail at once with the first error.
 class CommThread {
  public:
-  CommThread();
-  ~CommThread();  // finishes queued tasks, then joins
-  CommThread(const CommThread&) = delete;
-  CommThread& operator=(const CommThread&) = delete;
-
   CommHandle submit(std::function<void()> task);
 
  private:
-  void run();
-
-  // A task's completion on this thread: wait() blocks until it has run.
-  struct Done final : CommHandle::Completion {
-    std::mutex mutex;
-    std::condition_variable done_cv;
-    bool done = false;
-    std::exception_ptr error;
-    void wait() override;
-  };
-
-  std::mutex mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<Done>>> queue_;
-  bool stopping_ = false;
-  std::exception_ptr first_error_;  // after a failure, later tasks fail at once with it
-  std::thread thread_;
+  WorkerThread worker_;
 };
 
 }  // namespace fsdp

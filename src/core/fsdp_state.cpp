@@ -57,14 +57,6 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
 
 FsdpState::~FsdpState() { device_.reset(); }
 
-std::vector<FlatParam*> FsdpState::flat_params() {
-  std::vector<FlatParam*> flats;
-  for (auto& unit : units_) {
-    for (FlatGroup& g : unit->flats()) flats.push_back(&g.flat);
-  }
-  return flats;
-}
-
 void FsdpState::pre_forward(ParamGroup& unit) {
   record_forward_order(unit);
   unit.begin_forward();

@@ -43,8 +43,6 @@ class FsdpState final : public UnitEvents {
   /// The model's units, the root first.
   std::vector<std::shared_ptr<ParamGroup>>& units() { return units_; }
   const std::vector<std::shared_ptr<ParamGroup>>& units() const { return units_; }
-  /// Every flat parameter of every unit, the root's first.
-  std::vector<FlatParam*> flat_params();
 
   /// A unit's forward starts: records the forward order (the root starts an iteration; in the
   /// first iteration with check_execution_order it is checked against the other ranks), unshards

@@ -6,7 +6,7 @@
 
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_format.h"
-#include "core/fsdp_state.h"
+#include "core/sharded_view.h"
 
 #include <c10/util/Exception.h>
 
@@ -183,7 +183,7 @@ std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch
                             const std::string& dir, int64_t step, const nlohmann::json& extra,
                             int keep_last, const SaveHooks& hooks) {
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
-  ProcessGroup& world = state.world();
+  ProcessGroup& world = ShardedView(state).world();
   const std::string name = step_folder_name(step);
   std::string error = try_local([&] {
     if (world.rank() != 0) return;

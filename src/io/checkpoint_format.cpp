@@ -3,6 +3,7 @@
 #include <fsdp/bounded_json.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -111,11 +112,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
-int64_t ParamMeta::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t ParamMeta::numel() const { return c10::multiply_integers(shape); }
 
 std::string shard_file_name(int shard, int part, int parts) {
   char name[80];

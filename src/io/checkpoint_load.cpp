@@ -23,7 +23,7 @@ namespace {
 
 /// What one local piece becomes, staged in fresh tensors until every rank has validated.
 struct StagedPiece {
-  LocalPiece piece;
+  ShardedParam piece;
   at::Tensor param;                       // 1-D [end - begin]
   std::optional<ParamOptimState> state;   // tensors 1-D [end - begin]; empty: the saved run had none
 };
@@ -32,14 +32,14 @@ struct StagedPiece {
 using StagedBuffers = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
 // Opens the shard files holding elements of this rank's pieces.
-OpenFiles open_needed_files(const std::vector<LocalPiece>& pieces, const CheckpointMeta& meta,
+OpenFiles open_needed_files(const std::vector<ShardedParam>& pieces, const CheckpointMeta& meta,
                             const PieceIndex& index, const std::string& folder,
                             const std::map<std::string, const ParamMeta*>& params) {
   OpenFiles files;
   for (const auto& piece : pieces) {
-    if (piece.begin == piece.end) continue;
-    for (const auto& [f, saved] : index.at(piece.entry->name)) {
-      if (saved->begin < piece.end && piece.begin < saved->end && !files.count(f)) {
+    if (piece.empty()) continue;
+    for (const auto& [f, saved] : index.at(piece.name())) {
+      if (saved->begin < piece.end() && piece.begin() < saved->end && !files.count(f)) {
         files.emplace(f, open_shard_file(folder, meta.files[f], params));
       }
     }
@@ -92,14 +92,14 @@ void check_same_optimizer(const CheckpointMeta& meta, const OptimizerState& opti
               " over model->parameters(): it starts afresh)");
 }
 
-std::optional<ParamOptimState> stage_optimizer_state(const LocalPiece& piece, const ParamMeta& saved,
+std::optional<ParamOptimState> stage_optimizer_state(const ShardedParam& piece, const ParamMeta& saved,
                                                      const CheckpointMeta& meta,
                                                      const OptimizerState& optimizer,
                                                      const PieceIndex& index, const OpenFiles& files,
                                                      const std::string& folder) {
   if (!saved.has_state()) return std::nullopt;
-  const std::string& name = piece.entry->name;
-  const auto kinds = optimizer.kinds_needed(piece.entry->param);
+  const std::string& name = piece.name();
+  const auto kinds = optimizer.kinds_needed(piece.param());
   TORCH_CHECK(kinds, folder, " holds ", meta.optimizer, " state for '", name,
               "' but the optimizer does not hold that parameter: build it over "
               "model->parameters()");
@@ -109,28 +109,28 @@ std::optional<ParamOptimState> stage_optimizer_state(const LocalPiece& piece, co
               "file was edited; resume from an intact checkpoint");
   for (const auto& kind : *kinds) {
     check_moment_saved(meta, saved, kind, folder);
-    at::Tensor t = at::empty({piece.end - piece.begin}, piece.data.options());
-    assemble(t, piece.begin, piece.end, kind, name, index, files);
+    at::Tensor t = at::empty({piece.end() - piece.begin()}, piece.data().options());
+    assemble(t, piece.begin(), piece.end(), kind, name, index, files);
     check_moment_finite(t, meta.optimizer, kind, name, folder);
     staged.tensors.emplace(kind, t);
   }
   return staged;
 }
 
-std::vector<StagedPiece> stage(FsdpState& state, const OptimizerState& optimizer,
+std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerState& optimizer,
                                const CheckpointMeta& meta, const std::string& folder) {
   std::map<std::string, const ParamMeta*> params;
   for (const auto& p : meta.params) params[p.name] = &p;
   const PieceIndex index = index_pieces(meta);
-  const std::vector<LocalPiece> pieces = local_pieces(state);
+  const std::vector<ShardedParam> pieces = local_pieces(model);
   const OpenFiles files = open_needed_files(pieces, meta, index, folder, params);
 
   std::vector<StagedPiece> staged;
   for (const auto& piece : pieces) {
-    const std::string& name = piece.entry->name;
+    const std::string& name = piece.name();
     const ParamMeta& saved = *params.at(name);
-    StagedPiece s{piece, at::empty({piece.end - piece.begin}, piece.data.options()), {}};
-    assemble(s.param, piece.begin, piece.end, "param", name, index, files);
+    StagedPiece s{piece, at::empty({piece.end() - piece.begin()}, piece.data().options()), {}};
+    assemble(s.param, piece.begin(), piece.end(), "param", name, index, files);
     s.state = stage_optimizer_state(piece, saved, meta, optimizer, index, files, folder);
     staged.push_back(std::move(s));
   }
@@ -165,8 +165,8 @@ StagedBuffers stage_buffers(const NamedTensors& buffers, const CheckpointMeta& m
 void apply(OptimizerState& optimizer, std::vector<StagedPiece>& staged, StagedBuffers& buffers) {
   torch::NoGradGuard no_grad;
   for (auto& s : staged) {
-    s.piece.data.copy_(s.param);
-    const at::Tensor& param = s.piece.entry->param;
+    s.piece.data().copy_(s.param);
+    const at::Tensor& param = s.piece.param();
     if (s.state) {
       for (auto& item : s.state->tensors) item.second = item.second.view(param.sizes());
     }
@@ -180,7 +180,8 @@ void apply(OptimizerState& optimizer, std::vector<StagedPiece>& staged, StagedBu
 nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
                             torch::optim::Optimizer& optimizer_in, const std::string& folder) {
   OptimizerState optimizer(optimizer_in, "load_sharded");
-  ProcessGroup& world = state.world();
+  const ShardedView model(state);
+  ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   CheckpointMeta meta;
   std::vector<StagedPiece> staged;
@@ -194,10 +195,10 @@ nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
     metadata_crc = crc32(text.data(), text.size());
     meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
     for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
-    check_matches_model(meta, describe_model(state, optimizer), metadata);
+    check_matches_model(meta, describe_model(model, optimizer), metadata);
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     check_same_optimizer(meta, optimizer, folder);
-    staged = stage(state, optimizer, meta, folder);
+    staged = stage(model, optimizer, meta, folder);
     staged_buffers = stage_buffers(buffers, meta, folder);
   });
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);

@@ -4,7 +4,7 @@
 
 #include "io/checkpoint_format.h"
 #include "io/optimizer_state.h"
-#include "core/fsdp_state.h"
+#include "core/sharded_view.h"
 
 #include <fsdp/named_tensors.h>
 
@@ -13,22 +13,14 @@
 
 namespace fsdp::detail {
 
-/// One parameter's part of this rank's shard.
-struct LocalPiece {
-  FlatEntry* entry = nullptr;
-  at::Tensor data;    // 1-D [end - begin], a view of the flat shard (the optimizer's master copy)
-  int64_t begin = 0;  // the same elements as [begin, end) of the flattened parameter
-  int64_t end = 0;
-};
-
 /// Every parameter's part of this rank's shards, unit by unit, after resharding the units a
 /// forward left unsharded ([Note: resharding between steps]); throws when a unit's backward is
 /// under way.
-std::vector<LocalPiece> local_pieces(FsdpState& state);
+std::vector<ShardedParam> local_pieces(const ShardedView& model);
 
 /// The model's parameters as metadata: names, shapes, dtypes, and this rank's optimizer steps
 /// and kinds of state.
-std::vector<ParamMeta> describe_model(FsdpState& state, const OptimizerState& optimizer);
+std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerState& optimizer);
 
 /// The model's buffers as metadata (names, shapes, dtypes; no file yet).
 std::vector<BufferMeta> describe_buffers(const NamedTensors& buffers);

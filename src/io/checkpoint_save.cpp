@@ -38,27 +38,26 @@ void add_box(ShardFileContents& contents, const std::string& key, const at::Tens
 // Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); shard file k holds the
 // k-th box of every piece. The optimizer's step goes, as a 0-d float ("state.NAME.step", as
 // PyTorch's optimizers keep it), with the box that starts the parameter.
-std::vector<ShardFileContents> shard_files_contents(FsdpState& state, const OptimizerState& optimizer) {
+std::vector<ShardFileContents> shard_files_contents(const ShardedView& model, const OptimizerState& optimizer) {
   std::vector<ShardFileContents> files;
-  for (const auto& piece : local_pieces(state)) {
-    const FlatEntry& entry = *piece.entry;
-    const auto saved = optimizer.read(entry.param);
-    const auto boxes = boxes_of_range(entry.shape, piece.begin, piece.end);
+  for (const auto& piece : local_pieces(model)) {
+    const auto saved = optimizer.read(piece.param());
+    const auto boxes = boxes_of_range(piece.shape(), piece.begin(), piece.end());
     if (files.size() < boxes.size()) files.resize(boxes.size());
     for (size_t k = 0; k < boxes.size(); ++k) {
       const TensorBox& box = boxes[k];
       ShardFileContents& contents = files[k];
       auto view = [&](const at::Tensor& flat) {
-        return flat.narrow(0, box.begin - piece.begin, box.end - box.begin).view(box.sizes);
+        return flat.narrow(0, box.begin - piece.begin(), box.end - box.begin).view(box.sizes);
       };
-      add_box(contents, tensor_key("param", entry.name), view(piece.data), box.offsets);
-      contents.pieces.push_back(PieceMeta{entry.name, box.begin, box.end, {}});
+      add_box(contents, tensor_key("param", piece.name()), view(piece.data()), box.offsets);
+      contents.pieces.push_back(PieceMeta{piece.name(), box.begin, box.end, {}});
       if (!saved) continue;
       for (const auto& [kind, tensor] : saved->tensors) {
-        add_box(contents, tensor_key(kind, entry.name), view(tensor.reshape({-1})), box.offsets);
+        add_box(contents, tensor_key(kind, piece.name()), view(tensor.reshape({-1})), box.offsets);
       }
       if (box.begin == 0 && saved->step) {
-        add_box(contents, tensor_key("step", entry.name),
+        add_box(contents, tensor_key("step", piece.name()),
                 at::scalar_tensor(static_cast<double>(*saved->step), at::kFloat), {});
       }
     }
@@ -76,11 +75,11 @@ void add_buffers(ShardFileContents& contents, const NamedTensors& buffers) {
 
 // Writes this rank's shard files; returns their descriptions for metadata.json, and (rank 0)
 // `buffers` described in `buffer_metas`.
-std::vector<FileMeta> write_shard_files(FsdpState& state, const OptimizerState& optimizer,
+std::vector<FileMeta> write_shard_files(const ShardedView& model, const OptimizerState& optimizer,
                                         const NamedTensors& buffers, const std::string& folder,
                                         std::vector<BufferMeta>& buffer_metas) {
-  auto contents_by_file = shard_files_contents(state, optimizer);
-  const bool holds_buffers = state.world().rank() == 0 && !buffers.empty();
+  auto contents_by_file = shard_files_contents(model, optimizer);
+  const bool holds_buffers = model.world().rank() == 0 && !buffers.empty();
   if (holds_buffers) {
     if (contents_by_file.empty()) contents_by_file.resize(1);
     add_buffers(contents_by_file[0], buffers);
@@ -91,7 +90,7 @@ std::vector<FileMeta> write_shard_files(FsdpState& state, const OptimizerState& 
   for (size_t k = 0; k < contents_by_file.size(); ++k) {
     ShardFileContents& contents = contents_by_file[k];
     FileMeta file;
-    file.name = shard_file_name(state.collectives().rank(), static_cast<int>(k),
+    file.name = shard_file_name(model.shard_rank(), static_cast<int>(k),
                                 static_cast<int>(contents_by_file.size()));
     const WrittenFile written = save_safetensors(
         folder + "/" + file.name, contents.tensors,
@@ -120,17 +119,17 @@ std::vector<FileMeta> write_shard_files(FsdpState& state, const OptimizerState& 
   return files;
 }
 
-CheckpointMeta build_metadata(FsdpState& state, const OptimizerState& optimizer,
+CheckpointMeta build_metadata(const ShardedView& model, const OptimizerState& optimizer,
                               const std::vector<BufferMeta>& buffers,
                               const std::vector<std::string>& descriptions,
                               const nlohmann::json& extra) {
   CheckpointMeta meta;
   meta.optimizer = optimizer.name();
   meta.buffers = buffers;
-  meta.world_size = state.world().size();
-  meta.shard_group_size = state.collectives().size();
-  meta.strategy = to_string(state.options().strategy());
-  meta.params = describe_model(state, optimizer);
+  meta.world_size = model.world().size();
+  meta.shard_group_size = model.shard_group_size();
+  meta.strategy = to_string(model.options().strategy());
+  meta.params = describe_model(model, optimizer);
   for (const auto& description : descriptions) {
     if (description.empty()) continue;  // a replica that wrote nothing
     for (const auto& file : nlohmann::json::parse(description)) {
@@ -148,7 +147,8 @@ void save_sharded(FsdpState& state, const NamedTensors& buffers,
                   const nlohmann::json& extra, const SaveHooks& hooks) {
   // The same on every rank (the same optimizer class): every rank throws, before any collective.
   const OptimizerState optimizer(optimizer_in, "save_sharded");
-  ProcessGroup& world = state.world();
+  const ShardedView model(state);
+  ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   // An old metadata.json would make a half-rewritten folder look complete.
   std::string error = try_local([&] {
@@ -159,14 +159,13 @@ void save_sharded(FsdpState& state, const NamedTensors& buffers,
   throw_if_any_failed(world, error, "save_sharded: cannot prepare " + folder);
 
   // One shard file per shard of the first replica (the others hold the same values).
-  auto* replicas = state.replicate_collectives();
-  const bool writer = replicas == nullptr || replicas->rank() == 0;
+  const bool writer = model.first_replica();
   std::string description;
   std::vector<BufferMeta> buffer_metas;  // rank 0's
   error = try_local([&] {
     if (!writer) return;
     nlohmann::json files = nlohmann::json::array();
-    for (const auto& file : write_shard_files(state, optimizer, buffers, folder, buffer_metas)) {
+    for (const auto& file : write_shard_files(model, optimizer, buffers, folder, buffer_metas)) {
       files.push_back(to_json(file));
     }
     description = files.dump();
@@ -177,8 +176,8 @@ void save_sharded(FsdpState& state, const NamedTensors& buffers,
   const auto descriptions = all_gather_strings(world, description);
   error = try_local([&] {
     if (world.rank() != 0) return;
-    const CheckpointMeta meta = build_metadata(state, optimizer, buffer_metas, descriptions, extra);
-    check_matches_model(meta, describe_model(state, optimizer), metadata);  // a complete layout
+    const CheckpointMeta meta = build_metadata(model, optimizer, buffer_metas, descriptions, extra);
+    check_matches_model(meta, describe_model(model, optimizer), metadata);  // a complete layout
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     const std::string text = to_json(meta).dump(1);
     write_file_atomically(metadata, std::vector<char>(text.begin(), text.end()));

@@ -4,7 +4,7 @@
 
 #include "io/checkpoint_format.h"
 #include "io/optimizer_state.h"
-#include "core/model_collectives.h"
+#include "core/sharded_view.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -13,16 +13,16 @@ namespace fsdp::detail {
 
 namespace {
 
-// The state tensors of `kind` of `flat`'s parameters, laid out like its shard (zeros where a
+// The state tensors of `kind` of `buffer`'s parameters, laid out like its shard (zeros where a
 // parameter has none), on the collectives' device (a GPU's, also when the shards are offloaded).
-at::Tensor state_shard(FsdpState& state, const OptimizerState& optimizer, FlatParam& flat,
-                       const std::string& kind) {
-  const auto options = flat.shard().options().device(state.compute_device()).pinned_memory(false);
-  at::Tensor shard = at::zeros({flat.shard_numel()}, options);
-  for (auto& e : flat.entries()) {
-    const auto saved = optimizer.read(e.param);
-    if (saved && saved->tensors.count(kind) && !e.outside_shard()) {
-      e.in_shard(shard).copy_(saved->tensors.at(kind).reshape({-1}));
+at::Tensor state_shard(const ShardedView& model, const OptimizerState& optimizer,
+                       const ShardedBuffer& buffer, const std::string& kind) {
+  const auto options = buffer.shard().options().device(model.compute_device()).pinned_memory(false);
+  at::Tensor shard = at::zeros({buffer.shard().numel()}, options);
+  for (const auto& p : buffer.params()) {
+    const auto saved = optimizer.read(p.param());
+    if (saved && saved->tensors.count(kind) && !p.empty()) {
+      p.in_shard(shard).copy_(saved->tensors.at(kind).reshape({-1}));
     }
   }
   return shard;
@@ -35,21 +35,21 @@ NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimiz
   const OptimizerState optimizer(optimizer_in, "gather_full_optimizer_state");
   // The same kinds on every rank: the same collectives.
   const std::vector<std::string> kinds = optimizer.kinds_in_use();
+  const ShardedView model(state);
   NamedTensors out;
-  for (FlatParam* flat_param : state.flat_params()) {
-    FlatParam& flat = *flat_param;
+  for (const auto& buffer : model.buffers()) {
     for (const auto& kind : kinds) {
-      const at::Tensor full = gather_flat(state, flat, state_shard(state, optimizer, flat, kind));
-      for (auto& e : flat.entries()) {
-        const auto saved = optimizer.read(e.param);
+      const at::Tensor full = buffer.gather_whole(state_shard(model, optimizer, buffer, kind));
+      for (const auto& p : buffer.params()) {
+        const auto saved = optimizer.read(p.param());
         if (!saved || !saved->tensors.count(kind)) continue;
-        out.emplace_back(tensor_key(kind, e.name), e.in_full(full).clone());
+        out.emplace_back(tensor_key(kind, p.name()), p.in_whole(full).clone());
       }
     }
-    for (auto& e : flat.entries()) {
-      const auto saved = optimizer.read(e.param);
+    for (const auto& p : buffer.params()) {
+      const auto saved = optimizer.read(p.param());
       if (saved && saved->step) {
-        out.emplace_back(tensor_key("step", e.name), at::scalar_tensor(*saved->step, at::kLong));
+        out.emplace_back(tensor_key("step", p.name()), at::scalar_tensor(*saved->step, at::kLong));
       }
     }
   }

@@ -1,6 +1,6 @@
 #include <fsdp/param_loader.h>
 
-#include "core/fsdp_state.h"
+#include "core/sharded_view.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -25,9 +25,7 @@ at::Tensor read_checked(const ParamRangeReader& read, const std::string& name, i
 
 ParamShapes param_shapes(FsdpState& state) {
   ParamShapes shapes;
-  for (FlatParam* flat : state.flat_params()) {
-    for (const auto& e : flat->entries()) shapes.emplace_back(e.name, e.shape);
-  }
+  for (const auto& p : ShardedView(state).params()) shapes.emplace_back(p.name(), p.shape());
   return shapes;
 }
 
@@ -41,13 +39,8 @@ ParamShapes param_shapes(torch::nn::Module& module) {
 
 void load_params_from(FsdpState& state, const ParamRangeReader& read) {
   torch::NoGradGuard no_grad;
-  for (FlatParam* flat_param : state.flat_params()) {
-    FlatParam& flat = *flat_param;
-    for (const auto& e : flat.entries()) {
-      const auto [begin, end] = flat.local_range(e);
-      if (begin == end) continue;
-      e.in_shard(flat.shard()).copy_(read_checked(read, e.name, begin, end));
-    }
+  for (const auto& p : ShardedView(state).params()) {
+    if (!p.empty()) p.data().copy_(read_checked(read, p.name(), p.begin(), p.end()));
   }
 }
 

@@ -8,6 +8,7 @@
 #include "util/crc32.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -136,11 +137,7 @@ void check_layout(std::vector<SafetensorsEntry>& entries, int64_t data_bytes,
 
 }  // namespace
 
-int64_t SafetensorsEntry::numel() const {
-  int64_t n = 1;
-  for (int64_t size : shape) n *= size;
-  return n;
-}
+int64_t SafetensorsEntry::numel() const { return c10::multiply_integers(shape); }
 
 std::string safetensors_dtype_name(at::ScalarType dtype) {
   for (const auto& [text, type] : dtype_names()) {

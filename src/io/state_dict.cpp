@@ -1,8 +1,9 @@
 #include <fsdp/state_dict.h>
 
-#include <fsdp/error_text.h>
+#include <fsdp/param_loader.h>
 
-#include "core/model_collectives.h"
+#include "io/checkpoint_agreement.h"
+#include "core/sharded_view.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -13,8 +14,6 @@ namespace fsdp {
 namespace detail {
 
 namespace {
-
-using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
 // The buffers that `by_name` holds must have their shapes.
 void check_buffer_shapes(const NamedTensors& buffers, const std::map<std::string, at::Tensor>& by_name,
@@ -29,7 +28,7 @@ void check_buffer_shapes(const NamedTensors& buffers, const std::map<std::string
 
 // Every expected name present with its shape, buffers (optional) with theirs, nothing else;
 // returns the tensors by name.
-std::map<std::string, at::Tensor> check_complete(const Shapes& expected, const NamedTensors& buffers,
+std::map<std::string, at::Tensor> check_complete(const ParamShapes& expected, const NamedTensors& buffers,
                                                  const NamedTensors& tensors,
                                                  const std::string& source) {
   std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
@@ -72,18 +71,18 @@ NamedTensors module_buffers(torch::nn::Module& module) {
 
 NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers) {
   torch::NoGradGuard no_grad;
+  const ShardedView model(state);
   NamedTensors params;
-  for (FlatParam* flat_param : state.flat_params()) {
-    FlatParam& flat = *flat_param;
+  for (const auto& buffer : model.buffers()) {
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
-    const at::Tensor full = gather_flat(state, flat, flat.shard().to(state.compute_device()));
-    for (const auto& e : flat.entries()) params.emplace_back(e.name, e.in_full(full).clone());
+    const at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
+    for (const auto& p : buffer.params()) params.emplace_back(p.name(), p.in_whole(full).clone());
   }
   // Rank 0's buffers, as sync_buffers gives every rank (each rank's own running statistics
   // drift apart under BatchNorm), over the world process group, in host memory.
   for (const auto& [name, buffer] : buffers) {
     at::Tensor value = buffer.detach().to(at::kCPU).clone();
-    broadcast(state.world(), value, /*root=*/0);
+    broadcast(model.world(), value, /*root=*/0);
     params.emplace_back(name, value.to(buffer.device()));
   }
   return params;
@@ -91,52 +90,35 @@ NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers) {
 
 void save_full_params(FsdpState& state, const NamedTensors& buffers, const std::string& path) {
   NamedTensors params = gather_full_params(state, buffers);
-  std::string error;
-  if (state.world().rank() == 0) {
-    try {
-      save_tensor_dict(path, params);
-    } catch (const std::exception& e) {
-      error = message_of(e);
-    }
-  }
-  // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone: agreement
-  // over the world process group itself, outside the model's collectives.
-  auto failed = at::full({1}, error.empty() ? 0.0f : 1.0f);
-  all_reduce_sum(state.world(), failed);
-  TORCH_CHECK(failed.item<float>() == 0.0f, "save_full_params: rank 0 could not write ", path,
-              error.empty() ? "" : ": " + error);
+  ProcessGroup& world = ShardedView(state).world();
+  // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone
+  // ([Note: checkpoint agreement]).
+  const std::string error = try_local([&] {
+    if (world.rank() == 0) save_tensor_dict(path, params);
+  });
+  throw_if_any_failed(world, error, "save_full_params: cannot write " + path);
 }
 
 void load_full_params(FsdpState& state, const NamedTensors& buffers, const NamedTensors& tensors,
                       const std::string& source) {
-  Shapes expected;
-  for (FlatParam* flat : state.flat_params()) {
-    for (const auto& e : flat->entries()) expected.emplace_back(e.name, e.shape);
-  }
-  auto by_name = check_complete(expected, buffers, tensors, source);
-  for (auto& group : state.units()) {
+  const ShardedView model(state);
+  auto by_name = check_complete(param_shapes(state), buffers, tensors, source);
+  for (const auto& buffer : model.buffers()) {
     // Into the shards the next forward gathers: not behind a unit a forward left unsharded.
-    TORCH_CHECK(group->reshard_unless_in_backward(), "load_full_params: unit '", group->name(),
+    TORCH_CHECK(buffer.reshard_unless_in_backward(), "load_full_params: unit '", buffer.unit_name(),
                 "' is in its backward: load between steps");  // [Note: resharding between steps]
   }
   torch::NoGradGuard no_grad;
   copy_buffers(buffers, by_name);
-  for (FlatParam* flat_param : state.flat_params()) {
-    FlatParam& flat = *flat_param;
-    for (const auto& e : flat.entries()) {
-      if (!e.outside_shard()) e.in_shard(flat.shard()).copy_(flat.local_piece(e, by_name.at(e.name)));
-    }
+  for (const auto& p : model.params()) {
+    if (!p.empty()) p.data().copy_(p.piece_of(by_name.at(p.name())));
   }
 }
 
 void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
                       const std::string& source) {
-  Shapes expected;
-  for (const auto& item : module.named_parameters()) {
-    expected.emplace_back(item.key(), item.value().sizes().vec());
-  }
   const NamedTensors buffers = module_buffers(module);
-  auto by_name = check_complete(expected, buffers, tensors, source);
+  auto by_name = check_complete(param_shapes(module), buffers, tensors, source);
   torch::NoGradGuard no_grad;
   for (auto& item : module.named_parameters()) item.value().copy_(by_name.at(item.key()));
   copy_buffers(buffers, by_name);

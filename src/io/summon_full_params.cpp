@@ -3,7 +3,7 @@
 
 #include <fsdp/error_text.h>
 
-#include "core/model_collectives.h"
+#include "core/sharded_view.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -20,12 +20,12 @@ namespace fsdp::detail {
 // its units exactly as it left them. Units only run as plain calls meanwhile (holds_full_params).
 struct HeldFullParams {
   struct Param {
-    FlatParam* flat;
-    FlatEntry* entry;
+    ShardedParam piece;
     at::Tensor before;  // the parameter's data before the scope: a view of its shard
     at::Tensor whole;   // its whole value, a view of `gathered`
   };
-  FsdpState* state = nullptr;
+  explicit HeldFullParams(FsdpState& state) : model(state) {}
+  ShardedView model;
   std::vector<at::Tensor> gathered;  // one unsharded buffer per flat parameter
   std::vector<Param> params;
 };
@@ -35,17 +35,17 @@ namespace {
 // The scope starts from the shards: a unit a forward left unsharded (an evaluation under grad
 // mode) is resharded first, so that edits written back reach its next forward
 // ([Note: resharding between steps]); a unit in its backward is refused.
-void reshard_between_steps(FsdpState& state) {
-  TORCH_CHECK(!state.full_params_held(), "SummonFullParams: this model's full parameters are held "
+void reshard_between_steps(const ShardedView& model) {
+  TORCH_CHECK(!model.full_params_held(), "SummonFullParams: this model's full parameters are held "
               "already; scopes do not nest");
-  for (const auto& group : state.units()) {
-    TORCH_CHECK(group->reshard_unless_in_backward(), "SummonFullParams: unit '",
-                group->name().empty() ? "<root>" : group->name(), "' is in its backward; build "
-                "the scope between steps");
+  for (const auto& buffer : model.buffers()) {
+    TORCH_CHECK(buffer.reshard_unless_in_backward(), "SummonFullParams: unit '",
+                buffer.unit_name().empty() ? "<root>" : buffer.unit_name(), "' is in its backward; "
+                "build the scope between steps");
   }
 }
 
-void point_at(at::Tensor& param, const at::Tensor& data) {
+void point_at(const at::Tensor& param, const at::Tensor& data) {
   torch::NoGradGuard no_grad;
   param.set_data(data);
 }
@@ -53,20 +53,19 @@ void point_at(at::Tensor& param, const at::Tensor& data) {
 }  // namespace
 
 std::shared_ptr<HeldFullParams> hold_full_params(FsdpState& state) {
-  reshard_between_steps(state);
+  auto held = std::make_shared<HeldFullParams>(state);
+  const ShardedView& model = held->model;
+  reshard_between_steps(model);
   torch::NoGradGuard no_grad;
-  auto held = std::make_shared<HeldFullParams>();
-  held->state = &state;
-  for (FlatParam* flat_param : state.flat_params()) {
-    FlatParam& flat = *flat_param;
-    at::Tensor full = gather_flat(state, flat, flat.shard().to(state.compute_device()));
-    for (auto& e : flat.entries()) {
-      held->params.push_back({&flat, &e, e.param.variable_data(), e.in_full(full)});
+  for (const auto& buffer : model.buffers()) {
+    at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
+    for (const auto& p : buffer.params()) {
+      held->params.push_back({p, p.param().variable_data(), p.in_whole(full)});
     }
     held->gathered.push_back(std::move(full));
   }
-  for (auto& p : held->params) point_at(p.entry->param, p.whole);
-  state.set_full_params_held(true);
+  for (auto& p : held->params) point_at(p.piece.param(), p.whole);
+  model.set_full_params_held(true);
   return held;
 }
 
@@ -75,17 +74,16 @@ void release_full_params(HeldFullParams& held, bool writeback) noexcept {
   if (writeback) {
     try {
       for (auto& p : held.params) {
-        if (p.entry->outside_shard()) continue;
-        p.entry->in_shard(p.flat->shard()).copy_(p.flat->local_piece(*p.entry, p.whole));
+        if (!p.piece.empty()) p.piece.data().copy_(p.piece.piece_of(p.whole));
       }
     } catch (const std::exception& e) {
       std::cerr << "fsdp::SummonFullParams: writing the parameters back into the shards failed ("
                 << message_of(e) << "); some shards may keep the values they had before the scope\n";
     }
   }
-  for (auto& p : held.params) point_at(p.entry->param, p.before);
+  for (auto& p : held.params) point_at(p.piece.param(), p.before);
   held.gathered.clear();
-  held.state->set_full_params_held(false);
+  held.model.set_full_params_held(false);
 }
 
 }  // namespace fsdp::detail

@@ -1,16 +1,11 @@
 #include "io/tensor_boxes.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 namespace fsdp {
 
 namespace {
-
-int64_t product(const std::vector<int64_t>& shape, size_t from) {
-  int64_t n = 1;
-  for (size_t d = from; d < shape.size(); ++d) n *= shape[d];
-  return n;
-}
 
 // Appends the boxes of [begin, end) of the sub-tensor shape[dim:], whose element 0 lies at
 // `prefix` (the leading offsets, each box of size 1 there) and at flat index `base`.
@@ -32,7 +27,7 @@ void append_boxes(const std::vector<int64_t>& shape, size_t dim, std::vector<int
   if (dim == shape.size()) return add_box({}, {}, begin, end);  // 0-d
   if (dim + 1 == shape.size()) return add_box({begin}, {end - begin}, begin, end);  // 1-D: any range is a box
   // Index i of dimension `dim` is a "row": elements [i * row, (i + 1) * row).
-  const int64_t row = product(shape, dim + 1);
+  const int64_t row = c10::numelements_from_dim(static_cast<int>(dim) + 1, shape);
   auto within_row = [&](int64_t index, int64_t from, int64_t to) {
     prefix.push_back(index);
     append_boxes(shape, dim + 1, prefix, base + index * row, from, to, out);
@@ -53,8 +48,9 @@ void append_boxes(const std::vector<int64_t>& shape, size_t dim, std::vector<int
 }  // namespace
 
 std::vector<TensorBox> boxes_of_range(const std::vector<int64_t>& shape, int64_t begin, int64_t end) {
-  TORCH_CHECK(0 <= begin && begin <= end && end <= product(shape, 0), "boxes_of_range: [", begin,
-              ", ", end, ") is not a range of a tensor of ", product(shape, 0), " elements");
+  const int64_t numel = c10::multiply_integers(shape);
+  TORCH_CHECK(0 <= begin && begin <= end && end <= numel, "boxes_of_range: [", begin, ", ", end,
+              ") is not a range of a tensor of ", numel, " elements");
   std::vector<TensorBox> boxes;
   std::vector<int64_t> prefix;
   append_boxes(shape, 0, prefix, 0, begin, end, boxes);

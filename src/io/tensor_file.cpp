@@ -1,5 +1,6 @@
 #include <fsdp/tensor_file.h>
 
+#include <fsdp/error_text.h>
 #include <fsdp/file_checks.h>
 
 #include "util/atomic_file.h"
@@ -132,9 +133,8 @@ NamedTensors load_tensor_dict(const std::string& path) {
   try {
     value = torch::pickle_load(bytes);
   } catch (const std::exception& e) {
-    const auto* error = dynamic_cast<const c10::Error*>(&e);
     TORCH_CHECK(false, path, " is not a readable torch.save file (truncated or corrupt?): ",
-                error ? error->what_without_backtrace() : e.what());
+                message_of(e));
   }
   TORCH_CHECK(value.isGenericDict(), path, " holds a ", value.tagKind(),
               ", not a dict of name to tensor");

@@ -1,10 +1,10 @@
 #include <fsdp/fused_sgd.h>
 
+#include "optim/fused_step.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
-
-#include <optional>
 
 namespace fsdp::optim {
 
@@ -12,17 +12,13 @@ using torch::optim::SGDOptions;
 using torch::optim::SGDParamState;
 
 torch::Tensor SGD::step(LossClosure closure) {
-  torch::Tensor loss;
-  if (closure) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
+  torch::Tensor loss = fused::loss_of(closure);
   step_all(/*scale=*/0);
   return loss;
 }
 
 void SGD::step_scaled(double scale) {
-  TORCH_CHECK(scale > 0, "fsdp::optim::SGD::step_scaled: the scale must be positive, got ", scale);
+  fused::check_scale(scale, "fsdp::optim::SGD");
   step_all(scale);
 }
 
@@ -44,8 +40,7 @@ void SGD::add_to_batches(std::map<std::string, FusedBatch>& batches, const at::T
     TORCH_CHECK(sgd, "fsdp::optim::SGD: the state of a parameter is not SGD's");
     buffer = sgd->momentum_buffer();
   }
-  FusedBatch& batch = batches[p.device().str() + "/" + c10::toString(p.scalar_type()) +
-                              (first_step ? "/first" : "")];
+  FusedBatch& batch = batches[fused::batch_key(p) + (first_step ? "/first" : "")];
   batch.first_step = first_step;
   batch.params.push_back(p);
   batch.grads.push_back(p.grad());
@@ -61,10 +56,9 @@ void SGD::step_all(double scale) {
       if (p.grad().defined()) add_to_batches(batches, p, o.momentum());
     }
     for (auto& [key, batch] : batches) {
-      std::optional<at::Tensor> grad_scale;
-      if (scale != 0) grad_scale = at::full({1}, scale, batch.params.front().options().dtype(at::kFloat));
       at::_fused_sgd_(batch.params, batch.grads, batch.momentum_buffers, o.weight_decay(), o.momentum(),
-                      o.lr(), o.dampening(), o.nesterov(), /*maximize=*/false, batch.first_step, grad_scale);
+                      o.lr(), o.dampening(), o.nesterov(), /*maximize=*/false, batch.first_step,
+                      fused::grad_scale(scale, batch.params.front()));
     }
   }
 }

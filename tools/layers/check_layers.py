@@ -42,13 +42,25 @@ CORE_TIERS = [
     {"unit_env"},
     {"param_group"},
     {"fsdp_state"},
-    {"model_collectives", "unit_groups"},
+    {"model_collectives", "unit_groups", "sharded_view"},
     {"shard_pipeline"},
     {"deferred_init", "fully_shard"},
 ]
 
+# The only core headers the layers above core (optim, io, plan) include: the engine's units, flat
+# parameters and their entries are core's own; the layers above see the sharded model through
+# core/sharded_view.h, and the planner reads the engine's tensor-free rules ([Note: one rulebook,
+# two readers]).
+CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h"}
+
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")
+
+
+def includes(path):
+    """The (kind, target) of each #include of a file: kind '<' or '"'."""
+    with open(path, encoding="utf-8") as f:
+        return INCLUDE.findall(f.read())
 
 
 def rank(layer):
@@ -70,9 +82,7 @@ def included_layer(kind, target, own_layer):
 
 def check_file(path, own_layer, shown):
     errors = []
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    for kind, target in INCLUDE.findall(text):
+    for kind, target in includes(path):
         try:
             layer = included_layer(kind, target, own_layer)
         except LookupError as e:
@@ -96,13 +106,11 @@ def check_inside_core(path, name):
     """A core file includes core headers of its own tier or below, and no public face."""
     errors = []
     shown = f"src/core/{name}"
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
     try:
         own = core_tier(name.split(".")[0])
     except LookupError as e:
         return [str(e)]
-    for kind, target in INCLUDE.findall(text):
+    for kind, target in includes(path):
         if kind == '"' and target.startswith("core/"):
             stem = target[len("core/"):].split(".")[0]
             try:
@@ -116,13 +124,19 @@ def check_inside_core(path, name):
     return errors
 
 
+def check_core_view(path, shown):
+    """A file above core includes no core header but those of CORE_FOR_ABOVE."""
+    return [f"{shown}: includes \"{target}\", core's own; above core include only "
+            f"{', '.join(f'core/{h}' for h in sorted(CORE_FOR_ABOVE))}"
+            for kind, target in includes(path)
+            if kind == '"' and target.startswith("core/") and target[len("core/"):] not in CORE_FOR_ABOVE]
+
+
 def check_no_face(path, shown):
     """A header in src/ includes none of the public face's headers."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
     return [f"{shown}: includes <{target}>, the public face; include <fsdp/unit_runtime.h> for "
             f"the plumbing ([Note: the public face carries no plumbing])"
-            for kind, target in INCLUDE.findall(text)
+            for kind, target in includes(path)
             if kind == "<" and target.startswith("fsdp/") and target[len("fsdp/"):] in FACE]
 
 
@@ -145,6 +159,8 @@ def check(repo):
                     errors += check_no_face(os.path.join(path, name), f"src/{entry}/{name}")
                 if entry == "core":
                     errors += check_inside_core(os.path.join(path, name), name)
+                elif rank(entry) > rank("core"):
+                    errors += check_core_view(os.path.join(path, name), f"src/{entry}/{name}")
     public = os.path.join(repo, "include", "fsdp")
     for name in sorted(os.listdir(public)):
         if name not in PUBLIC:

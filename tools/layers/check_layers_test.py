@@ -2,7 +2,8 @@
 """The layer check passes on the repository and fails on an upward include: a copy of src/ and
 include/ in which the lowest layer's first header includes a header of the top layer, one in
 which a file sits outside every layer folder, one in which param_group.cpp includes fsdp_state.h
-(above it inside core), and one in which a core header includes <fsdp/fully_shard.h>.
+(above it inside core), one in which a core header includes <fsdp/fully_shard.h>, and one in
+which io's state_dict.cpp includes core/param_group.h instead of the sharded view.
 
     python3 tools/layers/check_layers_test.py REPO
 """
@@ -64,8 +65,13 @@ def main():
     red_after(repo, lambda tmp: append(os.path.join(tmp, "src", "core", "unit_comm.h"),
                                        "#include <fsdp/fully_shard.h>"),
               "src/core/unit_comm.h: includes <fsdp/fully_shard.h>, the public face")
+    # Above core, the engine is seen through the sharded view only.
+    red_after(repo, lambda tmp: append(os.path.join(tmp, "src", "io", "state_dict.cpp"),
+                                       '#include "core/param_group.h"'),
+              'src/io/state_dict.cpp: includes "core/param_group.h", core\'s own')
     print("layer check: green on the repository, red on an upward include, a stray file, an "
-          "include above a file inside core and a src/ header that includes the public face")
+          "include above a file inside core, a src/ header that includes the public face and an "
+          "engine header included above core")
 
 
 if __name__ == "__main__":

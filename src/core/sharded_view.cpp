@@ -1,0 +1,79 @@
+#include "core/sharded_view.h"
+
+#include "core/fsdp_state.h"
+#include "core/model_collectives.h"
+
+namespace fsdp::detail {
+
+const std::string& ShardedParam::name() const { return entry_->name; }
+const at::Tensor& ShardedParam::param() const { return entry_->param; }
+const std::vector<int64_t>& ShardedParam::shape() const { return entry_->shape; }
+int64_t ShardedParam::begin() const { return flat_->local_range(*entry_).first; }
+int64_t ShardedParam::end() const { return flat_->local_range(*entry_).second; }
+
+at::Tensor ShardedParam::data() const { return entry_->in_shard(flat_->shard()); }
+
+at::Tensor ShardedParam::in_shard(const at::Tensor& shard_like) const {
+  return entry_->in_shard(shard_like);
+}
+
+at::Tensor ShardedParam::in_whole(const at::Tensor& gathered) const {
+  return entry_->in_full(gathered);
+}
+
+at::Tensor ShardedParam::piece_of(const at::Tensor& whole) const {
+  return flat_->local_piece(*entry_, whole);
+}
+
+ShardedBuffer::ShardedBuffer(FsdpState& state, ParamGroup& unit, FlatParam& flat)
+    : state_(&state), unit_(&unit), flat_(&flat) {
+  for (const auto& entry : flat.entries()) params_.push_back(ShardedParam(flat, entry));
+}
+
+const at::Tensor& ShardedBuffer::shard() const { return flat_->shard(); }
+
+at::Tensor ShardedBuffer::gather_whole(const at::Tensor& shard_like) const {
+  return gather_flat(*state_, *flat_, shard_like);
+}
+
+const std::string& ShardedBuffer::unit_name() const { return unit_->name(); }
+
+bool ShardedBuffer::reshard_unless_in_backward() const { return unit_->reshard_unless_in_backward(); }
+
+bool ShardedBuffer::holds_shard_only() const {
+  return !flat_->sharded() || unit_->sharded_state() == ShardedState::Sharded;
+}
+
+// A buffer per flat parameter of each unit ([Note: a unit's flat parameters]).
+ShardedView::ShardedView(FsdpState& state) : state_(&state) {
+  for (const auto& unit : state.units()) {
+    for (FlatGroup& g : unit->flats()) buffers_.push_back(ShardedBuffer(state, *unit, g.flat));
+  }
+}
+
+std::vector<ShardedParam> ShardedView::params() const {
+  std::vector<ShardedParam> all;
+  for (const auto& buffer : buffers_) all.insert(all.end(), buffer.params().begin(), buffer.params().end());
+  return all;
+}
+
+ProcessGroup& ShardedView::world() const { return state_->world(); }
+int ShardedView::shard_rank() const { return state_->collectives().rank(); }
+int ShardedView::shard_group_size() const { return state_->collectives().size(); }
+
+bool ShardedView::first_replica() const {
+  const Collectives* replicas = state_->replicate_collectives();
+  return replicas == nullptr || replicas->rank() == 0;
+}
+
+const FullyShardOptions& ShardedView::options() const { return state_->options(); }
+c10::Device ShardedView::compute_device() const { return state_->compute_device(); }
+
+void ShardedView::all_reduce_over_shard_group(const at::Tensor& t) const {
+  detail::all_reduce_over_shard_group(*state_, t);
+}
+
+bool ShardedView::full_params_held() const { return state_->full_params_held(); }
+void ShardedView::set_full_params_held(bool held) const { state_->set_full_params_held(held); }
+
+}  // namespace fsdp::detail

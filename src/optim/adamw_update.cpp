@@ -1,0 +1,75 @@
+// fsdp::optim::AdamW's update: each parameter's state, batched by device and dtype into calls of
+// ATen's fused kernel.
+#include <fsdp/fused_adamw.h>
+
+#include "optim/fused_step.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace fsdp::optim {
+
+namespace {
+
+using torch::optim::AdamWOptions;
+using torch::optim::AdamWParamState;
+
+// A parameter's state, created as LibTorch's AdamW creates it on its first step.
+AdamWParamState& state_of(torch::optim::AdamW& optimizer, const at::Tensor& p, bool amsgrad) {
+  auto& slot = optimizer.state()[p.unsafeGetTensorImpl()];
+  if (!slot) {
+    auto state = std::make_unique<AdamWParamState>();
+    state->step(0);
+    state->exp_avg(at::zeros_like(p, at::MemoryFormat::Preserve));
+    state->exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    if (amsgrad) state->max_exp_avg_sq(at::zeros_like(p, at::MemoryFormat::Preserve));
+    slot = std::move(state);
+  }
+  auto* adam = dynamic_cast<AdamWParamState*>(slot.get());
+  TORCH_CHECK(adam, "fsdp::optim::AdamW: the state of a parameter is not AdamW's");
+  return *adam;
+}
+
+}  // namespace
+
+const at::Tensor& AdamW::device_step(const at::Tensor& param, int64_t count) {
+  DeviceStep& entry = device_steps_[param.unsafeGetTensorImpl()];
+  if (!entry.tensor.defined() || entry.tensor.device() != param.device()) {
+    entry.tensor = at::empty({1}, param.options().dtype(at::kFloat));
+    entry.step = -1;
+  }
+  if (entry.step != count - 1) {
+    entry.tensor.fill_(static_cast<double>(count - 1));  // the kernel's caller adds the 1 below
+  }
+  entry.step = count;
+  return entry.tensor;
+}
+
+// Adds (param, grad) to the fused batch of its device and dtype, creating and counting its state.
+void AdamW::add_to_batches(std::map<std::string, FusedBatch>& batches, const at::Tensor& p,
+                           const at::Tensor& grad, bool amsgrad) {
+  TORCH_CHECK(!grad.is_sparse(), "fsdp::optim::AdamW does not support sparse gradients");
+  AdamWParamState& state = state_of(*this, p, amsgrad);
+  state.step(state.step() + 1);
+  FusedBatch& batch = batches[fused::batch_key(p)];
+  batch.params.push_back(p);
+  batch.grads.push_back(grad);
+  batch.exp_avgs.push_back(state.exp_avg());
+  batch.exp_avg_sqs.push_back(state.exp_avg_sq());
+  if (amsgrad) batch.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
+  batch.steps.push_back(device_step(p, state.step()));
+}
+
+void AdamW::run_batches(std::map<std::string, FusedBatch>& batches, const AdamWOptions& options,
+                        double scale) {
+  for (auto& [key, batch] : batches) {
+    at::_foreach_add_(batch.steps, 1);  // as PyTorch's fused AdamW: the kernel reads step + 1
+    const auto [beta1, beta2] = options.betas();
+    at::_fused_adamw_(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
+                      batch.max_exp_avg_sqs, batch.steps, options.lr(), beta1, beta2,
+                      options.weight_decay(), options.eps(), options.amsgrad(),
+                      /*maximize=*/false, fused::grad_scale(scale, batch.params.front()));
+  }
+}
+
+}  // namespace fsdp::optim

@@ -1,0 +1,28 @@
+#include "optim/fused_step.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace fsdp::optim::fused {
+
+std::string batch_key(const at::Tensor& param) {
+  return param.device().str() + "/" + c10::toString(param.scalar_type());
+}
+
+std::optional<at::Tensor> grad_scale(double scale, const at::Tensor& param) {
+  if (scale == 0) return std::nullopt;
+  return at::full({1}, scale, param.options().dtype(at::kFloat));
+}
+
+void check_scale(double scale, const char* optimizer) {
+  TORCH_CHECK(scale > 0, optimizer, "::step_scaled: the scale must be positive, got ", scale);
+}
+
+torch::Tensor loss_of(const torch::optim::Optimizer::LossClosure& closure) {
+  if (!closure) return {};
+  at::AutoGradMode enable_grad(true);
+  return closure();
+}
+
+}  // namespace fsdp::optim::fused
