@@ -131,7 +131,7 @@ TEST(Prefetch, BackwardPreGathersTheNextUnitAsSoonAsABackwardStarts) {
         torch::nn::Linear(kWidth, kWidth), torch::nn::Linear(kWidth, kWidth));
     fsdp::wrap_blocks<torch::nn::Linear>(net);
     auto model = fsdp::fully_shard(net, *dist().world, fsdp::FullyShardOptions().backward_prefetch(prefetch));
-    state = model.slot().state;
+    state = model.slot().owned_model;
     model(torch::ones({1, kWidth})).sum().backward();
     return gathered;
   };

@@ -104,8 +104,8 @@ NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimiz
 
 template <class M>
 FsdpState& sharded_state(Unit<M>& root, const char* what) {
-  TORCH_CHECK(root.slot().state, what, ": the model is not sharded (call fully_shard first)");
-  return *root.slot().state;
+  TORCH_CHECK(root.slot().owned_model, what, ": the model is not sharded (call fully_shard first)");
+  return *root.slot().owned_model;
 }
 }  // namespace detail
 

@@ -20,8 +20,8 @@ double clip_grad_norm(FsdpState& state, double max_norm);
 ///   optimizer.step();
 template <class M>
 double clip_grad_norm_(Unit<M>& root, double max_norm) {
-  TORCH_CHECK(root.slot().state, "clip_grad_norm_: the model is not sharded (call fully_shard)");
-  return detail::clip_grad_norm(*root.slot().state, max_norm);
+  TORCH_CHECK(root.slot().owned_model, "clip_grad_norm_: the model is not sharded (call fully_shard)");
+  return detail::clip_grad_norm(*root.slot().owned_model, max_norm);
 }
 
 }  // namespace fsdp

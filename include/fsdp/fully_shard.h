@@ -157,11 +157,11 @@ class Unit : public M {
     }
   }
   auto operator->() const { return M::operator->(); }
-  bool is_sharded() const { return slot_ && slot_->group; }
+  bool is_sharded() const { return slot_ && slot_->unit; }
 
   /// The units of the model sharded through this root, root first (empty unless this is a root).
   std::vector<UnitInfo> units() const {
-    return slot_ && slot_->state ? detail::unit_infos(*slot_->state) : std::vector<UnitInfo>{};
+    return slot_ && slot_->owned_model ? detail::unit_infos(*slot_->owned_model) : std::vector<UnitInfo>{};
   }
 
   /// Internal: the slot filled in by fully_shard().
@@ -265,7 +265,7 @@ class Unit : public M {
 class NoSyncGuard {
  public:
   template <class M>
-  explicit NoSyncGuard(Unit<M>& root) : state_(root.slot().state) {
+  explicit NoSyncGuard(Unit<M>& root) : state_(root.slot().owned_model) {
     TORCH_CHECK(state_, "NoSyncGuard: the model is not sharded (call fully_shard)");
     detail::set_no_sync(*state_, true);
   }
@@ -288,7 +288,7 @@ Unit<M> fully_shard(M model, ProcessGroup& group, FullyShardOptions options = {}
                 "`struct NetImpl : torch::nn::Module {...}; TORCH_MODULE(Net);` and pass Net(), "
                 "or pass std::make_shared<NetImpl>()");
   Unit<M> root(std::move(model));
-  root.slot().state = detail::shard_model(root.module().ptr(), root.slot(), group, options);
+  root.slot().owned_model = detail::shard_model(root.module().ptr(), root.slot(), group, options);
   return root;
 }
 
@@ -318,7 +318,7 @@ auto fully_shard_deferred(Factory&& factory, ProcessGroup& group, FullyShardOpti
   auto model = factory();
   scope.close();
   Unit<decltype(model)> root(std::move(model));
-  root.slot().state = detail::shard_model(root.module().ptr(), root.slot(), group, options,
+  root.slot().owned_model = detail::shard_model(root.module().ptr(), root.slot(), group, options,
                                           scope.state(), scope.init());
   return root;
 }

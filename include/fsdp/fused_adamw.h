@@ -103,7 +103,7 @@ class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
 class StepInBackward {
  public:
   template <class M>
-  StepInBackward(Unit<M>& root, AdamW& optimizer) : StepInBackward(root.slot().state, optimizer) {}
+  StepInBackward(Unit<M>& root, AdamW& optimizer) : StepInBackward(root.slot().owned_model, optimizer) {}
   StepInBackward(std::shared_ptr<FsdpState> state, AdamW& optimizer);
   ~StepInBackward();
   StepInBackward(const StepInBackward&) = delete;

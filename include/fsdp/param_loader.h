@@ -32,7 +32,7 @@ void load_params_from(torch::nn::Module& module, const ParamRangeReader& read);
 /// The names and original shapes of the model's parameters, to check a source before loading.
 template <class M>
 ParamShapes param_shapes(Unit<M>& root) {
-  return root.slot().state ? detail::param_shapes(*root.slot().state)
+  return root.slot().owned_model ? detail::param_shapes(*root.slot().owned_model)
                            : detail::param_shapes(*root.module().ptr());
 }
 
@@ -49,8 +49,8 @@ ParamShapes param_shapes(Unit<M>& root) {
 ///   });
 template <class M>
 void load_params_from(Unit<M>& root, const ParamRangeReader& read) {
-  if (root.slot().state) {
-    detail::load_params_from(*root.slot().state, read);
+  if (root.slot().owned_model) {
+    detail::load_params_from(*root.slot().owned_model, read);
   } else {
     detail::load_params_from(*root.module().ptr(), read);
   }

@@ -35,8 +35,8 @@ void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
 ///   for (auto& [name, tensor] : fsdp::gather_full_params(model)) std::cout << name << "\n";
 template <class M>
 NamedTensors gather_full_params(Unit<M>& root) {
-  TORCH_CHECK(root.slot().state, "gather_full_params: the model is not sharded (call fully_shard)");
-  return detail::gather_full_params(*root.slot().state, detail::module_buffers(root));
+  TORCH_CHECK(root.slot().owned_model, "gather_full_params: the model is not sharded (call fully_shard)");
+  return detail::gather_full_params(*root.slot().owned_model, detail::module_buffers(root));
 }
 
 /// Rank 0 writes the full state dict (gather_full_params: parameters and buffers) to `path` as a
@@ -45,8 +45,8 @@ NamedTensors gather_full_params(Unit<M>& root) {
 /// rank throws if rank 0 could not write.
 template <class M>
 void save_full_params(Unit<M>& root, const std::string& path) {
-  TORCH_CHECK(root.slot().state, "save_full_params: the model is not sharded (call fully_shard)");
-  detail::save_full_params(*root.slot().state, detail::module_buffers(root), path);
+  TORCH_CHECK(root.slot().owned_model, "save_full_params: the model is not sharded (call fully_shard)");
+  detail::save_full_params(*root.slot().owned_model, detail::module_buffers(root), path);
 }
 
 /// Loads full parameters (from load_tensor_dict, e.g. a file of save_full_params or of Python's
@@ -57,8 +57,8 @@ void save_full_params(Unit<M>& root, const std::string& path) {
 /// anything, so a bad file changes nothing. `source` names the file in errors.
 template <class M>
 void load_full_params(Unit<M>& root, const NamedTensors& tensors, const std::string& source) {
-  if (root.slot().state) {
-    detail::load_full_params(*root.slot().state, detail::module_buffers(root), tensors, source);
+  if (root.slot().owned_model) {
+    detail::load_full_params(*root.slot().owned_model, detail::module_buffers(root), tensors, source);
   } else {
     detail::load_full_params(*root.module().ptr(), tensors, source);
   }

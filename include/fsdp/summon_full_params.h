@@ -45,7 +45,7 @@ class SummonFullParams {
  public:
   template <class M>
   explicit SummonFullParams(Unit<M>& root, bool writeback = true) : writeback_(writeback) {
-    if (root.is_sharded() && root.slot().state) held_ = detail::hold_full_params(*root.slot().state);
+    if (root.is_sharded() && root.slot().owned_model) held_ = detail::hold_full_params(*root.slot().owned_model);
   }
   ~SummonFullParams() {
     if (held_) detail::release_full_params(*held_, writeback_);

@@ -38,9 +38,9 @@ namespace detail {
 
 /// Where a Unit holder finds its runtime once fully_shard() has run; empty before.
 struct UnitSlot {
-  std::shared_ptr<ParamGroup> group;
-  FsdpState* model = nullptr;        // the sharded model the unit belongs to
-  std::shared_ptr<FsdpState> state;  // set on the root only: it owns every unit of the model
+  std::shared_ptr<ParamGroup> unit;
+  FsdpState* model = nullptr;              // the sharded model the unit belongs to
+  std::shared_ptr<FsdpState> owned_model;  // the root's only: the same model, owned (with every unit)
 };
 
 /// Registers `module` as a unit and returns its slot (fully_shard finds units through this).

@@ -45,7 +45,7 @@ const ParamInit& DeferredScope::init() const { return sharding_->init; }
 
 // The pipeline of [Note: one sharding pipeline] for one unit, as its Unit holder is constructed.
 void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>& module) {
-  if (!active || slot.group) return;
+  if (!active || slot.unit) return;
   DeferredSharding& sharding = *active;
   FsdpState& state = *sharding.state;
   // Built where the factory runs, sharded where the model computes.

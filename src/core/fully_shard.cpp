@@ -58,8 +58,8 @@ std::vector<UnitToShard> plans_of(const std::shared_ptr<torch::nn::Module>& root
   for (const auto& item : root->named_modules("", /*include_self=*/false)) {
     auto slot = find_unit(item.value().get());
     if (!slot) continue;
-    const bool presharded = slot->group && deferred && slot->model == deferred;
-    TORCH_CHECK(!slot->group || presharded, "fully_shard: module '", item.key(),
+    const bool presharded = slot->unit && deferred && slot->model == deferred;
+    TORCH_CHECK(!slot->unit || presharded, "fully_shard: module '", item.key(),
                 "' is already a unit of another sharded model");
     plans.push_back(UnitToShard{item.key(), slot.get(), {}, presharded});
     for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
@@ -121,10 +121,10 @@ UnitInfo info_of(const ParamGroup& unit) {
 void name_presharded_unit(const UnitToShard& plan) {
   std::unordered_map<const c10::TensorImpl*, std::string> full_names;
   for (const auto& [name, p] : plan.params) full_names.emplace(p.unsafeGetTensorImpl(), name);
-  for (FlatEntry* entry : unit_entries(*plan.slot->group)) {
+  for (FlatEntry* entry : unit_entries(*plan.slot->unit)) {
     entry->name = full_names.at(entry->param.unsafeGetTensorImpl());
   }
-  plan.slot->group->set_name(plan.name);
+  plan.slot->unit->set_name(plan.name);
 }
 
 // The device the model computes on: options.device(), else its parameters' (all on one device),
@@ -189,7 +189,7 @@ std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>&
                                        const FullyShardOptions& options,
                                        std::shared_ptr<FsdpState> deferred, const ParamInit& init) {
   options.validate(group.size(), group.settings().local_world_size);
-  TORCH_CHECK(!root_slot.group, "fully_shard: this model is already sharded");
+  TORCH_CHECK(!root_slot.unit, "fully_shard: this model is already sharded");
   const c10::Device device = compute_device(*root, options, deferred.get());
   place_on_device(*root, device, options.cpu_offload());
   std::vector<UnitToShard> plans = plans_of(root, deferred.get());
@@ -220,23 +220,23 @@ void set_gradients_reduced_hook(FsdpState& state, GradientsReducedHook hook) {
   state.set_gradients_reduced_hook(std::move(hook));
 }
 
-const std::string& unit_name(const UnitSlot& unit) { return unit.group->name(); }
+const std::string& unit_name(const UnitSlot& slot) { return slot.unit->name(); }
 
-std::optional<c10::ScalarType> input_dtype(const UnitSlot& unit) {
-  return unit.model->options().mixed_precision().param_dtype();
+std::optional<c10::ScalarType> input_dtype(const UnitSlot& slot) {
+  return slot.model->options().mixed_precision().param_dtype();
 }
 
-bool holds_full_params(const UnitSlot& unit) { return unit.model->full_params_held(); }
+bool holds_full_params(const UnitSlot& slot) { return slot.model->full_params_held(); }
 
-bool checkpoints_activations(const UnitSlot& unit) {
-  return unit.model->options().activation_checkpointing() && !unit.group->is_root();
+bool checkpoints_activations(const UnitSlot& slot) {
+  return slot.model->options().activation_checkpointing() && !slot.unit->is_root();
 }
 
-void pre_forward(UnitSlot& unit) { unit.model->pre_forward(*unit.group); }
+void pre_forward(UnitSlot& slot) { slot.model->pre_forward(*slot.unit); }
 
-void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
+void post_forward(UnitSlot& slot, const std::vector<at::Tensor>& inputs,
                   const std::vector<at::Tensor>& outputs, bool training) {
-  unit.model->post_forward(*unit.group, inputs, outputs, training);
+  slot.model->post_forward(*slot.unit, inputs, outputs, training);
 }
 
 }  // namespace detail

@@ -23,7 +23,7 @@ ModelDescription describe(const std::vector<UnitToShard>& plans) {
   ModelDescription description;
   for (const auto& plan : plans) {
     if (plan.presharded) {
-      for (const FlatEntry* entry : unit_entries(*plan.slot->group)) {
+      for (const FlatEntry* entry : unit_entries(*plan.slot->unit)) {
         description.names.push_back(entry->name);
         description.lines.push_back(describe_param(plan.name, entry->name, entry->param,
                                                    entry->shape, entry->param.requires_grad()));
@@ -82,7 +82,7 @@ void shard_units(FsdpState& state, std::vector<UnitToShard>& plans, const ParamI
   for (auto& plan : plans) {
     if (plan.presharded) continue;
     if (options.sync_module_states()) broadcast_from_rank0(tensors_of(plan.params), state.world());
-    plan.slot->group =
+    plan.slot->unit =
         add_unit(state, plan.name, std::move(plan.params), plan.is_root, full_precision);
     plan.slot->model = &state;
   }
