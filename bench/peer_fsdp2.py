@@ -7,7 +7,10 @@ Launch (from the repository root):
         --layers 4 --dim 128 --heads 4 --seq 128 --batch 8 --steps 20 --lr 1e-3 \
         --init-from init.pt --batches batches.pt --metrics peer-{rank}.jsonl [--device cuda]
 
-The model mirrors examples/gpt/gpt.cpp exactly (names, pre-LN blocks, tanh-GELU, causal SDPA, head
+With `--model llama` the model is transformers' own LlamaForCausalLM, read from the Hugging Face
+folder gpt_train reads with --init-from-hf (one unit per decoder layer, then the root).
+
+The GPT model mirrors examples/gpt/gpt.cpp exactly (names, pre-LN blocks, tanh-GELU, causal SDPA, head
 tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/step.cpp (zero_grad,
 forward, cross-entropy, backward, AdamW step) and trainer.cpp (all-reduce of the loss for the
 global mean), and it is timed over the same span.
@@ -102,17 +105,36 @@ class GPT(nn.Module):
         return torch.matmul(self.ln_f(x), self.wte.weight.t())  # head tied to wte
 
 
+def build_model(args, device):
+    """The model with its weights, and its blocks (one FSDP unit each, as gpt_train's)."""
+    if args.model == "llama":
+        from transformers import LlamaForCausalLM
+        model = LlamaForCausalLM.from_pretrained(args.init_from, dtype=torch.float32,
+                                                 attn_implementation="sdpa").to(device)
+        return model, list(model.model.layers)
+    with device:
+        model = GPT(args.layers, args.dim, args.heads, args.seq)
+    model.load_state_dict(torch.load(args.init_from), strict=True)
+    return model, list(model.h)
+
+
+def logits_of(model, inputs):
+    out = model(inputs)
+    return out if torch.is_tensor(out) else out.logits
+
+
 def lm_loss(logits, targets):
     # In fp32 even when the model computes in bf16, as gpt_train's lm_loss (a no-op in fp32).
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
 
 
 def make_optimizer(model, lr, weight_decay, fused=False):
-    """gpt_train's AdamW; fused=True: PyTorch's fused kernel (gpt_train --optimizer fused), else
-    its default, the foreach implementation."""
+    """gpt_train's AdamW: weight decay on matrices and embeddings, none on norms and biases (the
+    1-D parameters); fused=True: PyTorch's fused kernel (gpt_train --optimizer fused), else its
+    default, the foreach implementation."""
     decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if ("ln_" in name or "bias" in name) else decay).append(p)
+    for p in model.parameters():
+        (no_decay if p.dim() < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay,
@@ -208,7 +230,11 @@ def main():
     ap.add_argument("--param-dtype", choices=DTYPES, default="fp32", help="mixed precision: compute dtype")
     ap.add_argument("--reduce-dtype", choices=DTYPES, default=None,
                     help="mixed precision: gradient reduction dtype (default: --param-dtype)")
-    ap.add_argument("--init-from", required=True, help="full params (gpt_train --save-full)")
+    ap.add_argument("--model", choices=["gpt2", "llama"], default="gpt2",
+                    help="llama: transformers' own LlamaForCausalLM, loaded from --init-from (a "
+                         "Hugging Face folder, gpt_train --init-from-hf's)")
+    ap.add_argument("--init-from", required=True,
+                    help="gpt2: full params (gpt_train --save-full); llama: a Hugging Face folder")
     ap.add_argument("--batches", required=True, help="gpt_train --dump-batches output")
     ap.add_argument("--metrics", default="", help="JSON lines per step; {rank} becomes the rank")
     ap.add_argument("--log-every", type=int, default=0)
@@ -234,14 +260,12 @@ def main():
                          f"world {world} x --batch {args.batch}, --seq {args.seq}")
     rows = slice(rank * args.batch, (rank + 1) * args.batch)
 
-    with device:
-        model = GPT(args.layers, args.dim, args.heads, args.seq)
-    model.load_state_dict(torch.load(args.init_from), strict=True)
+    model, blocks = build_model(args, device)
     mesh = init_device_mesh(device.type, (world,))
     param_dtype = DTYPES[args.param_dtype]
     reduce_dtype = DTYPES[args.reduce_dtype or args.param_dtype]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
-    for block in model.h:
+    for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, fused=args.fused)
@@ -260,7 +284,7 @@ def main():
 
         inputs, targets = inputs_all[step, rows].to(device), targets_all[step, rows].to(device)
         optimizer.zero_grad()
-        loss = lm_loss(model(inputs), targets)
+        loss = lm_loss(logits_of(model, inputs), targets)
         loss.backward()
         optimizer.step()
 

@@ -82,7 +82,7 @@ TEST(Gpt, AParameterWithANanOrAnInfIsNotFinite) {
   for (const double bad : bad_values) {
     auto broken = gpt::make_gpt(two_block_config(), 1);
     torch::NoGradGuard no_grad;
-    broken->h[1]->mlp->c_fc->weight.view({-1})[77] = bad;
+    broken->h[1]->mlp.get<gpt::MLP>()->c_fc->weight.view({-1})[77] = bad;
     EXPECT_FALSE(gpt::parameters_finite(broken, nullptr)) << bad;
   }
 }

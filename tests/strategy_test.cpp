@@ -223,10 +223,10 @@ TEST(Strategy, ShardGradOpKeepsUnitsUnshardedUntilBackward) {
   auto x = torch::zeros({1, 16}, torch::kLong);
   auto logits = model(x);
   // Between forward and backward the blocks' parameters have their full shapes.
-  EXPECT_EQ(model->h[0]->attn->c_attn->weight.sizes(), torch::IntArrayRef({96, 32}));
+  EXPECT_EQ(model->h[0]->attn.get<gpt::CausalSelfAttention>()->c_attn->weight.sizes(), torch::IntArrayRef({96, 32}));
   logits.sum().backward();
   if (dist().world_size() > 1) {
-    EXPECT_EQ(model->h[0]->attn->c_attn->weight.dim(), 1);
+    EXPECT_EQ(model->h[0]->attn.get<gpt::CausalSelfAttention>()->c_attn->weight.dim(), 1);
   }
 }
 

@@ -1,6 +1,6 @@
 #include "checkpointing.h"
 
-#include "hf_gpt2.h"
+#include "hf_folder.h"
 #include "options.h"
 #include "trainer.h"
 
@@ -557,8 +557,8 @@ void export_hf(const TrainOptions& o, const fsdp::NamedTensors& full_params,
     try {
       const nlohmann::json base = o.init_from_hf.empty()
                                       ? nlohmann::json()
-                                      : HfGpt2Config::read(o.init_from_hf).json;
-      export_hf_gpt2(full_params, o.model, base, o.export_hf);
+                                      : HfConfig::read(o.init_from_hf).json;
+      write_hf_folder(full_params, o.model, base, o.export_hf);
     } catch (const std::exception& e) {
       error = fsdp::message_of(e);
     }

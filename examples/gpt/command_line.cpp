@@ -2,7 +2,7 @@
 
 #include "data.h"
 #include "gpt.h"
-#include "hf_gpt2.h"
+#include "hf_folder.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <cerrno>
@@ -94,11 +94,27 @@ namespace {
 // The model, its optimizer and the run's length.
 void add_model_options(CLI::App& app, CommandLine& cl) {
   TrainOptions& o = cl.train;
+  app.add_option("--model", cl.model,
+                 "gpt2: GPT-2's architecture (LayerNorm, learned positions, GELU, head tied to "
+                 "wte); llama: the Llama family's (RMSNorm, rotary positions, grouped-query "
+                 "attention, SwiGLU, an untied head). --init-from-hf takes config.json's")
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->capture_default_str();
   app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)")
       ->check(integer_in(1, kMaxLayers));
   app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, kMaxDim));
   app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, kMaxHeads));
   app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, kMaxSeq));
+  app.add_option("--kv-heads", o.model.kv_heads,
+                 "--model llama: key/value heads, dividing --heads (grouped-query attention; "
+                 "default: --heads)")
+      ->check(integer_in(1, kMaxHeads));
+  app.add_option("--ffn-dim", o.model.ffn_dim,
+                 "--model llama: SwiGLU's hidden width (default: 8·dim/3 rounded up to 32)")
+      ->check(integer_in(1, kMaxDim * 16));
+  app.add_option("--rope-theta", o.model.rope_theta, "--model llama: the rotary base")
+      ->check(real_at_least(0, /*strictly_above=*/true))
+      ->capture_default_str();
   app.add_option("--batch", o.batch, "sequences per rank per step")
       ->check(integer_in(1, kMaxBatch, "sequences per rank per step"));
   app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
@@ -257,6 +273,7 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
 // The flags whose text becomes options of another form.
 void convert_flag_values(const CLI::App& app, CommandLine& cl) {
   TrainOptions& o = cl.train;
+  o.model.arch = cl.model == "llama" ? Architecture::Llama : Architecture::Gpt2;
   o.max_data_bytes = cl.max_data_mb << 20;
   o.fused_optimizer = cl.optimizer == "fused";
   o.resume = app.count("--resume") > 0;
@@ -303,11 +320,26 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   cl.train.data_is_tokens = !cl.data_tokens.empty();
   if (!cl.data_tokens.empty()) cl.train.data = cl.data_tokens;
   if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
-  if (cl.train.model.dim % cl.train.model.heads != 0) {
-    return "--dim " + std::to_string(cl.train.model.dim) + " is not a multiple of --heads " +
-           std::to_string(cl.train.model.heads);
-  }
+  if (std::string error = check_model_flags(app, cl.train.model); !error.empty()) return error;
   if (cl.device != "cpu") cl.train.fsdp.device(c10::Device(cl.device == "cuda" ? "cuda:0" : cl.device));
+  return "";
+}
+
+std::string check_model_flags(const CLI::App& app, const GPTConfig& model) {
+  if (!model.is_llama()) {
+    for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta"}) {
+      if (app.count(flag) > 0) return std::string(flag) + " applies to --model llama only";
+    }
+  }
+  if (model.dim % model.heads != 0) {
+    return "--dim " + std::to_string(model.dim) + " is not a multiple of --heads " +
+           std::to_string(model.heads) + " (each head gets dim/heads channels)";
+  }
+  try {
+    model.validate();
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
   return "";
 }
 
@@ -466,22 +498,32 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
 
 std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
   if (o.init_from_hf.empty()) return "";
+  for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta"}) {
+    if (app.count(flag) > 0) {
+      return std::string(flag) + " contradicts --init-from-hf, whose config.json sets the "
+             "model's sizes; omit " + flag;
+    }
+  }
+  const Architecture asked = o.model.arch;
   try {
     const GivenSizes given{app.count("--layers") > 0, app.count("--dim") > 0,
                            app.count("--heads") > 0, app.count("--seq") > 0,
                            app.count("--vocab") > 0};
-    apply_hf_config(HfGpt2Config::read(o.init_from_hf), o.init_from_hf, given, o.model);
+    apply_hf_config(HfConfig::read(o.init_from_hf), o.init_from_hf, given, o.model);
   } catch (const c10::Error& e) {
     return e.msg();
+  }
+  if (app.count("--model") > 0 && asked != o.model.arch) {
+    return "--model " + std::string(asked == Architecture::Llama ? "llama" : "gpt2") +
+           " contradicts --init-from-hf " + o.init_from_hf + ", whose config.json holds a " +
+           (o.model.is_llama() ? "Llama-family model (--model llama)" : "GPT-2 (--model gpt2)") +
+           "; omit --model";
   }
   return "";
 }
 
 std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, bool reference) {
-  if (o.model.dim % o.model.heads != 0) {
-    return "--dim " + std::to_string(o.model.dim) + " is not a multiple of --heads " +
-           std::to_string(o.model.heads) + " (each head gets dim/heads channels)";
-  }
+  if (std::string error = check_model_flags(app, o.model); !error.empty()) return error;
   if (std::string error = check_model_fits_memory(o, reference); !error.empty()) return error;
   if (app.count("--world-size") > 0 && !reference) {
     return "--world-size only applies with --reference (a sharded run takes WORLD_SIZE from its "

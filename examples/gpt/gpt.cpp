@@ -1,5 +1,7 @@
 #include "gpt.h"
 
+#include "llama.h"
+
 #include <fsdp/fused_adamw.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,9 +18,19 @@ void GPTConfig::validate() const {
   TORCH_CHECK(max_seq >= 2, "--seq must be >= 2, got ", max_seq);
   TORCH_CHECK(positions == 0 || positions >= max_seq, "--seq ", max_seq,
               " is longer than the model's context of ", positions, " positions");
+  if (!is_llama()) return;
+  TORCH_CHECK(key_value_heads() >= 1 && heads % key_value_heads() == 0, "--kv-heads (",
+              key_value_heads(), ") must divide --heads (", heads, "): each key/value head serves ",
+              "a whole group of query heads");
+  TORCH_CHECK(head_size() >= 2 && head_size() % 2 == 0, "a Llama's head size (", head_size(),
+              ") must be even: rotary embeddings rotate pairs of channels");
+  TORCH_CHECK(mlp_dim() >= 1, "--ffn-dim must be >= 1, got ", mlp_dim());
+  TORCH_CHECK(norm_eps > 0 && rope_theta > 0, "a Llama's rms_norm_eps and rope_theta must be "
+              "positive, got ", norm_eps, " and ", rope_theta);
 }
 
 GptLayers gpt_layers(const GPTConfig& config, GptCode code) {
+  if (config.is_llama()) return llama_layers(config);
   const int64_t C = config.dim, V = config.vocab_size;
   GptLayers layers;
   layers.before_blocks = {{"wte", LayerKind::Embedding, V, C},
@@ -71,20 +83,36 @@ torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   return c_proj(torch::gelu(c_fc(x), "tanh"));
 }
 
+namespace {
+
+// The norm `name` of `module` as registered from the table: a LayerNorm (GPT-2) or an RMSNorm.
+torch::nn::AnyModule norm_child(torch::nn::Module& module, const std::string& name,
+                                const GPTConfig& config) {
+  if (config.is_llama()) return torch::nn::AnyModule(child<RMSNorm>(module, name));
+  return torch::nn::AnyModule(child<torch::nn::LayerNorm>(module, name));
+}
+
+}  // namespace
+
 BlockImpl::BlockImpl(const GPTConfig& config) {
   const auto make_group = [&](const std::string& group) -> std::shared_ptr<torch::nn::Module> {
-    if (group == "attn") return (attn = CausalSelfAttention(config)).ptr();
-    TORCH_CHECK(group == "mlp", "a GPT block has no ", group);
-    return (mlp = MLP(config)).ptr();
+    if (group == "attn") {
+      attn = config.is_llama() ? torch::nn::AnyModule(LlamaAttention(config))
+                               : torch::nn::AnyModule(CausalSelfAttention(config));
+      return attn.ptr();
+    }
+    TORCH_CHECK(group == "mlp", "a block has no ", group);
+    mlp = config.is_llama() ? torch::nn::AnyModule(SwiGLU(config)) : torch::nn::AnyModule(MLP(config));
+    return mlp.ptr();
   };
   register_layers(*this, gpt_layers(config).block, "", make_group);
-  ln_1 = child<torch::nn::LayerNorm>(*this, "ln_1");
-  ln_2 = child<torch::nn::LayerNorm>(*this, "ln_2");
+  ln_1 = norm_child(*this, "ln_1", config);
+  ln_2 = norm_child(*this, "ln_2", config);
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto y = x + attn(ln_1(x));
-  return y + mlp(ln_2(y));
+  auto y = x + attn.forward(ln_1.forward(x));
+  return y + mlp.forward(ln_2.forward(y));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
@@ -103,18 +131,20 @@ GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
   register_module("h", blocks);
   register_layers(*this, layers.after_blocks, "");
   wte = child<torch::nn::Embedding>(*this, "wte");
-  wpe = child<torch::nn::Embedding>(*this, "wpe");
-  ln_f = child<torch::nn::LayerNorm>(*this, "ln_f");
+  if (!config.is_llama()) wpe = child<torch::nn::Embedding>(*this, "wpe");
+  ln_f = norm_child(*this, "ln_f", config);
+  if (!config.head_is_wte()) lm_head = child<UninitializedLinear>(*this, "lm_head");
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config.context(), "sequence of ", T, " tokens is longer than the model's ",
               config.context());
-  auto positions = torch::arange(T, idx.options().dtype(torch::kLong));
-  auto x = wte(idx) + wpe(positions);
+  auto x = wte(idx);
+  if (wpe) x = x + wpe(torch::arange(T, idx.options().dtype(torch::kLong)));  // Llama: RoPE
   for (auto& block : h) x = block(x);
-  return torch::matmul(ln_f(x), wte->weight.t());  // head tied to wte
+  x = ln_f.forward(x);
+  return lm_head ? lm_head(x) : torch::matmul(x, wte->weight.t());
 }
 
 void init_parameter(const GPTConfig& config, const std::string& name, torch::Tensor& p,

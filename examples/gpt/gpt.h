@@ -1,8 +1,13 @@
 #pragma once
-// A byte-level GPT with GPT-2's layout and parameter names (wte, wpe, h.{i}.ln_1, h.{i}.attn.c_attn,
-// h.{i}.attn.c_proj, h.{i}.ln_2, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj, ln_f; the output head is tied
-// to wte). Pre-LayerNorm, causal attention, tanh-GELU, no dropout. Each block is one FSDP unit.
-// Its layers and their sizes are one table, gpt_layers, which the modules below register.
+// gpt_train's decoder, of one of two architectures (GPTConfig::arch), each block one FSDP unit:
+// - GPT-2 (the default): a byte-level GPT with GPT-2's layout and parameter names (wte, wpe,
+//   h.{i}.ln_1, h.{i}.attn.c_attn, h.{i}.attn.c_proj, h.{i}.ln_2, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj,
+//   ln_f; the output head is tied to wte). Pre-LayerNorm, causal attention, tanh-GELU, no dropout.
+// - Llama (llama.h): RMSNorm, rotary positions, grouped-query attention, a SwiGLU MLP, an untied
+//   head (lm_head) or a tied one; the same slots (wte, h.{i}.ln_1, h.{i}.attn.*, h.{i}.ln_2,
+//   h.{i}.mlp.*, ln_f), so that the trainer, the planner and --freeze treat both alike.
+// Both are pre-norm residual blocks, x + attn(ln_1(x)), then + mlp(ln_2(.)). Their layers and
+// sizes are one table, gpt_layers, which the modules below register and the planner describes.
 
 #include "layer_table.h"
 
@@ -10,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <vector>
 
 namespace gpt {
@@ -27,21 +33,53 @@ constexpr int64_t kMaxPositions = int64_t{1} << 40;
 constexpr int64_t kMaxVocab = int64_t{1} << 16;  // --vocab, vocab_size (token ids are uint16)
 constexpr int64_t kMaxBatch = int64_t{1} << 20;  // --batch, each of --batches
 
+enum class Architecture { Gpt2, Llama };
+
+/// Llama 3's scaling of the rotary frequencies (transformers' rope_type "llama3"): wavelengths
+/// longer than original_context / low_freq_factor are divided by `factor`, those shorter than
+/// original_context / high_freq_factor kept, those between blended.
+struct Llama3RopeScaling {
+  double factor = 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int64_t original_context = 8192;  // original_max_position_embeddings
+};
+
 struct GPTConfig {
+  Architecture arch = Architecture::Gpt2;
   int64_t vocab_size = 256;  // bytes
   int64_t layers = 4;
   int64_t dim = 128;
   int64_t heads = 4;
   int64_t max_seq = 128;     // the training sequence length (--seq)
-  int64_t positions = 0;     // rows of wpe, the context length (0: max_seq); a GPT-2's n_positions
+  int64_t positions = 0;     // the context length (0: max_seq): GPT-2's n_positions (rows of
+                             // wpe), Llama's max_position_embeddings
+  // Llama only (the GPT-2's are fixed: as many key/value heads as heads, an MLP of 4·dim, a
+  // LayerNorm of epsilon 1e-5, a head tied to wte).
+  int64_t kv_heads = 0;    // key/value heads, dividing heads (0: heads)
+  int64_t head_dim = 0;    // channels per head (0: dim / heads)
+  int64_t ffn_dim = 0;     // SwiGLU's hidden width (0: default_ffn_dim())
+  double norm_eps = 1e-5;  // RMSNorm's epsilon
+  double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_scaling;
+  bool tied_head = false;  // the head is wte (else a matrix of its own, lm_head)
+  bool qkv_bias = false;   // Qwen2's biases on q, k and v
 
+  bool is_llama() const { return arch == Architecture::Llama; }
   int64_t context() const { return positions > 0 ? positions : max_seq; }
+  int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
+  /// Llama's hidden width when not given: 8·dim/3 (SwiGLU's three matrices cost what GPT-2's two
+  /// of 4·dim do), rounded up to a multiple of 32.
+  int64_t default_ffn_dim() const { return (8 * dim / 3 + 31) / 32 * 32; }
+  int64_t mlp_dim() const { return is_llama() ? (ffn_dim > 0 ? ffn_dim : default_ffn_dim()) : 4 * dim; }
+  bool head_is_wte() const { return !is_llama() || tied_head; }
 
   /// Throws naming the bad value (e.g. dim not divisible by heads).
   void validate() const;
   /// A configuration of the given size (byte vocabulary).
-  static GPTConfig sized(int64_t layers, int64_t dim, int64_t heads, int64_t max_seq) {
+  static GPTConfig sized(int64_t layers, int64_t dim, int64_t heads, int64_t max_seq,
+                         Architecture arch = Architecture::Gpt2) {
     GPTConfig config;
+    config.arch = arch;
     config.layers = layers;
     config.dim = dim;
     config.heads = heads;
@@ -55,8 +93,8 @@ struct GPTConfig {
 /// ops, an untied head), which only the planner describes.
 enum class GptCode { ThisProject, MinGpt };
 
-/// The GPT's layers, the one table that gpt.cpp's modules register and the planner describes
-/// (gpt_plan.cpp), each in registration order.
+/// The model's layers, the one table that gpt.cpp's and llama.cpp's modules register and the
+/// planner describes (gpt_plan.cpp), each in registration order.
 struct GptLayers {
   std::vector<Layer> before_blocks;  // the root's layers registered before the blocks, "h"
   std::vector<Layer> block;          // each block's, below "h.N."
@@ -84,13 +122,13 @@ struct MLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
+/// A pre-norm residual block of either architecture: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
-  CausalSelfAttention attn{nullptr};
-  MLP mlp{nullptr};
+  // LayerNorm or RMSNorm; CausalSelfAttention or LlamaAttention; MLP or SwiGLU (llama.h).
+  torch::nn::AnyModule ln_1, attn, ln_2, mlp;
 };
 TORCH_MODULE(Block);
 
@@ -100,9 +138,10 @@ struct GPTImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& idx);
 
   GPTConfig config;
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: GPT-2 only
   std::vector<fsdp::Unit<Block>> h;  // one FSDP unit per block; modules registered as "h.{i}"
-  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::AnyModule ln_f;         // LayerNorm or RMSNorm
+  UninitializedLinear lm_head{nullptr};  // an untied Llama head only
 };
 TORCH_MODULE(GPT);
 
@@ -120,8 +159,9 @@ uint64_t parameter_seed(uint64_t seed, const std::string& name);
 /// Mean cross-entropy of next-byte prediction.
 torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
-/// AdamW with weight decay on matrices only (decided from the original shapes, so call it
-/// before or after sharding alike: the parameters stay the same tensors). `fused`: ATen's fused
+/// AdamW with weight decay on matrices only (not the norms ln_*, not the biases: the 1-D
+/// parameters of either architecture; decided by name, so call it before or after sharding
+/// alike: the parameters stay the same tensors). `fused`: ATen's fused
 /// kernel (fsdp::optim::AdamW, the default), else LibTorch's loop (torch::optim::AdamW); the same
 /// state either way, so a checkpoint of one resumes with the other.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay,

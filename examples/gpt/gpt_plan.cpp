@@ -75,6 +75,33 @@ fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H,
   return a;
 }
 
+// [Note: Llama activations]
+// A Llama block (llama.cpp; width C, H query and KV key/value heads of d channels, SwiGLU width I)
+// keeps per sequence of T tokens:
+// - each RMSNorm (layer_table.cpp, transformers' formula): its rsqrt (T·4), the normalised input
+//   cast back (TC·e, saved by the weight's product) and its output (TC·e, saved by the next
+//   matmuls); below fp32 also the fp32 copy of its input (TC·4, saved by pow and the product).
+// - attention: the rotated q (THd·e) and k (T·KV·d·e), v (T·KV·d·e: the projection's output,
+//   viewed), all saved by the fused kernel (GQA in the kernel: no repeated copies), its output
+//   (THd·e, saved by o_proj; laid out [B,T,H,d] as the GPT's) and log-sum-exp (TH·4). The
+//   rotation saves only its cos and sin tables, which each attention keeps between steps.
+// - the residual sum (TC·e, saved by ln_2) and the block's output (TC·e, the next block's input).
+// - SwiGLU: gate's output (saved by SiLU), SiLU's output and up's output (saved by their
+//   product), the product (saved by down_proj): 4TI·e.
+// 6TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 8T + 4TH (+ 2TC·4 below fp32). Its backward peaks in
+// SwiGLU's: the incoming gradient (TC·e) and three gradients of width I (3TI·e).
+fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e) {
+  const int64_t T = config.max_seq, C = config.dim, H = config.heads, KV = config.key_value_heads();
+  const int64_t d = config.head_size(), I = config.mlp_dim();
+  fsdp::PlanActivations a;
+  a.saved = sum({product({6, T, C, e}), product({2, T, H, d, e}), product({2, T, KV, d, e}),
+                 product({4, T, I, e}), 8 * T, product({4, T, H}), e < 4 ? product({2, T, C, 4}) : 0});
+  a.checkpointed = product({T, C, e});
+  a.forward_transient = product({T, C, e});  // o_proj's (down_proj's) output before the residual sum
+  a.backward_transient = sum({product({T, C, e}), product({3, T, I, e})});
+  return a;
+}
+
 fsdp::PlanActivations block_activations(int64_t T, int64_t C, int64_t H, int64_t e) {
   fsdp::PlanActivations a;
   a.saved = sum({product({16, T, C, e}), 16 * T, product({4, T, H})});
@@ -92,6 +119,24 @@ std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const s
   return params;
 }
 
+// What a Llama block computes: its products (2 flops per multiply-add) and other ops' traffic.
+void describe_llama_block(const GPTConfig& config, int64_t e, fsdp::PlanUnit& unit) {
+  const double T = static_cast<double>(config.max_seq), C = static_cast<double>(config.dim);
+  const double q = static_cast<double>(config.heads * config.head_size());
+  const double kv = static_cast<double>(config.key_value_heads() * config.head_size());
+  const double I = static_cast<double>(config.mlp_dim());
+  unit.activations = llama_block_activations(config, e);
+  // The largest weight gradient: a SwiGLU matrix or q_proj / o_proj.
+  unit.backward_workspace = product({std::max(config.mlp_dim(), config.heads * config.head_size()), config.dim, e});
+  unit.forward_flops = 2.0 * T * (C * q + 2 * C * kv + q * C + 3 * C * I);
+  unit.forward_attention_flops = 2.0 * T * T * q;  // causal: half of QKᵀ and of PV
+  unit.forward_transcendentals = T * I;           // SiLU's exp
+  // Two RMSNorms (~4 passes of TC in fp32 each), two residual sums (3TC), the rotations of q and
+  // k (~6 passes each), SwiGLU's SiLU and product (5TI).
+  unit.forward_memory_bytes = 32.0 * T * C + (6.0 * T * C + 6.0 * T * (q + kv) + 5.0 * T * I) * e;
+  unit.forward_ops = 30;
+}
+
 // Block i: its layers' parameters below "h.i.", and what it computes and keeps.
 fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int64_t i, int64_t e,
                           GptCode code) {
@@ -99,6 +144,10 @@ fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int6
   fsdp::PlanUnit unit;
   unit.name = "h." + std::to_string(i);
   unit.params = params_of(layers.block, unit.name + ".");
+  if (config.is_llama()) {
+    describe_llama_block(config, e, unit);
+    return unit;
+  }
   unit.activations = code == GptCode::MinGpt ? min_gpt_block_activations(T, C, config.heads, e)
                                              : block_activations(T, C, config.heads, e);
   unit.backward_workspace = product({4, C, C, e});
@@ -135,7 +184,12 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64
     root.activations.backward_transient = product({2, T, V, e});
     return root;
   }
-  root.activations.saved = sum({product({T, C, e}), 8 * T, product({T, V, 4})});
+  // ln_f: LayerNorm's mean and rstd (8T) and output; RMSNorm's rsqrt (4T), normalised input
+  // and output (and, below fp32, its input's fp32 copy). Then log_softmax's output.
+  const int64_t ln_f = config.is_llama()
+                           ? sum({product({2, T, C, e}), 4 * T, e < 4 ? product({T, C, 4}) : 0})
+                           : sum({product({T, C, e}), 8 * T});
+  root.activations.saved = sum({ln_f, product({T, V, 4})});
   root.activations.forward_transient = sum({product({T, V, e}), e < 4 ? product({T, V, 4}) : 0});
   root.activations.backward_transient = product({2, T, V, 4});
   return root;
@@ -151,13 +205,19 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
   TORCH_CHECK(config.layers >= 1 && config.layers <= kMaxLayers, "the GPT has ", config.layers,
               " blocks; gpt_train builds 1 to ", kMaxLayers, " (--layers' bound)");
   fsdp::PlanModel model;
-  model.name = std::string(code == GptCode::MinGpt ? "minGPT " : "GPT ") + std::to_string(config.layers) + "x" + std::to_string(C) + ", " +
-               std::to_string(config.heads) + " heads, seq " + std::to_string(T) + ", vocab " +
-               std::to_string(config.vocab_size);
+  const std::string kind = code == GptCode::MinGpt ? "minGPT " : config.is_llama() ? "Llama " : "GPT ";
+  const std::string kv_heads = config.is_llama() && config.key_value_heads() != config.heads
+                                   ? " (" + std::to_string(config.key_value_heads()) + " kv)"
+                                   : "";
+  model.name = kind + std::to_string(config.layers) + "x" + std::to_string(C) + ", " +
+               std::to_string(config.heads) + " heads" + kv_heads + ", seq " + std::to_string(T) +
+               ", vocab " + std::to_string(config.vocab_size);
   const GptLayers layers = gpt_layers(config, code);
   model.root = root_unit(config, layers, e, code);
-  model.root_pre.saved = sum({product({T, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});  // minGPT: a dropout mask
-  model.root_pre.forward_transient = product({T, C, e});
+  // The first block's input: the embeddings' sum (a Llama's: wte's output alone); minGPT adds
+  // a dropout mask.
+  model.root_pre.saved = sum({product({T, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});
+  model.root_pre.forward_transient = config.is_llama() ? 0 : product({T, C, e});
   model.root_pre.backward_transient = product({T, C, e});
   for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, layers, i, e, code));
   model.sequence_tokens = T;

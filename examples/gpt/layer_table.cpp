@@ -14,6 +14,16 @@ torch::Tensor UninitializedLinearImpl::forward(const torch::Tensor& x) {
   return torch::nn::functional::linear(x, weight, bias);
 }
 
+RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  const torch::Tensor x32 = x.to(torch::kFloat);
+  const torch::Tensor rms = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * (x32 * rms).to(x.scalar_type());
+}
+
 std::vector<fsdp::PlanParam> layer_params(const Layer& layer, const std::string& prefix) {
   const std::string name = prefix + layer.name;
   switch (layer.kind) {
@@ -23,6 +33,8 @@ std::vector<fsdp::PlanParam> layer_params(const Layer& layer, const std::string&
     case LayerKind::LayerNorm:
       if (!layer.bias) return {{name + ".weight", {layer.in}}};
       return {{name + ".weight", {layer.in}}, {name + ".bias", {layer.in}}};
+    case LayerKind::RMSNorm:
+      return {{name + ".weight", {layer.in}}};
     case LayerKind::Embedding:
       return {{name + ".weight", {layer.in, layer.out}}};
   }
@@ -37,7 +49,9 @@ std::shared_ptr<torch::nn::Module> build_layer(const Layer& layer) {
       return UninitializedLinear(layer.in, layer.out, layer.bias).ptr();
     case LayerKind::LayerNorm:
       TORCH_CHECK(layer.bias, layer.name, ": torch::nn::LayerNorm has a bias");
-      return torch::nn::LayerNorm(torch::nn::LayerNormOptions({layer.in})).ptr();
+      return torch::nn::LayerNorm(torch::nn::LayerNormOptions({layer.in}).eps(layer.eps)).ptr();
+    case LayerKind::RMSNorm:
+      return RMSNorm(layer.in, layer.eps).ptr();
     case LayerKind::Embedding:
       return torch::nn::Embedding(layer.in, layer.out).ptr();
   }

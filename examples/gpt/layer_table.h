@@ -17,6 +17,7 @@ namespace gpt {
 enum class LayerKind {
   Linear,     // weight [out, in], bias [out]; its weights left uninitialised (UninitializedLinear)
   LayerNorm,  // weight [in], bias [in] (torch::nn::LayerNorm over the last dimension, of size in)
+  RMSNorm,    // weight [in] (RMSNorm below)
   Embedding,  // weight [in, out]: `in` rows (the vocabulary, the positions) of width `out`
 };
 
@@ -25,6 +26,7 @@ struct Layer {
   LayerKind kind;
   int64_t in = 0, out = 0;
   bool bias = true;
+  double eps = 1e-5;  // the norms'
 };
 
 /// torch::nn::Linear without its constructor's kaiming-uniform draw, which make_gpt (or the
@@ -37,6 +39,18 @@ struct UninitializedLinearImpl : torch::nn::Module {
   torch::Tensor weight, bias;
 };
 TORCH_MODULE(UninitializedLinear);
+
+/// Llama's RMSNorm as transformers computes it: in fp32 whatever the input's dtype,
+/// weight · (x / sqrt(mean(x²) + eps)), the normalised x cast back to the input's dtype before the
+/// weight multiplies it.
+struct RMSNormImpl : torch::nn::Module {
+  RMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  double eps;
+  torch::Tensor weight;
+};
+TORCH_MODULE(RMSNorm);
 
 /// `layer`'s parameters, each name prefixed by `prefix` ("h.3."), in registration order.
 std::vector<fsdp::PlanParam> layer_params(const Layer& layer, const std::string& prefix);

@@ -60,8 +60,8 @@ struct TrainOptions {
   bool reset_optimizer = false;  // with resume: load the parameters only; AdamW starts afresh
   int64_t test_pause_after_shard_files_ms = 0;  // tests: each save sleeps this long before its metadata
   int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
-  std::string init_from_hf;  // a transformers GPT-2 folder to start from (hf_gpt2.h)
-  std::string export_hf;     // rank 0 writes a transformers GPT-2 folder here after training
+  std::string init_from_hf;  // a transformers GPT-2 or Llama folder to start from (hf_folder.h)
+  std::string export_hf;     // rank 0 writes a transformers folder of the model here after training
   std::string eval_tokens;   // a .bin token file: loss and logits on it before and after training
   std::string eval_out;      // rank 0 writes those here (torch.load: inputs, loss_*, logits_*)
   // TrainResult::final_params: every rank gathers a full copy of the trained model (the tests

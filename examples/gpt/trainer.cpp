@@ -2,7 +2,7 @@
 
 #include "checkpointing.h"
 #include "data.h"
-#include "hf_gpt2.h"
+#include "hf_folder.h"
 #include "options.h"
 #include "step.h"
 
@@ -33,8 +33,12 @@ namespace {
 // The names --freeze patterns match, from the same architecture at the smallest width.
 std::vector<std::string> freezable_names(const TrainOptions& o) {
   GPTConfig tiny = o.model;
-  tiny.dim = tiny.heads;
+  tiny.dim = 2 * tiny.heads;  // a head of 2 channels: Llama's rotary pairs need an even size
+  tiny.head_dim = 0;
+  tiny.ffn_dim = 1;
+  tiny.vocab_size = 2;
   tiny.max_seq = 2;
+  tiny.positions = 0;
   std::vector<std::string> names;
   for (const auto& item : GPT(tiny)->named_parameters()) {
     std::string name = item.key();
@@ -92,7 +96,7 @@ void load_initial_weights(const TrainOptions& o, fsdp::Unit<GPT>& model) {
   if (!o.init_from.empty()) {
     fsdp::load_full_params(model, fsdp::load_tensor_dict(o.init_from), o.init_from);
   }
-  if (!o.init_from_hf.empty()) load_hf_gpt2(model, o.init_from_hf);
+  if (!o.init_from_hf.empty()) load_hf(model, o.init_from_hf);
 }
 
 namespace {

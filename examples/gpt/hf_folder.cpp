@@ -1,0 +1,282 @@
+#include "hf_folder.h"
+
+#include <fsdp/bounded_json.h>
+#include <fsdp/file_checks.h>
+#include <fsdp/safetensors.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <set>
+
+namespace gpt {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const char* const kSingleFile = "model.safetensors";
+const char* const kIndexFile = "model.safetensors.index.json";
+
+// config.json is ~1 KB; an index holds ~60 bytes per tensor name (a few hundred thousand for the
+// largest models). Larger files are not these, and are refused unread.
+constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
+constexpr int64_t kMaxIndexBytes = int64_t{64} << 20;
+
+json read_json(const fs::path& path, int64_t max_bytes, const std::string& what) {
+  const std::vector<char> text = fsdp::read_regular_file(path.string(), max_bytes, what);
+  try {
+    return fsdp::parse_json_bounded({text.data(), text.size()}, "--init-from-hf " + path.string());
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "--init-from-hf: ", path.string(), " is not valid JSON: ", e.what());
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// The files of the folder: model.safetensors, or those that the index's weight_map names (each
+// checked to exist and to hold the tensors the index says it does, in HfWeights).
+std::vector<std::string> weight_files(const fs::path& dir, json* weight_map) {
+  if (fs::exists(dir / kSingleFile)) return {kSingleFile};
+  const fs::path index = dir / kIndexFile;
+  TORCH_CHECK(fs::exists(index), "--init-from-hf ", dir.string(), " has neither ", kSingleFile,
+              " nor ", kIndexFile, " (save the model with save_pretrained(DIR), which writes "
+              "safetensors; pytorch_model.bin is not read)");
+  const json parsed = read_json(index, kMaxIndexBytes, "a Hugging Face model's index");
+  TORCH_CHECK(parsed.contains("weight_map") && parsed["weight_map"].is_object(), index.string(),
+              " has no \"weight_map\" object of tensor name -> file");
+  *weight_map = parsed["weight_map"];
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : weight_map->items()) {
+    TORCH_CHECK(file.is_string(), index.string(), ": the file of '", tensor, "' is not a string");
+    const std::string name = file.get<std::string>();
+    // Names, not resolved paths: the Hugging Face cache's snapshot files are links to ../../blobs.
+    fsdp::check_relative_name(name, index.string());
+    TORCH_CHECK(fs::exists(dir / name),
+                index.string(), " names ", name, " for tensor '", tensor, "', but ",
+                (dir / name).string(), " does not exist (a shard of the checkpoint is missing: "
+                "copy the whole folder)");
+    files.insert(name);
+  }
+  return {files.begin(), files.end()};
+}
+
+}  // namespace
+
+namespace hf {
+
+int64_t positive_size(const json& config, const std::string& key, const std::string& path,
+                      int64_t max, const char* bound) {
+  TORCH_CHECK(config.contains(key), path, " has no \"", key,
+              "\": a transformers config.json states every size");
+  const json& value = config[key];
+  TORCH_CHECK((value.is_number_integer() && !value.is_number_unsigned() && value.get<int64_t>() >= 1) ||
+                  (value.is_number_unsigned() && value.get<uint64_t>() >= 1),
+              path, ": \"", key, "\" must be a positive whole number, got ",
+              fsdp::json_excerpt(value));
+  TORCH_CHECK(value.is_number_unsigned() ? value.get<uint64_t>() <= static_cast<uint64_t>(max)
+                                         : value.get<int64_t>() <= max,
+              path, ": \"", key, "\" is ", fsdp::json_excerpt(value), ", more than the ", max,
+              " gpt_train builds (", bound, "); this is not a model it can train or plan");
+  return value.get<int64_t>();
+}
+
+void require(const json& config, const std::string& key, const json& expected,
+             const std::string& path, const std::string& why) {
+  if (!config.contains(key) || config[key].is_null() || config[key] == expected) return;
+  TORCH_CHECK(false, path, ": \"", key, "\" is ", fsdp::json_excerpt(config[key]),
+              ", but gpt_train's model ", why, "; only ", expected.dump(), " can be loaded");
+}
+
+double positive_number(const json& config, const std::string& key, double fallback,
+                       const std::string& path) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  const json& value = config[key];
+  TORCH_CHECK(value.is_number() && std::isfinite(value.get<double>()) && value.get<double>() > 0,
+              path, ": \"", key, "\" must be a positive number, got ", fsdp::json_excerpt(value));
+  return value.get<double>();
+}
+
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace hf
+
+HfConfig HfConfig::read(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "config.json";
+  TORCH_CHECK(fs::is_directory(dir), "--init-from-hf ", dir,
+              " is not a folder (pass the folder that save_pretrained wrote)");
+  TORCH_CHECK(fs::exists(path), "--init-from-hf ", dir, " has no config.json (pass the folder "
+              "that save_pretrained wrote)");
+  const std::string where = path.string();
+  HfConfig c;
+  c.json = read_json(path, kMaxConfigBytes, "a Hugging Face model's config.json");
+  TORCH_CHECK(c.json.is_object(), where, " is not a JSON object");
+  const nlohmann::json type = c.json.value("model_type", nlohmann::json("gpt2"));
+  if (type == "gpt2") {
+    c.model = hf::gpt2_config(c.json, where);
+  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
+    c.model = hf::llama_config(c.json, where);
+  } else {
+    TORCH_CHECK(false, where, ": \"model_type\" is ", fsdp::json_excerpt(type), "; gpt_train "
+                "loads \"gpt2\" and the Llama family's \"llama\", \"mistral\" and \"qwen2\"");
+  }
+  return c;
+}
+
+void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSizes& given,
+                     GPTConfig& model) {
+  const std::string where = (fs::path(dir) / "config.json").string();
+  const bool llama = hf.model.is_llama();
+  auto agree = [&](bool is_given, int64_t value, const char* flag, int64_t wanted,
+                   const char* gpt2_key, const char* llama_key) {
+    const char* key = llama ? llama_key : gpt2_key;
+    TORCH_CHECK(!is_given || value == wanted, flag, " ", value, " contradicts ", where, "'s ", key,
+                " ", wanted, " (omit ", flag, ": --init-from-hf takes it from the config)");
+  };
+  agree(given.layers, model.layers, "--layers", hf.model.layers, "n_layer", "num_hidden_layers");
+  agree(given.dim, model.dim, "--dim", hf.model.dim, "n_embd", "hidden_size");
+  agree(given.heads, model.heads, "--heads", hf.model.heads, "n_head", "num_attention_heads");
+  agree(given.vocab, model.vocab_size, "--vocab", hf.model.vocab_size, "vocab_size", "vocab_size");
+  const char* context_key = llama ? "max_position_embeddings" : "n_positions";
+  TORCH_CHECK(!given.seq || model.max_seq <= hf.model.context(), "--seq ", model.max_seq,
+              " is longer than ", where, "'s ", context_key, " ", hf.model.context(),
+              " (the model's context); pass --seq ", hf.model.context(), " or less");
+  const int64_t seq = given.seq ? model.max_seq : hf.model.context();
+  model = hf.model;
+  model.max_seq = seq;
+}
+
+HfNaming hf_naming(const GPTConfig& config) {
+  return config.is_llama() ? hf::llama_naming(config) : hf::gpt2_naming();
+}
+
+// Where one parameter's values lie: a tensor of one of the files, maybe transposed.
+struct HfWeights::Source {
+  const fsdp::SafetensorsReader* file = nullptr;
+  std::string tensor;  // its name in the file
+  bool transposed = false;
+};
+
+HfWeights::HfWeights(const std::string& dir, HfNaming naming) : dir_(dir), naming_(std::move(naming)) {
+  json weight_map = json::object();
+  for (const std::string& name : weight_files(dir, &weight_map)) {
+    files_.push_back(std::make_unique<fsdp::SafetensorsReader>((fs::path(dir) / name).string()));
+  }
+  for (const auto& file : files_) {
+    for (const auto& entry : file->entries()) {
+      if (!weight_map.empty()) {
+        const std::string listed = weight_map.value(entry.name, "");
+        if (fs::path(file->path()).filename() != listed) continue;  // the index decides
+      }
+      const std::string name = naming_.model_name(entry.name);
+      if (name.empty()) continue;
+      if (name == "lm_head.weight" && naming_.tied_head) {
+        tied_head_file_ = file->path();
+        tied_head_tensor_ = entry.name;
+        continue;
+      }
+      auto source = std::make_unique<Source>();
+      source->file = file.get();
+      source->tensor = entry.name;
+      source->transposed = naming_.transposed(name);
+      TORCH_CHECK(sources_.emplace(name, std::move(source)).second, "--init-from-hf ", dir,
+                  " holds '", name, "' twice (under two names)");
+    }
+  }
+  for (const auto& [tensor, file] : weight_map.items()) {
+    const fs::path path = fs::path(dir) / file.get<std::string>();
+    const bool found = std::any_of(files_.begin(), files_.end(), [&](const auto& f) {
+      return f->path() == path.string() && f->contains(tensor);
+    });
+    TORCH_CHECK(found, (fs::path(dir) / kIndexFile).string(), " puts '", tensor, "' in ",
+                path.string(), ", which does not hold it (the index and its files disagree)");
+  }
+}
+
+HfWeights::~HfWeights() = default;
+
+const HfWeights::Source& HfWeights::source(const std::string& name) const {
+  auto it = sources_.find(name);
+  TORCH_CHECK(it != sources_.end(), "--init-from-hf ", dir_, " has no tensor '", name,
+              "' (stored as '", naming_.file_name(name), "'): it is not a ", naming_.kind,
+              " of this size");
+  return *it->second;
+}
+
+void HfWeights::check(const fsdp::ParamShapes& shapes) const {
+  std::set<std::string> wanted;
+  for (const auto& [name, shape] : shapes) {
+    wanted.insert(name);
+    const Source& s = source(name);
+    const auto& entry = s.file->entry(s.tensor);
+    std::vector<int64_t> expected = shape;
+    if (s.transposed) std::reverse(expected.begin(), expected.end());
+    TORCH_CHECK(entry.shape == expected, s.file->path(), ": tensor '", s.tensor, "' has shape ",
+                shape_text(entry.shape), " but the model's ", name, " needs ",
+                shape_text(expected), s.transposed ? " (a Conv1D weight, stored [in, out])" : "",
+                "; config.json and the weights disagree");
+    TORCH_CHECK(at::isFloatingType(entry.dtype), s.file->path(), ": tensor '", s.tensor, "' is ",
+                entry.dtype, ", not floating point");
+  }
+  for (const auto& [name, s] : sources_) {
+    TORCH_CHECK(wanted.count(name), s->file->path(), " holds '", s->tensor, "', which gpt_train's ",
+                naming_.kind, " does not have (config.json and the weights disagree)");
+  }
+  if (!tied_head_file_.empty()) {  // a tied head: checked for its shape only, never read
+    fsdp::SafetensorsReader head(tied_head_file_);
+    const auto& wte = source("wte.weight");
+    TORCH_CHECK(head.entry(tied_head_tensor_).shape == wte.file->entry(wte.tensor).shape,
+                head.path(), ": ", tied_head_tensor_, "'s shape differs from the embedding's, so "
+                "the head is not tied; config.json says it is");
+  }
+}
+
+at::Tensor HfWeights::read_range(const std::string& name, int64_t begin, int64_t end) const {
+  const Source& s = source(name);
+  if (!s.transposed) return s.file->read_range(s.tensor, begin, end);
+  // The model's [out, in] row r is the file's [in, out] column r: read the columns of the rows
+  // that [begin, end) touches, one short positioned read per input row, then transpose them.
+  const auto& entry = s.file->entry(s.tensor);
+  const int64_t in = entry.shape[0], out = entry.shape[1];
+  const int64_t first_row = begin / in, last_row = (end - 1) / in + 1;
+  const int64_t rows = last_row - first_row;
+  at::Tensor columns = at::empty({in, rows}, at::TensorOptions().dtype(entry.dtype));
+  for (int64_t i = 0; i < in; ++i) {
+    s.file->read_range_into(s.tensor, i * out + first_row, columns[i]);
+  }
+  return columns.t().contiguous().view({-1}).narrow(0, begin - first_row * in, end - begin);
+}
+
+void load_hf(fsdp::Unit<GPT>& model, const std::string& dir) {
+  HfWeights weights(dir, hf_naming(model->config));
+  weights.check(fsdp::param_shapes(model));
+  fsdp::load_params_from(model, [&](const std::string& name, int64_t begin, int64_t end) {
+    return weights.read_range(name, begin, end);
+  });
+}
+
+void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& config, const json& base,
+               const std::string& dir) {
+  fs::create_directories(dir);
+  const HfNaming naming = hf_naming(config);
+  fsdp::NamedTensors tensors;
+  for (const auto& [name, value] : full_params) {
+    tensors.emplace_back(naming.file_name(name), naming.transposed(name) ? value.t().contiguous() : value);
+  }
+  fsdp::save_safetensors((fs::path(dir) / kSingleFile).string(), tensors, {{"format", "pt"}});
+  json out = config.is_llama() ? hf::llama_config_json(config, base) : hf::gpt2_config_json(config, base);
+  out["dtype"] = "float32";
+  const std::string text = out.dump(2) + "\n";
+  fsdp::write_file_atomically((fs::path(dir) / "config.json").string(),
+                              std::vector<char>(text.begin(), text.end()));
+}
+
+}  // namespace gpt

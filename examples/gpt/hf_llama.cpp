@@ -1,0 +1,192 @@
+// Llama-family folders (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) for
+// hf_folder.h. The model's slots hold the same tensors under gpt.h's names:
+//   model.embed_tokens                       wte
+//   model.layers.N.input_layernorm           h.N.ln_1
+//   model.layers.N.self_attn.{q,k,v,o}_proj  h.N.attn.{q,k,v,o}_proj
+//   model.layers.N.post_attention_layernorm  h.N.ln_2
+//   model.layers.N.mlp.{gate,up,down}_proj   h.N.mlp.{gate,up,down}_proj
+//   model.norm                               ln_f
+//   lm_head                                  lm_head (absent when tied to the embedding)
+// all in Linear's [out, in] layout, as the files hold them. Rotary frequencies are computed, not
+// read (an old checkpoint's rotary_emb.inv_freq is skipped).
+#include "hf_folder.h"
+
+#include <fsdp/bounded_json.h>
+
+#include <map>
+#include <regex>
+
+namespace gpt::hf {
+
+namespace {
+
+using nlohmann::json;
+
+// Block names: the files' (below model.layers.N.) and the model's (below h.N.).
+const std::vector<std::pair<std::string, std::string>>& block_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"input_layernorm.", "ln_1."}, {"self_attn.", "attn."},
+      {"post_attention_layernorm.", "ln_2."}, {"mlp.", "mlp."}};
+  return names;
+}
+
+const std::map<std::string, std::string>& root_names() {
+  static const std::map<std::string, std::string> names = {
+      {"model.embed_tokens.weight", "wte.weight"}, {"model.norm.weight", "ln_f.weight"},
+      {"lm_head.weight", "lm_head.weight"}};
+  return names;
+}
+
+std::string model_name(const std::string& file_name) {
+  if (ends_with(file_name, "rotary_emb.inv_freq")) return "";  // computed, not a parameter
+  for (const auto& [file, model] : root_names()) {
+    if (file_name == file) return model;
+  }
+  static const std::regex block(R"(model\.layers\.(\d+)\.(.*))");
+  std::smatch m;
+  if (std::regex_match(file_name, m, block)) {
+    const std::string rest = m[2];
+    for (const auto& [file, model] : block_names()) {
+      if (rest.rfind(file, 0) == 0) return "h." + m[1].str() + "." + model + rest.substr(file.size());
+    }
+  }
+  return file_name;  // not a Llama's: check() names it as a tensor the model does not have
+}
+
+std::string file_name(const std::string& name) {
+  for (const auto& [file, model] : root_names()) {
+    if (name == model) return file;
+  }
+  static const std::regex block(R"(h\.(\d+)\.(.*))");
+  std::smatch m;
+  if (std::regex_match(name, m, block)) {
+    const std::string rest = m[2];
+    for (const auto& [file, model] : block_names()) {
+      if (rest.rfind(model, 0) == 0) return "model.layers." + m[1].str() + "." + file + rest.substr(model.size());
+    }
+  }
+  return name;
+}
+
+// The rotary parameters: transformers 5's rope_parameters, or 4.x's rope_scaling and rope_theta
+// (rope_scaling first, as transformers 5 reads them).
+void read_rope(const json& config, const std::string& where, GPTConfig& c) {
+  json rope = json::object();
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    if (config.contains(key) && !config[key].is_null()) {
+      TORCH_CHECK(config[key].is_object(), where, ": \"", key, "\" must be an object, got ",
+                  fsdp::json_excerpt(config[key]));
+      rope = config[key];
+    }
+  }
+  c.rope_theta = positive_number(rope, "rope_theta", positive_number(config, "rope_theta", 10000.0, where), where);
+  const json type = rope.value("rope_type", rope.value("type", json("default")));
+  require(rope, "partial_rotary_factor", 1.0, where, "rotates every channel of a head");
+  if (type == "default") return;
+  TORCH_CHECK(type == "llama3", where, ": rope_type ", fsdp::json_excerpt(type), " is not one "
+              "gpt_train's Llama computes; only \"default\" and Llama 3's \"llama3\" can be loaded");
+  Llama3RopeScaling s;
+  s.factor = positive_number(rope, "factor", s.factor, where);
+  s.low_freq_factor = positive_number(rope, "low_freq_factor", s.low_freq_factor, where);
+  s.high_freq_factor = positive_number(rope, "high_freq_factor", s.high_freq_factor, where);
+  TORCH_CHECK(s.high_freq_factor > s.low_freq_factor, where, ": rope high_freq_factor (",
+              s.high_freq_factor, ") must exceed low_freq_factor (", s.low_freq_factor, ")");
+  const json& source = rope.contains("original_max_position_embeddings") ? rope : config;
+  s.original_context = positive_size(source, "original_max_position_embeddings", where, kMaxPositions,
+                                     "a context no model has");
+  c.rope_scaling = s;
+}
+
+}  // namespace
+
+GPTConfig llama_config(const json& config, const std::string& where) {
+  GPTConfig c;
+  c.arch = Architecture::Llama;
+  const bool qwen2 = config.value("model_type", json("")) == "qwen2";
+  c.vocab_size = positive_size(config, "vocab_size", where, kMaxVocab, "the bound of --vocab");
+  c.layers = positive_size(config, "num_hidden_layers", where, kMaxLayers, "the bound of --layers");
+  c.dim = positive_size(config, "hidden_size", where, kMaxDim, "the bound of --dim");
+  c.heads = positive_size(config, "num_attention_heads", where, kMaxHeads, "the bound of --heads");
+  c.kv_heads = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
+                   ? positive_size(config, "num_key_value_heads", where, kMaxHeads, "the bound of --heads")
+                   : c.heads;
+  c.head_dim = config.contains("head_dim") && !config["head_dim"].is_null()
+                   ? positive_size(config, "head_dim", where, kMaxDim, "the bound of --dim")
+                   : c.dim / c.heads;
+  c.ffn_dim = positive_size(config, "intermediate_size", where, kMaxDim * 16, "16x the bound of --dim");
+  c.positions = positive_size(config, "max_position_embeddings", where, kMaxPositions,
+                              "a context no model has; --seq's bound is the run's");
+  if (config.contains("sliding_window") && !config["sliding_window"].is_null() &&
+      config.value("use_sliding_window", !qwen2)) {
+    // Attention within a window of the last sliding_window tokens is full attention up to it.
+    c.positions = std::min(c.positions, positive_size(config, "sliding_window", where, kMaxPositions,
+                                                      "a context no model has"));
+  }
+  c.max_seq = c.positions;
+  c.norm_eps = positive_number(config, "rms_norm_eps", 1e-6, where);
+  c.tied_head = config.value("tie_word_embeddings", false);
+  c.qkv_bias = qwen2;
+  TORCH_CHECK(c.heads % c.kv_heads == 0, where, ": num_key_value_heads ", c.kv_heads,
+              " does not divide num_attention_heads ", c.heads);
+  TORCH_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " is odd; rotary "
+              "embeddings rotate pairs of channels");
+  require(config, "hidden_act", "silu", where, "gates its MLP with SiLU (SwiGLU)");
+  require(config, "attention_bias", false, where, "has no attention biases (but Qwen2's q/k/v)");
+  require(config, "mlp_bias", false, where, "has no MLP biases");
+  require(config, "attention_dropout", 0.0, where, "trains without attention dropout");
+  require(config, "pretraining_tp", 1, where, "computes its projections whole");
+  read_rope(config, where, c);
+  c.validate();
+  return c;
+}
+
+HfNaming llama_naming(const GPTConfig& config) {
+  HfNaming naming;
+  naming.kind = "Llama";
+  naming.tied_head = config.tied_head;
+  naming.model_name = model_name;
+  naming.file_name = file_name;
+  naming.transposed = [](const std::string&) { return false; };
+  return naming;
+}
+
+json llama_config_json(const GPTConfig& config, const json& base) {
+  json out = base.is_object() ? base : json::object();
+  if (!base.is_object() || !out.contains("model_type")) {
+    out["architectures"] = {"LlamaForCausalLM"};
+    out["model_type"] = "llama";
+  }
+  out["vocab_size"] = config.vocab_size;
+  out["hidden_size"] = config.dim;
+  out["intermediate_size"] = config.mlp_dim();
+  out["num_hidden_layers"] = config.layers;
+  out["num_attention_heads"] = config.heads;
+  out["num_key_value_heads"] = config.key_value_heads();
+  out["head_dim"] = config.head_size();
+  if (!base.is_object()) out["max_position_embeddings"] = config.context();
+  out["rms_norm_eps"] = config.norm_eps;
+  out["hidden_act"] = "silu";
+  out["tie_word_embeddings"] = config.tied_head;
+  // Both spellings: transformers 5 reads rope_parameters (rope_scaling first, when set), 4.x
+  // rope_theta and rope_scaling.
+  json rope = {{"rope_type", "default"}, {"rope_theta", config.rope_theta}};
+  if (config.rope_scaling) {
+    const Llama3RopeScaling& s = *config.rope_scaling;
+    rope = {{"rope_type", "llama3"}, {"rope_theta", config.rope_theta}, {"factor", s.factor},
+            {"low_freq_factor", s.low_freq_factor}, {"high_freq_factor", s.high_freq_factor},
+            {"original_max_position_embeddings", s.original_context}};
+  }
+  out["rope_theta"] = config.rope_theta;
+  out["rope_parameters"] = rope;
+  out["rope_scaling"] = config.rope_scaling ? rope : json(nullptr);
+  if (!base.is_object()) {  // trained without dropout, and with no special tokens
+    out["attention_bias"] = false;
+    out["mlp_bias"] = false;
+    out["attention_dropout"] = 0.0;
+    out["initializer_range"] = 0.02;
+    out["bos_token_id"] = out["eos_token_id"] = nullptr;
+  }
+  return out;
+}
+
+}  // namespace gpt::hf

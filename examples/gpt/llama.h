@@ -1,0 +1,56 @@
+#pragma once
+// The Llama family's layers (Llama 2/3, Mistral, Qwen2, SmolLM), as transformers' LlamaForCausalLM
+// computes them, in gpt.h's slots: a block is ln_1 (RMSNorm), attn (LlamaAttention: q_proj,
+// k_proj, v_proj, o_proj), ln_2 (RMSNorm), mlp (SwiGLU: gate_proj, up_proj, down_proj); the root
+// is wte, ln_f (RMSNorm) and, untied, lm_head. No wpe: positions are rotary (RoPE).
+
+#include "gpt.h"
+#include "layer_table.h"
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace gpt {
+
+/// The Llama's layers (GptLayers' slots), for gpt_layers.
+GptLayers llama_layers(const GPTConfig& config);
+
+/// The inverse frequencies of the rotary embedding, [head_size / 2] fp32: 1 / theta^(2i/d), with
+/// Llama 3's scaling when config.rope_scaling is set (transformers' _compute_llama3_parameters).
+torch::Tensor rope_inverse_frequencies(const GPTConfig& config);
+
+/// Rotates `x` ([B, heads, T, d]) by its positions 0..T-1: x·cos + rotate_half(x)·sin, where
+/// rotate_half(x) = [-x₂, x₁] of x's two halves and cos, sin ([T, d]) repeat each frequency's angle
+/// in both halves (transformers' apply_rotary_pos_emb).
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+/// Causal self-attention with rotary positions and grouped-query attention: `heads` query heads
+/// share `kv_heads` key/value heads (heads / kv_heads each).
+struct LlamaAttentionImpl : torch::nn::Module {
+  explicit LlamaAttentionImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
+
+  int64_t heads, kv_heads, head_dim;
+  UninitializedLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  /// cos and sin of positions 0..T-1 in `like`'s dtype and device, computed in fp32 once per
+  /// (T, dtype, device): not parameters or buffers (a checkpoint holds none, as transformers').
+  std::pair<torch::Tensor, torch::Tensor> rotary_tables(int64_t T, const torch::Tensor& like);
+
+  torch::Tensor inverse_frequencies_;  // fp32, on the CPU
+  torch::Tensor cos_, sin_;            // the last tables made
+};
+TORCH_MODULE(LlamaAttention);
+
+/// down_proj(silu(gate_proj(x)) · up_proj(x)).
+struct SwiGLUImpl : torch::nn::Module {
+  explicit SwiGLUImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  UninitializedLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(SwiGLU);
+
+}  // namespace gpt

@@ -1,0 +1,224 @@
+"""Hugging Face Llama in and out: random transformers models of the Llama family, saved with
+save_pretrained, are loaded by gpt_train --init-from-hf at W = 2 (each rank reading only its
+shard) and their loss and logits on a fixed batch of token ids equal transformers' own forward
+within fp32 rounding:
+- a Llama 3 with grouped-query attention (2 key/value heads for 4 heads), an untied head and
+  Llama 3's rope scaling (rope_type "llama3"), as one file and as shards with an index;
+- a tied-head Llama written as transformers 4.x spells RoPE (rope_theta + rope_scaling);
+- a Qwen2 (biases on q, k and v).
+After training, --export-hf writes a folder that LlamaForCausalLM.from_pretrained loads with no
+missing or unexpected keys and whose logits equal gpt_train's. What the model cannot represent
+(another rope type, activation or attention bias, kv heads that do not divide the heads) fails
+with a message naming the key.
+
+    hf_llama_e2e.py BIN_DIR"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is made here: nothing to download
+
+import numpy as np
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils import logging as hf_logging
+
+BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
+GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
+VOCAB, SEQ = 512, 32
+TOL = 1e-5
+ENV = {**os.environ, "FSDP_TIMEOUT_SECONDS": "60", "OMP_NUM_THREADS": "1"}
+for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    ENV.pop(name, None)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+
+
+def randomize_norms(model):
+    """Norms (and biases) random too, so that a name mistake cannot hide behind ones and zeros."""
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.copy_(torch.empty_like(p).uniform_(0.5, 1.5))
+    return model.eval()
+
+
+def llama3(tmp):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False, rope_parameters=dict(LLAMA3_ROPE))
+    model = randomize_norms(LlamaForCausalLM(config))
+    single, sharded = tmp / "llama3", tmp / "llama3-sharded"
+    model.save_pretrained(single)
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").exists(), list(sharded.iterdir())
+    return model, single, sharded
+
+
+def tied_llama_4x_spelling(tmp):
+    """A tied head, and config.json as transformers 4.x writes RoPE: rope_theta and rope_scaling."""
+    torch.manual_seed(1)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=6, num_key_value_heads=3, max_position_embeddings=64,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = randomize_norms(LlamaForCausalLM(config))
+    folder = tmp / "tied"
+    model.save_pretrained(folder)
+    path = folder / "config.json"
+    written = json.loads(path.read_text())
+    written.pop("rope_parameters", None)
+    written.update(rope_theta=10000.0, rope_scaling=None)
+    path.write_text(json.dumps(written))
+    return model, folder
+
+
+def qwen2(tmp):
+    torch.manual_seed(2)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False)
+    model = randomize_norms(Qwen2ForCausalLM(config))
+    folder = tmp / "qwen2"
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def write_tokens(path, ids):
+    np.asarray(ids, dtype="<u2").tofile(path)
+
+
+def gpt_train(*args, n=2, check=True):
+    cmd = ([FSDPRUN, "--nproc-per-node", str(n)] if n else []) + [GPT, *map(str, args)]
+    result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def hf_loss_and_logits(model, inputs, targets):
+    with torch.no_grad():
+        rows = torch.cat([inputs, targets[:, -1:]], dim=1)  # inputs + the last target
+        out = model(input_ids=rows, labels=rows)              # transformers' own shifted loss
+        return out.loss.item(), out.logits[:, :-1].float()
+
+
+def relative(a, b):
+    return abs(a - b) / abs(b)
+
+
+def same_as_transformers(model, ours, which, label):
+    loss, logits = hf_loss_and_logits(model, ours["inputs"], ours["targets"])
+    mine, my_logits = ours[f"loss_{which}"].item(), ours[f"logits_{which}"]
+    rel, diff = relative(mine, loss), (my_logits - logits).abs().max().item()
+    print(f"{label}: loss {mine:.8f} vs transformers {loss:.8f} (relative {rel:.2e}), "
+          f"logits max |diff| {diff:.2e}")
+    assert rel <= TOL, f"{label}: loss differs by {rel:.2e} relative"
+    assert torch.allclose(my_logits, logits, rtol=TOL, atol=TOL), f"{label}: logits differ by {diff}"
+
+
+def loads_like_transformers(model, folder, data, eval_bin, tmp, label, n=2):
+    """gpt_train at W = n loads `folder`: loss and logits on the eval batch equal transformers'."""
+    out = tmp / f"eval-{len(list(tmp.glob('eval-*')))}.pt"
+    gpt_train("--init-from-hf", folder, "--data-tokens", data, "--seq", SEQ, "--batch", 2,
+              "--steps", 0, "--eval-tokens", eval_bin, "--eval-out", out, n=n)
+    same_as_transformers(model, torch.load(out), "initial", label)
+
+
+def export_round_trip(folder, data, eval_bin, tmp):
+    """Train, export, from_pretrained: no missing or unexpected keys, the same logits."""
+    out, exported = tmp / "eval-trained.pt", tmp / "exported"
+    gpt_train("--init-from-hf", folder, "--data-tokens", data, "--seq", SEQ, "--batch", 2,
+              "--steps", 4, "--lr", "3e-3", "--eval-tokens", eval_bin, "--eval-out", out,
+              "--export-hf", exported)
+    ours = torch.load(out)
+    moved = (ours["logits_final"] - ours["logits_initial"]).abs().max().item()
+    assert moved > 1e-2, f"training did not change the model's logits (max change {moved})"
+    model, info = LlamaForCausalLM.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert not info.get("mismatched_keys"), info
+    assert model.config.num_key_value_heads == 2 and not model.config.tie_word_embeddings
+    assert model.config.rope_parameters["rope_type"] == "llama3", model.config.rope_parameters
+    same_as_transformers(model.eval(), ours, "final", "exported after 4 steps, from_pretrained")
+
+
+def fresh_model_exports(data, eval_bin, tmp):
+    """A Llama built from flags (--model llama, no --init-from-hf) trains and exports too."""
+    out, exported = tmp / "eval-fresh.pt", tmp / "fresh"
+    gpt_train("--model", "llama", "--data-tokens", data, "--vocab", VOCAB, "--layers", 2, "--dim", 32,
+              "--heads", 4, "--kv-heads", 1, "--ffn-dim", 48, "--rope-theta", 5e5, "--seq", SEQ,
+              "--batch", 2, "--steps", 2, "--eval-tokens", eval_bin, "--eval-out", out,
+              "--export-hf", exported)
+    model, info = LlamaForCausalLM.from_pretrained(exported, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert model.config.num_key_value_heads == 1 and model.config.intermediate_size == 48
+    same_as_transformers(model.eval(), torch.load(out), "final", "--model llama from flags, exported")
+
+
+def bad_inputs(single, data, tmp):
+    def folder(name, **changes):
+        target = tmp / "bad" / name
+        shutil.copytree(single, target)
+        config = json.loads((target / "config.json").read_text())
+        config.update(changes)
+        (target / "config.json").write_text(json.dumps(config))
+        return target
+
+    base = ["--data-tokens", data, "--seq", SEQ, "--batch", 2, "--steps", 1]
+    cases = [
+        ("rope type yarn", [folder("yarn", rope_parameters={**LLAMA3_ROPE, "rope_type": "yarn"})],
+         ["rope_type", "yarn", "llama3"]),
+        ("gelu MLP", [folder("gelu", hidden_act="gelu")], ["hidden_act", "silu"]),
+        ("attention bias", [folder("bias", attention_bias=True)], ["attention_bias"]),
+        ("kv heads not dividing", [folder("kv", num_key_value_heads=3)],
+         ["num_key_value_heads 3", "num_attention_heads 4"]),
+        ("config says 4 layers, weights 3", [folder("four", num_hidden_layers=4)],
+         ["has no tensor 'h.3.", "model.layers.3."]),
+        ("--model gpt2 for a Llama", [single, "--model", "gpt2"], ["--model gpt2 contradicts", "--model llama"]),
+        ("--kv-heads with --init-from-hf", [single, "--kv-heads", "1"], ["--kv-heads contradicts"]),
+    ]
+    failures = []
+    for name, flags, needles in cases:
+        result = gpt_train(*base, "--init-from-hf", *flags, check=False)
+        output = result.stdout + result.stderr
+        missing = [n for n in needles if n not in output]
+        ok = result.returncode != 0 and not missing and "Exception raised from" not in output
+        print(f"bad input: {name}: exit {result.returncode}, {'ok' if ok else 'FAIL'}")
+        if not ok:
+            failures.append(f"{name}: lacks {missing}\n{output[-2000:]}")
+    flag_only = gpt_train("--data-tokens", data, "--vocab", VOCAB, "--kv-heads", 2, "--steps", 1,
+                          check=False)
+    if flag_only.returncode == 0 or "--kv-heads applies to --model llama" not in flag_only.stderr + flag_only.stdout:
+        failures.append("--kv-heads without --model llama was not refused:\n" + flag_only.stderr[-1000:])
+    assert not failures, "\n".join(failures)
+
+
+def main():
+    hf_logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory(prefix="hf_llama_") as name:
+        tmp = Path(name)
+        rng = np.random.default_rng(1)
+        write_tokens(tmp / "train.bin", rng.integers(0, VOCAB, 20000))
+        write_tokens(tmp / "eval.bin", rng.integers(0, VOCAB, 4 * (SEQ + 1)))
+        data, eval_bin = tmp / "train.bin", tmp / "eval.bin"
+        model, single, sharded = llama3(tmp)
+        loads_like_transformers(model, single, data, eval_bin, tmp, "Llama 3 GQA, one file, W=2")
+        loads_like_transformers(model, sharded, data, eval_bin, tmp, "Llama 3 GQA, sharded index, W=2")
+        loads_like_transformers(model, single, data, eval_bin, tmp, "Llama 3 GQA, W=3", n=3)
+        tied, tied_folder = tied_llama_4x_spelling(tmp)
+        loads_like_transformers(tied, tied_folder, data, eval_bin, tmp, "tied head, 4.x RoPE keys, W=2")
+        qwen, qwen_folder = qwen2(tmp)
+        loads_like_transformers(qwen, qwen_folder, data, eval_bin, tmp, "Qwen2 (q/k/v biases), W=2")
+        export_round_trip(single, data, eval_bin, tmp)
+        fresh_model_exports(data, eval_bin, tmp)
+        bad_inputs(single, data, tmp)
+    print("hf_llama end to end: ok")
+
+
+if __name__ == "__main__":
+    main()
