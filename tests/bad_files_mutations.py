@@ -36,7 +36,7 @@ FILE_MUTATIONS = [
         ("size-unbounded", "src/util/file_checks.cpp",
          "TORCH_CHECK(size <= max_bytes, path,", "TORCH_CHECK(true, path,",
          ["300 MiB metadata.json"]),
-        ("hf-index-names-unchecked", "examples/gpt/hf_gpt2.cpp",
+        ("hf-index-names-unchecked", "examples/gpt/hf_folder.cpp",
          "    fsdp::check_relative_name(name, index.string());\n", "",
          ["HF index names ../x.safetensors (it exists)"]),
     ],

@@ -50,7 +50,7 @@ PLAN_MUTATIONS = [
         ("write-target-unchecked", "tools/fsdp_plan/main.cpp",
          "TORCH_CHECK(::lstat(path.c_str(), &info) != 0 || S_ISREG(info.st_mode),",
          "TORCH_CHECK(true,", ["--write-model-json a FIFO"]),
-        ("hf-sizes-unbounded", "examples/gpt/hf_gpt2.cpp",
+        ("hf-sizes-unbounded", "examples/gpt/hf_folder.cpp",
          "TORCH_CHECK(value.is_number_unsigned() ? value.get<uint64_t>() <= static_cast<uint64_t>(max)\n"
          "                                         : value.get<int64_t>() <= max,",
          "TORCH_CHECK(true,",

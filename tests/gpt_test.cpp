@@ -53,6 +53,42 @@ TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
   EXPECT_TRUE(torch::allclose(model(changed).select(1, 0), logits.select(1, 0)));
 }
 
+// A Llama in the GPT's slots: RMSNorm weights (no biases), q/k/v/o projections with fewer key/value
+// heads, SwiGLU, an untied lm_head (none when tied), no wpe; causal.
+TEST(Llama, HasTheConfiguredLayersAndAnUntiedOrTiedHead) {
+  gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 16, gpt::Architecture::Llama);
+  config.kv_heads = 2;
+  config.ffn_dim = 48;
+  auto model = gpt::make_gpt(config, 1);
+  auto params = model->named_parameters();
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"wte.weight", {256, 32}},          {"h.0.ln_1.weight", {32}},
+      {"h.0.attn.q_proj.weight", {32, 32}}, {"h.0.attn.k_proj.weight", {16, 32}},
+      {"h.0.attn.v_proj.weight", {16, 32}}, {"h.0.attn.o_proj.weight", {32, 32}},
+      {"h.0.ln_2.weight", {32}},          {"h.0.mlp.gate_proj.weight", {48, 32}},
+      {"h.0.mlp.up_proj.weight", {48, 32}}, {"h.0.mlp.down_proj.weight", {32, 48}},
+      {"ln_f.weight", {32}},              {"lm_head.weight", {256, 32}}};
+  for (const auto& [name, shape] : expected) {
+    ASSERT_NE(params.find(name), nullptr) << name;
+    EXPECT_EQ(params[name].sizes(), torch::IntArrayRef(shape)) << name;
+  }
+  EXPECT_EQ(params.size(), 2 + 2 * 9 + 1u);  // wte, ln_f, lm_head and nine per block: no biases
+  EXPECT_EQ(params.find("wpe.weight"), nullptr);
+  EXPECT_TRUE(torch::equal(params["h.1.ln_2.weight"], torch::ones({32})));
+  auto x = torch::randint(0, 256, {2, 16}, torch::kLong);
+  auto logits = model(x);
+  EXPECT_EQ(logits.sizes(), torch::IntArrayRef({2, 16, 256}));
+  auto changed = x.clone();
+  changed.index_put_({torch::indexing::Slice(), 5}, (x.select(1, 5) + 1) % 256);
+  EXPECT_TRUE(torch::allclose(model(changed).narrow(1, 0, 5), logits.narrow(1, 0, 5)));
+  EXPECT_FALSE(torch::allclose(model(changed).narrow(1, 5, 1), logits.narrow(1, 5, 1)));
+
+  config.tied_head = true;
+  auto tied = gpt::make_gpt(config, 1);
+  EXPECT_EQ(tied->named_parameters().find("lm_head.weight"), nullptr);
+  EXPECT_EQ(tied->named_parameters().size(), 2 + 2 * 9u);
+}
+
 gpt::GPTConfig two_block_config() { return gpt::GPTConfig::sized(2, 32, 4, 16); }
 
 // make_gpt draws each parameter from its own stream ([Note: GPT init]): the model is a function

@@ -1,5 +1,5 @@
-"""End to end: the planner as a user runs it. gpt_train --plan --json predicts a run's peak and
-bytes; the run (fsdprun, W=2) measures them; under a --max-memory-gb cap that the default run
+"""End to end: the planner as a user runs it, for a GPT and a Llama. gpt_train --plan --json
+predicts a run's peak and bytes; the run (fsdprun, W=2) measures them; under a --max-memory-gb cap that the default run
 exceeds, gpt_train --auto picks another configuration and trains within the cap on every rank at
 every step, and prints the plan against the run; fsdp_plan searches; bad --auto flags fail clearly."""
 import json
@@ -31,6 +31,16 @@ def train(bin_dir, args, metrics, *flags):
 def main(bin_dir, corpus):
     args = ["--data", corpus, "--max-data-mb", "1", "--layers", "4", "--dim", "128", "--heads", "4",
             "--seq", "128", "--batch", "8", "--steps", "4", "--lr", "1e-3"]
+    for label, model in (("GPT", []), ("Llama", ["--model", "llama", "--kv-heads", "2"])):
+        out = plan_and_auto(bin_dir, args + model, label)
+    shown = [line.split(": ", 1)[-1] for line in out.splitlines()]
+    print("\n".join(line for line in shown if line.startswith(("  best", "  runner", "plan vs run"))))
+    bad_flags(bin_dir, args)
+    fsdp_plan(bin_dir)
+
+
+def plan_and_auto(bin_dir, args, label):
+    """The default run's peak and bytes as planned; --auto under a cap the default exceeds."""
     default = plan(bin_dir, args)
     checkpointed = plan(bin_dir, args, "--activation-checkpointing")
     assert {"ranks", "traffic", "time", "peak_bytes", "fits"} <= set(default), default.keys()
@@ -52,12 +62,9 @@ def main(bin_dir, corpus):
         worst = max(s["mem_peak_bytes"] for rank in auto for s in rank)
         assert worst <= cap, f"--auto exceeded its cap: {worst} > {cap}"
         assert all(len(rank) == 4 for rank in auto), [len(rank) for rank in auto]
-    print(f"default: planned {default['peak_bytes']}, measured {measured} ({ratio:.3f}x); cap {cap:.0f}: "
-          f"--auto peaked at {worst} ({worst / cap:.3f} of the cap)")
-    shown = [line.split(": ", 1)[-1] for line in out.splitlines()]
-    print("\n".join(line for line in shown if line.startswith(("  best", "  runner", "plan vs run"))))
-    bad_flags(bin_dir, args)
-    fsdp_plan(bin_dir)
+    print(f"{label} default: planned {default['peak_bytes']}, measured {measured} ({ratio:.3f}x); "
+          f"cap {cap:.0f}: --auto peaked at {worst} ({worst / cap:.3f} of the cap)")
+    return out
 
 
 def bad_flags(bin_dir, args):

@@ -40,6 +40,7 @@ struct GridCase {
   std::string label;
   int64_t micro_batches = 1;
   bool no_sync = false;
+  bool llama = false;  // a Llama (grouped-query attention, untied head) of the same size
 };
 
 std::vector<GridCase> grid(int world) {
@@ -90,7 +91,32 @@ std::vector<GridCase> grid(int world) {
       }
     }
   }
+  // A Llama: every strategy, fp32 and bf16, with and without activation checkpointing.
+  for (const auto& [strategy, f] : strategies) {
+    for (bool bf16 : {false, true}) {
+      for (bool checkpointing : {false, true}) {
+        GridCase c;
+        c.fsdp.strategy(strategy).shard_group_size(f).activation_checkpointing(checkpointing);
+        if (bf16) c.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+        c.batch = 4;
+        c.llama = true;
+        c.label = std::string("Llama ") + fsdp::to_string(strategy) + (bf16 ? " bf16" : " fp32") +
+                  (checkpointing ? " AC" : "");
+        cases.push_back(c);
+      }
+    }
+  }
   return cases;
+}
+
+// The grid's model: a GPT, or a Llama of the same size (2 key/value heads, an untied head).
+gpt::TrainOptions grid_run(const GridCase& c) {
+  auto o = tiny_gpt_run(/*layers=*/4, /*dim=*/128, /*heads=*/4, /*seq=*/64, c.batch, /*steps=*/3);
+  if (c.llama) {
+    o.model.arch = gpt::Architecture::Llama;
+    o.model.kv_heads = 2;
+  }
+  return o;
 }
 
 // Every rank's value, on every rank.
@@ -106,11 +132,11 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
   double worst = 1;
   std::string worst_case;
   if (dist().rank() == 0) {
-    std::printf("W = %d: GPT 4x128, 4 heads, seq 64; peak tensor bytes per rank, steps 2-3\n", w);
+    std::printf("W = %d: GPT (and Llama, 2 kv heads) 4x128, 4 heads, seq 64; peak tensor bytes per rank, steps 2-3\n", w);
     std::printf("%-22s %4s %12s %12s %7s  %s\n", "configuration", "rank", "predicted", "measured", "ratio", "peak during");
   }
   for (const GridCase& c : grid(w)) {
-    auto o = tiny_gpt_run(/*layers=*/4, /*dim=*/128, /*heads=*/4, /*seq=*/64, c.batch, /*steps=*/3);
+    auto o = grid_run(c);
     o.max_data_bytes = 64 << 10;
     o.fsdp = c.fsdp;
     o.grad_accum = c.micro_batches;

@@ -270,24 +270,62 @@ TEST(Planner, DescribedGptParametersAreTheBuiltModelsInOrder) {
   }
 }
 
-// The GPT's analytic activation count (gpt_plan.cpp, [Note: GPT activations]) against a
-// measurement of one block on one sequence, in fp32 and bf16: what forward leaves for backward and
-// the block's output.
-TEST(Planner, AnalyticGptBlockActivationsMatchAMeasuredBlock) {
+// A Llama's too (tied and untied heads, grouped-query attention): no wpe, lm_head in the root
+// when untied.
+TEST(Planner, DescribedLlamaParametersAreTheBuiltModelsInOrder) {
+  for (const bool tied : {false, true}) {
+    gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 8, gpt::Architecture::Llama);
+    config.kv_heads = 2;
+    config.ffn_dim = 40;
+    config.tied_head = tied;
+    gpt::GPT model(config);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> blocks, root;
+    for (const auto& item : model->named_parameters()) {
+      const bool in_block = item.key().rfind("h.", 0) == 0;
+      (in_block ? blocks : root).emplace_back(item.key(), item.value().sizes().vec());
+    }
+    const fsdp::PlanModel described = gpt::describe_gpt(config, at::kFloat, 0);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> described_blocks;
+    for (const fsdp::PlanUnit& unit : described.units) {
+      for (auto& p : described_params(unit)) described_blocks.push_back(p);
+    }
+    EXPECT_EQ(described_blocks, blocks) << "tied " << tied;
+    EXPECT_EQ(described_params(described.root), root) << "tied " << tied;
+    EXPECT_EQ(root.size(), tied ? 2u : 3u);  // wte, ln_f (, lm_head)
+  }
+}
+
+// The analytic activation counts (gpt_plan.cpp, [Note: GPT activations] and [Note: Llama
+// activations]) against a measurement of one block on one sequence: what forward leaves for
+// backward and the block's output, exact in fp32, within 5% in bf16.
+gpt::GPTConfig llama_block_config() {
+  gpt::GPTConfig config = gpt::GPTConfig::sized(1, 128, 4, 64, gpt::Architecture::Llama);
+  config.kv_heads = 2;
+  config.ffn_dim = 344;
+  return config;
+}
+
+TEST(Planner, AnalyticBlockActivationsMatchAMeasuredBlock) {
   fsdp::install_memory_counter();
-  const gpt::GPTConfig config = gpt::GPTConfig::sized(1, 128, 4, 64);
-  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+  for (const gpt::GPTConfig& config : {gpt::GPTConfig::sized(1, 128, 4, 64), llama_block_config()}) {
+   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     gpt::Block block(config);
     block->to(dtype);
     const at::Tensor x = at::randn({1, config.max_seq, config.dim}).to(dtype);
     const fsdp::PlanActivations measured =
         fsdp::measure_activations([&](const at::Tensor& in) { return block(in); }, x);
     const fsdp::PlanActivations counted = gpt::describe_gpt(config, dtype, 0).units.at(0).activations;
-    std::printf("%s: saved %lld measured / %lld counted; backward transient %lld / %lld\n",
-                c10::toString(dtype), (long long)measured.saved, (long long)counted.saved,
+    std::printf("%s %s: saved %lld measured / %lld counted; backward transient %lld / %lld\n",
+                config.is_llama() ? "Llama" : "GPT", c10::toString(dtype), (long long)measured.saved, (long long)counted.saved,
                 (long long)measured.backward_transient, (long long)counted.backward_transient);
-    EXPECT_NEAR(static_cast<double>(measured.saved) / counted.saved, 1.0, 0.05) << c10::toString(dtype);
-    EXPECT_EQ(measured.checkpointed, counted.checkpointed) << c10::toString(dtype);
+    const std::string what = std::string(config.is_llama() ? "Llama " : "GPT ") + c10::toString(dtype);
+    if (dtype == at::kFloat) {
+      EXPECT_EQ(measured.saved, counted.saved) << what;  // exact in fp32
+    } else {
+      EXPECT_NEAR(static_cast<double>(measured.saved) / counted.saved, 1.0, 0.05) << what;
+    }
+    EXPECT_EQ(measured.checkpointed, counted.checkpointed) << what;
+   }
   }
 }
 

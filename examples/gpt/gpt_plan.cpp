@@ -84,18 +84,23 @@ fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H,
 // - attention: the rotated q (THd·e) and k (T·KV·d·e), v (T·KV·d·e: the projection's output,
 //   viewed), all saved by the fused kernel (GQA in the kernel: no repeated copies), its output
 //   (THd·e, saved by o_proj; laid out [B,T,H,d] as the GPT's) and log-sum-exp (TH·4). The
-//   rotation saves only its cos and sin tables, which each attention keeps between steps.
-// - the residual sum (TC·e, saved by ln_2) and the block's output (TC·e, the next block's input).
+//   rotation saves only its cos and sin tables (2Td·e), made by the first forward and kept by
+//   the attention between steps.
+// - the residual sum (TC·e, saved by ln_2 in fp32; below fp32 ln_2 saves its fp32 copy instead)
+//   and the block's output (TC·e, the next block's input).
 // - SwiGLU: gate's output (saved by SiLU), SiLU's output and up's output (saved by their
 //   product), the product (saved by down_proj): 4TI·e.
-// 6TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 8T + 4TH (+ 2TC·4 below fp32). Its backward peaks in
-// SwiGLU's: the incoming gradient (TC·e) and three gradients of width I (3TI·e).
+// fp32: 6TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 2Td·e + 8T + 4TH; below fp32 5TC·e + 2TC·4 in place
+// of 6TC·e. Its backward peaks in SwiGLU's: the incoming gradient (TC·e) and three gradients of
+// width I (3TI·e).
 fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e) {
   const int64_t T = config.max_seq, C = config.dim, H = config.heads, KV = config.key_value_heads();
   const int64_t d = config.head_size(), I = config.mlp_dim();
   fsdp::PlanActivations a;
-  a.saved = sum({product({6, T, C, e}), product({2, T, H, d, e}), product({2, T, KV, d, e}),
-                 product({4, T, I, e}), 8 * T, product({4, T, H}), e < 4 ? product({2, T, C, 4}) : 0});
+  const int64_t norms_and_residuals = e < 4 ? sum({product({5, T, C, e}), product({2, T, C, 4})})
+                                            : product({6, T, C, e});
+  a.saved = sum({norms_and_residuals, product({2, T, H, d, e}), product({2, T, KV, d, e}),
+                 product({4, T, I, e}), product({2, T, d, e}), 8 * T, product({4, T, H})});
   a.checkpointed = product({T, C, e});
   a.forward_transient = product({T, C, e});  // o_proj's (down_proj's) output before the residual sum
   a.backward_transient = sum({product({T, C, e}), product({3, T, I, e})});

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Do the Llama's parity tests catch what they claim? Each mutation below changes one line of the
+Llama (examples/gpt) the way a plausible bug would; this script applies it in WORKTREE, rebuilds
+gpt_train, runs the tests meant to catch it (tests/hf_llama_e2e.py: logits against transformers
+and the export round trip; tests/llama_fsdp2_e2e.py: 10 steps against PyTorch FSDP2), stops at
+the first that fails, and restores the file with git checkout.
+
+    .venv/bin/python tests/llama_mutations.py WORKTREE [--only ID,...]
+
+WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
+Prints a Markdown table: mutation -> the first red test, or SURVIVED (exit 1)."""
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+HF, FSDP2 = "tests/hf_llama_e2e.py", "tests/llama_fsdp2_e2e.py"
+
+# (id, file, exact original text, mutated text, [tests that must turn red, run in order])
+MUTATIONS = [
+    ("rope-halves-swapped", "examples/gpt/llama.cpp",
+     "torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1)",
+     "torch::cat({x.narrow(-1, half, half), -x.narrow(-1, 0, half)}, -1)", [HF, FSDP2]),
+    ("kv-heads-tiled-not-grouped", "examples/gpt/llama.cpp",
+     "      q, k, v, /*attn_mask=*/{},",
+     "      q, k.repeat({1, heads / kv_heads, 1, 1}), v.repeat({1, heads / kv_heads, 1, 1}), {},",
+     [HF, FSDP2]),
+    ("rms-norm-eps-ignored", "examples/gpt/layer_table.cpp",
+     "x32.pow(2).mean(-1, /*keepdim=*/true) + eps", "x32.pow(2).mean(-1, /*keepdim=*/true) + 1e-6",
+     [HF]),
+    ("llama3-rope-scaling-ignored", "examples/gpt/llama.cpp",
+     "if (!config.rope_scaling) return inv_freq;", "return inv_freq;", [HF, FSDP2]),
+    ("export-names-untranslated", "examples/gpt/hf_folder.cpp",
+     "tensors.emplace_back(naming.file_name(name),", "tensors.emplace_back(name,", [HF]),
+]
+
+
+def sh(cmd, cwd, timeout=None):
+    return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("worktree")
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    wt = Path(args.worktree).resolve()
+    only = set(filter(None, args.only.split(",")))
+    rows, survived = [], 0
+    for mid, path, original, mutated, tests in MUTATIONS:
+        if only and mid not in only:
+            continue
+        text = (wt / path).read_text()
+        if text.count(original) != 1:
+            sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
+        try:
+            (wt / path).write_text(text.replace(original, mutated))
+            build = sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
+            if build.returncode != 0:
+                sys.exit(f"{mid}: the mutated build failed:\n{build.stdout[-3000:]}")
+            red = ""
+            for test in tests:
+                run = sh([sys.executable, test, str(wt / "build" / "bin")], wt, timeout=900)
+                if run.returncode != 0:
+                    lines = [l for l in (run.stdout + run.stderr).splitlines() if "Error" in l or "assert" in l]
+                    red = f"red: {Path(test).name} ({(lines or ['exit ' + str(run.returncode)])[-1][:160]})"
+                    break
+            survived += not red
+            rows.append(f"| {mid} | `{path}` | {red or 'SURVIVED'} |")
+            print(rows[-1], flush=True)
+        finally:
+            sh(["git", "checkout", "--", path], wt)
+    sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
+    print("| mutation | file | result |\n|---|---|---|\n" + "\n".join(rows))
+    sys.exit(1 if survived else 0)
+
+
+if __name__ == "__main__":
+    main()
