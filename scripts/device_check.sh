@@ -9,8 +9,11 @@
 #      and 4 sharing the GPU), with CPU offload and in bf16; memory against the bound;
 #   3. bench/gpu_bench.py: the 1.3 B GPT in bf16, interleaved rounds of fsdp-cpp, plain LibTorch
 #      and PyTorch FSDP2 (foreach and fused AdamW), then offload;
-#   4. bench/plan_vs_gpu.py: gpt_train --plan for that benchmark (the GPU probed) against it;
-# writes bench/results/gpu-check.json and gpu-bench.{json,md}, and copies them with the log to $OUT
+#   4. bench/gpu_models.py: a Llama-3.2-1B-shaped model and GPT-2 124M's shapes at batch 2 (where
+#      the host's overhead shows), fsdp-cpp against FSDP2 with fused AdamW, interleaved;
+#   5. bench/plan_vs_gpu.py: gpt_train --plan for that benchmark (the GPU probed) against it;
+# writes bench/results/gpu-check.json, gpu-bench.{json,md} and gpu-models.{json,md}, and copies them
+# with the log to $OUT
 # when OUT is set (the device tool brings that folder back).
 #
 #   bash scripts/device_deps.sh              # first, here: .device-deps/ (Gloo's headers, ...)
@@ -35,8 +38,8 @@ if [ -z "${DEVICE_CHECK_INNER:-}" ]; then
   set -e
   if [ -n "${OUT:-}" ]; then
     # Configure log, every run's log and metrics (not the 5 GB checkpoint nor the batches).
-    tar -czf "$OUT/gpu-runs.tar.gz" --exclude='*.pt' -C "$BUILD" configure.log initial-weights.log \
-      smoke gpu-check gpu-bench 2>/dev/null || true
+    tar -czf "$OUT/gpu-runs.tar.gz" --exclude='*.pt' --exclude='*.safetensors' -C "$BUILD" \
+      configure.log initial-weights.log smoke gpu-check gpu-bench gpu-models 2>/dev/null || true
   fi
   exit "$rc"
 fi
@@ -155,11 +158,18 @@ wait "$INITIAL_WEIGHTS" ||
   echo "device_check: writing the initial weights failed ($BUILD/initial-weights.log); gpu_bench retries"
 
 step gpu-bench
-# Three interleaved rounds of four 1.3 B runs (~20 s each, mostly set-up) and one offload run.
+# Two interleaved rounds of four 1.3 B runs (~20 s each, mostly set-up) and one offload run.
 timeout 480 "$PY" bench/gpu_bench.py --build "$BUILD" --out bench/results/gpu-bench.json ||
   FAILED+=("gpu-bench (exit $?)")
 deliver bench/results/gpu-bench.json
 deliver bench/results/gpu-bench.md
+
+step models
+# Two interleaved rounds of fsdp-cpp and FSDP2 on a 1.24 B Llama and a 124 M GPT (~2 minutes).
+timeout 240 "$PY" bench/gpu_models.py --build "$BUILD" --out bench/results/gpu-models.json ||
+  FAILED+=("models (exit $?)")
+deliver bench/results/gpu-models.json
+deliver bench/results/gpu-models.md
 
 step plan
 # The planner against the benchmark just measured: the GPU probed for a few seconds (issue 22).

@@ -1,7 +1,8 @@
 """The device check's Python steps rehearsed on the CPU, as scripts/device_check.sh runs them on a
 GPU: tests/gpu_check.py --device cpu (its parity and memory checks bar offload), then
 bench/gpu_bench.py --rehearse (a tiny model, CPU ranks, every contender in its interleaved rounds,
-the two-device step, the host's AdamW step) and bench/plan_vs_gpu.py on its results. What only a
+the two-device step, the host's AdamW step), bench/plan_vs_gpu.py on its results and
+bench/gpu_models.py --rehearse (a tiny Llama and GPT against FSDP2). What only a
 GPU can get wrong is not tested here; what the scripts themselves get wrong is: a run that cannot
 start, a contender missing, a measurement or report that cannot be made, losses that disagree.
 
@@ -16,6 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 from gpu_bench import CONTENDERS, LABELS, REHEARSAL_GPUS, ROUNDS  # noqa: E402
+from gpu_models import CONTENDERS as MODEL_CONTENDERS, MODELS, ROUNDS as MODEL_ROUNDS  # noqa: E402
 
 failures = []
 
@@ -83,6 +85,26 @@ def main():
             check(ratios["step_planned_vs_measured"] > 0 and ratios["peak_planned_vs_measured"] > 0,
                   f"planned against measured: step {ratios['step_planned_vs_measured']:.3f}x, "
                   f"peak {ratios['peak_planned_vs_measured']:.3f}x")
+
+        models(build, tmp)
+
+
+def models(build, tmp):
+    """bench/gpu_models.py --rehearse: both models, both contenders, every round, losses agreeing."""
+    out = tmp / "gpu-models.json"
+    run = subprocess.run([sys.executable, REPO / "bench" / "gpu_models.py", "--rehearse", "--build", build,
+                          "--work", tmp / "model-runs", "--out", out], capture_output=True, text=True, timeout=600)
+    print(run.stdout[-4000:], run.stderr[-3000:])
+    check(run.returncode == 0 and out.exists(), f"gpu_models.py --rehearse exits 0 (got {run.returncode})")
+    if not out.exists():
+        return
+    results = json.loads(out.read_text())["results"]
+    for name in MODELS:
+        r = results.get(name, {})
+        measured = all(r.get(k, {}).get("ok") and len(r[k]["runs"]) == MODEL_ROUNDS and r[k]["tokens_per_s"] > 0
+                       for k in MODEL_CONTENDERS)
+        check(measured and r.get("losses_agree"), f"{name}: fsdp-cpp and FSDP2 measured in {MODEL_ROUNDS} "
+              f"rounds, losses agreeing (max relative difference {r.get('loss_max_relative_difference')})")
 
 
 if __name__ == "__main__":

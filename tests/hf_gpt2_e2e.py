@@ -10,7 +10,6 @@ named errors.
     hf_gpt2_e2e.py BIN_DIR"""
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -22,11 +21,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
+from hf_checks import hf_loss_and_logits, relative, run_gpt_train, write_tokens
+
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
-GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
 VOCAB, SEQ = 1000, 32
 TOL = 1e-5
-ENV = {**os.environ, "FSDP_TIMEOUT_SECONDS": "30", "OMP_NUM_THREADS": "1"}
 
 
 def make_model(tmp):
@@ -48,37 +47,12 @@ def make_model(tmp):
     return model, single, sharded
 
 
-def write_tokens(path, ids, llmc=False):
-    ids = np.asarray(ids, dtype="<u2")
-    with open(path, "wb") as f:
-        if llmc:
-            header = np.zeros(256, dtype="<i4")
-            header[:3] = [20240520, 1, len(ids)]
-            f.write(header.tobytes())
-        f.write(ids.tobytes())
-
-
 def gpt_train(*args, n=2, check=True):
-    cmd = ([FSDPRUN, "--nproc-per-node", str(n)] if n else []) + [GPT, *args]
-    result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
+    return run_gpt_train(BIN, *args, n=n, check=check, timeout=240)
 
 
 def read_jsonl(path):
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
-def hf_loss_and_logits(model, inputs, targets):
-    with torch.no_grad():
-        rows = torch.cat([inputs, targets[:, -1:]], dim=1)  # inputs + the last target
-        out = model(input_ids=rows, labels=rows)              # transformers' own shifted loss
-        return out.loss.item(), out.logits[:, :-1].float()
-
-
-def relative(a, b):
-    return abs(a - b) / abs(b)
 
 
 def loads_like_transformers(model, folder, data, eval_bin, tmp, label, n=2, extra=()):
@@ -156,7 +130,7 @@ def fresh_model_exports(data, eval_bin, tmp):
 
 def token_layouts_agree(folder, tokens, tmp):
     """nanoGPT's raw .bin and llm.c's headed .bin of the same ids train to the same losses."""
-    write_tokens(tmp / "llmc.bin", tokens, llmc=True)
+    write_tokens(tmp / "llmc.bin", tokens, llmc_version=1)
     losses = []
     for name in ("train.bin", "llmc.bin"):
         gpt_train("--init-from-hf", str(folder), "--data", str(tmp / name), "--seq", str(SEQ),

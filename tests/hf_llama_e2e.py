@@ -15,7 +15,6 @@ with a message naming the key.
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -27,13 +26,11 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
+from hf_checks import hf_loss_and_logits, relative, run_gpt_train, write_tokens
+
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
-GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
 VOCAB, SEQ = 512, 32
 TOL = 1e-5
-ENV = {**os.environ, "FSDP_TIMEOUT_SECONDS": "60", "OMP_NUM_THREADS": "1"}
-for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-    ENV.pop(name, None)
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
 
@@ -89,27 +86,8 @@ def qwen2(tmp):
     return model, folder
 
 
-def write_tokens(path, ids):
-    np.asarray(ids, dtype="<u2").tofile(path)
-
-
 def gpt_train(*args, n=2, check=True):
-    cmd = ([FSDPRUN, "--nproc-per-node", str(n)] if n else []) + [GPT, *map(str, args)]
-    result = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    if check and result.returncode != 0:
-        raise AssertionError(f"{cmd} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    return result
-
-
-def hf_loss_and_logits(model, inputs, targets):
-    with torch.no_grad():
-        rows = torch.cat([inputs, targets[:, -1:]], dim=1)  # inputs + the last target
-        out = model(input_ids=rows, labels=rows)              # transformers' own shifted loss
-        return out.loss.item(), out.logits[:, :-1].float()
-
-
-def relative(a, b):
-    return abs(a - b) / abs(b)
+    return run_gpt_train(BIN, *args, n=n, check=check)
 
 
 def same_as_transformers(model, ours, which, label):
@@ -158,6 +136,27 @@ def fresh_model_exports(data, eval_bin, tmp):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert model.config.num_key_value_heads == 1 and model.config.intermediate_size == 48
     same_as_transformers(model.eval(), torch.load(out), "final", "--model llama from flags, exported")
+
+
+def uint32_token_files(tmp):
+    """llm.c's version-2 files (uint32 ids, Llama 3's): the same ids train as in a uint16 file,
+    and ids past 65535 train a vocabulary of 70,000."""
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, VOCAB, 5000)
+    write_tokens(tmp / "v1.bin", ids, llmc_version=1)
+    write_tokens(tmp / "v2.bin", ids, llmc_version=2)
+    model = ["--reference", "--model", "llama", "--layers", 1, "--dim", 16, "--heads", 2, "--seq", 16,
+             "--batch", 2, "--steps", 2]
+    losses = []
+    for name in ("v1", "v2"):
+        gpt_train(*model, "--vocab", VOCAB, "--data-tokens", tmp / f"{name}.bin",
+                  "--metrics", tmp / f"{name}.jsonl", n=0)
+        records = [json.loads(line) for line in (tmp / f"{name}.jsonl").read_text().splitlines()]
+        losses.append([r["loss"] for r in records if "step" in r])
+    assert losses[0] == losses[1] and len(losses[0]) == 2, losses
+    write_tokens(tmp / "big.bin", rng.integers(60000, 70000, 5000), llmc_version=2)
+    gpt_train(*model, "--vocab", 70000, "--data-tokens", tmp / "big.bin", n=0)
+    print(f"llm.c version 2 (uint32 ids): the same losses as version 1 {losses[0]}; ids 60000-69999 train")
 
 
 def bad_inputs(single, data, tmp):
@@ -216,6 +215,7 @@ def main():
         loads_like_transformers(qwen, qwen_folder, data, eval_bin, tmp, "Qwen2 (q/k/v biases), W=2")
         export_round_trip(single, data, eval_bin, tmp)
         fresh_model_exports(data, eval_bin, tmp)
+        uint32_token_files(tmp)
         bad_inputs(single, data, tmp)
     print("hf_llama end to end: ok")
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Do the Llama's parity tests catch what they claim? Each mutation below changes one line of the
 Llama (examples/gpt) the way a plausible bug would; this script applies it in WORKTREE, rebuilds
-gpt_train, runs the tests meant to catch it (tests/hf_llama_e2e.py: logits against transformers
-and the export round trip; tests/llama_fsdp2_e2e.py: 10 steps against PyTorch FSDP2), stops at
-the first that fails, and restores the file with git checkout.
+gpt_train, runs each test meant to catch it (tests/hf_llama_e2e.py: logits against transformers
+and the export round trip; tests/llama_fsdp2_e2e.py: 10 steps against PyTorch FSDP2), each of
+which must fail, and restores the file with git checkout.
 
     .venv/bin/python tests/llama_mutations.py WORKTREE [--only ID,...]
 
 WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
-Prints a Markdown table: mutation -> the first red test, or SURVIVED (exit 1)."""
+Prints a Markdown table: mutation -> each test red (its message), or SURVIVED (exit 1)."""
 import argparse
 import subprocess
 import sys
@@ -16,7 +16,7 @@ from pathlib import Path
 
 HF, FSDP2 = "tests/hf_llama_e2e.py", "tests/llama_fsdp2_e2e.py"
 
-# (id, file, exact original text, mutated text, [tests that must turn red, run in order])
+# (id, file, exact original text, mutated text, [tests that must each turn red])
 MUTATIONS = [
     ("rope-halves-swapped", "examples/gpt/llama.cpp",
      "torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1)",
@@ -58,15 +58,16 @@ def main():
             build = sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
             if build.returncode != 0:
                 sys.exit(f"{mid}: the mutated build failed:\n{build.stdout[-3000:]}")
-            red = ""
+            verdicts = []
             for test in tests:
                 run = sh([sys.executable, test, str(wt / "build" / "bin")], wt, timeout=900)
-                if run.returncode != 0:
-                    lines = [l for l in (run.stdout + run.stderr).splitlines() if "Error" in l or "assert" in l]
-                    red = f"red: {Path(test).name} ({(lines or ['exit ' + str(run.returncode)])[-1][:160]})"
-                    break
-            survived += not red
-            rows.append(f"| {mid} | `{path}` | {red or 'SURVIVED'} |")
+                if run.returncode == 0:
+                    verdicts.append(f"SURVIVED {Path(test).name}")
+                    continue
+                lines = [l for l in (run.stdout + run.stderr).splitlines() if "Error" in l or "assert" in l]
+                verdicts.append(f"red: {Path(test).name} ({(lines or ['exit ' + str(run.returncode)])[-1][:140]})")
+            survived += any(v.startswith("SURVIVED") for v in verdicts)
+            rows.append(f"| {mid} | `{path}` | {'; '.join(verdicts)} |")
             print(rows[-1], flush=True)
         finally:
             sh(["git", "checkout", "--", path], wt)

@@ -235,9 +235,32 @@ namespace {
 // The planner's parameters are the model's: describe_gpt's units, in order, name and shape every
 // parameter of a GPT built by gpt.cpp as named_parameters() lists it (the blocks' under "h.N.",
 // the root's the rest); minGPT's description adds only its untied head to the root.
-std::vector<std::pair<std::string, std::vector<int64_t>>> described_params(const fsdp::PlanUnit& unit) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+using NamedShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+NamedShapes described_params(const fsdp::PlanUnit& unit) {
+  NamedShapes out;
   for (const auto& p : unit.params) out.emplace_back(p.name, p.shape);
+  return out;
+}
+
+// The built model's parameters (blocks: those under "h."; the root: the rest) and the
+// description's (its units', in order; its root's), each in order.
+struct BuiltAndDescribed {
+  NamedShapes blocks, root, described_blocks, described_root;
+};
+
+BuiltAndDescribed built_and_described(const gpt::GPTConfig& config) {
+  BuiltAndDescribed out;
+  gpt::GPT model(config);
+  for (const auto& item : model->named_parameters()) {
+    const bool in_block = item.key().rfind("h.", 0) == 0;
+    (in_block ? out.blocks : out.root).emplace_back(item.key(), item.value().sizes().vec());
+  }
+  const fsdp::PlanModel described = gpt::describe_gpt(config, at::kFloat, 0);
+  for (const fsdp::PlanUnit& unit : described.units) {
+    for (auto& p : described_params(unit)) out.described_blocks.push_back(p);
+  }
+  out.described_root = described_params(described.root);
   return out;
 }
 
@@ -246,19 +269,10 @@ TEST(Planner, DescribedGptParametersAreTheBuiltModelsInOrder) {
   wide_context.vocab_size = 300;
   wide_context.positions = 40;
   for (const gpt::GPTConfig& config : {gpt::GPTConfig::sized(2, 32, 2, 8), wide_context}) {
-    gpt::GPT model(config);
-    std::vector<std::pair<std::string, std::vector<int64_t>>> blocks, root;
-    for (const auto& item : model->named_parameters()) {
-      const bool in_block = item.key().rfind("h.", 0) == 0;
-      (in_block ? blocks : root).emplace_back(item.key(), item.value().sizes().vec());
-    }
-    const fsdp::PlanModel described = gpt::describe_gpt(config, at::kFloat, 0);
-    std::vector<std::pair<std::string, std::vector<int64_t>>> described_blocks;
-    for (const fsdp::PlanUnit& unit : described.units) {
-      for (auto& p : described_params(unit)) described_blocks.push_back(p);
-    }
+    auto [blocks, root, described_blocks, described_root] = built_and_described(config);
     EXPECT_EQ(described_blocks, blocks);
-    EXPECT_EQ(described_params(described.root), root);
+    EXPECT_EQ(described_root, root);
+    const fsdp::PlanModel described = gpt::describe_gpt(config, at::kFloat, 0);
 
     const fsdp::PlanModel min_gpt = gpt::describe_gpt(config, at::kFloat, 0, gpt::GptCode::MinGpt);
     root.push_back({"lm_head.weight", {config.vocab_size, config.dim}});
@@ -278,20 +292,10 @@ TEST(Planner, DescribedLlamaParametersAreTheBuiltModelsInOrder) {
     config.kv_heads = 2;
     config.ffn_dim = 40;
     config.tied_head = tied;
-    gpt::GPT model(config);
-    std::vector<std::pair<std::string, std::vector<int64_t>>> blocks, root;
-    for (const auto& item : model->named_parameters()) {
-      const bool in_block = item.key().rfind("h.", 0) == 0;
-      (in_block ? blocks : root).emplace_back(item.key(), item.value().sizes().vec());
-    }
-    const fsdp::PlanModel described = gpt::describe_gpt(config, at::kFloat, 0);
-    std::vector<std::pair<std::string, std::vector<int64_t>>> described_blocks;
-    for (const fsdp::PlanUnit& unit : described.units) {
-      for (auto& p : described_params(unit)) described_blocks.push_back(p);
-    }
-    EXPECT_EQ(described_blocks, blocks) << "tied " << tied;
-    EXPECT_EQ(described_params(described.root), root) << "tied " << tied;
-    EXPECT_EQ(root.size(), tied ? 2u : 3u);  // wte, ln_f (, lm_head)
+    const BuiltAndDescribed b = built_and_described(config);
+    EXPECT_EQ(b.described_blocks, b.blocks) << "tied " << tied;
+    EXPECT_EQ(b.described_root, b.root) << "tied " << tied;
+    EXPECT_EQ(b.root.size(), tied ? 2u : 3u);  // wte, ln_f (, lm_head)
   }
 }
 

@@ -115,6 +115,8 @@ void add_model_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--rope-theta", o.model.rope_theta, "--model llama: the rotary base")
       ->check(real_at_least(0, /*strictly_above=*/true))
       ->capture_default_str();
+  app.add_flag("--tie-head", o.model.tied_head,
+               "--model llama: the output head is wte (as Llama 3.2 1B's), not a matrix of its own");
   app.add_option("--batch", o.batch, "sequences per rank per step")
       ->check(integer_in(1, kMaxBatch, "sequences per rank per step"));
   app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
@@ -141,17 +143,19 @@ void add_input_output_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--data", o.data,
                  "a text file or a folder of text files (bytes), or a .bin file of token ids");
   app.add_option("--data-tokens", cl.data_tokens,
-                 "pre-tokenized data: uint16 token ids, nanoGPT's .bin (no header) or llm.c's "
-                 "(256-int32 header, magic 20240520)");
+                 "pre-tokenized data: token ids, nanoGPT's .bin (uint16, no header) or llm.c's "
+                 "(256-int32 header, magic 20240520; version 1: uint16 ids, 2: uint32 ids)");
   app.add_option("--vocab", o.model.vocab_size,
                  "vocabulary size (default 256: bytes; --init-from-hf takes config.json's)")
       ->check(integer_in(2, kMaxVocab));
   app.add_option("--init-from-hf", o.init_from_hf,
-                 "start from a transformers GPT-2 folder (config.json, model.safetensors or its "
-                 "index); sizes come from config.json; each rank reads only its shard");
+                 "start from a transformers folder of a GPT-2 or a Llama-family model (Llama, "
+                 "Mistral, Qwen2: config.json, model.safetensors or its index); the architecture "
+                 "and sizes come from config.json; each rank reads only its shard");
   app.add_option("--export-hf", o.export_hf,
-                 "after training, rank 0 writes a transformers GPT-2 folder here (config.json, "
-                 "model.safetensors) for GPT2LMHeadModel.from_pretrained");
+                 "after training, rank 0 writes a transformers folder of the model here "
+                 "(config.json, model.safetensors) for from_pretrained (GPT2LMHeadModel, "
+                 "LlamaForCausalLM)");
   app.add_option("--eval-tokens", o.eval_tokens,
                  "a .bin token file: the loss and logits on its rows of --seq + 1 tokens, before "
                  "the first step and after the last");
@@ -327,7 +331,7 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
 
 std::string check_model_flags(const CLI::App& app, const GPTConfig& model) {
   if (!model.is_llama()) {
-    for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta"}) {
+    for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta", "--tie-head"}) {
       if (app.count(flag) > 0) return std::string(flag) + " applies to --model llama only";
     }
   }
@@ -498,7 +502,7 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
 
 std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
   if (o.init_from_hf.empty()) return "";
-  for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta"}) {
+  for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta", "--tie-head"}) {
     if (app.count(flag) > 0) {
       return std::string(flag) + " contradicts --init-from-hf, whose config.json sets the "
              "model's sizes; omit " + flag;

@@ -16,9 +16,15 @@ namespace {
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int64_t kLlmcHeaderBytes = 256 * 4;
 
-// The token count and the offset of the first id: llm.c's header, or none (nanoGPT).
-std::pair<int64_t, int64_t> token_layout(std::ifstream& in, const std::string& path,
-                                         const std::string& flag, int64_t file_bytes) {
+// Where a token file's ids lie: llm.c's header, or none (nanoGPT).
+struct TokenLayout {
+  int64_t count = 0;       // ids in the file
+  int64_t offset = 0;      // bytes before the first
+  int64_t id_bytes = 2;    // uint16 (nanoGPT, llm.c version 1) or uint32 (llm.c version 2)
+};
+
+TokenLayout token_layout(std::ifstream& in, const std::string& path, const std::string& flag,
+                         int64_t file_bytes) {
   int32_t header[3] = {0, 0, 0};
   if (file_bytes >= kLlmcHeaderBytes) {
     in.read(reinterpret_cast<char*>(header), sizeof header);
@@ -27,14 +33,28 @@ std::pair<int64_t, int64_t> token_layout(std::ifstream& in, const std::string& p
   if (header[0] != kLlmcMagic) {
     TORCH_CHECK(file_bytes % 2 == 0, flag, " ", path, " has ", file_bytes,
                 " bytes, an odd number: it is not an array of uint16 token ids (nanoGPT's .bin)");
-    return {file_bytes / 2, 0};
+    return {file_bytes / 2, 0, 2};
   }
-  TORCH_CHECK(header[1] == 1, flag, " ", path, " is an llm.c token file of version ",
-              header[1], "; only version 1 (uint16 ids, GPT-2) is read");
-  TORCH_CHECK(header[2] >= 0 && kLlmcHeaderBytes + 2 * int64_t(header[2]) <= file_bytes,
+  TORCH_CHECK(header[1] == 1 || header[1] == 2, flag, " ", path, " is an llm.c token file of "
+              "version ", header[1], "; versions 1 (uint16 ids, GPT-2) and 2 (uint32 ids, "
+              "Llama 3) are read");
+  const int64_t id_bytes = header[1] == 1 ? 2 : 4;
+  TORCH_CHECK(header[2] >= 0 && kLlmcHeaderBytes + id_bytes * int64_t(header[2]) <= file_bytes,
               flag, " ", path, ": its llm.c header promises ", header[2], " tokens but the "
-              "file holds ", (file_bytes - kLlmcHeaderBytes) / 2, " (a truncated copy?)");
-  return {header[2], kLlmcHeaderBytes};
+              "file holds ", (file_bytes - kLlmcHeaderBytes) / id_bytes, " (a truncated copy?)");
+  return {header[2], kLlmcHeaderBytes, id_bytes};
+}
+
+// Throws naming the first id of `ids` at or above `vocab_size`.
+template <class Id>
+void check_ids(const Id* ids, int64_t n, int64_t vocab_size, const std::string& path,
+               const std::string& flag) {
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(static_cast<int64_t>(ids[i]) < vocab_size, flag, " ", path, ": token ", i,
+                " is id ", static_cast<int64_t>(ids[i]), ", outside the model's vocabulary of ",
+                vocab_size, " (tokenized for another model? --init-from-hf or --vocab sets the "
+                "vocabulary)");
+  }
 }
 
 }  // namespace
@@ -44,26 +64,25 @@ bool is_token_file(const std::string& path) {
 }
 
 torch::Tensor read_token_file(const std::string& path, const std::string& flag, int64_t vocab_size,
-                              int64_t max_tokens, int64_t min_tokens) {
+                              int64_t max_bytes, int64_t min_tokens) {
   std::error_code ec;
   const auto file_bytes = static_cast<int64_t>(std::filesystem::file_size(path, ec));
   TORCH_CHECK(!ec, flag, " ", path, ": ", ec.message());
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, flag, " ", path, ": cannot open it");
-  const auto [count, offset] = token_layout(in, path, flag, file_bytes);
-  const int64_t n = std::min(count, max_tokens);
+  const TokenLayout layout = token_layout(in, path, flag, file_bytes);
+  const int64_t n = std::min(layout.count, max_bytes / layout.id_bytes);
   TORCH_CHECK(n >= min_tokens, flag, " ", path, " holds ", n, " tokens",
-              count > n ? " within --max-data-mb" : "", ", fewer than the ", min_tokens,
+              layout.count > n ? " within --max-data-mb" : "", ", fewer than the ", min_tokens,
               " needed for one sequence; use a larger file or a shorter --seq");
-  auto tokens = torch::empty({n}, torch::kUInt16);
-  auto* ids = static_cast<uint16_t*>(tokens.data_ptr());
-  in.seekg(offset);
-  in.read(reinterpret_cast<char*>(ids), n * 2);  // little-endian, as this host
-  TORCH_CHECK(in.gcount() == n * 2, flag, " ", path, ": cannot read its ", n, " tokens");
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK(ids[i] < vocab_size, flag, " ", path, ": token ", i, " is id ", ids[i],
-                ", outside the model's vocabulary of ", vocab_size,
-                " (tokenized for another model? --init-from-hf or --vocab sets the vocabulary)");
+  auto tokens = torch::empty({n}, layout.id_bytes == 2 ? torch::kUInt16 : torch::kUInt32);
+  in.seekg(layout.offset);
+  in.read(static_cast<char*>(tokens.data_ptr()), n * layout.id_bytes);  // little-endian, as this host
+  TORCH_CHECK(in.gcount() == n * layout.id_bytes, flag, " ", path, ": cannot read its ", n, " tokens");
+  if (layout.id_bytes == 2) {
+    check_ids(static_cast<const uint16_t*>(tokens.const_data_ptr()), n, vocab_size, path, flag);
+  } else {
+    check_ids(static_cast<const uint32_t*>(tokens.const_data_ptr()), n, vocab_size, path, flag);
   }
   return tokens;
 }
@@ -166,7 +185,7 @@ Corpus Corpus::load(const std::string& path, int64_t max_bytes, int64_t min_byte
 Corpus Corpus::load_tokens(const std::string& path, const std::string& flag, int64_t vocab_size,
                            int64_t max_bytes, int64_t min_tokens) {
   TORCH_CHECK(max_bytes > 0, "--max-data-mb must be >= 1");
-  return Corpus(read_token_file(path, flag, vocab_size, max_bytes / 2, min_tokens));
+  return Corpus(read_token_file(path, flag, vocab_size, max_bytes, min_tokens));
 }
 
 namespace {
@@ -199,6 +218,9 @@ std::pair<torch::Tensor, torch::Tensor> Corpus::batch(uint64_t seed, int64_t ste
   int64_t* out = targets.data_ptr<int64_t>();
   if (tokens_.scalar_type() == torch::kUInt16) {
     fill_rows(static_cast<const uint16_t*>(tokens_.const_data_ptr()), span, seed, step, first_row,
+              rows, seq, in, out);
+  } else if (tokens_.scalar_type() == torch::kUInt32) {
+    fill_rows(static_cast<const uint32_t*>(tokens_.const_data_ptr()), span, seed, step, first_row,
               rows, seq, in, out);
   } else {
     fill_rows(tokens_.const_data_ptr<uint8_t>(), span, seed, step, first_row, rows, seq, in, out);

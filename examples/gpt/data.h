@@ -12,17 +12,18 @@
 
 namespace gpt {
 
-// Pre-tokenized training data: a .bin file of uint16 token ids, as nanoGPT's prepare.py writes
+// Pre-tokenized training data: a .bin file of token ids, as nanoGPT's prepare.py writes
 // (train.bin: a raw array of little-endian uint16 ids, no header) or as llm.c writes (a header of
-// 256 int32, magic 20240520, version 1, the token count; then the uint16 ids). A file whose first
+// 256 int32, magic 20240520, version 1 for uint16 ids (GPT-2) or 2 for uint32 ids (Llama 3), the
+// token count; then the ids). A file whose first
 // int32 is llm.c's magic is read as llm.c's; a nanoGPT file cannot start so with a GPT-2
 // vocabulary (the magic's low half, 55224, is no GPT-2 id).
-/// The first `max_tokens` token ids of `path` (1-D, uint16). Throws naming `flag` (the flag that
+/// The token ids in the first `max_bytes` of ids of `path` (1-D, uint16 or uint32). Throws naming `flag` (the flag that
 /// named the file), the file and the cause:
 /// an odd byte count, a truncated llm.c file, an id >= `vocab_size` (with its position), fewer
 /// than `min_tokens` ids.
 torch::Tensor read_token_file(const std::string& path, const std::string& flag, int64_t vocab_size,
-                              int64_t max_tokens, int64_t min_tokens);
+                              int64_t max_bytes, int64_t min_tokens);
 
 /// Whether --data names a token file (by its .bin ending) rather than text.
 bool is_token_file(const std::string& path);
@@ -45,7 +46,7 @@ class Corpus {
                             int64_t max_bytes, int64_t min_tokens);
 
   int64_t size() const { return tokens_.numel(); }
-  const torch::Tensor& tokens() const { return tokens_; }  // 1-D: uint8 bytes or uint16 ids
+  const torch::Tensor& tokens() const { return tokens_; }  // 1-D: uint8 bytes, uint16/uint32 ids
 
   /// Rows [first_row, first_row + rows) of the global batch of `step`: inputs and next-byte
   /// targets, each [rows, seq] int64. Row i starts at an offset drawn from (seed, step, i) only.

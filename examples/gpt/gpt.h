@@ -30,7 +30,9 @@ constexpr int64_t kMaxSeq = int64_t{1} << 20;    // --seq, n_positions
 // config.json's n_positions (wpe's rows) may exceed the run's --seq; bounded so that wpe's
 // elements (n_positions x n_embd) stay far within int64, where the planner refuses them by size.
 constexpr int64_t kMaxPositions = int64_t{1} << 40;
-constexpr int64_t kMaxVocab = int64_t{1} << 16;  // --vocab, vocab_size (token ids are uint16)
+// --vocab, vocab_size: Llama 3's 128,256 and Gemma's 256,000 within it (token files hold uint16
+// or uint32 ids).
+constexpr int64_t kMaxVocab = int64_t{1} << 20;
 constexpr int64_t kMaxBatch = int64_t{1} << 20;  // --batch, each of --batches
 
 enum class Architecture { Gpt2, Llama };

@@ -271,7 +271,7 @@ int64_t training_data_bytes(const TrainOptions& o) {
     bytes = static_cast<int64_t>(fs::file_size(o.data, error));
     if (error) bytes = 0;
   }
-  if (o.data_is_tokens) bytes = bytes / 2 * 2;  // uint16 ids, held as they are
+  if (o.data_is_tokens) bytes = bytes / 2 * 2;  // token ids, held as they are
   return std::min(bytes, o.max_data_bytes);
 }
 
