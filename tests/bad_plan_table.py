@@ -168,7 +168,7 @@ def hf_cases(t, tmp):
             bt.run([PLAN, *hf_only, "--init-from-hf", str(deep)]), "config.json", "more than 64 deep")
     long = hf_folder(tmp, "hf-long", model_type=[[1] * 50] * 1000)
     refused(t, "config.json model_type a 100 KB value", bt.run([PLAN, *hf_only, "--init-from-hf", str(long)]),
-            "config.json", '"model_type"', "only \"gpt2\"")
+            "config.json", '"model_type"', 'loads "gpt2" and the Llama family\'s "llama"')
 
 
 def flag_cases(t, tmp):

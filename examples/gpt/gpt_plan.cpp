@@ -91,8 +91,9 @@ fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H,
 // - SwiGLU: gate's output (saved by SiLU), SiLU's output and up's output (saved by their
 //   product), the product (saved by down_proj): 4TI·e.
 // fp32: 6TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 2Td·e + 8T + 4TH; below fp32 5TC·e + 2TC·4 in place
-// of 6TC·e. Its backward peaks in SwiGLU's: the incoming gradient (TC·e) and three gradients of
-// width I (3TI·e).
+// of 6TC·e. Its backward peaks in SwiGLU's: the incoming gradient (TC·e) and two gradients of
+// width I (2TI·e: each step of it releases a saved tensor of width I as it makes a gradient of
+// that width, and mul's backward holds both of its gradients at once).
 fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e) {
   const int64_t T = config.max_seq, C = config.dim, H = config.heads, KV = config.key_value_heads();
   const int64_t d = config.head_size(), I = config.mlp_dim();
@@ -103,7 +104,7 @@ fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e
                  product({4, T, I, e}), product({2, T, d, e}), 8 * T, product({4, T, H})});
   a.checkpointed = product({T, C, e});
   a.forward_transient = product({T, C, e});  // o_proj's (down_proj's) output before the residual sum
-  a.backward_transient = sum({product({T, C, e}), product({3, T, I, e})});
+  a.backward_transient = sum({product({T, C, e}), product({2, T, I, e})});
   return a;
 }
 
