@@ -8,9 +8,12 @@
 // other jobs, wall time also counts the time a rank waits for a core. "size" is nccl-tests': the
 // full buffer (all-gather's output, reduce-scatter's input, the all-reduced tensor), fp32.
 // All-gather runs in place (the shard is the full buffer's own chunk), as FSDP calls it.
+// shm_thread: the shared-memory collective handed to a communication thread and waited for, as
+// FSDP runs a collective it overlaps with compute: against shm, the cost of the hand-off.
 //
 //   fsdprun --nproc-per-node W collectives_bench --out results.jsonl   (one JSON object a line)
 #include "comm/collectives.h"
+#include "comm/comm_thread.h"
 #include "comm/shm_collectives.h"
 
 #include <fsdp/distributed.h>
@@ -64,6 +67,11 @@ Buffers buffers_for(int64_t bytes, int world_size, int rank) {
 
 Call collective_call(const std::string& impl, const std::string& op, fsdp::Collectives* ours,
                      c10d::Backend& gloo, Buffers& b) {
+  if (impl == "shm_thread") {
+    static fsdp::CommThread thread;
+    Call direct = collective_call("shm", op, ours, gloo, b);
+    return [direct] { thread.submit(direct).wait(); };
+  }
   if (impl != "gloo") {
     if (op == "all_gather") return [=, &b] { ours->all_gather(b.full, b.own); };
     if (op == "reduce_scatter") return [=, &b] { ours->reduce_scatter_sum(b.shard, b.full); };
@@ -166,7 +174,7 @@ int main(int argc, char** argv) {
   app.add_option("--factor", o.factor, "size step")->check(CLI::Range(2, 16));
   app.add_option("--bytes-per-size", o.bytes_per_size, "bytes moved per measurement")->check(CLI::PositiveNumber);
   app.add_option("--seconds-per-size", o.seconds_per_size, "time bound of one measurement")->check(CLI::PositiveNumber);
-  app.add_option("--impls", o.impls, "shm, ring, gloo")->delimiter(',');
+  app.add_option("--impls", o.impls, "shm, shm_thread, ring, gloo")->delimiter(',');
   app.add_option("--ops", o.ops, "all_gather, reduce_scatter, all_reduce")->delimiter(',');
   app.add_option("--out", o.out, "JSON lines (rank 0)");
   app.add_option("--shm-chunk-bytes", o.shm_chunk_bytes, "bytes per round of the shared-memory collectives")
@@ -180,6 +188,7 @@ int main(int argc, char** argv) {
     std::map<std::string, std::unique_ptr<fsdp::Collectives>> ours;
     ours["ring"] = fsdp::make_ring_collectives(world);
     if (w > 1) ours["shm"] = fsdp::make_shm_collectives(world, o.shm_chunk_bytes);
+    if (w > 1) ours["shm_thread"] = fsdp::make_shm_collectives(world, o.shm_chunk_bytes);
     std::ofstream out;
     if (world.rank() == 0 && !o.out.empty()) out.open(o.out);
     auto emit = [&](const nlohmann::json& row) {

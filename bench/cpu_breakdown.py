@@ -3,7 +3,7 @@ the unsharded floor (gpt_train --reference --world-size 1, one rank's batch), on
 
 Run from the repository root:
 
-    .venv/bin/python bench/cpu_breakdown.py [--config small|medium] [--before OLD.json] [--out DIR]
+    .venv/bin/python bench/cpu_breakdown.py [--config small|medium|deep] [--before OLD.json] [--out DIR]
 
 Three measurements, each of the same step after warm-up:
 1. callgrind (instruction counts: repeatable on a noisy machine). Every process runs under
@@ -46,6 +46,7 @@ BIN = os.path.join(ROOT, "build", "bin")
 CONFIGS = {
     "small": dict(layers=4, dim=128, heads=4, seq=128, batch=8, perf_steps=(4, 14)),
     "medium": dict(layers=8, dim=512, heads=8, seq=256, batch=4, perf_steps=(3, 7)),
+    "deep": dict(layers=48, dim=32, heads=2, seq=16, batch=1, perf_steps=(40, 240)),
 }
 MEASURED_STEP = 0  # callgrind runs MEASURED_STEP + 2 steps (the last one ends with the teardown)
 STEP_MARK = "fsdp::reset_peak_memory(c10::Device*"  # called by gpt_train first thing in each step

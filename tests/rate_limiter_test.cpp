@@ -92,10 +92,13 @@ TEST(RateLimiter, ReductionsSkippedAfterAFailureStillEnd) {
   for (int i = 0; i < 2; ++i) {
     limiter.reduction_issued();
     auto end = std::make_shared<fsdp::ReductionEnd>(&limiter);
-    handles.push_back(device->submit(fsdp::CommLane::Reduce, [end, i] {
-      std::this_thread::sleep_for(50ms);  // the unit below is waiting by then
-      if (i == 0) throw std::runtime_error("a peer died");
-    }));
+    handles.push_back(device->submit(
+        fsdp::CommLane::Reduce,
+        [end, i] {
+          std::this_thread::sleep_for(50ms);  // the unit below is waiting by then
+          if (i == 0) throw std::runtime_error("a peer died");
+        },
+        /*overlap_bytes=*/int64_t{1} << 30));  // on the communication thread
   }
   Acquirer required(limiter, /*optional=*/false);
   const bool done = required.done_within(5s);

@@ -17,4 +17,8 @@ CommHandle CommThread::submit(std::function<void()> task) {
   return CommHandle(std::make_shared<Queued>(worker_.submit(std::move(task))));
 }
 
+CommHandle CommThread::run_or_submit(std::function<void()> task) {
+  return CommHandle(std::make_shared<Queued>(worker_.run_or_submit(std::move(task))));
+}
+
 }  // namespace fsdp

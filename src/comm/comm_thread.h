@@ -47,6 +47,9 @@ class CommHandle {
 class CommThread {
  public:
   CommHandle submit(std::function<void()> task);
+  /// On the caller's thread when every task submitted before has finished, else queued
+  /// (WorkerThread::run_or_submit): the same order, without the hand-off.
+  CommHandle run_or_submit(std::function<void()> task);
 
  private:
   WorkerThread worker_;

@@ -105,6 +105,8 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
   }
   const auto full_options = options.dtype(compute_dtype_).device(compute_device_).pinned_memory(false);
   full_ = needs_unshard() ? unallocated(padded_numel(), full_options) : shard_;
+  // A shard group of one keeps the shapes (the shard is the whole unit).
+  shard_views_ = param_views(shard_, /*in_shard=*/sharded());
   use_sharded_params();  // releases the parameters' original storage
   full_grad_ = unallocated(padded_numel(), full_options.dtype(grad_dtype.value_or(compute_dtype_)));
 }
@@ -184,15 +186,21 @@ c10::DataPtr FlatParam::take_full_grad_bytes() {
   return bytes;
 }
 
+std::vector<at::Tensor> FlatParam::param_views(const at::Tensor& buffer, bool in_shard) const {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> views;
+  for (const auto& e : entries_) views.push_back(in_shard ? e.in_shard(buffer) : e.in_full(buffer));
+  return views;
+}
+
 void FlatParam::use_full_params() {
-  for (auto& e : entries_) point_data(e.param, e.in_full(full_));
+  // Made at the first unshard: a view of full_ needs its bytes to be there when it is made.
+  if (full_views_.empty()) full_views_ = param_views(full_, /*in_shard=*/false);
+  for (size_t i = 0; i < entries_.size(); ++i) point_data(entries_[i].param, full_views_[i]);
 }
 
 void FlatParam::use_sharded_params() {
-  for (auto& e : entries_) {
-    // A shard group of one keeps the shapes (the shard is the whole unit).
-    point_data(e.param, sharded() ? e.in_shard(shard_) : e.in_full(shard_));
-  }
+  for (size_t i = 0; i < entries_.size(); ++i) point_data(entries_[i].param, shard_views_[i]);
 }
 
 void FlatParam::use_sharded_grads() {

@@ -5,7 +5,7 @@
 namespace fsdp::detail {
 
 void run_on_device(FsdpState& state, CommLane lane, const std::function<void()>& collective) {
-  state.device().submit(lane, collective).wait();
+  state.device().submit(lane, collective, /*overlap_bytes=*/0).wait();
 }
 
 void all_reduce_over_shard_group(FsdpState& state, const at::Tensor& t) {

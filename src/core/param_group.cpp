@@ -124,10 +124,13 @@ void ParamGroup::issue_all_gather(FlatGroup& g) {
     g.all_gather = CommHandle();
     return;
   }
-  g.all_gather = env_.device.submit(CommLane::AllGather, [this, &g] {
-    TraceSpan trace("all_gather", label_, TraceLane::Communication);
-    gather_unit(g.flat, env_.shard_group);
-  });
+  g.all_gather = env_.device.submit(
+      CommLane::AllGather,
+      [this, &g] {
+        TraceSpan trace("all_gather", label_, TraceLane::Communication);
+        gather_unit(g.flat, env_.shard_group);
+      },
+      g.flat.full().nbytes());
 }
 
 void ParamGroup::wait_unshard() {
@@ -294,12 +297,15 @@ void ParamGroup::issue_reduce_scatter(FlatGroup& g) {
   // Allocated here, on the caller's thread, before the task can: gradients_reduced hands out
   // views of it while the task runs (two lazy allocations would race to two buffers).
   g.flat.grad_shard();
-  g.reduce_scatter = env_.device.submit(CommLane::Reduce, [this, &g, plan, end] {
-    TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
-    at::NoGradGuard no_grad;
-    reduce_unit_gradient(g.flat, plan, env_.shard_group, env_.replicas);
-    env_.device.release_after(CommLane::Reduce, g.flat.take_full_grad_bytes());
-  });
+  g.reduce_scatter = env_.device.submit(
+      CommLane::Reduce,
+      [this, &g, plan, end] {
+        TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
+        at::NoGradGuard no_grad;
+        reduce_unit_gradient(g.flat, plan, env_.shard_group, env_.replicas);
+        env_.device.release_after(CommLane::Reduce, g.flat.take_full_grad_bytes());
+      },
+      g.flat.full_grad().nbytes());
   events_.gradients_reduced(*this, g.flat, g.reduce_scatter);
 }
 

@@ -53,7 +53,7 @@ class CudaDevice final : public DeviceRuntime {
 
   c10::Device device() const override { return device_; }
 
-  CommHandle submit(CommLane lane, std::function<void()> task) override {
+  CommHandle submit(CommLane lane, std::function<void()> task, int64_t) override {
     auto ready = std::make_shared<at::cuda::CUDAEvent>();
     ready->record(c10::cuda::getCurrentCUDAStream(device_.index()));
     auto completion = std::make_shared<Completion>(device_.index());

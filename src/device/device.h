@@ -41,8 +41,11 @@ class DeviceRuntime {
   virtual ~DeviceRuntime() = default;
   virtual c10::Device device() const = 0;
   /// Runs `task` (a unit's communication work) off the compute path, after the compute work
-  /// issued so far; wait() on the handle orders the caller after it.
-  virtual CommHandle submit(CommLane lane, std::function<void()> task) = 0;
+  /// issued so far; wait() on the handle orders the caller after it. `overlap_bytes`: how many
+  /// bytes its collective moves while the caller computes (its full buffer; 0 when the caller
+  /// waits at once): the CPU device runs a task with few on the caller's thread ([Note: small
+  /// collectives inline] in cpu_device.cpp).
+  virtual CommHandle submit(CommLane lane, std::function<void()> task, int64_t overlap_bytes) = 0;
   /// Collectives over `group` for tensors on this device.
   virtual std::unique_ptr<Collectives> collectives(ProcessGroup& group) = 0;
   /// Called from inside a task of `lane`: frees `bytes` once that task's work has completed.

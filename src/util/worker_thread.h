@@ -20,6 +20,8 @@ class QueuedTask {
 
  private:
   friend class WorkerThread;
+  void finish(std::exception_ptr error);
+
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
@@ -34,13 +36,22 @@ class WorkerThread {
   WorkerThread& operator=(const WorkerThread&) = delete;
 
   std::shared_ptr<QueuedTask> submit(std::function<void()> task);
+  /// Runs `task` on the calling thread, now, when every task submitted before it has finished;
+  /// otherwise queues it as submit() does. Either way it runs after those and before any
+  /// submitted after it, and its error (or an earlier task's) is in the returned completion.
+  std::shared_ptr<QueuedTask> run_or_submit(std::function<void()> task);
 
  private:
   void run();
+  /// Runs `task` unless an earlier one failed; returns the error it ends with.
+  std::exception_ptr run_task(std::function<void()>& task, std::exception_ptr earlier);
+  /// Marks the task that ran as done and failed with `error` (nullptr: it succeeded).
+  void task_done(std::exception_ptr error);
 
   std::mutex mutex_;
   std::condition_variable queue_cv_;
   std::deque<std::pair<std::function<void()>, std::shared_ptr<QueuedTask>>> queue_;
+  bool running_ = false;            // a task runs, on the worker or on a run_or_submit caller
   bool stopping_ = false;
   std::exception_ptr first_error_;  // after a failure, later tasks fail at once with it
   std::thread thread_;
