@@ -47,12 +47,16 @@ CONFIGS = {
     # Many units and almost no compute: the step is FSDP's cost per unit (issue 36).
     "deep": dict(layers=48, dim=32, heads=2, seq=16, batch=1, lr=1e-3, steps=30, warmup=5, rounds=3,
                  dtype="fp32"),
+    # small's shapes as a Llama (2 key/value heads, SwiGLU, an untied head; issue 36): the peer is
+    # FSDP2 on transformers' own LlamaForCausalLM, loaded from gpt_train's --export-hf of init.pt.
+    "llama-small": dict(SMALL, model="llama", kv_heads=2, steps=14, warmup=2, rounds=3, dtype="fp32"),
 }
 TINY = dict(layers=2, dim=64, heads=4, seq=32, batch=2, lr=1e-3, steps=3, warmup=1, rounds=1)
 QUICK_CONFIGS = {
     "tiny": dict(TINY, dtype="fp32"),
     "tiny-wide": dict(TINY, dim=128, seq=64, dtype="fp32"),
     "tiny-bf16": dict(TINY, dtype="bf16", fp32_config="tiny"),
+    "tiny-llama": dict(TINY, model="llama", kv_heads=2, dtype="fp32"),
 }
 KINDS = ("cpp", "peer", "floor", "concurrent_floor")  # round 0 starts with cpp: it dumps the batches
 SEED = 1234
@@ -204,9 +208,21 @@ def tail(path, lines=20):
         return "".join(f.readlines()[-lines:])
 
 
+def is_llama(c):
+    return c.get("model") == "llama"
+
+
 def model_args(c):
-    return ["--layers", str(c["layers"]), "--dim", str(c["dim"]), "--heads", str(c["heads"]),
-            "--seq", str(c["seq"])]
+    llama = ["--model", "llama", "--kv-heads", str(c["kv_heads"])] if is_llama(c) else []
+    return llama + ["--layers", str(c["layers"]), "--dim", str(c["dim"]), "--heads", str(c["heads"]),
+                    "--seq", str(c["seq"])]
+
+
+def peer_model_args(c, d):
+    """The peer's model: the GPT's sizes, or (a Llama) transformers' model from the exported folder."""
+    if is_llama(c):
+        return ["--model", "llama", "--seq", str(c["seq"]), "--init-from", os.path.join(d, "init-hf")]
+    return model_args(c) + ["--init-from", os.path.join(d, "init.pt")]
 
 
 def precision_args(c):
@@ -234,9 +250,9 @@ def commands(kind, r, c, d, world, data):
     if kind == "peer":
         return [[os.path.join(VENV, "torchrun"), "--standalone", "--nproc-per-node", str(world),
                  "--log-dir", os.path.join(d, "torchrun"), PEER]
-                + model_args(c) + precision_args(c) + [
+                + peer_model_args(c, d) + precision_args(c) + [
             "--batch", str(c["batch"]), "--steps", str(c["steps"]), "--lr", str(c["lr"]),
-            "--init-from", init, "--batches", batches, "--metrics", metrics, "--fused"]], paths
+            "--batches", batches, "--metrics", metrics, "--fused"]], paths
     floor = [GPT_TRAIN, "--reference", "--world-size", "1"] + train_args(c, data) + ["--init-from", init]
     if kind == "floor":
         return [floor + ["--metrics", paths[0]]], paths[:1]
@@ -313,8 +329,9 @@ def bench_config(name, c, world, data, work, timeout):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     log(f"{name}: {c}")
+    hf = ["--export-hf", os.path.join(d, "init-hf")] if is_llama(c) else []  # the Llama peer's weights
     res = launch([[GPT_TRAIN, "--reference", "--steps", "0", "--save-full", os.path.join(d, "init.pt")]
-                  + model_args(c) + ["--seed", str(SEED), "--data", data, "--max-data-mb", str(MAX_DATA_MB)]],
+                  + hf + model_args(c) + ["--seed", str(SEED), "--data", data, "--max-data-mb", str(MAX_DATA_MB)]],
                  [os.path.join(d, "init.log")], timeout)
     if res["exit_codes"] != [0]:
         raise SystemExit(f"[bench] FAILED: writing {name}'s init.pt:\n{tail(os.path.join(d, 'init.log'))}")
