@@ -3,7 +3,8 @@ unsharded reference's (gpt_train --reference --world-size 2) on the same global 
 mixed precision, activation checkpointing and frozen parameters too (and a sharded checkpoint
 resumed bitwise); fp16 with the sharded scaler matches the fp16 reference, its loss scale
 following GradScaler's rule (checked here), overflowing steps skipped on both ranks; --device cpu
-is the default, bitwise."""
+is the default, bitwise; a Llama (--model llama) with those features and gradient accumulation
+matches its reference and resumes bitwise."""
 import json
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def main(bin_dir, corpus):
           [round(x["loss"], 5) for x in rank0])
     device_cpu_is_default(bin_dir, args, rank0, reference)
     features(bin_dir, args, rank0)
+    llama_features(bin_dir, args)
 
 
 def run_pair(bin_dir, args, flags, tmp):
@@ -81,7 +83,7 @@ def resume_matches(bin_dir, args, flags, uninterrupted):
         resumed = read(f"{tmp}/resumed-0.jsonl")
     assert [x["step"] for x in resumed] == [3, 4, 5], resumed
     assert [x["loss"] for x in resumed] == [x["loss"] for x in uninterrupted[3:]], (resumed, uninterrupted)
-    print("resumed at step 3 with frozen and bf16 flat parameters: bitwise the same losses")
+    print(f"resumed at step 3 with {' '.join(flags)}: bitwise the same losses")
 
 
 def features(bin_dir, args, fp32):
@@ -101,6 +103,23 @@ def features(bin_dir, args, fp32):
     resume_matches(bin_dir, args, flags, sharded)
 
     fp16(bin_dir, args)
+
+
+def llama_features(bin_dir, args):
+    """A Llama (2 heads sharing 1 key/value head, an untied head) with bf16, activation
+    checkpointing, a frozen parameter and gradient accumulation: the sharded run within bf16's
+    roundoff of the reference, and resumed from a sharded checkpoint bitwise."""
+    llama = [*args, "--model", "llama", "--kv-heads", "1"]
+    flags = ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--activation-checkpointing",
+             "--freeze", "lm_head", "--grad-accum", "2"]
+    with tempfile.TemporaryDirectory() as tmp:
+        sharded, reference = run_pair(bin_dir, llama, flags, tmp)
+    for a, r in zip(sharded, reference):
+        assert abs(a["loss"] - r["loss"]) <= 2 ** -8 * r["loss"], f"Llama {flags}: {a['loss']} vs {r['loss']}"
+    assert sharded[-1]["loss"] < sharded[0]["loss"], sharded
+    print("Llama, bf16 + activation checkpointing + frozen lm_head + 2 micro-batches: losses match "
+          "the reference:", [round(x["loss"], 5) for x in sharded])
+    resume_matches(bin_dir, llama, flags, sharded)
 
 
 def expected_scales(init, skipped, growth=2.0, backoff=0.5, interval=2000):
