@@ -161,7 +161,7 @@ void FlatParam::take_grad(size_t i) {
   const at::Tensor grad = e.param.grad();
   if (!grad.defined()) return;
   torch::NoGradGuard no_grad;
-  at::Tensor slot = e.in_full(grad_sink());
+  at::Tensor slot = grad_slot(i);
   if (grad_written_[i]) {
     slot.add_(grad);
   } else {
@@ -174,7 +174,7 @@ void FlatParam::take_grad(size_t i) {
 void FlatParam::complete_full_grad() {
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (grad_written_[i]) continue;
-    entries_[i].in_full(grad_sink()).zero_();
+    grad_slot(i).zero_();
     grad_written_[i] = true;
   }
 }
@@ -184,6 +184,13 @@ c10::DataPtr FlatParam::take_full_grad_bytes() {
   c10::DataPtr bytes = storage->set_data_ptr(c10::DataPtr(nullptr, full_grad_.device()));
   storage->set_nbytes(0);
   return bytes;
+}
+
+at::Tensor FlatParam::grad_slot(size_t i) {
+  if (grads_in_shard_) return entries_[i].in_full(grad_shard());
+  // Made at the first gradient, when full_grad_ has its bytes (begin_full_grad refilled them).
+  if (full_grad_views_.empty()) full_grad_views_ = param_views(full_grad_, /*in_shard=*/false);
+  return full_grad_views_[i];
 }
 
 std::vector<at::Tensor> FlatParam::param_views(const at::Tensor& buffer, bool in_shard) const {

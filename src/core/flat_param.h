@@ -196,10 +196,12 @@ class FlatParam {
   // units those were ~13% of a step's instructions on the compute thread).
   std::vector<at::Tensor> full_views_;
   std::vector<at::Tensor> shard_views_;
+  std::vector<at::Tensor> full_grad_views_;  // likewise each entry's piece of full_grad_
   std::vector<bool> grad_written_;  // per entry: its piece of full_grad_ holds a gradient
   bool grads_in_shard_ = false;     // this backward writes grad_shard_, not full_grad_
-  // Where this backward's gradients go: full_grad_, or grad_shard_ (grads_in_shard_).
-  at::Tensor& grad_sink() { return grads_in_shard_ ? grad_shard() : full_grad_; }
+  /// Where entry i's gradient goes in this backward: its piece of full_grad_ (a view made once),
+  /// or of grad_shard_ (grads_in_shard_; that buffer is released between steps, so made anew).
+  at::Tensor grad_slot(size_t i);
 };
 
 }  // namespace fsdp
