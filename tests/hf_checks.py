@@ -43,3 +43,13 @@ def write_tokens(path, ids, llmc_version=0):
             header[:3] = [20240520, llmc_version, len(ids)]
             f.write(header.tobytes())
         f.write(ids.tobytes())
+
+
+def refusal_failure(name, result, needles):
+    """Empty when `result` (a refused gpt_train run) exited non-zero naming every needle without a
+    backtrace; else what is wrong. Prints the verdict."""
+    output = result.stdout + result.stderr
+    missing = [n for n in needles if n not in output]
+    ok = result.returncode != 0 and not missing and "Exception raised from" not in output
+    print(f"bad input: {name}: exit {result.returncode}, {'ok' if ok else 'FAIL'}")
+    return "" if ok else f"{name}: lacks {missing}\n{output[-2000:]}"

@@ -21,7 +21,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.utils import logging as hf_logging
 
-from hf_checks import hf_loss_and_logits, relative, run_gpt_train, write_tokens
+from hf_checks import hf_loss_and_logits, refusal_failure, relative, run_gpt_train, write_tokens
 
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 VOCAB, SEQ = 1000, 32
@@ -205,13 +205,9 @@ def bad_inputs(model, single, sharded, data, tmp):
             if flag in args:
                 i = args.index(flag)
                 del args[i:i + 2]
-        result = gpt_train(*args, *flags, check=False)
-        output = result.stdout + result.stderr
-        missing = [n for n in needles if n not in output]
-        ok = result.returncode != 0 and not missing and "Exception raised from" not in output
-        print(f"bad input: {name}: exit {result.returncode}, {'ok' if ok else 'FAIL'}")
-        if not ok:
-            failures.append(f"{name}: lacks {missing}\n{output[-2000:]}")
+        failure = refusal_failure(name, gpt_train(*args, *flags, check=False), needles)
+        if failure:
+            failures.append(failure)
     assert not failures, "\n".join(failures)
 
 
