@@ -37,7 +37,8 @@ if [ ! -f "$CORPUS/corpus.txt" ]; then  # CMake's configure writes it; regenerat
   "$PY" tests/data/make_corpus.py "$CORPUS/corpus.txt"
 fi
 
-TINY=(--layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 --data "$CORPUS" --max-data-mb 1)
+TINY_MODEL=(--layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --data "$CORPUS" --max-data-mb 1)
+TINY=("${TINY_MODEL[@]}" --steps 2)
 GPT=("$BUILD/bin/gpt_train")
 RUN1=("$BUILD/bin/fsdprun" --nproc-per-node 1 "$BUILD/bin/gpt_train")
 RUN2=("$BUILD/bin/fsdprun" --nproc-per-node 2 "$BUILD/bin/gpt_train")
@@ -77,6 +78,12 @@ finish() {
 # First the FSDP2 peer's inputs (a second of CPU work), which its run reads.
 started peer-inputs "${GPT[@]}" --reference "${TINY[@]}" --save-full "$SMOKE/init.pt" \
   --dump-batches "$SMOKE/batches.pt"
+# The Llama of bench/gpu_models.py (grouped-query attention, a tied head), as a Hugging Face folder
+# for its FSDP2 peer (transformers' LlamaForCausalLM).
+LLAMA=(--model llama --kv-heads 1 --tie-head --rope-theta 500000)
+rm -rf "$SMOKE/llama-hf"
+started llama-inputs "${GPT[@]}" --reference "${LLAMA[@]}" "${TINY_MODEL[@]}" --steps 0 \
+  --export-hf "$SMOKE/llama-hf"
 finish
 started reference "${GPT[@]}" --reference --device "$DEVICE" "${TINY[@]}" --log-every 1
 started fsdp-w1 "${RUN1[@]}" --device "$DEVICE" "${TINY[@]}" --log-every 1
@@ -89,6 +96,12 @@ fi
 started bf16 "${RUN1[@]}" --device "$DEVICE" --param-dtype bf16 --reduce-dtype fp32 "${TINY[@]}"
 # fp16: the sharded scaler's overflow check and the fused AdamW dividing by the scale in its kernel.
 started fp16 "${RUN1[@]}" --device "$DEVICE" --param-dtype fp16 "${TINY[@]}"
+started llama "${RUN1[@]}" --device "$DEVICE" "${LLAMA[@]}" --param-dtype bf16 --reduce-dtype fp32 \
+  "${TINY[@]}" --log-every 1
+started fsdp2-llama-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
+  --log-dir "$SMOKE/torchrun-llama" bench/peer_fsdp2.py --device "$DEVICE" --model llama --seq 32 \
+  --batch 2 --steps 2 --param-dtype bf16 --reduce-dtype fp32 --init-from "$SMOKE/llama-hf" \
+  --batches "$SMOKE/batches.pt" --fused
 started fsdp2-peer "$PY" -m torch.distributed.run --standalone --nproc-per-node 1 \
   --log-dir "$SMOKE/torchrun" bench/peer_fsdp2.py --device "$DEVICE" --layers 2 --dim 64 --heads 2 --seq 32 --batch 2 --steps 2 \
   --init-from "$SMOKE/init.pt" --batches "$SMOKE/batches.pt"
