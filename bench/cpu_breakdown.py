@@ -48,7 +48,7 @@ CONFIGS = {
     "medium": dict(layers=8, dim=512, heads=8, seq=256, batch=4, perf_steps=(3, 7)),
     "deep": dict(layers=48, dim=32, heads=2, seq=16, batch=1, perf_steps=(40, 240)),
 }
-MEASURED_STEP = 0  # callgrind runs MEASURED_STEP + 2 steps (the last one ends with the teardown)
+MEASURED_STEP = 0  # --step; callgrind runs MEASURED_STEP + 2 steps (the last one ends with the teardown)
 STEP_MARK = "fsdp::reset_peak_memory(c10::Device*"  # called by gpt_train first thing in each step
 
 # (label, function whose inclusive instructions it counts); indented labels are part of the one above.
@@ -453,6 +453,10 @@ def main():
     parser.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
     parser.add_argument("--before", help="an earlier cpu-breakdown.json to show next to this one")
     parser.add_argument("--skip-callgrind", action="store_true")
+    parser.add_argument("--step", type=int, default=0,
+                        help="the step callgrind counts (default 0; step 0 includes one-time work, "
+                             "such as views and optimizer state made at the first step: 3 is a "
+                             "steady step)")
     parser.add_argument("--collectives", choices=("ring", "shm"),
                         help="FSDP_CPU_COLLECTIVES for the runs (default: the library's choice)")
     parser.add_argument("--bin", default=BIN, help="where gpt_train and fsdprun are (default: build/bin)")
@@ -464,8 +468,9 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"[cpu_breakdown] needs {tool} on PATH")
     c = CONFIGS[args.config]
-    global COLLECTIVES
+    global COLLECTIVES, MEASURED_STEP
     COLLECTIVES = args.collectives
+    MEASURED_STEP = args.step
     before = None
     if args.before:
         with open(args.before) as f:

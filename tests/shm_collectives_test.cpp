@@ -59,6 +59,11 @@ void compare_with_ring(fsdp::Collectives& ring, fsdp::Collectives& shm, int64_t 
   ring.all_gather(full_ring, shard);
   shm.all_gather(full_shm, shard);
   expect_bitwise(full_ring, full_shm, "all_gather " + label);
+  // The shard may be the full buffer's own chunk too (a unit gathering in place).
+  at::Tensor gathered_in_place = at::zeros({w * s}, dtype);
+  gathered_in_place.narrow(0, r * s, s).copy_(shard);
+  shm.all_gather(gathered_in_place, gathered_in_place.narrow(0, r * s, s));
+  expect_bitwise(full_ring, gathered_in_place, "in-place all_gather " + label);
 
   const at::Tensor grads = rank_values(w * s, 2, dtype);
   at::Tensor out_ring = at::empty({s}, dtype), out_shm = at::empty({s}, dtype);

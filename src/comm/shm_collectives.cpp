@@ -64,16 +64,13 @@ void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
   std::memcpy(to, from, n);
 }
 
-// out <- a + b, elementwise. fp32 outputs larger than kStreamingOutputBytes are streamed (the
-// same single rounding as ATen's add: bitwise its result); anything else is ATen's add.
-void sum_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool streaming) {
+// to <- x + y for n floats: the single rounding of ATen's add (bitwise its result), as a plain
+// loop (in small collectives ATen's dispatch and iterator cost more than the additions); outputs
+// larger than kStreamingOutputBytes are streamed.
+void add_floats(float* to, const float* x, const float* y, int64_t n, bool streaming) {
+  int64_t i = 0;
 #if defined(__x86_64__)
-  auto* to = static_cast<float*>(out.data_ptr());
-  if (streaming && out.scalar_type() == at::kFloat && reinterpret_cast<uintptr_t>(to) % 16 == 0) {
-    const auto* x = static_cast<const float*>(a.data_ptr());
-    const auto* y = static_cast<const float*>(b.data_ptr());
-    const int64_t n = out.numel();
-    int64_t i = 0;
+  if (streaming && reinterpret_cast<uintptr_t>(to) % 16 == 0) {
     for (; i + 8 <= n; i += 8) {
       _mm_stream_ps(to + i, _mm_add_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i)));
       _mm_stream_ps(to + i + 4, _mm_add_ps(_mm_loadu_ps(x + i + 4), _mm_loadu_ps(y + i + 4)));
@@ -83,6 +80,16 @@ void sum_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool str
     return;
   }
 #endif
+  for (; i < n; ++i) to[i] = x[i] + y[i];
+}
+
+// out <- a + b, elementwise: add_floats in fp32, ATen's add otherwise.
+void sum_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool streaming) {
+  if (out.scalar_type() == at::kFloat) {
+    add_floats(out.data_ptr<float>(), a.const_data_ptr<float>(), b.const_data_ptr<float>(), out.numel(),
+               streaming);
+    return;
+  }
   at::add_out(out, a, b);
 }
 
@@ -98,7 +105,8 @@ class ShmCollectives final : public Collectives {
     const int w = size(), r = rank();
     const int64_t s = check_flat(full, shard, "all_gather");
     const int64_t es = full.element_size();
-    if (!shard.is_same(shard_of(full, r, s))) shard_of(full, r, s).copy_(shard);
+    uint8_t* own = bytes_of(full) + r * s * es;
+    if (bytes_of(shard) != own) std::memcpy(own, bytes_of(shard), s * es);
     if (w == 1 || s == 0) return;
     const int64_t per_round = elements_per_round(es, 1);
     const bool streaming = full.nbytes() >= kStreamingOutputBytes;
@@ -135,7 +143,11 @@ class ShmCollectives final : public Collectives {
                     n * es);
       }
       segment_->publish();
-      reduce_in_ring_order(shard.narrow(0, first, n), full, s, first, n, piece);
+      if (w == 2 && full.scalar_type() == at::kFloat) {
+        reduce_pair_of_floats(shard, full, s, first, n, piece);
+      } else {
+        reduce_in_ring_order(shard.narrow(0, first, n), full, s, first, n, piece);
+      }
       segment_->end_round();
     }
     count_sent_bytes(CollectiveKind::ReduceScatter, (w - 1) * s * es);
@@ -241,6 +253,18 @@ class ShmCollectives final : public Collectives {
     at::add_out(partial, from(1), from(2));
     for (int k = 3; k < w; ++k) partial.add_(from(k));
     sum_into(out, partial, own, streaming);
+  }
+
+  // reduce_in_ring_order's sum for two ranks in fp32 (the peer's value plus this rank's own), on
+  // pointers alone: in small units, making the tensors cost more than the additions.
+  void reduce_pair_of_floats(const at::Tensor& shard, const at::Tensor& full, int64_t s, int64_t first,
+                             int64_t n, int64_t piece) {
+    const int r = rank(), peer = 1 - r;
+    const uint8_t* theirs = segment_->wait_published(peer, "reduce_scatter_sum") +
+                            piece_index(r, peer) * piece * static_cast<int64_t>(sizeof(float));
+    add_floats(shard.data_ptr<float>() + first, reinterpret_cast<const float*>(theirs),
+               full.const_data_ptr<float>() + r * s + first, n,
+               s * static_cast<int64_t>(sizeof(float)) >= kStreamingOutputBytes);
   }
 
   // out <- the sum over ranks of their slot bytes at `offset_bytes`, in Gloo's ring order for

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/generated/variable_factories.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -12,6 +13,7 @@
 #include <torch/utils.h>  // torch::NoGradGuard
 
 #include <algorithm>
+#include <cstring>
 
 namespace fsdp {
 
@@ -39,16 +41,45 @@ at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
 }
 
 // A tensor sharing `base`'s storage at [offset, offset + numel) with `shape`, that autograd does
-// not consider a view: optimizers call detach_() on gradients, which views refuse.
+// not consider a view: optimizers call detach_() on gradients, which views refuse. Built as
+// at::empty builds a tensor, without dispatching an operator: made for every parameter's gradient
+// at every step, two dispatched ops (empty, set_) cost more than the rest of the unit's step in
+// small units.
 at::Tensor alias(const at::Tensor& base, int64_t offset, at::IntArrayRef shape) {
-  torch::NoGradGuard no_grad;
-  return at::empty({0}, base.options()).set_(base.storage(), base.storage_offset() + offset, shape,
-                                             c10::contiguous_strides(shape));
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(base.storage()), base.key_set(), base.dtype());
+  impl->set_storage_offset(base.storage_offset() + offset);
+  impl->set_sizes_contiguous(shape);
+  return at::Tensor(std::move(impl));
 }
 
+// [Note: re-pointing a parameter]
+// `param.set_data(data)` checks through a dispatched operator that the two tensors' types allow a
+// shallow copy, and whether autograd must drop the parameter's gradient accumulator (a new dtype
+// or device), then copies `data`'s metadata into the parameter (shallow_copy_from; the parameter
+// keeps its own version counter and autograd metadata). Between the shard and the unsharded
+// buffer of one dtype and device neither check can fail, so only the copy runs: a unit re-points
+// each parameter twice in forward and twice in backward. Mixed precision and offload, which
+// change the dtype or device, go through set_data.
 void point_data(at::Tensor& param, const at::Tensor& data) {
+  if (param.dtype() == data.dtype() && param.device() == data.device() &&
+      param.key_set() == data.key_set()) {
+    param.unsafeGetTensorImpl()->shallow_copy_from(data.getIntrusivePtr());
+    return;
+  }
   torch::NoGradGuard no_grad;
   param.set_data(data);
+}
+
+// to <- from, for tensors of equal numel. A dense host copy of one dtype is a memcpy (what ATen's
+// copy_ does too, after dispatching and building an iterator: per gradient, in small units, more
+// work than the bytes).
+void copy_into(at::Tensor& to, const at::Tensor& from) {
+  if (to.is_cpu() && from.is_cpu() && to.dtype() == from.dtype() && to.is_contiguous() &&
+      from.is_contiguous()) {
+    std::memcpy(to.data_ptr(), from.const_data_ptr(), to.nbytes());
+    return;
+  }
+  to.copy_(from);
 }
 
 }  // namespace
@@ -166,7 +197,7 @@ void FlatParam::take_grad(size_t i) {
   if (grad_written_[i]) {
     slot.add_(grad);
   } else {
-    slot.copy_(grad);
+    copy_into(slot, grad);
   }
   grad_written_[i] = true;
   e.param.mutable_grad().reset();

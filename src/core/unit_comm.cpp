@@ -28,6 +28,12 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
 }
 
 void gather_unit(FlatParam& flat, Collectives& shard_group) {
+  if (flat.sharded() && !flat.mixed_precision() && !flat.offloaded() && flat.full().is_cpu()) {
+    // On the host, in one dtype, the collective copies the shard into its place itself (a
+    // memcpy): no view of the unsharded buffer nor ATen copy per unit.
+    shard_group.all_gather(flat.full(), flat.shard());
+    return;
+  }
   at::Tensor local = flat.shard_in_full();
   if (flat.offloaded()) {
     // [Note: offloaded copies] A copy that changes both device and dtype converts on the host,
@@ -43,7 +49,8 @@ void gather_unit(FlatParam& flat, Collectives& shard_group) {
 void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
                           Collectives* replicas) {
   at::Tensor& grad_shard = flat.grad_shard();
-  at::Tensor full_grad = flat.full_grad().to(plan.dtype);  // no copy when the dtypes agree
+  at::Tensor full_grad = flat.full_grad().scalar_type() == plan.dtype ? flat.full_grad()
+                                                                      : flat.full_grad().to(plan.dtype);
   const bool into_shard =
       rules::reduces_into_shard(plan.accumulate, plan.dtype, grad_shard.scalar_type(), flat.offloaded());
   at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
