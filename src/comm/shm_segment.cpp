@@ -1,12 +1,9 @@
 #include "comm/shm_segment.h"
 
-#include "util/worker_thread.h"
-
 #include <c10/util/Exception.h>
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -45,18 +42,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kMagic = 0x667364702d73686dULL;  // "fsdp-shm"
 constexpr size_t kPage = 4096;
-// [Note: how long a wait spins]
-// A wait spins before it sleeps on the futex: a sleep and its wake-up cost two system calls and
-// two context switches, and the sleeper's wake-up latency lands on the step's critical path (the
-// deep configuration made ~60 such calls per step). How long it may spin depends on who waits.
-// The caller's thread, running a small collective inline ([Note: small collectives inline]),
-// has nothing else to do until it completes, and when this host's ranks have a CPU each no other
-// thread of ours needs that core: it spins up to kLongSpin (paired deep runs: 0.95-0.98x the step
-// time of kShortSpin). A communication thread shares the cores with the ranks' compute threads,
-// and ranks that outnumber the CPUs wait for peers that need the core to run at all: those spin
-// kShortSpin.
-constexpr auto kShortSpin = std::chrono::microseconds(20);
-constexpr auto kLongSpin = std::chrono::microseconds(150);
+constexpr auto kSpin = std::chrono::microseconds(20);
 constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 
 struct SegmentHeader {
@@ -279,25 +265,9 @@ std::unique_ptr<ShmSegment> ShmSegment::join(ProcessGroup& group, size_t half_by
   return nullptr;
 }
 
-namespace {
-
-// Whether every rank on this host can have a CPU of its own ([Note: how long a wait spins]).
-bool ranks_have_a_cpu_each(const ProcessGroup& group) {
-  cpu_set_t cpus;
-  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0) return false;
-  return group.settings().local_world_size.value_or(group.size()) <= CPU_COUNT(&cpus);
-}
-
-}  // namespace
-
 ShmSegment::ShmSegment(ProcessGroup& group, std::string name, uint8_t* base, size_t bytes,
                        size_t half_bytes)
-    : group_(group),
-      name_(std::move(name)),
-      base_(base),
-      bytes_(bytes),
-      half_bytes_(half_bytes),
-      long_spin_(ranks_have_a_cpu_each(group)) {}
+    : group_(group), name_(std::move(name)), base_(base), bytes_(bytes), half_bytes_(half_bytes) {}
 
 ShmSegment::~ShmSegment() { munmap(base_, bytes_); }
 
@@ -340,7 +310,7 @@ void ShmSegment::store_and_wake(std::atomic<uint32_t>& word, uint32_t value) {
 
 void ShmSegment::wait_until(int peer, std::atomic<uint32_t>& word, uint32_t target, const char* op) {
   if (reached(word.load(std::memory_order_acquire), target)) return;
-  const auto spin_end = Clock::now() + (long_spin_ && !on_worker_thread() ? kLongSpin : kShortSpin);
+  const auto spin_end = Clock::now() + kSpin;
   for (int i = 1;; ++i) {
     cpu_relax();
     if (reached(word.load(std::memory_order_acquire), target)) return;

@@ -59,9 +59,8 @@ class ShmSegment {
   RankControl& control(int rank) const;
   uint8_t* slot(int rank, int half) const;
   void announce_this_rank();
-  /// Waits until `word` of `peer` reaches `target` (wrap-safe): spins a while ([Note: how long a
-  /// wait spins] in shm_segment.cpp), then sleeps on the futex, checking that the peer lives and
-  /// the group's timeout.
+  /// Waits until `word` of `peer` reaches `target` (wrap-safe): spins a few microseconds, then
+  /// sleeps on the futex, checking that the peer lives and the group's timeout.
   void wait_until(int peer, std::atomic<uint32_t>& word, uint32_t target, const char* op);
   void store_and_wake(std::atomic<uint32_t>& word, uint32_t value);
   bool peer_exited(int peer) const;
@@ -73,7 +72,6 @@ class ShmSegment {
   size_t bytes_;
   size_t half_bytes_;
   uint32_t round_ = 0;
-  bool long_spin_;  // this host's ranks have a CPU each ([Note: how long a wait spins])
 };
 
 }  // namespace fsdp

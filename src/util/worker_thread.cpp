@@ -80,14 +80,7 @@ void WorkerThread::task_done(std::exception_ptr error) {
   if (more) queue_cv_.notify_one();
 }
 
-namespace {
-thread_local bool t_on_worker_thread = false;
-}  // namespace
-
-bool on_worker_thread() { return t_on_worker_thread; }
-
 void WorkerThread::run() {
-  t_on_worker_thread = true;
   for (;;) {
     std::function<void()> task;
     std::shared_ptr<QueuedTask> queued;

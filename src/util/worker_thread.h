@@ -28,9 +28,6 @@ class QueuedTask {
   std::exception_ptr error_;
 };
 
-/// Whether the calling thread is a WorkerThread's own (not a caller running a task inline).
-bool on_worker_thread();
-
 class WorkerThread {
  public:
   WorkerThread();
