@@ -37,36 +37,32 @@ const std::map<std::string, std::string>& root_names() {
   return names;
 }
 
-std::string model_name(const std::string& file_name) {
-  if (ends_with(file_name, "rotary_emb.inv_freq")) return "";  // computed, not a parameter
+// `name` in the other naming: from the files' to the model's (`to_model`), or back; unchanged
+// when it is neither a root nor a block tensor of a Llama.
+std::string renamed(const std::string& name, bool to_model) {
   for (const auto& [file, model] : root_names()) {
-    if (file_name == file) return model;
+    if (name == (to_model ? file : model)) return to_model ? model : file;
   }
-  static const std::regex block(R"(model\.layers\.(\d+)\.(.*))");
+  static const std::regex file_block(R"(model\.layers\.(\d+)\.(.*))"), model_block(R"(h\.(\d+)\.(.*))");
   std::smatch m;
-  if (std::regex_match(file_name, m, block)) {
+  if (std::regex_match(name, m, to_model ? file_block : model_block)) {
     const std::string rest = m[2];
     for (const auto& [file, model] : block_names()) {
-      if (rest.rfind(file, 0) == 0) return "h." + m[1].str() + "." + model + rest.substr(file.size());
-    }
-  }
-  return file_name;  // not a Llama's: check() names it as a tensor the model does not have
-}
-
-std::string file_name(const std::string& name) {
-  for (const auto& [file, model] : root_names()) {
-    if (name == model) return file;
-  }
-  static const std::regex block(R"(h\.(\d+)\.(.*))");
-  std::smatch m;
-  if (std::regex_match(name, m, block)) {
-    const std::string rest = m[2];
-    for (const auto& [file, model] : block_names()) {
-      if (rest.rfind(model, 0) == 0) return "model.layers." + m[1].str() + "." + file + rest.substr(model.size());
+      const std::string& from = to_model ? file : model;
+      if (rest.rfind(from, 0) != 0) continue;
+      return (to_model ? "h." : "model.layers.") + m[1].str() + "." + (to_model ? model : file) +
+             rest.substr(from.size());
     }
   }
   return name;
 }
+
+std::string model_name(const std::string& file_name) {
+  if (ends_with(file_name, "rotary_emb.inv_freq")) return "";  // computed, not a parameter
+  return renamed(file_name, /*to_model=*/true);  // a name not a Llama's: check() names it
+}
+
+std::string file_name(const std::string& name) { return renamed(name, /*to_model=*/false); }
 
 // The rotary parameters: transformers 5's rope_parameters, or 4.x's rope_scaling and rope_theta
 // (rope_scaling first, as transformers 5 reads them).
