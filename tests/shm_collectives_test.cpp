@@ -185,6 +185,50 @@ size_t segments_of_this_job() {
   return n;
 }
 
+// A group sharing world's backend and store (under `name`) with the given settings.
+std::shared_ptr<fsdp::ProcessGroup> group_with(const std::string& name, fsdp::GroupSettings settings) {
+  fsdp::ProcessGroup& world = *dist().world;
+  auto store = c10::make_intrusive<c10d::PrefixStore>(
+      name, c10::intrusive_ptr<c10d::Store>::reclaim_copy(&world.store()));
+  auto group = std::make_shared<fsdp::ProcessGroup>(
+      c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&world.backend()), store, world.rank(),
+      world.size(), world.timeout(), name, "127.0.0.1", settings);
+  group->set_hosts(world.hosts());
+  return group;
+}
+
+// The public all_reduce_sum and broadcast of a group on one host map a segment of the group's own
+// at their first call (a step's loss no longer wakes Gloo's threads) and give Gloo's results
+// bitwise, over several rounds and for a non-contiguous tensor; with the ring chosen, they stay on
+// Gloo and map nothing.
+TEST(ShmCollectives, GroupsOwnCollectivesGoThroughSharedMemoryOnOneHost) {
+  fsdp::ProcessGroup& world = *dist().world;
+  const int w = world.size();
+  for (auto choice : {fsdp::CpuCollectives::SharedMemory, fsdp::CpuCollectives::Ring}) {
+    fsdp::GroupSettings settings;
+    settings.cpu_collectives = choice;
+    const bool shm = choice == fsdp::CpuCollectives::SharedMemory;
+    auto group = group_with(shm ? "own_shm" : "own_ring", settings);
+    const size_t mapped_before = mapped_segments().size();
+    // 200003 x 2 fp32 (1.6 MB): several of the group's 256 KiB rounds; the transpose is not contiguous.
+    const at::Tensor values = rank_values(400006, 7, at::kFloat).view({200003, 2}).t();
+    at::Tensor by_gloo = values.contiguous(), by_group = values.clone();
+    fsdp::backend_all_reduce_sum(*group, by_gloo);
+    fsdp::all_reduce_sum(*group, by_group);
+    expect_bitwise(by_gloo, by_group.contiguous(), "all_reduce_sum");
+    EXPECT_EQ(mapped_segments().size(), mapped_before + (shm && w > 1 ? 1 : 0));
+
+    at::Tensor sent_by_gloo = rank_values(70001, 8, at::kBFloat16), sent = sent_by_gloo.clone();
+    fsdp::backend_broadcast(*group, sent_by_gloo, w - 1);
+    fsdp::broadcast(*group, sent, w - 1);
+    expect_bitwise(sent_by_gloo, sent, "broadcast");
+    at::Tensor count = at::ones({3}, at::kLong);
+    fsdp::all_reduce_sum(*group, count);
+    EXPECT_TRUE(count.eq(w).all().item<bool>()) << count;
+    EXPECT_EQ(mapped_segments().size(), mapped_before + (shm && w > 1 ? 1 : 0));
+  }
+}
+
 TEST(ShmCollectives, PeerThatNeverArrivesTimesOutNamingIt) {
   fsdp::ProcessGroup& world = *dist().world;
   if (world.size() == 1) GTEST_SKIP() << "needs a peer";

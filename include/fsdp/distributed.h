@@ -16,6 +16,8 @@
 
 namespace fsdp {
 
+class Collectives;  // the library's collectives (src/comm/collectives.h)
+
 /// How the collectives of CPU tensors run. Every rank of a job must choose the same.
 enum class CpuCollectives {
   /// Through a shared-memory segment when every rank of a group is on one host (one copy in and
@@ -81,6 +83,9 @@ class ProcessGroup {
   /// A new group of `ranks` (ranks of this group, ascending; this rank among them). Only its
   /// members call it, all with the same `ranks` and `name`.
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& ranks, const std::string& name);
+  /// Where this group's own all_reduce_sum and broadcast run: made by the first of them (a
+  /// collective, like them), shared memory where every member is on this host, else Gloo.
+  Collectives& own_collectives();
 
  private:
   c10::intrusive_ptr<c10d::Backend> backend_;
@@ -94,6 +99,7 @@ class ProcessGroup {
   std::vector<std::string> hosts_;
   std::vector<int> world_ranks_;  // of each member
   int64_t store_sequence_ = 0;
+  std::shared_ptr<Collectives> own_collectives_;
 };
 
 /// This process's place in the job: the launch environment and the world process group.

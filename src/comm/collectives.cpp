@@ -1,5 +1,6 @@
 // A process group's own c10d collectives (Gloo's all-reduce and broadcast), with failures turned
-// into one error that names the peers; the public all_reduce_sum and broadcast run on them.
+// into one error that names the peers, and the public all_reduce_sum and broadcast, which run on
+// the group's own collectives (shared memory on one host, else these).
 #include "comm/collectives.h"
 
 #include <ATen/ATen.h>
@@ -38,11 +39,11 @@ std::string describe_peers(const ProcessGroup& group, PeersWaitedOn peers) {
               "execution order; its own log names the cause.");
 }
 
-// Device tensors go through a host copy: the group's backend is Gloo.
+// Device tensors go through a host copy (the group's backend is Gloo), as do non-contiguous ones.
 template <class Collective>
 void on_host(const at::Tensor& t, Collective&& collective) {
-  if (t.is_cpu()) return collective(t);
-  at::Tensor host = host_staging_buffer(t);
+  if (t.is_cpu() && t.is_contiguous()) return collective(t);
+  at::Tensor host = t.is_cpu() ? at::empty(t.sizes(), t.options()) : host_staging_buffer(t);
   host.copy_(t);
   collective(host);
   t.copy_(host);
@@ -98,12 +99,12 @@ void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
 
 void all_reduce_sum(ProcessGroup& group, const at::Tensor& t) {
   if (group.size() == 1) return;
-  on_host(t, [&](const at::Tensor& host) { backend_all_reduce_sum(group, host); });
+  on_host(t, [&](const at::Tensor& host) { group.own_collectives().all_reduce_sum(host); });
 }
 
 void broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
   if (group.size() == 1) return;
-  on_host(t, [&](const at::Tensor& host) { backend_broadcast(group, host, root); });
+  on_host(t, [&](const at::Tensor& host) { group.own_collectives().broadcast(host, root); });
 }
 
 }  // namespace fsdp

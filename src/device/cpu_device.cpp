@@ -1,39 +1,13 @@
 // The CPU device: the model's communication thread runs both lanes in one FIFO (the rings pair
 // sends with receives by their order), shared-memory or ring collectives, the counting allocator.
 #include "device/device.h"
-#include "comm/shm_collectives.h"
+#include "comm/host_collectives.h"
 
 #include <c10/util/Exception.h>
-
-#include <iostream>
-#include <string>
 
 namespace fsdp {
 
 namespace {
-
-// [Note: shared-memory collectives]
-// When every rank of a group runs on one host, its collectives go through a shared-memory
-// segment (shm_collectives.h): one copy in and one copy (or reduction) out per byte instead of
-// the ring's send, receive and extra copies through Gloo's sockets, with results bitwise the
-// ring's and the same byte accounting. CpuCollectives::Ring (FSDP_CPU_COLLECTIVES=ring) forces
-// the ring (the fallback, for groups across hosts and for tests); the default, SharedMemory,
-// picks shared memory where it applies. A group whose segment cannot be set up on some rank
-// (/dev/shm full or not shared) falls back to the ring on every rank, with a warning. Every rank
-// must choose the same (the group's settings, from init_distributed).
-std::unique_ptr<Collectives> cpu_collectives(ProcessGroup& group) {
-  const bool ring_wanted = group.settings().cpu_collectives == CpuCollectives::Ring;
-  if (group.size() == 1 || ring_wanted || !all_on_one_host(group)) {
-    return make_ring_collectives(group);
-  }
-  std::string why_not;
-  if (auto shm = make_shm_collectives(group, kShmChunkBytes, &why_not)) return shm;
-  if (group.rank() == 0) {
-    std::cerr << "fsdp: warning: shared-memory collectives for process group '" << group.name()
-              << "' are unavailable (" << why_not << "); using the ring over Gloo" << std::endl;
-  }
-  return make_ring_collectives(group);
-}
 
 // [Note: small collectives inline]
 // Handing a collective to the communication thread costs a wake-up of that thread and one of the
@@ -58,7 +32,7 @@ class CpuDevice final : public DeviceRuntime {
   }
 
   std::unique_ptr<Collectives> collectives(ProcessGroup& group) override {
-    return cpu_collectives(group);
+    return host_collectives(group);
   }
 
   // The task ran to completion on this thread: nothing reads the bytes any more.
