@@ -1,7 +1,7 @@
 #pragma once
 // A POSIX shared-memory segment that the ranks of one process group on one host map together, and
 // the rounds in which they exchange data through it ([Note: shared-memory collectives] in
-// cpu_device.cpp says when it is used).
+// host_collectives.cpp says when it is used).
 //
 // Layout: a control block per rank (sequence numbers the other ranks wait on), then a slot per
 // rank of two halves that only its own rank writes. The ranks step through numbered rounds
