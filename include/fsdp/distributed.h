@@ -83,9 +83,9 @@ class ProcessGroup {
   /// A new group of `ranks` (ranks of this group, ascending; this rank among them). Only its
   /// members call it, all with the same `ranks` and `name`.
   std::shared_ptr<ProcessGroup> subgroup(const std::vector<int>& ranks, const std::string& name);
-  /// Where this group's own all_reduce_sum and broadcast run: made by the first of them (a
-  /// collective, like them), shared memory where every member is on this host, else Gloo.
-  Collectives& own_collectives();
+  /// Where this group's own all_reduce_sum and broadcast run, once the first of them has made it
+  /// (src/comm/collectives.cpp): shared memory where every member is on this host, else Gloo.
+  std::shared_ptr<Collectives>& own_collectives() { return own_collectives_; }
 
  private:
   c10::intrusive_ptr<c10d::Backend> backend_;

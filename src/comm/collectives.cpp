@@ -3,6 +3,8 @@
 // the group's own collectives (shared memory on one host, else these).
 #include "comm/collectives.h"
 
+#include "comm/host_collectives.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -97,14 +99,30 @@ void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
   }
 }
 
+namespace {
+
+// A smaller segment than the units' (kShmChunkBytes): what goes through it is mostly a few bytes
+// (a loss, flags, the checkpoint agreement's tables); larger tensors take more rounds.
+constexpr size_t kOwnCollectivesChunkBytes = size_t{256} << 10;
+
+// The group's own collectives, made by the first of its all_reduce_sum and broadcast (which every
+// member calls, in the same order: the segment is joined as a collective).
+Collectives& own_collectives(ProcessGroup& group) {
+  std::shared_ptr<Collectives>& own = group.own_collectives();
+  if (!own) own = host_collectives(group, kOwnCollectivesChunkBytes);
+  return *own;
+}
+
+}  // namespace
+
 void all_reduce_sum(ProcessGroup& group, const at::Tensor& t) {
   if (group.size() == 1) return;
-  on_host(t, [&](const at::Tensor& host) { group.own_collectives().all_reduce_sum(host); });
+  on_host(t, [&](const at::Tensor& host) { own_collectives(group).all_reduce_sum(host); });
 }
 
 void broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
   if (group.size() == 1) return;
-  on_host(t, [&](const at::Tensor& host) { group.own_collectives().broadcast(host, root); });
+  on_host(t, [&](const at::Tensor& host) { own_collectives(group).broadcast(host, root); });
 }
 
 }  // namespace fsdp

@@ -2,7 +2,6 @@
 #include <fsdp/error_text.h>
 #include <fsdp/peer_errors.h>
 
-#include "comm/host_collectives.h"
 #include "launch/environment_settings.h"
 #include "launch/gloo_backend.h"
 #include "launch/listener_probe.h"
@@ -191,15 +190,6 @@ std::string ProcessGroup::describe_member(int group_rank) const {
 
 std::string ProcessGroup::next_store_key(const std::string& what) {
   return what + "/" + std::to_string(store_sequence_++);
-}
-
-// A smaller segment than the units' (kShmChunkBytes): what goes through it is mostly a few bytes
-// (a loss, flags, the checkpoint agreement's tables); larger tensors take more rounds.
-constexpr size_t kOwnCollectivesChunkBytes = size_t{256} << 10;
-
-Collectives& ProcessGroup::own_collectives() {
-  if (!own_collectives_) own_collectives_ = host_collectives(*this, kOwnCollectivesChunkBytes);
-  return *own_collectives_;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::subgroup(const std::vector<int>& ranks,
