@@ -133,15 +133,21 @@ TEST(ShmCollectives, CountBytesAsTheRingDoes) {
 }
 
 // The world's ranks, backend and host names, but a timeout of one second and a store of its own.
-std::shared_ptr<fsdp::ProcessGroup> short_timeout_group(const std::string& name) {
+// A group sharing world's backend and store (its keys under `name`).
+std::shared_ptr<fsdp::ProcessGroup> group_with(const std::string& name, fsdp::GroupSettings settings,
+                                               std::chrono::milliseconds timeout) {
   fsdp::ProcessGroup& world = *dist().world;
   auto store = c10::make_intrusive<c10d::PrefixStore>(
       name, c10::intrusive_ptr<c10d::Store>::reclaim_copy(&world.store()));
   auto group = std::make_shared<fsdp::ProcessGroup>(
       c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&world.backend()), store, world.rank(),
-      world.size(), std::chrono::seconds(1), name, "127.0.0.1");
+      world.size(), timeout, name, "127.0.0.1", settings);
   group->set_hosts(world.hosts());
   return group;
+}
+
+std::shared_ptr<fsdp::ProcessGroup> short_timeout_group(const std::string& name) {
+  return group_with(name, {}, std::chrono::seconds(1));
 }
 
 // Runs `fn`, expected to fail within the timeout; returns the error.
@@ -185,18 +191,6 @@ size_t segments_of_this_job() {
   return n;
 }
 
-// A group sharing world's backend and store (under `name`) with the given settings.
-std::shared_ptr<fsdp::ProcessGroup> group_with(const std::string& name, fsdp::GroupSettings settings) {
-  fsdp::ProcessGroup& world = *dist().world;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      name, c10::intrusive_ptr<c10d::Store>::reclaim_copy(&world.store()));
-  auto group = std::make_shared<fsdp::ProcessGroup>(
-      c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&world.backend()), store, world.rank(),
-      world.size(), world.timeout(), name, "127.0.0.1", settings);
-  group->set_hosts(world.hosts());
-  return group;
-}
-
 // The public all_reduce_sum and broadcast of a group on one host map a segment of the group's own
 // at their first call (a step's loss no longer wakes Gloo's threads) and give Gloo's results
 // bitwise, over several rounds and for a non-contiguous tensor; with the ring chosen, they stay on
@@ -208,7 +202,7 @@ TEST(ShmCollectives, GroupsOwnCollectivesGoThroughSharedMemoryOnOneHost) {
     fsdp::GroupSettings settings;
     settings.cpu_collectives = choice;
     const bool shm = choice == fsdp::CpuCollectives::SharedMemory;
-    auto group = group_with(shm ? "own_shm" : "own_ring", settings);
+    auto group = group_with(shm ? "own_shm" : "own_ring", settings, world.timeout());
     const size_t mapped_before = mapped_segments().size();
     // 200003 x 2 fp32 (1.6 MB): several of the group's 256 KiB rounds; the transpose is not contiguous.
     const at::Tensor values = rank_values(400006, 7, at::kFloat).view({200003, 2}).t();
