@@ -125,7 +125,9 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options = {});
 
 namespace fsdp {
 
-/// t <- the sum of t over the ranks of `group` (counted in comm_stats().all_reduce_bytes).
+/// t <- the sum of t over the ranks of `group` (counted in comm_stats().all_reduce_bytes); the
+/// result is Gloo's, bitwise. A group whose members are all on this host runs it (and broadcast)
+/// through a shared-memory segment of its own, joined at the first call; others through Gloo.
 void all_reduce_sum(ProcessGroup& group, const at::Tensor& t);
 /// t <- rank `root`'s t (counted in comm_stats().broadcast_bytes).
 void broadcast(ProcessGroup& group, const at::Tensor& t, int root);
