@@ -1,6 +1,7 @@
 #include "comm/shm_collectives.h"
 
 #include "comm/shm_segment.h"
+#include "util/copy_bytes.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -39,7 +40,7 @@ uint8_t* bytes_of(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr
 // cache anyway, and the stores then neither read the destination first nor evict the segment.
 constexpr int64_t kStreamingOutputBytes = 8 << 20;
 
-// memcpy, with non-temporal stores (and no read of the destination) when `streaming`.
+// copy_bytes, with non-temporal stores (and no read of the destination) when `streaming`.
 void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
 #if defined(__x86_64__)
   if (streaming && n >= 256) {
@@ -61,7 +62,7 @@ void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
     return;
   }
 #endif
-  std::memcpy(to, from, n);
+  copy_bytes(to, from, n);
 }
 
 // to <- x + y for n floats: the single rounding of ATen's add (bitwise its result), as a plain
@@ -106,13 +107,13 @@ class ShmCollectives final : public Collectives {
     const int64_t s = check_flat(full, shard, "all_gather");
     const int64_t es = full.element_size();
     uint8_t* own = bytes_of(full) + r * s * es;
-    if (bytes_of(shard) != own) std::memcpy(own, bytes_of(shard), s * es);
+    if (bytes_of(shard) != own) copy_bytes(own, bytes_of(shard), s * es);
     if (w == 1 || s == 0) return;
     const int64_t per_round = elements_per_round(es, 1);
     const bool streaming = full.nbytes() >= kStreamingOutputBytes;
     for (int64_t first = 0; first < s; first += per_round) {
       const size_t bytes = std::min(per_round, s - first) * es;
-      std::memcpy(segment_->begin_write("all_gather"), bytes_of(shard) + first * es, bytes);
+      copy_bytes(segment_->begin_write("all_gather"), bytes_of(shard) + first * es, bytes);
       segment_->publish();
       for (int k = 1; k < w; ++k) {
         const int peer = (r + k) % w;
@@ -139,8 +140,8 @@ class ShmCollectives final : public Collectives {
       uint8_t* out = segment_->begin_write("reduce_scatter_sum");
       for (int to = 0; to < w; ++to) {
         if (to == r) continue;
-        std::memcpy(out + piece_index(to, r) * piece * es, bytes_of(full) + (to * s + first) * es,
-                    n * es);
+        copy_bytes(out + piece_index(to, r) * piece * es, bytes_of(full) + (to * s + first) * es,
+                   n * es);
       }
       segment_->publish();
       if (w == 2 && full.scalar_type() == at::kFloat) {
@@ -163,7 +164,7 @@ class ShmCollectives final : public Collectives {
     const int64_t per_round = elements_per_round(es, 1);
     for (int64_t first = 0; first < numel; first += per_round) {
       const int64_t n = std::min(per_round, numel - first);
-      std::memcpy(segment_->begin_write("all_reduce_sum"), bytes_of(flat) + first * es, n * es);
+      copy_bytes(segment_->begin_write("all_reduce_sum"), bytes_of(flat) + first * es, n * es);
       segment_->publish();
       // Each piece of the round within one of Gloo's chunks, summed in that chunk's order.
       for (int64_t begin = first; begin < first + n;) {
@@ -187,7 +188,7 @@ class ShmCollectives final : public Collectives {
     for (int64_t first = 0; first < bytes; first += per_round) {
       const size_t n = std::min(per_round, bytes - first);
       if (rank() == root) {
-        std::memcpy(segment_->begin_write("broadcast"), bytes_of(t) + first, n);
+        copy_bytes(segment_->begin_write("broadcast"), bytes_of(t) + first, n);
         segment_->publish();
       } else {
         copy_out(bytes_of(t) + first, segment_->wait_published(root, "broadcast"), n,

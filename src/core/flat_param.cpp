@@ -1,6 +1,7 @@
 #include "core/flat_param.h"
 
 #include "core/flat_layout.h"
+#include "util/copy_bytes.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
@@ -13,7 +14,6 @@
 #include <torch/utils.h>  // torch::NoGradGuard
 
 #include <algorithm>
-#include <cstring>
 
 namespace fsdp {
 
@@ -76,7 +76,7 @@ void point_data(at::Tensor& param, const at::Tensor& data) {
 void copy_into(at::Tensor& to, const at::Tensor& from) {
   if (to.is_cpu() && from.is_cpu() && to.dtype() == from.dtype() && to.is_contiguous() &&
       from.is_contiguous()) {
-    std::memcpy(to.data_ptr(), from.const_data_ptr(), to.nbytes());
+    copy_bytes(to.data_ptr(), from.const_data_ptr(), to.nbytes());
     return;
   }
   to.copy_(from);
