@@ -1,5 +1,7 @@
 #include "util/copy_bytes.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #if defined(__x86_64__)
@@ -15,12 +17,22 @@ namespace fsdp {
 // bench/README.md a 25 KB copy took 7.3 us instead of 0.44, a 1,000,000-byte one 290 us
 // instead of 20 (glibc 2.39 and later avoid it). FSDP's copies meet it when a shard or a
 // parameter's piece is not a multiple of 64 bytes (odd shapes, W = 3, bf16). Such pairs are
-// copied here 64 bytes at a time with SSE2 moves (0.56 us for 25 KB, 0.8x memcpy's best speed
-// on large copies); every other pair goes to memcpy.
+// copied here 64 bytes at a time with SSE2 moves (0.56 us for 25 KB), up to the L2 cache's size,
+// where glibc stops using `rep movsb` (larger ones the block loop would copy at 0.83x memcpy's
+// speed); every other pair goes to memcpy. bench/copy_bytes_bench.cpp measures both side by side.
 namespace {
 
 constexpr size_t kBlock = 64;
 constexpr size_t kSlowCaseFromBytes = 2048;  // below this, glibc copies with vector moves
+
+// glibc's x86_rep_movsb_stop_threshold on AMD: the L2 cache's size (1 MiB if unknown).
+size_t rep_movsb_stop_bytes() {
+  static const size_t bytes = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 > 0 ? static_cast<size_t>(l2) : size_t{1} << 20;
+  }();
+  return bytes;
+}
 
 bool short_distance(const void* to, const void* from) {
   const uintptr_t distance = (reinterpret_cast<uintptr_t>(to) - reinterpret_cast<uintptr_t>(from)) % 4096;
@@ -31,7 +43,7 @@ bool short_distance(const void* to, const void* from) {
 
 void copy_bytes(void* to, const void* from, size_t n) {
 #if defined(__x86_64__)
-  if (n >= kSlowCaseFromBytes && short_distance(to, from)) {
+  if (n >= kSlowCaseFromBytes && n < rep_movsb_stop_bytes() && short_distance(to, from)) {
     auto* d = static_cast<uint8_t*>(to);
     const auto* s = static_cast<const uint8_t*>(from);
     size_t i = 0;
