@@ -1,6 +1,8 @@
-// copy_bytes (src/util/copy_bytes.cpp): every byte copied and none around it, at the distances
-// modulo 4 KiB that take its 64-byte block path (1-63) and at others, for sizes below and above
-// that path's threshold, with and without a tail of under 64 bytes. The reference is a byte loop.
+// copy_bytes and stream_bytes (src/util/copy_bytes.cpp): every byte copied and none around it, at
+// the distances modulo 4 KiB that take copy_bytes' 64-byte block path (1-63) and at others, for
+// sizes below and above that path's threshold and stream_bytes' (256), with and without a tail of
+// under 64 bytes, from destinations at several offsets modulo 16 (stream_bytes aligns its stores).
+// The reference is a byte loop.
 #include "util/copy_bytes.h"
 
 #include <gtest/gtest.h>
@@ -24,19 +26,21 @@ PageAligned page_aligned(size_t bytes) {
   return PageAligned(static_cast<uint8_t*>(std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage)));
 }
 
-TEST(CopyBytes, CopiesEveryByteAndNothingElseAtEveryDistance) {
+using Copy = void (*)(void*, const void*, size_t);
+
+void expect_exact_copies(Copy copy) {
   constexpr size_t kMax = 70001, kSourceOffset = 128, kRoom = kMax + 2 * kPage;
   PageAligned source = page_aligned(kRoom), target = page_aligned(kRoom);
   for (size_t i = 0; i < kRoom; ++i) source.get()[i] = static_cast<uint8_t>(i * 131 + 7 + i / 251);
   const uint8_t* from = source.get() + kSourceOffset;
-  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{2047}, size_t{2048},
+  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{255}, size_t{256}, size_t{2047}, size_t{2048},
                    size_t{2049}, size_t{4113}, size_t{25603}, kMax}) {
     for (size_t distance : {size_t{0}, size_t{1}, size_t{4}, size_t{31}, size_t{63}, size_t{64},
-                            size_t{65}, size_t{2052}, kPage - 1}) {
+                            size_t{65}, size_t{2052}, size_t{2061}, kPage - 1}) {
       // (to - from) % 4096 == distance: both buffers start on a page.
       const size_t to_offset = (kSourceOffset + distance) % kPage + kPage;
       std::fill_n(target.get(), kRoom, kGuard);
-      fsdp::copy_bytes(target.get() + to_offset, from, n);
+      copy(target.get() + to_offset, from, n);
       const std::string where = "n=" + std::to_string(n) + " distance=" + std::to_string(distance);
       for (size_t i = 0; i < n; ++i) {
         ASSERT_EQ(target.get()[to_offset + i], from[i]) << where << " byte " << i;
@@ -47,6 +51,12 @@ TEST(CopyBytes, CopiesEveryByteAndNothingElseAtEveryDistance) {
       }
     }
   }
+}
+
+TEST(CopyBytes, CopiesEveryByteAndNothingElseAtEveryDistance) { expect_exact_copies(&fsdp::copy_bytes); }
+
+TEST(CopyBytes, StreamingCopiesEveryByteAndNothingElseAtEveryDistance) {
+  expect_exact_copies(&fsdp::stream_bytes);
 }
 
 }  // namespace

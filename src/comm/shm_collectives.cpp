@@ -7,7 +7,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <cstring>
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #include <xmmintrin.h>
@@ -40,29 +39,13 @@ uint8_t* bytes_of(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr
 // cache anyway, and the stores then neither read the destination first nor evict the segment.
 constexpr int64_t kStreamingOutputBytes = 8 << 20;
 
-// copy_bytes, with non-temporal stores (and no read of the destination) when `streaming`.
+// copy_bytes, or stream_bytes (non-temporal stores, no read of the destination) when `streaming`.
 void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
-#if defined(__x86_64__)
-  if (streaming && n >= 256) {
-    const size_t head = (16 - reinterpret_cast<uintptr_t>(to) % 16) % 16;
-    std::memcpy(to, from, head);
-    size_t i = head;
-    for (; i + 64 <= n; i += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 32));
-      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(to + i + 48), d);
-    }
-    std::memcpy(to + i, from + i, n - i);
-    _mm_sfence();  // the streamed bytes are visible before anything that follows
-    return;
+  if (streaming) {
+    stream_bytes(to, from, n);
+  } else {
+    copy_bytes(to, from, n);
   }
-#endif
-  copy_bytes(to, from, n);
 }
 
 // to <- x + y for n floats: the single rounding of ATen's add (bitwise its result), as a plain

@@ -39,6 +39,25 @@ bool short_distance(const void* to, const void* from) {
   return distance != 0 && distance < kBlock;
 }
 
+#if defined(__x86_64__)
+// Copies whole 64-byte blocks of from[0, n) with SSE2 loads and `store`; returns how many bytes.
+template <class Store>
+size_t copy_blocks(uint8_t* to, const uint8_t* from, size_t n, Store store) {
+  size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 48));
+    store(to + i, a);
+    store(to + i + 16, b);
+    store(to + i + 32, c);
+    store(to + i + 48, d);
+  }
+  return i;
+}
+#endif
+
 }  // namespace
 
 void copy_bytes(void* to, const void* from, size_t n) {
@@ -46,22 +65,32 @@ void copy_bytes(void* to, const void* from, size_t n) {
   if (n >= kSlowCaseFromBytes && n < rep_movsb_stop_bytes() && short_distance(to, from)) {
     auto* d = static_cast<uint8_t*>(to);
     const auto* s = static_cast<const uint8_t*>(from);
-    size_t i = 0;
-    for (; i + kBlock <= n; i += kBlock) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
-      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
-    }
-    std::memcpy(d + i, s + i, n - i);  // under 64 bytes
+    const size_t done = copy_blocks(d, s, n, [](uint8_t* at, __m128i v) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(at), v);
+    });
+    std::memcpy(d + done, s + done, n - done);  // under 64 bytes
     return;
   }
 #endif
   std::memcpy(to, from, n);
+}
+
+void stream_bytes(void* to, const void* from, size_t n) {
+#if defined(__x86_64__)
+  if (n >= 256) {
+    auto* d = static_cast<uint8_t*>(to);
+    const auto* s = static_cast<const uint8_t*>(from);
+    const size_t head = (16 - reinterpret_cast<uintptr_t>(d) % 16) % 16;  // streams store aligned
+    std::memcpy(d, s, head);
+    const size_t done = head + copy_blocks(d + head, s + head, n - head, [](uint8_t* at, __m128i v) {
+      _mm_stream_si128(reinterpret_cast<__m128i*>(at), v);
+    });
+    std::memcpy(d + done, s + done, n - done);
+    _mm_sfence();  // the streamed bytes are visible before anything that follows
+    return;
+  }
+#endif
+  copy_bytes(to, from, n);
 }
 
 }  // namespace fsdp
