@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #if defined(__x86_64__)
-#include <emmintrin.h>
 #include <xmmintrin.h>
 #endif
 
