@@ -3,6 +3,7 @@
 // accounting, a peer that never arrives named within a short timeout, and no segment left in
 // /dev/shm. Fault.SharedMemoryRankKilledMidCollective runs only from tests/shm_kill_e2e.py.
 #include "dist_env.h"
+#include "test_groups.h"
 
 #include "comm/collectives.h"
 #include "device/device.h"
@@ -14,7 +15,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <fcntl.h>
 #include <signal.h>
@@ -133,19 +133,6 @@ TEST(ShmCollectives, CountBytesAsTheRingDoes) {
 }
 
 // The world's ranks, backend and host names, but a timeout of one second and a store of its own.
-// A group sharing world's backend and store (its keys under `name`).
-std::shared_ptr<fsdp::ProcessGroup> group_with(const std::string& name, fsdp::GroupSettings settings,
-                                               std::chrono::milliseconds timeout) {
-  fsdp::ProcessGroup& world = *dist().world;
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      name, c10::intrusive_ptr<c10d::Store>::reclaim_copy(&world.store()));
-  auto group = std::make_shared<fsdp::ProcessGroup>(
-      c10::intrusive_ptr<c10d::Backend>::reclaim_copy(&world.backend()), store, world.rank(),
-      world.size(), timeout, name, "127.0.0.1", settings);
-  group->set_hosts(world.hosts());
-  return group;
-}
-
 std::shared_ptr<fsdp::ProcessGroup> short_timeout_group(const std::string& name) {
   return group_with(name, {}, std::chrono::seconds(1));
 }

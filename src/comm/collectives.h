@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace fsdp {
 
@@ -31,6 +32,27 @@ class Collectives {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
+
+  // Collectives that do not make the ranks meet at every unit ([Note: decoupled collectives] in
+  // shm_collectives.cpp). The shared-memory collectives implement them; the others fall back to
+  // the plain ones above. Like any collective, every rank calls them in the same order.
+
+  /// A forward of the root starts: publishes this rank's `shards` (the same count, sizes and
+  /// dtypes on every rank) for all_gather_published until the next call; nothing may write
+  /// them meanwhile. False (on every rank) when this implementation publishes nothing.
+  virtual bool publish_shards(const std::vector<at::Tensor>& shards) { return false; }
+  /// all_gather of published shard `index`, whose value on this rank is `shard`.
+  virtual void all_gather_published(const at::Tensor& full, const at::Tensor& shard, size_t index) {
+    all_gather(full, shard);
+  }
+  /// reduce_scatter_sum that may finish later: `full` may be reused once it returns, and `shard`
+  /// holds the sum once the returned function has run (at once when it is empty).
+  virtual std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full) {
+    reduce_scatter_sum(shard, full);
+    return {};
+  }
+  /// Completes every posted reduce-scatter (backward has ended); later ones may reuse its space.
+  virtual void complete_posted() {}
 };
 
 /// Ring collectives over `group`'s send/recv.

@@ -1,5 +1,8 @@
 #include "comm/shm_collectives.h"
 
+#include "comm/posted_reductions.h"
+#include "comm/published_shards.h"
+#include "comm/ring_sum.h"
 #include "comm/shm_segment.h"
 #include "util/copy_bytes.h"
 
@@ -7,11 +10,37 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#if defined(__x86_64__)
-#include <xmmintrin.h>
-#endif
+#include <iostream>
+#include <vector>
 
 namespace fsdp {
+
+// [Note: decoupled collectives]
+// With a collective in every unit's path, each rank waits for its peers at every unit, and each
+// rank's hiccups (a preemption, a slow page fault) stall the others: on a busy host the delays of
+// all ranks add up, where ranks that meet once a step pay only the slowest one's. On the deep
+// benchmark (48 units of 50 KB, 2 ranks on 2 cores) builds without the units' collectives ran
+// 2.5 ms of a 20.6 ms step faster, without either kind alone only 0.4-0.6 ms (bench/README.md,
+// "The deep configuration"). So the small units' collectives do not make the ranks meet:
+//  - All-gathers read published shards (published_shards.h). A shard changes only between a
+//    backward and the next forward (the optimizer, a load, an edit), so when the root's forward
+//    starts each rank copies its small units' shards into a board of its own, and the gathers of
+//    that forward and its backward (prefetches, re-gathers, recomputation) copy the peers' shards
+//    from their boards, waiting only until each peer has published this generation: once per
+//    forward. Two boards alternate; a rank writes generation g + 1 once every peer has
+//    published g, i.e. reads g - 1 no more. The model (FsdpState) gathers from the boards only
+//    from the root's forward to the end of its backward, and not after an evaluation forward or a
+//    between-steps entry point (a state dict, a checkpoint): shards may have changed since, and
+//    gathers then run in rounds. A shard written between a forward and its backward is read in
+//    its published form by the peers (an optimizer stepping in backward steps a unit after its
+//    last gather, so that never matters).
+//  - Reduce-scatters are posted (posted_reductions.h): a rank copies its own chunk into its
+//    gradient shard and the peers' chunks into a ring of its own, frees the unsharded gradient
+//    and goes on; the sum completes when the unit's handle is waited on (the end of backward, an
+//    optimizer stepping in backward). A posting that would overwrite one made since the last end
+//    of backward, which a peer may not have summed yet, runs in rounds instead: a rank never waits
+//    for room on a peer that may be waiting for it.
+// Both sum and copy as the rounds do: the results are the ring's bitwise, the bytes counted alike.
 
 namespace {
 
@@ -45,35 +74,6 @@ void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
   } else {
     copy_bytes(to, from, n);
   }
-}
-
-// to <- x + y for n floats: the single rounding of ATen's add (bitwise its result), as a plain
-// loop (in small collectives ATen's dispatch and iterator cost more than the additions); outputs
-// larger than kStreamingOutputBytes are streamed.
-void add_floats(float* to, const float* x, const float* y, int64_t n, bool streaming) {
-  int64_t i = 0;
-#if defined(__x86_64__)
-  if (streaming && reinterpret_cast<uintptr_t>(to) % 16 == 0) {
-    for (; i + 8 <= n; i += 8) {
-      _mm_stream_ps(to + i, _mm_add_ps(_mm_loadu_ps(x + i), _mm_loadu_ps(y + i)));
-      _mm_stream_ps(to + i + 4, _mm_add_ps(_mm_loadu_ps(x + i + 4), _mm_loadu_ps(y + i + 4)));
-    }
-    for (; i < n; ++i) to[i] = x[i] + y[i];
-    _mm_sfence();
-    return;
-  }
-#endif
-  for (; i < n; ++i) to[i] = x[i] + y[i];
-}
-
-// out <- a + b, elementwise: add_floats in fp32, ATen's add otherwise.
-void sum_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b, bool streaming) {
-  if (out.scalar_type() == at::kFloat) {
-    add_floats(out.data_ptr<float>(), a.const_data_ptr<float>(), b.const_data_ptr<float>(), out.numel(),
-               streaming);
-    return;
-  }
-  at::add_out(out, a, b);
 }
 
 class ShmCollectives final : public Collectives {
@@ -126,14 +126,45 @@ class ShmCollectives final : public Collectives {
                    n * es);
       }
       segment_->publish();
-      if (w == 2 && full.scalar_type() == at::kFloat) {
-        reduce_pair_of_floats(shard, full, s, first, n, piece);
-      } else {
-        reduce_in_ring_order(shard.narrow(0, first, n), full, s, first, n, piece);
+      std::vector<const void*> peers;
+      for (int k = 1; k < w; ++k) {
+        const int peer = (r + k) % w;
+        peers.push_back(segment_->wait_published(peer, "reduce_scatter_sum") +
+                        piece_index(r, peer) * piece * es);
       }
+      // The partial sum of three or more ranks lives in full's chunk of rank r+1, free scratch
+      // once copied in (`shard` may be this rank's own chunk, which is added last).
+      sum_in_ring_order(bytes_of(shard) + first * es, peers, bytes_of(full) + (r * s + first) * es, n,
+                        full.scalar_type(), bytes_of(full) + (((r + 1) % w) * s + first) * es,
+                        s * es >= kStreamingOutputBytes);
       segment_->end_round();
     }
     count_sent_bytes(CollectiveKind::ReduceScatter, (w - 1) * s * es);
+  }
+
+  bool publish_shards(const std::vector<at::Tensor>& shards) override {
+    if (!decoupling_joined_) join_decoupling(shards);
+    if (!published_) return false;
+    published_->publish(shards);
+    return true;
+  }
+
+  void all_gather_published(const at::Tensor& full, const at::Tensor& shard, size_t index) override {
+    if (published_ && published_->holds(index)) return published_->all_gather(full, shard, index);
+    all_gather(full, shard);
+  }
+
+  std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full) override {
+    if (!posted_ || !shard.is_cpu() || !posted_->fits(full)) {
+      reduce_scatter_sum(shard, full);
+      return {};
+    }
+    const uint32_t number = posted_->post(shard, full);
+    return [posted = posted_.get(), number] { posted->complete_through(number); };
+  }
+
+  void complete_posted() override {
+    if (posted_) posted_->complete_all();
   }
 
   void all_reduce_sum(const at::Tensor& t) override {
@@ -197,9 +228,9 @@ class ShmCollectives final : public Collectives {
                 " (shared memory) takes a contiguous CPU tensor; call .contiguous() first");
   }
 
-  // How many elements fit in a half slot split into `pieces` (64-byte aligned pieces).
+  // How many elements fit in a slot split into `pieces` (64-byte aligned pieces).
   int64_t elements_per_round(int64_t element_size, int pieces) const {
-    const int64_t piece_bytes = static_cast<int64_t>(segment_->half_bytes()) / pieces / 64 * 64;
+    const int64_t piece_bytes = static_cast<int64_t>(segment_->slot_bytes()) / pieces / 64 * 64;
     return std::max<int64_t>(1, piece_bytes / element_size);
   }
 
@@ -213,43 +244,6 @@ class ShmCollectives final : public Collectives {
     return at::from_blob(data, {n}, like.options());
   }
 
-  // out <- the sum of elements [first, first + n) of this rank's chunk over the ranks, in the
-  // ring's order: it starts from rank r+1's value and adds r+2, ..., r+w-1, and this rank's own
-  // value last (fp32 and bf16 additions do not associate: another order changes bits).
-  void reduce_in_ring_order(at::Tensor out, const at::Tensor& full, int64_t s, int64_t first,
-                            int64_t n, int64_t piece) {
-    const int w = size(), r = rank();
-    const int64_t es = full.element_size();
-    auto from = [&](int k) {
-      const int peer = (r + k) % w;
-      return peer_piece(peer, piece_index(r, peer) * piece * es, n, full, "reduce_scatter_sum");
-    };
-    const at::Tensor own = shard_of(full, r, s).narrow(0, first, n);
-    const bool streaming = s * es >= kStreamingOutputBytes;
-    if (w == 2) {
-      sum_into(out, from(1), own, streaming);
-      return;
-    }
-    // The partial sum lives in full's chunk of rank r+1, free scratch once copied in (`out` may
-    // be `own` itself, which is added last).
-    at::Tensor partial = shard_of(full, (r + 1) % w, s).narrow(0, first, n);
-    at::add_out(partial, from(1), from(2));
-    for (int k = 3; k < w; ++k) partial.add_(from(k));
-    sum_into(out, partial, own, streaming);
-  }
-
-  // reduce_in_ring_order's sum for two ranks in fp32 (the peer's value plus this rank's own), on
-  // pointers alone: in small units, making the tensors cost more than the additions.
-  void reduce_pair_of_floats(const at::Tensor& shard, const at::Tensor& full, int64_t s, int64_t first,
-                             int64_t n, int64_t piece) {
-    const int r = rank(), peer = 1 - r;
-    const uint8_t* theirs = segment_->wait_published(peer, "reduce_scatter_sum") +
-                            piece_index(r, peer) * piece * static_cast<int64_t>(sizeof(float));
-    add_floats(shard.data_ptr<float>() + first, reinterpret_cast<const float*>(theirs),
-               full.const_data_ptr<float>() + r * s + first, n,
-               s * static_cast<int64_t>(sizeof(float)) >= kStreamingOutputBytes);
-  }
-
   // out <- the sum over ranks of their slot bytes at `offset_bytes`, in Gloo's ring order for
   // chunk c: rank c-1's value, plus c-2's, ..., plus c's.
   void reduce_in_gloo_order(at::Tensor out, int c, int64_t offset_bytes) {
@@ -261,8 +255,29 @@ class ShmCollectives final : public Collectives {
     for (int k = 3; k <= w; ++k) out.add_(from(k));
   }
 
+  // At the first publication (the same moment on every rank): the board of published shards,
+  // and a ring for posted reduce-scatters that holds a whole backward's gradients of the units
+  // on the board twice over (postings that wrap waste room). Either stays null on every rank
+  // when it cannot be set up, and its collectives run in rounds.
+  void join_decoupling(const std::vector<at::Tensor>& shards) {
+    decoupling_joined_ = true;
+    std::string why_not;
+    published_ = PublishedShards::join(group_, shards, &why_not);
+    if (published_) {
+      const auto ring_bytes = static_cast<size_t>(2 * (size() - 1) * published_->board_bytes());
+      posted_ = PostedReductions::join(group_, ring_bytes, &why_not);
+    }
+    if (!why_not.empty() && rank() == 0) {
+      std::cerr << "fsdp: warning: decoupled collectives for process group '" << group_.name()
+                << "' are unavailable (" << why_not << "); units' collectives run in rounds" << std::endl;
+    }
+  }
+
   ProcessGroup& group_;
   std::unique_ptr<ShmSegment> segment_;
+  bool decoupling_joined_ = false;
+  std::unique_ptr<PublishedShards> published_;
+  std::unique_ptr<PostedReductions> posted_;
 };
 
 }  // namespace

@@ -4,7 +4,8 @@
 // place. Results are bitwise the ring's (make_ring_collectives): every sum adds the ranks' values
 // in the order the ring does for that chunk. Bytes are counted as the ring counts them, so
 // comm_stats() does not depend on which implementation ran. [Note: shared-memory collectives] in
-// host_collectives.cpp says when it is used.
+// host_collectives.cpp says when it is used; [Note: decoupled collectives] in shm_collectives.cpp
+// how the units' small collectives avoid making the ranks meet at every unit.
 
 #include "comm/collectives.h"
 

@@ -48,7 +48,8 @@ constexpr auto kSleepSlice = std::chrono::milliseconds(50);
 struct SegmentHeader {
   uint64_t magic;
   uint64_t world_size;
-  uint64_t half_bytes;
+  uint64_t slot_bytes;
+  uint64_t slots_per_rank;
 };
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -58,8 +59,8 @@ size_t controls_offset() { return kPage; }
 
 size_t slots_offset(int world_size) { return round_up(kPage + world_size * kControlBytes, kPage); }
 
-size_t segment_bytes(int world_size, size_t half_bytes) {
-  return slots_offset(world_size) + 2 * world_size * half_bytes;
+size_t segment_bytes(int world_size, size_t slot_bytes, int slots_per_rank) {
+  return slots_offset(world_size) + static_cast<size_t>(slots_per_rank) * world_size * slot_bytes;
 }
 
 // Wrap-safe: the counters count rounds modulo 2^32.
@@ -133,9 +134,9 @@ std::string errno_text(const std::string& what) { return what + ": " + std::stre
 
 // Creates the segment, its memory reserved up front (a full /dev/shm is an error here, not a
 // SIGBUS at the first touch), with the header initialized. Returns nullptr with `error` set.
-uint8_t* create_segment(const std::string& name, int world_size, size_t half_bytes,
+uint8_t* create_segment(const std::string& name, int world_size, size_t slot_bytes, int slots_per_rank,
                         std::string* error) {
-  const size_t bytes = segment_bytes(world_size, half_bytes);
+  const size_t bytes = segment_bytes(world_size, slot_bytes, slots_per_rank);
   const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     *error = errno_text("shm_open(" + name + ", O_CREAT)");
@@ -157,14 +158,15 @@ uint8_t* create_segment(const std::string& name, int world_size, size_t half_byt
   }
   auto* header = static_cast<SegmentHeader*>(base);
   header->world_size = static_cast<uint64_t>(world_size);
-  header->half_bytes = half_bytes;
+  header->slot_bytes = slot_bytes;
+  header->slots_per_rank = static_cast<uint64_t>(slots_per_rank);
   header->magic = kMagic;
   return static_cast<uint8_t*>(base);
 }
 
-uint8_t* map_segment(const std::string& name, int world_size, size_t half_bytes,
+uint8_t* map_segment(const std::string& name, int world_size, size_t slot_bytes, int slots_per_rank,
                      std::string* error) {
-  const size_t bytes = segment_bytes(world_size, half_bytes);
+  const size_t bytes = segment_bytes(world_size, slot_bytes, slots_per_rank);
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) {
     *error = errno_text("shm_open(" + name + ") (is /dev/shm shared by all ranks?)");
@@ -181,7 +183,8 @@ uint8_t* map_segment(const std::string& name, int world_size, size_t half_bytes,
   if (base == MAP_FAILED) return nullptr;
   const auto* header = static_cast<const SegmentHeader*>(base);
   if (header->magic != kMagic || header->world_size != static_cast<uint64_t>(world_size) ||
-      header->half_bytes != half_bytes) {
+      header->slot_bytes != slot_bytes ||
+      header->slots_per_rank != static_cast<uint64_t>(slots_per_rank)) {
     *error = name + " is not this group's segment";
     munmap(base, bytes);
     return nullptr;
@@ -217,17 +220,18 @@ void wait_for_ranks(ProcessGroup& group, const std::vector<std::string>& keys, c
 
 }  // namespace
 
-std::unique_ptr<ShmSegment> ShmSegment::join(ProcessGroup& group, size_t half_bytes,
-                                             std::string* why_not) {
+std::unique_ptr<ShmSegment> ShmSegment::join(ProcessGroup& group, size_t slot_bytes,
+                                             std::string* why_not, int slots_per_rank) {
   const int rank = group.rank(), size = group.size();
-  half_bytes = round_up(std::max<size_t>(half_bytes, kPage), kPage);
+  TORCH_INTERNAL_ASSERT(slots_per_rank >= 1, "a segment has at least one slot per rank");
+  slot_bytes = round_up(std::max<size_t>(slot_bytes, kPage), kPage);
   const std::string key = group.next_store_key("fsdp_shm_segment");
   std::string name, error;
   uint8_t* base = nullptr;
   if (rank == 0) {
     remove_stale_segments();
     name = random_segment_name();
-    base = create_segment(name, size, half_bytes, &error);
+    base = create_segment(name, size, slot_bytes, slots_per_rank, &error);
     group.store().set(key + "/name", as_bytes(base ? name : "!" + error));
   } else {
     wait_for_ranks(group, {key + "/name"}, "create the segment");
@@ -236,12 +240,13 @@ std::unique_ptr<ShmSegment> ShmSegment::join(ProcessGroup& group, size_t half_by
       error = "rank 0 could not create it: " + published.substr(1);
     } else {
       name = published;
-      base = map_segment(name, size, half_bytes, &error);
+      base = map_segment(name, size, slot_bytes, slots_per_rank, &error);
     }
   }
   std::unique_ptr<ShmSegment> segment;
   if (base != nullptr) {
-    segment.reset(new ShmSegment(group, name, base, segment_bytes(size, half_bytes), half_bytes));
+    segment.reset(new ShmSegment(group, name, base, segment_bytes(size, slot_bytes, slots_per_rank),
+                                 slot_bytes, slots_per_rank));
     segment->announce_this_rank();
   }
   // Everyone reports; once all have, nobody needs the name any more.
@@ -266,8 +271,13 @@ std::unique_ptr<ShmSegment> ShmSegment::join(ProcessGroup& group, size_t half_by
 }
 
 ShmSegment::ShmSegment(ProcessGroup& group, std::string name, uint8_t* base, size_t bytes,
-                       size_t half_bytes)
-    : group_(group), name_(std::move(name)), base_(base), bytes_(bytes), half_bytes_(half_bytes) {}
+                       size_t slot_bytes, int slots_per_rank)
+    : group_(group),
+      name_(std::move(name)),
+      base_(base),
+      bytes_(bytes),
+      slot_bytes_(slot_bytes),
+      slots_(slots_per_rank) {}
 
 ShmSegment::~ShmSegment() { munmap(base_, bytes_); }
 
@@ -275,8 +285,9 @@ ShmSegment::RankControl& ShmSegment::control(int rank) const {
   return *reinterpret_cast<RankControl*>(base_ + controls_offset() + rank * kControlBytes);
 }
 
-uint8_t* ShmSegment::slot(int rank, int half) const {
-  return base_ + slots_offset(group_.size()) + (2 * static_cast<size_t>(rank) + half) * half_bytes_;
+uint8_t* ShmSegment::slot(int rank, int index) const {
+  return base_ + slots_offset(group_.size()) +
+         (static_cast<size_t>(slots_) * rank + index) * slot_bytes_;
 }
 
 void ShmSegment::announce_this_rank() {
@@ -285,22 +296,35 @@ void ShmSegment::announce_this_rank() {
 }
 
 uint8_t* ShmSegment::begin_write(const char* op) {
-  for (int peer = 0; peer < group_.size(); ++peer) {
-    if (peer != group_.rank()) wait_until(peer, control(peer).read, round_ - 1, op);
-  }
-  return slot(group_.rank(), round_ % 2);
+  // Round n reuses the slot of round n - K: every peer must have ended that one.
+  wait_read_by_peers(round_ - slots_ + 1, op);
+  return slot(group_.rank(), static_cast<int>(round_ % slots_));
 }
 
-void ShmSegment::publish() { store_and_wake(control(group_.rank()).written, round_ + 1); }
+void ShmSegment::publish() { set_written(round_ + 1); }
 
 const uint8_t* ShmSegment::wait_published(int peer, const char* op) {
-  wait_until(peer, control(peer).written, round_ + 1, op);
-  return slot(peer, round_ % 2);
+  wait_written(peer, round_ + 1, op);
+  return slot(peer, static_cast<int>(round_ % slots_));
 }
 
 void ShmSegment::end_round() {
-  store_and_wake(control(group_.rank()).read, round_ + 1);
+  set_read(round_ + 1);
   ++round_;
+}
+
+void ShmSegment::set_written(uint32_t count) { store_and_wake(control(group_.rank()).written, count); }
+
+void ShmSegment::set_read(uint32_t count) { store_and_wake(control(group_.rank()).read, count); }
+
+void ShmSegment::wait_written(int peer, uint32_t count, const char* op) {
+  wait_until(peer, control(peer).written, count, op);
+}
+
+void ShmSegment::wait_read_by_peers(uint32_t count, const char* op) {
+  for (int peer = 0; peer < group_.size(); ++peer) {
+    if (peer != group_.rank()) wait_until(peer, control(peer).read, count, op);
+  }
 }
 
 void ShmSegment::store_and_wake(std::atomic<uint32_t>& word, uint32_t value) {

@@ -117,6 +117,7 @@ class FlatParam {
   int requires_grad_count() const { return requires_grad_count_; }
 
   at::Tensor& shard() { return shard_; }
+  const at::Tensor& shard() const { return shard_; }
   at::Tensor& full() { return full_; }
   at::Tensor& full_grad() { return full_grad_; }
   const at::Tensor& full_grad() const { return full_grad_; }

@@ -52,12 +52,13 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
   shard_collectives_ = device_->collectives(*shard_group_);
   unit_env_ = std::make_unique<UnitEnv>(UnitEnv{
       *device_, *shard_collectives_, replicate_collectives_.get(), limiter_,
-      ReduceSettings{options_.mixed_precision().reduce_dtype(), w}});
+      ReduceSettings{options_.mixed_precision().reduce_dtype(), w}, shards_published_});
 }
 
 FsdpState::~FsdpState() { device_.reset(); }
 
 void FsdpState::pre_forward(ParamGroup& unit) {
+  if (unit.is_root()) publish_shards();
   record_forward_order(unit);
   unit.begin_forward();
   prefetch_forward_after(unit);
@@ -76,7 +77,22 @@ void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& in
                              const std::vector<at::Tensor>& outputs, bool training) {
   const bool keep_for_backward = unit.is_root() || !options_.unit_reshards_after_forward(unit.name());
   unit.post_forward(inputs, outputs, !training || !keep_for_backward);
+  // No backward follows (evaluation, no grad): the shards may change before the next forward.
+  if (unit.is_root() && unit.sharded_state() == ShardedState::Sharded) shards_published_ = false;
 }
+
+void FsdpState::publish_shards() {
+  std::vector<at::Tensor> shards;
+  for (auto& unit : units_) {
+    for (FlatGroup& g : unit->flats()) {
+      g.published_index = publishable(g.flat) ? static_cast<int>(shards.size()) : -1;
+      if (g.published_index >= 0) shards.push_back(g.flat.shard());
+    }
+  }
+  shards_published_ = shard_collectives_->publish_shards(shards);
+}
+
+void FsdpState::shards_may_change(ParamGroup&) { shards_published_ = false; }
 
 void FsdpState::backward_reached(ParamGroup& unit) {
   if (unit.is_root()) queue_finish_backward();
@@ -157,6 +173,9 @@ void FsdpState::finish_backward() {
   finish_queued_ = false;
   // Reverse forward order issues any late reduce-scatters in the order backward would have.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
+  // The optimizer may write the shards next; every posted sum is complete (the units waited).
+  shards_published_ = false;
+  shard_collectives_->complete_posted();
   order_checked_ = true;
 }
 

@@ -55,6 +55,7 @@ class FsdpState final : public UnitEvents {
 
   // UnitEvents
   void backward_reached(ParamGroup& unit) override;
+  void shards_may_change(ParamGroup& unit) override;
   void gradient_ready(ParamGroup& unit) override;
   void gradients_reduced(ParamGroup& unit, FlatParam& flat, const CommHandle& reduction) override;
 
@@ -63,6 +64,9 @@ class FsdpState final : public UnitEvents {
   void set_gradients_reduced_hook(detail::GradientsReducedHook hook) { gradients_reduced_hook_ = std::move(hook); }
 
  private:
+  /// The root's forward starts: publishes every unit's shard that can be ([Note: decoupled
+  /// collectives] in shm_collectives.cpp), for the gathers of this forward and its backward.
+  void publish_shards();
   void record_forward_order(ParamGroup& unit);
   void check_execution_order(const ParamGroup& unit, size_t index);
   /// Forward prefetch: issue the all-gather of the unit that ran after `unit` last iteration.
@@ -89,6 +93,7 @@ class FsdpState final : public UnitEvents {
   bool finish_queued_ = false;
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool full_params_held_ = false;  // inside a SummonFullParams scope
+  bool shards_published_ = false;  // from the root's forward to the end of its backward
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
   std::unique_ptr<DeviceRuntime> device_;  // last: its work finishes first, before the buffers it uses go away

@@ -10,6 +10,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
+#include <functional>
+#include <mutex>
 
 namespace fsdp {
 
@@ -29,6 +31,34 @@ class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
   std::weak_ptr<ParamGroup> group_;
   size_t flat_;
   size_t entry_;
+};
+
+// A reduction whose sum may complete after its task (Collectives::reduce_scatter_sum_posted):
+// waiting on it waits for the task, then runs the completion the task left behind, once.
+class PostedReduction final : public CommHandle::Completion {
+ public:
+  using Slot = std::shared_ptr<std::function<void()>>;
+  PostedReduction(CommHandle task, Slot completion) : task_(std::move(task)), completion_(std::move(completion)) {}
+  void wait() override {
+    task_.wait();
+    complete();
+  }
+  void wait_host() override {
+    task_.wait_host();
+    complete();
+  }
+
+ private:
+  void complete() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!*completion_) return;
+    (*completion_)();
+    *completion_ = nullptr;
+  }
+
+  CommHandle task_;
+  Slot completion_;  // set by the task (the wait on it orders the read after)
+  std::mutex mutex_;
 };
 
 }  // namespace
@@ -124,11 +154,13 @@ void ParamGroup::issue_all_gather(FlatGroup& g) {
     g.all_gather = CommHandle();
     return;
   }
+  // Decided here, on the caller's thread, in the same order on every rank.
+  const int published = env_.shards_published ? g.published_index : -1;
   g.all_gather = env_.device.submit(
       CommLane::AllGather,
-      [this, &g] {
+      [this, &g, published] {
         TraceSpan trace("all_gather", label_, TraceLane::Communication);
-        gather_unit(g.flat, env_.shard_group);
+        gather_unit(g.flat, env_.shard_group, published);
       },
       g.flat.full().nbytes());
 }
@@ -177,6 +209,7 @@ void ParamGroup::release_slot_if_sharded() {
 // as PyTorch FSDP2 does before a state dict; a backward that does come later unshards the unit
 // again in its pre-backward (backward_reached), as for any unit resharded after forward.
 bool ParamGroup::reshard_unless_in_backward() {
+  events_.shards_may_change(*this);
   const bool in_backward = std::any_of(flats_.begin(), flats_.end(), [](const FlatGroup& g) {
     return g.backward_state != BackwardState::Idle;
   });
@@ -297,15 +330,17 @@ void ParamGroup::issue_reduce_scatter(FlatGroup& g) {
   // Allocated here, on the caller's thread, before the task can: gradients_reduced hands out
   // views of it while the task runs (two lazy allocations would race to two buffers).
   g.flat.grad_shard();
-  g.reduce_scatter = env_.device.submit(
+  auto completion = std::make_shared<std::function<void()>>();
+  CommHandle task = env_.device.submit(
       CommLane::Reduce,
-      [this, &g, plan, end] {
+      [this, &g, plan, end, completion] {
         TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
         at::NoGradGuard no_grad;
-        reduce_unit_gradient(g.flat, plan, env_.shard_group, env_.replicas);
+        *completion = reduce_unit_gradient(g.flat, plan, env_.shard_group, env_.replicas);
         env_.device.release_after(CommLane::Reduce, g.flat.take_full_grad_bytes());
       },
       g.flat.full_grad().nbytes());
+  g.reduce_scatter = CommHandle(std::make_shared<PostedReduction>(std::move(task), std::move(completion)));
   events_.gradients_reduced(*this, g.flat, g.reduce_scatter);
 }
 

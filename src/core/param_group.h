@@ -26,6 +26,9 @@ class UnitEvents {
   /// The first gradient reached one of `unit`'s outputs: its backward is next. The model then
   /// unshards it (prefetching another) and calls begin_backward.
   virtual void backward_reached(ParamGroup& unit) = 0;
+  /// A between-steps entry point (a state dict, a checkpoint, summoning the full parameters) is
+  /// about to read or write `unit`'s shards: published copies of them are out of date from now.
+  virtual void shards_may_change(ParamGroup& unit) = 0;
   /// `unit`'s unsharded gradient is complete (that of its first flat group); its reduction is
   /// issued next.
   virtual void gradient_ready(ParamGroup& unit) = 0;
@@ -65,6 +68,7 @@ struct FlatGroup {
   int grads_pending = 0;               // trainable parameters whose gradient has not arrived
   bool accumulate_into_shard = false;  // the optimizer kept the previous gradient: add to it
   bool full_grad_kept = false;         // no_sync: the unsharded gradient survives to the next backward
+  int published_index = -1;            // its shard's index among the model's published ones
 
   bool trainable() const { return flat.requires_grad(); }
 };

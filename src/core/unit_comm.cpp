@@ -27,11 +27,19 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
   return plan;
 }
 
-void gather_unit(FlatParam& flat, Collectives& shard_group) {
-  if (flat.sharded() && !flat.mixed_precision() && !flat.offloaded() && flat.full().is_cpu()) {
+bool publishable(const FlatParam& flat) {
+  return flat.sharded() && !flat.mixed_precision() && !flat.offloaded() && flat.shard().is_cpu();
+}
+
+void gather_unit(FlatParam& flat, Collectives& shard_group, int published) {
+  if (publishable(flat)) {
     // On the host, in one dtype, the collective copies the shard into its place itself (a
     // memcpy): no view of the unsharded buffer nor ATen copy per unit.
-    shard_group.all_gather(flat.full(), flat.shard());
+    if (published >= 0) {
+      shard_group.all_gather_published(flat.full(), flat.shard(), static_cast<size_t>(published));
+    } else {
+      shard_group.all_gather(flat.full(), flat.shard());
+    }
     return;
   }
   at::Tensor local = flat.shard_in_full();
@@ -46,8 +54,8 @@ void gather_unit(FlatParam& flat, Collectives& shard_group) {
   if (flat.sharded()) shard_group.all_gather(flat.full(), local);
 }
 
-void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
-                          Collectives* replicas) {
+std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan,
+                                           Collectives& shard_group, Collectives* replicas) {
   at::Tensor& grad_shard = flat.grad_shard();
   at::Tensor full_grad = flat.full_grad().scalar_type() == plan.dtype ? flat.full_grad()
                                                                       : flat.full_grad().to(plan.dtype);
@@ -58,6 +66,19 @@ void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& 
   // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones
   // underflow.
   if (plan.pre != 1.0) full_grad.div_(plan.pre);
+  if (into_shard && !replicas) {
+    // Nothing but the division follows the sum: it can come when the shard is needed.
+    std::function<void()> complete = shard_group.reduce_scatter_sum_posted(reduced, full_grad);
+    if (plan.post == 1.0) return complete;
+    if (!complete) {
+      reduced.div_(plan.post);
+      return {};
+    }
+    return [complete = std::move(complete), reduced, post = plan.post] {
+      complete();
+      const_cast<at::Tensor&>(reduced).div_(post);
+    };
+  }
   shard_group.reduce_scatter_sum(reduced, full_grad);
   if (replicas) replicas->all_reduce_sum(reduced);
   if (plan.post != 1.0) reduced.div_(plan.post);
@@ -70,6 +91,7 @@ void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& 
   } else if (!into_shard) {
     grad_shard.copy_(reduced);
   }
+  return {};
 }
 
 }  // namespace fsdp

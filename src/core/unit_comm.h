@@ -8,6 +8,7 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <functional>
 #include <optional>
 #include <utility>
 
@@ -41,12 +42,19 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
                           bool full_precision, bool accumulate);
 
 /// flat.full() <- every rank's shard, cast to the compute dtype on the way in (mixed precision
-/// then all-gathers compute-dtype bytes).
-void gather_unit(FlatParam& flat, Collectives& shard_group);
+/// then all-gathers compute-dtype bytes). `published`: the shard's index among those published
+/// for this pass (Collectives::publish_shards), or -1.
+void gather_unit(FlatParam& flat, Collectives& shard_group, int published = -1);
+
+/// Whether a unit's shard can be published (Collectives::publish_shards): gather_unit then
+/// all-gathers the shard as it is, on the host.
+bool publishable(const FlatParam& flat);
 
 /// flat.grad_shard() <- (+=) the mean over the world of the unsharded gradients: reduce-scattered
-/// inside the shard group, then all-reduced across the replicas (hybrid, no-shard).
-void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
-                          Collectives* replicas);
+/// inside the shard group, then all-reduced across the replicas (hybrid, no-shard). Where the
+/// sum may come later (Collectives::reduce_scatter_sum_posted), returns what completes it: the
+/// gradient shard holds the mean once that has run; the unsharded gradient is free at once.
+std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan,
+                                           Collectives& shard_group, Collectives* replicas);
 
 }  // namespace fsdp

@@ -17,6 +17,9 @@ struct UnitEnv {
   Collectives* replicas;     ///< all-reduce across the replicas of the shard; null: one replica
   RateLimiter& limiter;
   ReduceSettings reduce;
+  /// The model's shards are published for the pass under way (Collectives::publish_shards):
+  /// units gather theirs with all_gather_published.
+  const bool& shards_published;
 };
 
 }  // namespace fsdp

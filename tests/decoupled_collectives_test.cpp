@@ -1,0 +1,198 @@
+// Decoupled collectives ([Note: decoupled collectives] in src/comm/shm_collectives.cpp) with real
+// ranks over real Gloo: a published shard is gathered by rank 0 before any peer takes part, a
+// posted reduce-scatter returns before the peers post theirs and sums bitwise as the ring does,
+// and FSDP training through them (an evaluation forward, an in-place edit between steps, two
+// forwards before one backward, a unit called alone) is bitwise the training through the ring.
+#include "dist_env.h"
+#include "test_groups.h"
+#include "test_models.h"
+
+#include "comm/collectives.h"
+#include "comm/published_shards.h"
+#include "comm/shm_collectives.h"
+#include "comm/shm_segment.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <limits>
+
+namespace fsdp_test {
+namespace {
+
+constexpr auto kShortTimeout = std::chrono::seconds(5);
+
+at::Tensor rank_values(int64_t numel, int salt, at::ScalarType dtype) {
+  at::Generator generator = at::detail::createCPUGenerator(1000 * dist().rank() + salt);
+  at::Tensor spread = at::exp(at::randn({numel}, generator) * 3);
+  return (at::randn({numel}, generator) * spread).to(dtype);
+}
+
+void expect_bitwise(const at::Tensor& expected, const at::Tensor& actual, const std::string& what) {
+  ASSERT_EQ(expected.sizes(), actual.sizes()) << what;
+  EXPECT_TRUE(at::equal(expected.reshape({-1}).view(at::kByte), actual.reshape({-1}).view(at::kByte)))
+      << what << " on rank " << dist().rank() << " differs from the ring's";
+}
+
+// Rank 0 runs `alone` while every peer waits for it to finish (a store key), then the peers run
+// `alone` too: nothing rank 0 does in it can wait for a peer (it would time out instead).
+void rank0_first(fsdp::ProcessGroup& group, const std::string& key, const std::function<void()>& alone) {
+  if (group.rank() == 0) {
+    alone();
+    group.store().set(key, std::vector<uint8_t>{1});
+  } else {
+    group.store().wait({key}, std::chrono::seconds(60));
+    alone();
+  }
+}
+
+size_t mapped_segments() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    n += line.find(std::string("/dev/shm/") + fsdp::kShmSegmentPrefix) != std::string::npos;
+  }
+  return n;
+}
+
+TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
+  fsdp::ProcessGroup& world = *dist().world;
+  const int w = world.size();
+  if (w == 1) GTEST_SKIP() << "a group of one gathers nothing";
+  auto group = group_with("published", {}, kShortTimeout);
+  auto shm = fsdp::make_shm_collectives(*group);
+  auto ring = fsdp::make_ring_collectives(world);
+  ASSERT_TRUE(shm);
+  // Odd sizes in two dtypes, and one shard too large to publish (gathered in rounds).
+  const std::vector<std::pair<int64_t, at::ScalarType>> kinds = {
+      {1, at::kFloat}, {37, at::kFloat}, {1001, at::kBFloat16}, {4099, at::kFloat},
+      {fsdp::kPublishedUnitBytes / 4, at::kFloat}};
+  const size_t too_large = kinds.size() - 1;
+  for (int generation = 0; generation < 3; ++generation) {  // both boards, then the first again
+    std::vector<at::Tensor> shards, expected;
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      shards.push_back(rank_values(kinds[i].first, 10 * generation + static_cast<int>(i), kinds[i].second));
+      expected.push_back(at::zeros({w * kinds[i].first}, kinds[i].second));
+      ring->all_gather(expected.back(), shards.back());
+    }
+    ASSERT_TRUE(shm->publish_shards(shards));
+    const std::string label = " (generation " + std::to_string(generation) + ")";
+    rank0_first(*group, "published/" + std::to_string(generation), [&] {
+      for (size_t i = 0; i < too_large; ++i) {
+        at::Tensor full = at::zeros_like(expected[i]);
+        shm->all_gather_published(full, shards[i], i);
+        expect_bitwise(expected[i], full, "published all_gather #" + std::to_string(i) + label);
+      }
+    });
+    at::Tensor full = at::zeros_like(expected[too_large]);
+    shm->all_gather_published(full, shards[too_large], too_large);
+    expect_bitwise(expected[too_large], full, "all_gather of the shard too large to publish" + label);
+  }
+}
+
+TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsTheRing) {
+  fsdp::ProcessGroup& world = *dist().world;
+  const int w = world.size();
+  if (w == 1) GTEST_SKIP() << "a group of one reduces nothing";
+  auto group = group_with("posted", {}, kShortTimeout);
+  auto shm = fsdp::make_shm_collectives(*group);
+  auto ring = fsdp::make_ring_collectives(world);
+  ASSERT_TRUE(shm);
+  // The ring for postings is made at the first publication, sized by the published shards: 2 ×
+  // (W - 1) × 20.5 KB here, so that each backward below wraps it and reuses the last one's room.
+  const std::vector<at::Tensor> published = {at::zeros({1001}), at::zeros({4099})};
+  ASSERT_TRUE(shm->publish_shards(published));
+  const std::vector<std::pair<int64_t, at::ScalarType>> kinds = {
+      {1001, at::kFloat}, {1, at::kFloat}, {37, at::kBFloat16}, {2003, at::kFloat}, {999, at::kBFloat16}};
+  for (int backward = 0; backward < 4; ++backward) {
+    std::vector<at::Tensor> grads, expected, out;
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      grads.push_back(rank_values(w * kinds[i].first, 100 * backward + static_cast<int>(i), kinds[i].second));
+      expected.push_back(at::empty({kinds[i].first}, kinds[i].second));
+      ring->reduce_scatter_sum(expected.back(), grads.back().clone());
+      out.push_back(at::full({kinds[i].first}, std::numeric_limits<float>::quiet_NaN(), kinds[i].second));
+    }
+    std::vector<std::function<void()>> completions(kinds.size());
+    rank0_first(*group, "posted/" + std::to_string(backward), [&] {
+      for (size_t i = 0; i < kinds.size(); ++i) {
+        at::Tensor full = grads[i].clone();
+        completions[i] = shm->reduce_scatter_sum_posted(out[i], full);
+        EXPECT_TRUE(completions[i]) << "reduce-scatter #" << i << " ran at once instead of being posted";
+        full.fill_(std::numeric_limits<float>::quiet_NaN());  // free to reuse once posted
+      }
+    });
+    // Completing a later one completes the earlier ones first (in posting order).
+    if (completions[2]) completions[2]();
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      if (completions[i]) completions[i]();
+      expect_bitwise(expected[i], out[i], "posted reduce_scatter_sum #" + std::to_string(i) +
+                                              " in backward " + std::to_string(backward));
+    }
+    shm->complete_posted();
+  }
+  // One larger than the ring runs at once, in rounds.
+  const at::Tensor large = rank_values(w * 20000, 7, at::kFloat);
+  at::Tensor expected = at::empty({20000}), out = at::empty({20000});
+  ring->reduce_scatter_sum(expected, large.clone());
+  EXPECT_FALSE(shm->reduce_scatter_sum_posted(out, large.clone()));
+  expect_bitwise(expected, out, "reduce_scatter_sum larger than the ring");
+}
+
+torch::Tensor mse(const torch::Tensor& a, const torch::Tensor& b) { return (a - b).pow(2).mean(); }
+
+template <class Model>
+void expect_same_parameters(Model& a, Model& b, const std::string& when) {
+  const auto pa = a->named_parameters(), pb = b->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& item : pa) {
+    expect_bitwise(pb[item.key()], item.value(), item.key() + " " + when);
+  }
+}
+
+TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
+  fsdp::ProcessGroup& world = *dist().world;
+  fsdp::GroupSettings ring_settings;
+  ring_settings.cpu_collectives = fsdp::CpuCollectives::Ring;
+  auto ring_group = group_with("decoupled_training_ring", ring_settings, world.timeout());
+  auto decoupled = fsdp::fully_shard(make_odd_net(5), world);
+  auto ring = fsdp::fully_shard(make_odd_net(5), *ring_group);
+  torch::optim::Adam opt_decoupled(decoupled->parameters(), torch::optim::AdamOptions(1e-2));
+  torch::optim::Adam opt_ring(ring->parameters(), torch::optim::AdamOptions(1e-2));
+  const size_t segments_before = mapped_segments();
+  for (int step = 0; step < 6; ++step) {
+    const auto [x, y] = odd_batch(step, 8);
+    const std::string when = "after step " + std::to_string(step);
+    for (auto* pair : {&decoupled, &ring}) {
+      auto& model = *pair;  // the sharded model: calling it runs the root's hooks
+      torch::optim::Adam& opt = pair == &decoupled ? opt_decoupled : opt_ring;
+      opt.zero_grad();
+      torch::Tensor loss = mse(model(x), y);
+      if (step == 3) loss = loss + mse(model(x * 0.5), y);  // two forwards, one backward
+      loss.backward();
+      opt.step();
+      if (step == 1) {  // an evaluation forward between steps, under grad mode
+        model->eval();
+        model(x);
+        model->train();
+      }
+      if (step == 2) {  // the shards change without a step
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.mul_(0.75);
+      }
+    }
+    if (step == 0 && world.size() > 1) {
+      EXPECT_EQ(mapped_segments(), segments_before + 2)
+          << "the first forward should have mapped the board of published shards and the ring of posted sums";
+    }
+    expect_same_parameters(decoupled, ring, when);
+    if (step == 4) {  // a unit called alone, outside the root's forward
+      expect_bitwise(ring->first_unit(x), decoupled->first_unit(x), "a unit called alone " + when);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp_test
