@@ -1,8 +1,9 @@
 // Decoupled collectives ([Note: decoupled collectives] in src/comm/shm_collectives.cpp) with real
 // ranks over real Gloo: a published shard is gathered by rank 0 before any peer takes part, a
 // posted reduce-scatter returns before the peers post theirs and sums bitwise as the ring does,
-// and FSDP training through them (an evaluation forward, an in-place edit between steps, two
-// forwards before one backward, a unit called alone) is bitwise the training through the ring.
+// and FSDP training through them is bitwise the training through the ring, also where the shards
+// change between forwards (an edit after an evaluation forward, a load after a forward without
+// backward) and a unit is called alone after it.
 #include "dist_env.h"
 #include "test_groups.h"
 #include "test_models.h"
@@ -41,7 +42,12 @@ void expect_bitwise(const at::Tensor& expected, const at::Tensor& actual, const 
 // `alone` too: nothing rank 0 does in it can wait for a peer (it would time out instead).
 void rank0_first(fsdp::ProcessGroup& group, const std::string& key, const std::function<void()>& alone) {
   if (group.rank() == 0) {
-    alone();
+    try {
+      alone();
+    } catch (...) {
+      group.store().set(key, std::vector<uint8_t>{0});  // the peers go on, and fail in their turn
+      throw;
+    }
     group.store().set(key, std::vector<uint8_t>{1});
   } else {
     group.store().wait({key}, std::chrono::seconds(60));
@@ -178,9 +184,15 @@ TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
         model(x);
         model->train();
       }
-      if (step == 2) {  // the shards change without a step
+      if (step == 1 || step == 2) {  // the shards change without a step
         torch::NoGradGuard no_grad;
         for (auto& p : model->parameters()) p.mul_(0.75);
+      }
+      if (step == 4) {  // a forward whose backward never comes, then a load
+        fsdp::NamedTensors full = fsdp::gather_full_params(model);
+        model(x);
+        for (auto& [name, value] : full) value = value * 0.5;
+        fsdp::load_full_params(model, full, "halved");
       }
     }
     if (step == 0 && world.size() > 1) {
@@ -188,9 +200,8 @@ TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
           << "the first forward should have mapped the board of published shards and the ring of posted sums";
     }
     expect_same_parameters(decoupled, ring, when);
-    if (step == 4) {  // a unit called alone, outside the root's forward
-      expect_bitwise(ring->first_unit(x), decoupled->first_unit(x), "a unit called alone " + when);
-    }
+    // A unit called alone, outside the root's forward, gathers the shards as they are now.
+    expect_bitwise(ring->first_unit(x), decoupled->first_unit(x), "a unit called alone " + when);
   }
 }
 
