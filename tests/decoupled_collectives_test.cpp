@@ -5,7 +5,7 @@
 // change between forwards (an edit after an evaluation forward, a load after a forward without
 // backward) and a unit is called alone after it.
 #include "dist_env.h"
-#include "test_groups.h"
+#include "collective_testing.h"
 #include "test_models.h"
 
 #include "comm/collectives.h"
@@ -25,18 +25,6 @@ namespace fsdp_test {
 namespace {
 
 constexpr auto kShortTimeout = std::chrono::seconds(5);
-
-at::Tensor rank_values(int64_t numel, int salt, at::ScalarType dtype) {
-  at::Generator generator = at::detail::createCPUGenerator(1000 * dist().rank() + salt);
-  at::Tensor spread = at::exp(at::randn({numel}, generator) * 3);
-  return (at::randn({numel}, generator) * spread).to(dtype);
-}
-
-void expect_bitwise(const at::Tensor& expected, const at::Tensor& actual, const std::string& what) {
-  ASSERT_EQ(expected.sizes(), actual.sizes()) << what;
-  EXPECT_TRUE(at::equal(expected.reshape({-1}).view(at::kByte), actual.reshape({-1}).view(at::kByte)))
-      << what << " on rank " << dist().rank() << " differs from the ring's";
-}
 
 // Rank 0 runs `alone` while every peer waits for it to finish (a store key), then the peers run
 // `alone` too: nothing rank 0 does in it can wait for a peer (it would time out instead).

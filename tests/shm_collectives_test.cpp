@@ -3,7 +3,7 @@
 // accounting, a peer that never arrives named within a short timeout, and no segment left in
 // /dev/shm. Fault.SharedMemoryRankKilledMidCollective runs only from tests/shm_kill_e2e.py.
 #include "dist_env.h"
-#include "test_groups.h"
+#include "collective_testing.h"
 
 #include "comm/collectives.h"
 #include "device/device.h"
@@ -31,24 +31,6 @@ namespace fsdp_test {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Different values on every rank, the same on every run; magnitudes spread over a few decades so
-// that a sum in another order changes bits.
-at::Tensor rank_values(int64_t numel, int salt, at::ScalarType dtype) {
-  at::Generator generator = at::detail::createCPUGenerator(1000 * dist().rank() + salt);
-  at::Tensor spread = at::exp(at::randn({numel}, generator) * 3);
-  return (at::randn({numel}, generator) * spread).to(dtype);
-}
-
-// A bitwise comparison that says where the first difference is.
-void expect_bitwise(const at::Tensor& expected, const at::Tensor& actual, const std::string& what) {
-  ASSERT_EQ(expected.sizes(), actual.sizes()) << what;
-  const at::Tensor same = at::eq(expected.view(at::kByte), actual.view(at::kByte));
-  if (same.all().item<bool>()) return;
-  const int64_t byte = at::argmin(same.to(at::kInt)).item<int64_t>();
-  ADD_FAILURE() << what << " on rank " << dist().rank() << ": differs from the ring first at element "
-                << byte / expected.element_size() << " of " << expected.numel();
-}
 
 // Every rank runs each collective through the ring and through shared memory on the same input.
 void compare_with_ring(fsdp::Collectives& ring, fsdp::Collectives& shm, int64_t s,

@@ -2,6 +2,7 @@
 // rings; what lets ranks that share a GPU run the CUDA path) give bitwise the rings' own results,
 // with real ranks over real Gloo. On CPU the staging copies are plain host copies: the logic of
 // copying out, running and copying back, and the chunk offsets, are what is checked here.
+#include "collective_testing.h"
 #include "dist_env.h"
 
 #include "comm/collectives.h"
@@ -12,12 +13,6 @@
 
 namespace fsdp_test {
 namespace {
-
-// Different values on every rank, the same on every run.
-at::Tensor rank_values(int64_t numel, int salt) {
-  at::Generator generator = at::detail::createCPUGenerator(1000 * dist().rank() + salt);
-  return at::randn({numel}, generator);
-}
 
 TEST(StagedCollectives, GiveTheRingsResultsBitwise) {
   fsdp::ProcessGroup& world = *dist().world;
