@@ -2,8 +2,8 @@
 // ranks over real Gloo: a published shard is gathered by rank 0 before any peer takes part, a
 // posted reduce-scatter returns before the peers post theirs and sums bitwise as the ring does,
 // and FSDP training through them is bitwise the training through the ring, also where the shards
-// change between forwards (an edit after an evaluation forward, a load after a forward without
-// backward) and a unit is called alone after it.
+// change outside a step (an edit after an evaluation forward or after a forward without backward,
+// a load between a forward and its backward) and a unit is called alone after it.
 #include "dist_env.h"
 #include "collective_testing.h"
 #include "test_models.h"
@@ -163,8 +163,14 @@ TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
       auto& model = *pair;  // the sharded model: calling it runs the root's hooks
       torch::optim::Adam& opt = pair == &decoupled ? opt_decoupled : opt_ring;
       opt.zero_grad();
+      const fsdp::NamedTensors full = step == 4 ? fsdp::gather_full_params(model) : fsdp::NamedTensors{};
       torch::Tensor loss = mse(model(x), y);
       if (step == 3) loss = loss + mse(model(x * 0.5), y);  // two forwards, one backward
+      if (step == 4) {  // a load between a forward and its backward, which gathers the loaded values
+        fsdp::NamedTensors halved;
+        for (const auto& [name, value] : full) halved.emplace_back(name, value * 0.5);
+        fsdp::load_full_params(model, halved, "halved");
+      }
       loss.backward();
       opt.step();
       if (step == 1) {  // an evaluation forward between steps, under grad mode
@@ -176,11 +182,10 @@ TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
         torch::NoGradGuard no_grad;
         for (auto& p : model->parameters()) p.mul_(0.75);
       }
-      if (step == 4) {  // a forward whose backward never comes, then a load
-        fsdp::NamedTensors full = fsdp::gather_full_params(model);
+      if (step == 5) {  // a forward whose backward never comes, then an edit
         model(x);
-        for (auto& [name, value] : full) value = value * 0.5;
-        fsdp::load_full_params(model, full, "halved");
+        torch::NoGradGuard no_grad;
+        for (auto& p : model->parameters()) p.add_(0.125);
       }
     }
     if (step == 0 && world.size() > 1) {

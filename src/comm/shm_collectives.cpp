@@ -29,11 +29,12 @@ namespace fsdp {
 //    from their boards, waiting only until each peer has published this generation: once per
 //    forward. Two boards alternate; a rank writes generation g + 1 once every peer has
 //    published g, i.e. reads g - 1 no more. The model (FsdpState) gathers from the boards only
-//    from the root's forward to the end of its backward, and not after an evaluation forward or a
-//    between-steps entry point (a state dict, a checkpoint): shards may have changed since, and
-//    gathers then run in rounds. A shard written between a forward and its backward is read in
-//    its published form by the peers (an optimizer stepping in backward steps a unit after its
-//    last gather, so that never matters).
+//    inside the root's forward and inside a backward, and only while no between-steps entry point
+//    (a state dict, a checkpoint, summoning) has run since the publication and no backward has
+//    ended (the optimizer steps next); a unit gathered outside (called alone) gathers in rounds.
+//    A shard edited by hand between a forward and its backward is read in its published form by
+//    the peers (as FSDP2, which does not support such edits either); an optimizer stepping in
+//    backward steps a unit after its last gather of the pass, so that never matters.
 //  - Reduce-scatters are posted (posted_reductions.h): a rank copies its own chunk into its
 //    gradient shard and the peers' chunks into a ring of its own, frees the unsharded gradient
 //    and goes on; the sum completes when the unit's handle is waited on (the end of backward, an

@@ -77,8 +77,14 @@ void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& in
                              const std::vector<at::Tensor>& outputs, bool training) {
   const bool keep_for_backward = unit.is_root() || !options_.unit_reshards_after_forward(unit.name());
   unit.post_forward(inputs, outputs, !training || !keep_for_backward);
-  // No backward follows (evaluation, no grad): the shards may change before the next forward.
-  if (unit.is_root() && unit.sharded_state() == ShardedState::Sharded) shards_published_ = false;
+  // Until a backward starts the shards may be written (an edit, a load, an optimizer step after
+  // an evaluation): a unit called meanwhile gathers in rounds.
+  if (unit.is_root()) set_window(false);
+}
+
+void FsdpState::set_window(bool open) {
+  window_open_ = open;
+  shards_published_ = window_open_ && publication_current_;
 }
 
 void FsdpState::publish_shards() {
@@ -89,13 +95,20 @@ void FsdpState::publish_shards() {
       if (g.published_index >= 0) shards.push_back(g.flat.shard());
     }
   }
-  shards_published_ = shard_collectives_->publish_shards(shards);
+  publication_current_ = shard_collectives_->publish_shards(shards);
+  set_window(true);
 }
 
-void FsdpState::shards_may_change(ParamGroup&) { shards_published_ = false; }
+void FsdpState::shards_may_change(ParamGroup&) {
+  publication_current_ = false;
+  set_window(window_open_);
+}
 
 void FsdpState::backward_reached(ParamGroup& unit) {
-  if (unit.is_root()) queue_finish_backward();
+  if (unit.is_root()) {
+    queue_finish_backward();
+    set_window(true);  // the shards of the forward, unless something wrote them since
+  }
   unit.issue_unshard(/*optional=*/false);
   if (options_.backward_prefetch() == BackwardPrefetch::BackwardPre) prefetch_backward_after(unit);
   unit.begin_backward(no_sync_);
@@ -174,7 +187,8 @@ void FsdpState::finish_backward() {
   // Reverse forward order issues any late reduce-scatters in the order backward would have.
   for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
   // The optimizer may write the shards next; every posted sum is complete (the units waited).
-  shards_published_ = false;
+  publication_current_ = false;
+  set_window(false);
   shard_collectives_->complete_posted();
   order_checked_ = true;
 }

@@ -67,6 +67,8 @@ class FsdpState final : public UnitEvents {
   /// The root's forward starts: publishes every unit's shard that can be ([Note: decoupled
   /// collectives] in shm_collectives.cpp), for the gathers of this forward and its backward.
   void publish_shards();
+  /// Opens or closes the window in which units gather from the published shards.
+  void set_window(bool open);
   void record_forward_order(ParamGroup& unit);
   void check_execution_order(const ParamGroup& unit, size_t index);
   /// Forward prefetch: issue the all-gather of the unit that ran after `unit` last iteration.
@@ -93,7 +95,12 @@ class FsdpState final : public UnitEvents {
   bool finish_queued_ = false;
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool full_params_held_ = false;  // inside a SummonFullParams scope
-  bool shards_published_ = false;  // from the root's forward to the end of its backward
+  // [Note: decoupled collectives]: units gather from the published shards (shards_published_)
+  // while the root's forward or a backward runs (window_open_) and nothing may have written a
+  // shard since they were published (publication_current_).
+  bool shards_published_ = false;
+  bool window_open_ = false;
+  bool publication_current_ = false;
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
   std::unique_ptr<DeviceRuntime> device_;  // last: its work finishes first, before the buffers it uses go away
