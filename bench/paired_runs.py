@@ -1,4 +1,4 @@
-"""Paired runs of the deep configuration: builds of gpt_train (W = 2 under their fsdprun) and the
+"""Paired runs of the deep (or small) configuration: builds of gpt_train (W = 2 under their fsdprun) and the
 concurrent floor, interleaved round by round, so that a noisy machine slows all of them alike.
 Each run's time is the median over steps 10.. of the slower rank's (or process's) step; prints
 every round and the median of the rounds, and writes them as JSON to --out.
@@ -9,7 +9,11 @@ every round and the median of the rounds, and writes them as JSON to --out.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
-MODEL = ["--layers", "48", "--dim", "32", "--heads", "2", "--seq", "16"]
+# bench/run_bench.py's shapes: model flags, batch per rank, steps per run (the first 10 untimed).
+CONFIGS = {
+    "deep": (["--layers", "48", "--dim", "32", "--heads", "2", "--seq", "16"], 1, 60),
+    "small": (["--layers", "4", "--dim", "128", "--heads", "4", "--seq", "128"], 8, 24),
+}
 
 
 def run(cmds, env):
@@ -41,18 +45,21 @@ def one_run(kind, bindir, env, train, work):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="deep")
+    ap.add_argument("--steps", type=int, default=None, help="per run (default: the config's)")
     ap.add_argument("--out", default=None)
     ap.add_argument("variants", nargs="+", help="name=BINDIR[:VAR=VALUE,...]")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="paired-runs-")
     data = os.path.dirname(os.__file__)  # text every machine has
     first = a.variants[0].split("=", 1)[1].partition(":")[0]
+    model, batch, steps = CONFIGS[a.config]
+    steps = a.steps or steps
     init = os.path.join(work, "init.pt")
     run([[os.path.join(first, "gpt_train"), "--reference", "--steps", "0", "--save-full", init,
-          "--data", data] + MODEL], {})
-    train = MODEL + ["--lr", "1e-3", "--seed", "1234", "--data", data, "--max-data-mb", "4",
-                     "--steps", str(a.steps), "--batch", "1", "--optimizer", "fused", "--init-from", init]
+          "--data", data] + model], {})
+    train = model + ["--lr", "1e-3", "--seed", "1234", "--data", data, "--max-data-mb", "4",
+                     "--steps", str(steps), "--batch", str(batch), "--optimizer", "fused", "--init-from", init]
     variants = []
     for v in a.variants:
         name, rest = v.split("=", 1)
