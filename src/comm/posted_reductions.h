@@ -19,6 +19,9 @@
 
 namespace fsdp {
 
+/// The most bytes of postings a rank's ring holds; a backward's postings beyond run in rounds.
+constexpr size_t kPostedRingBytes = 32 << 20;
+
 class PostedReductions {
  public:
   /// Collective over `group` (all on this host): a ring of `capacity_bytes` per rank. nullptr on

@@ -24,10 +24,10 @@ namespace fsdp {
 // "The deep configuration"). So the small units' collectives do not make the ranks meet:
 //  - All-gathers read published shards (published_shards.h). A shard changes only between a
 //    backward and the next forward (the optimizer, a load, an edit), so when the root's forward
-//    starts each rank copies its small units' shards into a board of its own, and the gathers of
-//    that forward and its backward (prefetches, re-gathers, recomputation) copy the peers' shards
-//    from their boards, waiting only until each peer has published this generation: once per
-//    forward. Two boards alternate; a rank writes generation g + 1 once every peer has
+//    starts each rank copies its small units' shards (kPublishedUnitBytes) into a board of its
+//    own, and the gathers of that forward and its backward (prefetches, re-gathers,
+//    recomputation) copy the peers' shards from their boards, waiting only until each peer has
+//    published this generation: once per forward. Two boards alternate; a rank writes generation g + 1 once every peer has
 //    published g, i.e. reads g - 1 no more. The model (FsdpState) gathers from the boards only
 //    inside the root's forward and inside a backward, and only while no between-steps entry point
 //    (a state dict, a checkpoint, summoning) has run since the publication and no backward has
@@ -258,14 +258,15 @@ class ShmCollectives final : public Collectives {
 
   // At the first publication (the same moment on every rank): the board of published shards,
   // and a ring for posted reduce-scatters that holds a whole backward's gradients of the units
-  // on the board twice over (postings that wrap waste room). Either stays null on every rank
-  // when it cannot be set up, and its collectives run in rounds.
+  // on the board twice over (postings that wrap waste room), up to kPostedRingBytes. Either stays
+  // null on every rank when it cannot be set up, and its collectives run in rounds.
   void join_decoupling(const std::vector<at::Tensor>& shards) {
     decoupling_joined_ = true;
     std::string why_not;
     published_ = PublishedShards::join(group_, shards, &why_not);
     if (published_) {
-      const auto ring_bytes = static_cast<size_t>(2 * (size() - 1) * published_->board_bytes());
+      const auto ring_bytes =
+          std::min(kPostedRingBytes, static_cast<size_t>(2 * (size() - 1) * published_->board_bytes()));
       posted_ = PostedReductions::join(group_, ring_bytes, &why_not);
     }
     if (!why_not.empty() && rank() == 0) {
