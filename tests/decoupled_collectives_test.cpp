@@ -52,13 +52,21 @@ size_t mapped_segments() {
   return n;
 }
 
+// Shared-memory collectives over a group of the world's ranks with a short timeout (a rank that
+// waits where it should not fails fast), and the ring over the world as the reference.
+struct ShmAndRing {
+  explicit ShmAndRing(const std::string& name)
+      : group(group_with(name, {}, kShortTimeout)),
+        shm(fsdp::make_shm_collectives(*group)),
+        ring(fsdp::make_ring_collectives(*dist().world)) {}
+  std::shared_ptr<fsdp::ProcessGroup> group;
+  std::unique_ptr<fsdp::Collectives> shm, ring;
+};
+
 TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
-  fsdp::ProcessGroup& world = *dist().world;
-  const int w = world.size();
+  const int w = dist().world->size();
   if (w == 1) GTEST_SKIP() << "a group of one gathers nothing";
-  auto group = group_with("published", {}, kShortTimeout);
-  auto shm = fsdp::make_shm_collectives(*group);
-  auto ring = fsdp::make_ring_collectives(world);
+  auto [group, shm, ring] = ShmAndRing("published");
   ASSERT_TRUE(shm);
   // Odd sizes in two dtypes, and one shard too large to publish (gathered in rounds).
   const std::vector<std::pair<int64_t, at::ScalarType>> kinds = {
@@ -88,12 +96,9 @@ TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
 }
 
 TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsTheRing) {
-  fsdp::ProcessGroup& world = *dist().world;
-  const int w = world.size();
+  const int w = dist().world->size();
   if (w == 1) GTEST_SKIP() << "a group of one reduces nothing";
-  auto group = group_with("posted", {}, kShortTimeout);
-  auto shm = fsdp::make_shm_collectives(*group);
-  auto ring = fsdp::make_ring_collectives(world);
+  auto [group, shm, ring] = ShmAndRing("posted");
   ASSERT_TRUE(shm);
   // The ring for postings is made at the first publication, sized by the published shards: 2 ×
   // (W - 1) × 20.5 KB here, so that each backward below wraps it and reuses the last one's room.

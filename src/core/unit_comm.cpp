@@ -74,9 +74,9 @@ std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& pl
       reduced.div_(plan.post);
       return {};
     }
-    return [complete = std::move(complete), reduced, post = plan.post] {
+    return [complete = std::move(complete), reduced, post = plan.post]() mutable {
       complete();
-      const_cast<at::Tensor&>(reduced).div_(post);
+      reduced.div_(post);
     };
   }
   shard_group.reduce_scatter_sum(reduced, full_grad);
