@@ -27,11 +27,12 @@ namespace fsdp {
 //    starts each rank copies its small units' shards (kPublishedUnitBytes) into a board of its
 //    own, and the gathers of that forward and its backward (prefetches, re-gathers,
 //    recomputation) copy the peers' shards from their boards, waiting only until each peer has
-//    published this generation: once per forward. Two boards alternate; a rank writes generation g + 1 once every peer has
-//    published g, i.e. reads g - 1 no more. The model (FsdpState) gathers from the boards only
-//    inside the root's forward and inside a backward, and only while no between-steps entry point
-//    (a state dict, a checkpoint, summoning) has run since the publication and no backward has
-//    ended (the optimizer steps next); a unit gathered outside (called alone) gathers in rounds.
+//    published this generation: once per forward. Two boards alternate; a rank writes
+//    generation g + 1 once every peer has published g, i.e. reads g - 1 no more. The model
+//    (FsdpState) gathers from the boards only inside the root's forward and inside a backward,
+//    and only while no between-steps entry point (a state dict, a checkpoint, summoning) has run
+//    since the publication and no backward has ended (the optimizer steps next); a unit gathered
+//    outside (called alone) gathers in rounds.
 //    A shard edited by hand between a forward and its backward is read in its published form by
 //    the peers (as FSDP2, which does not support such edits either); an optimizer stepping in
 //    backward steps a unit after its last gather of the pass, so that never matters.
