@@ -107,18 +107,22 @@ TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsT
   const std::vector<std::pair<int64_t, at::ScalarType>> kinds = {
       {1001, at::kFloat}, {1, at::kFloat}, {37, at::kBFloat16}, {2003, at::kFloat}, {999, at::kBFloat16}};
   for (int backward = 0; backward < 4; ++backward) {
+    // Odd backwards divide the sums (as FSDP's mean does) in the completion's pass: bitwise the
+    // ring's sum and then ATen's div_, by 3 (no power of two: a reciprocal would differ).
+    const double divide_by = backward % 2 ? 3.0 : 1.0;
     std::vector<at::Tensor> grads, expected, out;
     for (size_t i = 0; i < kinds.size(); ++i) {
       grads.push_back(rank_values(w * kinds[i].first, 100 * backward + static_cast<int>(i), kinds[i].second));
       expected.push_back(at::empty({kinds[i].first}, kinds[i].second));
       ring->reduce_scatter_sum(expected.back(), grads.back().clone());
+      if (divide_by != 1.0) expected.back().div_(divide_by);
       out.push_back(at::full({kinds[i].first}, std::numeric_limits<float>::quiet_NaN(), kinds[i].second));
     }
     std::vector<std::function<void()>> completions(kinds.size());
     rank0_first(*group, "posted/" + std::to_string(backward), [&] {
       for (size_t i = 0; i < kinds.size(); ++i) {
         at::Tensor full = grads[i].clone();
-        completions[i] = shm->reduce_scatter_sum_posted(out[i], full);
+        completions[i] = shm->reduce_scatter_sum_posted(out[i], full, divide_by);
         EXPECT_TRUE(completions[i]) << "reduce-scatter #" << i << " ran at once instead of being posted";
         full.fill_(std::numeric_limits<float>::quiet_NaN());  // free to reuse once posted
       }
@@ -132,11 +136,12 @@ TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsT
     }
     shm->complete_posted();
   }
-  // One larger than the ring runs at once, in rounds.
+  // One larger than the ring runs at once, in rounds (and is divided at once).
   const at::Tensor large = rank_values(w * 20000, 7, at::kFloat);
   at::Tensor expected = at::empty({20000}), out = at::empty({20000});
   ring->reduce_scatter_sum(expected, large.clone());
-  EXPECT_FALSE(shm->reduce_scatter_sum_posted(out, large.clone()));
+  expected.div_(3.0);
+  EXPECT_FALSE(shm->reduce_scatter_sum_posted(out, large.clone(), 3.0));
   expect_bitwise(expected, out, "reduce_scatter_sum larger than the ring");
 }
 

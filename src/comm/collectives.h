@@ -45,10 +45,13 @@ class Collectives {
   virtual void all_gather_published(const at::Tensor& full, const at::Tensor& shard, size_t index) {
     all_gather(full, shard);
   }
-  /// reduce_scatter_sum that may finish later: `full` may be reused once it returns, and `shard`
-  /// holds the sum once the returned function has run (at once when it is empty).
-  virtual std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full) {
+  /// reduce_scatter_sum that may finish later, then shard.div_(divide_by): `full` may be reused
+  /// once it returns, and `shard` holds the quotient once the returned function has run (at once
+  /// when it is empty).
+  virtual std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full,
+                                                          double divide_by = 1.0) {
     reduce_scatter_sum(shard, full);
+    if (divide_by != 1.0) shard.div_(divide_by);
     return {};
   }
   /// Completes every posted reduce-scatter (backward has ended); later ones may reuse its space.

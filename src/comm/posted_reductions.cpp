@@ -49,7 +49,7 @@ bool PostedReductions::fits(const at::Tensor& full) const {
   return start_for(set_bytes) + set_bytes - epoch_start_ <= capacity;
 }
 
-uint32_t PostedReductions::post(const at::Tensor& shard, const at::Tensor& full) {
+uint32_t PostedReductions::post(const at::Tensor& shard, const at::Tensor& full, double divide_by) {
   const int w = segment_->group().size(), r = segment_->group().rank();
   const int64_t s = shard.numel(), es = shard.element_size();
   TORCH_INTERNAL_ASSERT(full.numel() == w * s && full.is_contiguous() && shard.is_contiguous() &&
@@ -83,7 +83,7 @@ uint32_t PostedReductions::post(const at::Tensor& shard, const at::Tensor& full)
   in_ring_.emplace_back(number, start);
   {
     std::lock_guard<std::mutex> pending_lock(pending_mutex_);
-    pending_.push_back(Posting{number, start, shard, piece});
+    pending_.push_back(Posting{number, start, shard, piece, divide_by});
   }
   count_sent_bytes(CollectiveKind::ReduceScatter, (w - 1) * s * es);
   return number;
@@ -116,7 +116,7 @@ void PostedReductions::complete(const Posting& posting) {
   }
   void* shard = posting.shard.data_ptr();
   sum_in_ring_order(shard, peers, shard, posting.shard.numel(), posting.shard.scalar_type(),
-                    /*scratch=*/nullptr, /*streaming=*/false);
+                    /*scratch=*/nullptr, /*streaming=*/false, posting.divide_by);
   segment_->set_read(posting.number + 1);
 }
 

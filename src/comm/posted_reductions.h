@@ -33,12 +33,13 @@ class PostedReductions {
   /// the last complete_all() (whose peers may still be about to read it: waiting for them there
   /// could deadlock). The same answer on every rank.
   bool fits(const at::Tensor& full) const;
-  /// Posts shard <- the sum over ranks of full's chunk `rank` (as reduce_scatter_sum): copies
-  /// this rank's chunk into `shard` and the others' into the ring; `full` may be reused at once.
-  /// Returns the posting's number, for complete_through. `shard` must outlive the completion.
-  uint32_t post(const at::Tensor& shard, const at::Tensor& full);
+  /// Posts shard <- the sum over ranks of full's chunk `rank` (as reduce_scatter_sum), divided by
+  /// `divide_by`: copies this rank's chunk into `shard` and the others' into the ring; `full` may
+  /// be reused at once. Returns the posting's number, for complete_through. `shard` must outlive
+  /// the completion.
+  uint32_t post(const at::Tensor& shard, const at::Tensor& full, double divide_by = 1.0);
   /// Completes every posting up to `number` that is not complete yet, in order: waits for the
-  /// peers' postings, sums into the shards in the ring's order.
+  /// peers' postings, sums into the shards in the ring's order (and divides).
   void complete_through(uint32_t number);
   /// Completes every posting; later postings may reuse the whole ring.
   void complete_all();
@@ -49,6 +50,7 @@ class PostedReductions {
     int64_t start = 0;        // unwrapped byte offset in the ring
     at::Tensor shard;         // holds this rank's own chunk until the sum
     int64_t piece_bytes = 0;  // each peer's piece, rounded up to 64 bytes
+    double divide_by = 1.0;   // applied to the sum, in the same pass
   };
 
   explicit PostedReductions(std::unique_ptr<ShmSegment> segment) : segment_(std::move(segment)) {}

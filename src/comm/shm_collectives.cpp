@@ -156,12 +156,14 @@ class ShmCollectives final : public Collectives {
     all_gather(full, shard);
   }
 
-  std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full) override {
+  std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full,
+                                                  double divide_by) override {
     if (!posted_ || !shard.is_cpu() || !posted_->fits(full)) {
       reduce_scatter_sum(shard, full);
+      if (divide_by != 1.0) shard.div_(divide_by);
       return {};
     }
-    const uint32_t number = posted_->post(shard, full);
+    const uint32_t number = posted_->post(shard, full, divide_by);
     return [posted = posted_.get(), number] { posted->complete_through(number); };
   }
 

@@ -79,6 +79,7 @@ void copy_into(at::Tensor& to, const at::Tensor& from) {
     copy_bytes(to.data_ptr(), from.const_data_ptr(), to.nbytes());
     return;
   }
+  torch::NoGradGuard no_grad;  // a gradient of create_graph's backward requires grad
   to.copy_(from);
 }
 
@@ -192,9 +193,9 @@ void FlatParam::take_grad(size_t i) {
   FlatEntry& e = entries_[i];
   const at::Tensor grad = e.param.grad();
   if (!grad.defined()) return;
-  torch::NoGradGuard no_grad;
   at::Tensor slot = grad_slot(i);
   if (grad_written_[i]) {
+    torch::NoGradGuard no_grad;
     slot.add_(grad);
   } else {
     copy_into(slot, grad);

@@ -67,17 +67,9 @@ std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& pl
   // underflow.
   if (plan.pre != 1.0) full_grad.div_(plan.pre);
   if (into_shard && !replicas) {
-    // Nothing but the division follows the sum: it can come when the shard is needed.
-    std::function<void()> complete = shard_group.reduce_scatter_sum_posted(reduced, full_grad);
-    if (plan.post == 1.0) return complete;
-    if (!complete) {
-      reduced.div_(plan.post);
-      return {};
-    }
-    return [complete = std::move(complete), reduced, post = plan.post]() mutable {
-      complete();
-      reduced.div_(post);
-    };
+    // Nothing but the division follows the sum: both can come when the shard is needed, in one
+    // pass over it.
+    return shard_group.reduce_scatter_sum_posted(reduced, full_grad, plan.post);
   }
   shard_group.reduce_scatter_sum(reduced, full_grad);
   if (replicas) replicas->all_reduce_sum(reduced);
