@@ -40,9 +40,9 @@ namespace fsdp {
 //    gradient shard and the peers' chunks into a ring of its own, frees the unsharded gradient
 //    and goes on; the sum completes when the unit's handle is waited on (the end of backward, an
 //    optimizer stepping in backward), divided for the mean in the same pass (as ATen's div_
-//    would divide it after the sum: one division less per unit). A posting that would overwrite one made since the last end
-//    of backward, which a peer may not have summed yet, runs in rounds instead: a rank never waits
-//    for room on a peer that may be waiting for it.
+//    would divide it after the sum: one division less per unit). A posting that would overwrite
+//    one made since the last end of backward, which a peer may not have summed yet, runs in
+//    rounds instead: a rank never waits for room on a peer that may be waiting for it.
 // Both sum and copy as the rounds do: the results are the ring's bitwise, the bytes counted alike.
 
 namespace {
