@@ -160,9 +160,7 @@ class ShmCollectives final : public Collectives {
   std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full,
                                                   double divide_by) override {
     if (!posted_ || !shard.is_cpu() || !posted_->fits(full)) {
-      reduce_scatter_sum(shard, full);
-      if (divide_by != 1.0) shard.div_(divide_by);
-      return {};
+      return Collectives::reduce_scatter_sum_posted(shard, full, divide_by);  // in rounds, at once
     }
     const uint32_t number = posted_->post(shard, full, divide_by);
     return [posted = posted_.get(), number] { posted->complete_through(number); };
