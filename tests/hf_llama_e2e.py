@@ -8,8 +8,8 @@ within fp32 rounding:
 - a Qwen2 (biases on q, k and v).
 After training, --export-hf writes a folder that LlamaForCausalLM.from_pretrained loads with no
 missing or unexpected keys and whose logits equal gpt_train's. What the model cannot represent
-(another rope type, activation or attention bias, kv heads that do not divide the heads) fails
-with a message naming the key.
+(another rope type, activation or attention bias, kv heads that do not divide the heads, a --seq
+past a Mistral's sliding window) fails with a message naming the key.
 
     hf_llama_e2e.py BIN_DIR"""
 import json
@@ -176,6 +176,8 @@ def bad_inputs(single, data, tmp):
         ("attention bias", [folder("bias", attention_bias=True)], ["attention_bias"]),
         ("kv heads not dividing", [folder("kv", num_key_value_heads=3)],
          ["num_key_value_heads 3", "num_attention_heads 4"]),
+        ("--seq past a Mistral's sliding window", [folder("window", model_type="mistral", sliding_window=16)],
+         ["--seq 32 is longer than", "sliding_window 16", "--seq 16 or less"]),
         ("config says 4 layers, weights 3", [folder("four", num_hidden_layers=4)],
          ["has no tensor 'h.3.", "model.layers.3."]),
         ("--model gpt2 for a Llama", [single, "--model", "gpt2"], ["--model gpt2 contradicts", "--model llama"]),

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <set>
+#include <string>
+#include <utility>
 
 namespace gpt {
 
@@ -131,6 +133,24 @@ HfConfig HfConfig::read(const std::string& dir) {
   return c;
 }
 
+namespace {
+
+// The key that bounds the sequence a loaded model trains on, and what it is, for messages: a
+// Mistral's attention window when it is shorter than the context (gpt_train attends to every
+// earlier position, which is the window's attention only up to its length).
+std::pair<std::string, std::string> context_limit(const HfConfig& hf) {
+  if (!hf.model.is_llama()) return {"n_positions", "the model's context"};
+  const nlohmann::json& window = hf.json.value("sliding_window", nlohmann::json());
+  if (window.is_number_integer() && window.get<int64_t>() == hf.model.context() &&
+      hf.json.value("max_position_embeddings", nlohmann::json()) != window) {
+    return {"sliding_window", "its attention window: gpt_train's attention has none, so it trains on "
+                              "sequences within the window"};
+  }
+  return {"max_position_embeddings", "the model's context"};
+}
+
+}  // namespace
+
 void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSizes& given,
                      GPTConfig& model) {
   const std::string where = (fs::path(dir) / "config.json").string();
@@ -145,10 +165,9 @@ void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSize
   agree(given.dim, model.dim, "--dim", hf.model.dim, "n_embd", "hidden_size");
   agree(given.heads, model.heads, "--heads", hf.model.heads, "n_head", "num_attention_heads");
   agree(given.vocab, model.vocab_size, "--vocab", hf.model.vocab_size, "vocab_size", "vocab_size");
-  const char* context_key = llama ? "max_position_embeddings" : "n_positions";
   TORCH_CHECK(!given.seq || model.max_seq <= hf.model.context(), "--seq ", model.max_seq,
-              " is longer than ", where, "'s ", context_key, " ", hf.model.context(),
-              " (the model's context); pass --seq ", hf.model.context(), " or less");
+              " is longer than ", where, "'s ", context_limit(hf).first, " ", hf.model.context(), " (",
+              context_limit(hf).second, "); pass --seq ", hf.model.context(), " or less");
   const int64_t seq = given.seq ? model.max_seq : hf.model.context();
   model = hf.model;
   model.max_seq = seq;
