@@ -1,5 +1,6 @@
 // Decoupled collectives ([Note: decoupled collectives] in src/comm/shm_collectives.cpp) with real
-// ranks over real Gloo: a published shard is gathered by rank 0 before any peer takes part, a
+// ranks over real Gloo: a published shard's unsharded buffer is on the board (every rank's shard
+// in place, no copy) for rank 0 before any peer takes part, a
 // posted reduce-scatter returns before the peers post theirs and sums bitwise as the ring does,
 // and FSDP training through them is bitwise the training through the ring, also where the shards
 // change outside a step (an edit after an evaluation forward or after a forward without backward,
@@ -17,6 +18,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -52,6 +55,46 @@ size_t mapped_segments() {
   return n;
 }
 
+// Whether `p` lies in a mapping of a shared-memory collectives' segment (a board of published
+// shards among them).
+bool in_shared_segment(const void* p) {
+  std::ifstream maps("/proc/self/maps");
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find(std::string("/dev/shm/") + fsdp::kShmSegmentPrefix) == std::string::npos) continue;
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) == 2 && begin <= address && address < end) return true;
+  }
+  return false;
+}
+
+// A unit that notes where its weight's bytes are during its forward, and can fail there.
+struct WhereImpl : torch::nn::Module {
+  WhereImpl() { weight = register_parameter("weight", torch::randn({16, 16})); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    seen = weight.data_ptr();
+    TORCH_CHECK(!fail, "the unit's forward failed (on purpose)");
+    return x.matmul(weight);
+  }
+  torch::Tensor weight;
+  const void* seen = nullptr;
+  bool fail = false;
+};
+TORCH_MODULE(Where);
+
+struct WhereNetImpl : torch::nn::Module {
+  WhereNetImpl() {
+    inner = register_module("inner", Where());
+    head = register_module("head", torch::nn::Linear(16, 1));  // the root's
+    inner_unit = inner;
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return head(torch::tanh(inner_unit(x))); }
+  Where inner{nullptr};
+  torch::nn::Linear head{nullptr};
+  fsdp::Unit<Where> inner_unit;
+};
+TORCH_MODULE(WhereNet);
+
 // Shared-memory collectives over a group of the world's ranks with a short timeout (a rank that
 // waits where it should not fails fast), and the ring over the world as the reference.
 struct ShmAndRing {
@@ -73,6 +116,7 @@ TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
       {1, at::kFloat}, {37, at::kFloat}, {1001, at::kBFloat16}, {4099, at::kFloat},
       {fsdp::kPublishedUnitBytes / 4, at::kFloat}};
   const size_t too_large = kinds.size() - 1;
+  std::vector<void*> last(kinds.size(), nullptr);
   for (int generation = 0; generation < 3; ++generation) {  // both boards, then the first again
     std::vector<at::Tensor> shards, expected;
     for (size_t i = 0; i < kinds.size(); ++i) {
@@ -81,17 +125,22 @@ TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
       ring->all_gather(expected.back(), shards.back());
     }
     ASSERT_TRUE(shm->publish_shards(shards));
+    for (auto& shard : shards) shard.fill_(-1);  // the board holds copies: the shards may change now
     const std::string label = " (generation " + std::to_string(generation) + ")";
     rank0_first(*group, "published/" + std::to_string(generation), [&] {
       for (size_t i = 0; i < too_large; ++i) {
-        at::Tensor full = at::zeros_like(expected[i]);
-        shm->all_gather_published(full, shards[i], i);
-        expect_bitwise(expected[i], full, "published all_gather #" + std::to_string(i) + label);
+        void* board = shm->published_unsharded(i);
+        ASSERT_NE(board, nullptr) << "shard #" << i << " was not published" << label;
+        // The gather is the board itself, laid out as all_gather's output: no copy.
+        expect_bitwise(expected[i], at::from_blob(board, expected[i].sizes(), expected[i].options()),
+                       "published unsharded buffer #" + std::to_string(i) + label);
+        EXPECT_EQ(shm->published_unsharded(i), board) << "a second gather of #" << i << " moved" << label;
+        EXPECT_NE(board, last[i]) << "#" << i << " is where the last generation's is" << label;
+        last[i] = board;
       }
     });
-    at::Tensor full = at::zeros_like(expected[too_large]);
-    shm->all_gather_published(full, shards[too_large], too_large);
-    expect_bitwise(expected[too_large], full, "all_gather of the shard too large to publish" + label);
+    EXPECT_EQ(shm->published_unsharded(too_large), nullptr)
+        << "the shard too large to publish has an unsharded buffer on the board" << label;
   }
 }
 
@@ -205,6 +254,39 @@ TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
     expect_same_parameters(decoupled, ring, when);
     // A unit called alone, outside the root's forward, gathers the shards as they are now.
     expect_bitwise(ring->first_unit(x), decoupled->first_unit(x), "a unit called alone " + when);
+  }
+}
+
+// A published unit computes on the board's bytes (its gathers copy nothing), while the root, whose
+// unsharded parameters the program sees after forward, has a copy of its own; a unit left
+// unsharded by a failed forward is gathered again from the next publication, never computing on
+// a board the peers may be overwriting.
+TEST(DecoupledCollectives, PublishedUnitsComputeOnTheBoardAndTheRootOnItsOwnCopy) {
+  fsdp::ProcessGroup& world = *dist().world;
+  if (world.size() == 1) GTEST_SKIP() << "a group of one publishes nothing";
+  torch::manual_seed(3);
+  auto model = fsdp::fully_shard(WhereNet(), world);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  const torch::Tensor x = torch::randn({4, 16});
+  std::vector<const void*> boards;
+  for (int step = 0; step < 4; ++step) {
+    const std::string when = " in step " + std::to_string(step);
+    if (step == 2) {  // a forward that fails inside the unit, and the program goes on
+      model->inner->fail = true;
+      EXPECT_THROW(model(x), c10::Error);
+      model->inner->fail = false;
+      ASSERT_TRUE(in_shared_segment(model->inner->seen)) << "the failed forward's unit" << when;
+      boards.push_back(model->inner->seen);
+    }
+    opt.zero_grad();
+    torch::Tensor loss = model(x).square().mean();
+    EXPECT_TRUE(in_shared_segment(model->inner->seen)) << "the published unit computed on a copy" << when;
+    EXPECT_FALSE(in_shared_segment(model->head->weight.data_ptr()))
+        << "the root's unsharded parameters, which the program sees, are the board's" << when;
+    if (!boards.empty()) EXPECT_NE(model->inner->seen, boards.back()) << "the unit computed on the last publication's board" << when;
+    boards.push_back(model->inner->seen);
+    loss.backward();
+    opt.step();
   }
 }
 

@@ -4,6 +4,8 @@
 // CPU, the operations below run wherever they land.
 #include <fsdp/memory.h>
 
+#include "device/memory_counter.h"
+
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
@@ -44,6 +46,25 @@ class MemoryCounter : public ::testing::Test {
 
   int64_t base_ = 0;
 };
+
+// A tensor on borrowed bytes (a unit computing on a board of published shards) counts them while
+// its storage holds them, frees nothing of the owner's, and is no allocation.
+TEST_F(MemoryCounter, BorrowedBytesCountWhileATensorHoldsThem) {
+  std::vector<float> owner(1000, 2.0f);
+  const int64_t allocations = fsdp::memory_stats().allocations;
+  {
+    at::Storage storage(at::Storage::use_byte_size_t(), owner.size() * sizeof(float),
+                        fsdp::counted_borrow(owner.data(), owner.size() * sizeof(float), at::Device(at::kCPU)),
+                        /*allocator=*/nullptr, /*resizable=*/false);
+    const at::Tensor t = at::empty({0}).set_(storage, 0, {1000}, {1});
+    EXPECT_EQ(current(), 4000);
+    EXPECT_EQ(t.sum().item<float>(), 2000.0f);
+  }
+  EXPECT_EQ(current(), 0);
+  EXPECT_EQ(peak(), 4000 + 4);  // and the sum's scalar
+  EXPECT_EQ(fsdp::memory_stats().allocations - allocations, 1) << "the sum's output, not the borrow";
+  EXPECT_EQ(owner[999], 2.0f);
+}
 
 TEST_F(MemoryCounter, IsTheCpuAllocatorAndOffersTheRawInterface) {
   c10::Allocator* allocator = c10::GetAllocator(c10::kCPU);

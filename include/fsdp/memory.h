@@ -9,7 +9,8 @@
 
 namespace fsdp {
 
-/// Bytes of CPU tensor memory allocated through LibTorch since the counter was installed.
+/// Bytes of CPU tensor memory allocated through LibTorch since the counter was installed (and the
+/// shared-memory bytes units compute on while they do: a board of published shards).
 struct MemoryStats {
   int64_t current_bytes = 0;  ///< live now
   int64_t peak_bytes = 0;     ///< highest `current_bytes` since the last reset_peak_memory()

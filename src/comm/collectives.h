@@ -38,13 +38,15 @@ class Collectives {
   // the plain ones above. Like any collective, every rank calls them in the same order.
 
   /// A forward of the root starts: publishes this rank's `shards` (the same count, sizes and
-  /// dtypes on every rank) for all_gather_published until the next call; nothing may write
-  /// them meanwhile. False (on every rank) when this implementation publishes nothing.
+  /// dtypes on every rank) for published_unsharded until the next call, when nothing may point
+  /// into the previous publication any more. False (on every rank) when this implementation
+  /// publishes nothing.
   virtual bool publish_shards(const std::vector<at::Tensor>& shards) { return false; }
-  /// all_gather of published shard `index`, whose value on this rank is `shard`.
-  virtual void all_gather_published(const at::Tensor& full, const at::Tensor& shard, size_t index) {
-    all_gather(full, shard);
-  }
+  /// What all_gather of published shard `index` would write, already in place: every rank's
+  /// shard side by side (1-D, W·S) in memory the ranks share, once each peer has published it;
+  /// valid until the next publish_shards, and nobody may write it. nullptr where this
+  /// implementation keeps no such buffer for the shard (then all_gather it).
+  virtual void* published_unsharded(size_t index) { return nullptr; }
   /// reduce_scatter_sum that may finish later, then shard.div_(divide_by): `full` may be reused
   /// once it returns, and `shard` holds the quotient once the returned function has run (at once
   /// when it is empty).

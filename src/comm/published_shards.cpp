@@ -10,7 +10,6 @@ namespace fsdp {
 namespace {
 
 int64_t bytes_of_shard(const at::Tensor& shard) { return shard.numel() * shard.element_size(); }
-uint8_t* first_byte_of(const at::Tensor& t) { return static_cast<uint8_t*>(t.data_ptr()); }
 
 }  // namespace
 
@@ -18,45 +17,46 @@ std::unique_ptr<PublishedShards> PublishedShards::join(ProcessGroup& group,
                                                        const std::vector<at::Tensor>& shards,
                                                        std::string* why_not) {
   const int w = group.size();
-  std::vector<int64_t> offsets;
+  std::vector<int64_t> offsets, shard_bytes;
   int64_t board = 0;
   for (const at::Tensor& shard : shards) {
     const int64_t bytes = bytes_of_shard(shard);
     const bool admitted = shard.is_cpu() && shard.is_contiguous() && bytes * w <= kPublishedUnitBytes &&
                           board + bytes <= kPublishedBoardBytes;
     offsets.push_back(admitted ? board : -1);
-    if (admitted) board += (bytes + 63) / 64 * 64;  // each shard on cache lines of its own
+    shard_bytes.push_back(bytes);
+    // Each unsharded buffer on cache lines of its own (W times a multiple of 64 bytes).
+    if (admitted) board += (bytes + 63) / 64 * 64;
   }
   if (board == 0) return nullptr;  // nothing to publish: not a failure
+  // A board of W·board bytes per generation: W slots' worth of each of the two regions.
   auto segment = ShmSegment::join(group, static_cast<size_t>(board), why_not, /*slots_per_rank=*/2);
   if (!segment) return nullptr;
-  return std::unique_ptr<PublishedShards>(new PublishedShards(std::move(segment), std::move(offsets), board));
+  return std::unique_ptr<PublishedShards>(
+      new PublishedShards(std::move(segment), std::move(offsets), std::move(shard_bytes), board));
 }
 
 void PublishedShards::publish(const std::vector<at::Tensor>& shards) {
   TORCH_INTERNAL_ASSERT(shards.size() == offsets_.size(), "publish: the shards differ from the board's");
-  if (published_) segment_->end_round();  // this rank reads the previous generation no more
-  uint8_t* board = segment_->begin_write("publishing shards");
+  if (published_) segment_->end_round();  // this rank uses the current generation no more
+  segment_->begin_write("publishing shards");  // nor does any peer the one before it
+  const int w = segment_->group().size(), r = segment_->group().rank();
+  uint8_t* next = board();
   for (size_t i = 0; i < shards.size(); ++i) {
-    if (offsets_[i] >= 0) copy_bytes(board + offsets_[i], shards[i].data_ptr(), bytes_of_shard(shards[i]));
+    if (offsets_[i] >= 0) copy_bytes(next + w * offsets_[i] + r * shard_bytes_[i], shards[i].data_ptr(), shard_bytes_[i]);
   }
   segment_->publish();
   published_ = true;
 }
 
-void PublishedShards::all_gather(const at::Tensor& full, const at::Tensor& shard, size_t index) {
-  TORCH_INTERNAL_ASSERT(published_ && holds(index), "all_gather of a shard not on the board");
+uint8_t* PublishedShards::unsharded(size_t index) {
+  TORCH_INTERNAL_ASSERT(published_ && holds(index), "unsharded: a shard not on the board");
   const ProcessGroup& group = segment_->group();
   const int w = group.size(), r = group.rank();
-  const int64_t bytes = bytes_of_shard(shard);
-  uint8_t* out = first_byte_of(full);
-  if (first_byte_of(shard) != out + r * bytes) copy_bytes(out + r * bytes, shard.data_ptr(), bytes);
-  for (int k = 1; k < w; ++k) {
-    const int peer = (r + k) % w;
-    copy_bytes(out + peer * bytes, segment_->wait_published(peer, "all_gather (published shards)") + offsets_[index],
-               bytes);
-  }
-  count_sent_bytes(CollectiveKind::AllGather, (w - 1) * bytes);
+  for (int k = 1; k < w; ++k) segment_->wait_published((r + k) % w, "all_gather (published shards)");
+  // What the gather it replaces would have sent.
+  count_sent_bytes(CollectiveKind::AllGather, (w - 1) * shard_bytes_[index]);
+  return board() + w * offsets_[index];
 }
 
 }  // namespace fsdp

@@ -24,15 +24,21 @@ namespace fsdp {
 // "The deep configuration"). So the small units' collectives do not make the ranks meet:
 //  - All-gathers read published shards (published_shards.h). A shard changes only between a
 //    backward and the next forward (the optimizer, a load, an edit), so when the root's forward
-//    starts each rank copies its small units' shards (kPublishedUnitBytes) into a board of its
-//    own, and the gathers of that forward and its backward (prefetches, re-gathers,
-//    recomputation) copy the peers' shards from their boards, waiting only until each peer has
-//    published this generation: once per forward. Two boards alternate; a rank writes
-//    generation g + 1 once every peer has published g, i.e. reads g - 1 no more. The model
-//    (FsdpState) gathers from the boards only inside the root's forward and inside a backward,
-//    and only while no between-steps entry point (a state dict, a checkpoint, summoning) has run
-//    since the publication and no backward has ended (the optimizer steps next); a unit gathered
-//    outside (called alone) gathers in rounds.
+//    starts each rank copies its small units' shards (kPublishedUnitBytes) to their places on a
+//    board laid out as those units' unsharded buffers, every rank writing its own shard's place,
+//    and the gathers of that forward and its backward (prefetches, re-gathers, recomputation)
+//    point the unit's unsharded buffer at its place on the board (FlatParam::borrow_full):
+//    nothing is copied or allocated, and a gather waits only until each peer has published this
+//    generation: once per forward. Units whose unsharded parameters the program sees between
+//    passes (the root, units kept unsharded after forward) copy from the board instead, so that
+//    an in-place edit of them stays this rank's, as after any all-gather. Two boards alternate;
+//    a rank writes generation g + 1 once every peer has published g, i.e. uses g - 1 no more:
+//    when the root's forward starts, a unit still borrowing from a board (left unsharded by a
+//    forward that failed) is resharded before the publication. The model (FsdpState) gathers from
+//    the boards only inside the root's forward and inside a backward, and only while no
+//    between-steps entry point (a state dict, a checkpoint, summoning) has run since the
+//    publication and no backward has ended (the optimizer steps next); a unit gathered outside
+//    (called alone) gathers in rounds.
 //    A shard edited by hand between a forward and its backward is read in its published form by
 //    the peers (as FSDP2, which does not support such edits either); an optimizer stepping in
 //    backward steps a unit after its last gather of the pass, so that never matters.
@@ -152,9 +158,8 @@ class ShmCollectives final : public Collectives {
     return true;
   }
 
-  void all_gather_published(const at::Tensor& full, const at::Tensor& shard, size_t index) override {
-    if (published_ && published_->holds(index)) return published_->all_gather(full, shard, index);
-    all_gather(full, shard);
+  void* published_unsharded(size_t index) override {
+    return published_ && published_->holds(index) ? published_->unsharded(index) : nullptr;
   }
 
   std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full,

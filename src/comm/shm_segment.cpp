@@ -290,6 +290,10 @@ uint8_t* ShmSegment::slot(int rank, int index) const {
          (static_cast<size_t>(slots_) * rank + index) * slot_bytes_;
 }
 
+uint8_t* ShmSegment::region(int index) const {
+  return base_ + slots_offset(group_.size()) + static_cast<size_t>(index) * group_.size() * slot_bytes_;
+}
+
 void ShmSegment::announce_this_rank() {
   control(group_.rank()).pid_namespace.store(this_pid_namespace());
   control(group_.rank()).pid.store(getpid());

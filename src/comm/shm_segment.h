@@ -55,6 +55,11 @@ class ShmSegment {
   /// Rounds this rank has ended.
   uint32_t round() const { return round_; }
 
+  /// For a protocol in rounds whose ranks write one buffer together rather than a slot each
+  /// (published_shards.h): the slot area seen as slots_per_rank regions of W slots' bytes;
+  /// round n writes region n % K. Don't mix with slot().
+  uint8_t* region(int index) const;
+
   // The counters and slots themselves, for a protocol that is not in rounds (don't mix the two).
   uint8_t* slot(int rank, int index) const;
   /// Tells the peers that this rank has written `count` items.

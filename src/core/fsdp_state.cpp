@@ -89,8 +89,11 @@ void FsdpState::set_window(bool open) {
 
 void FsdpState::publish_shards() {
   std::vector<at::Tensor> shards;
+  for (auto& unit : units_) unit->reshard_borrowed();  // the peers overwrite what they borrow
   for (auto& unit : units_) {
+    const bool pass_only = !unit->is_root() && options_.unit_reshards_after_forward(unit->name());
     for (FlatGroup& g : unit->flats()) {
+      g.borrows_published = pass_only;
       g.published_index = publishable(g.flat) ? static_cast<int>(shards.size()) : -1;
       if (g.published_index >= 0) shards.push_back(g.flat.shard());
     }

@@ -2,6 +2,7 @@
 
 #include "device/device.h"
 #include "core/rate_limiter.h"
+#include "util/copy_bytes.h"
 #include "util/trace.h"
 
 #include <ATen/ATen.h>
@@ -143,6 +144,7 @@ void ParamGroup::issue_all_gather(FlatGroup& g) {
     g.sharded_state = ShardedState::Unsharded;
     return;
   }
+  if (gather_published(g)) return;
   g.flat.allocate_full();
   g.sharded_state = ShardedState::Unsharding;
   if (!g.flat.sharded() && !g.flat.offloaded()) {
@@ -154,15 +156,34 @@ void ParamGroup::issue_all_gather(FlatGroup& g) {
     g.all_gather = CommHandle();
     return;
   }
-  // Decided here, on the caller's thread, in the same order on every rank.
-  const int published = env_.shards_published ? g.published_index : -1;
   g.all_gather = env_.device.submit(
       CommLane::AllGather,
-      [this, &g, published] {
+      [this, &g] {
         TraceSpan trace("all_gather", label_, TraceLane::Communication);
-        gather_unit(g.flat, env_.shard_group, published);
+        gather_unit(g.flat, env_.shard_group);
       },
       g.flat.full().nbytes());
+}
+
+// A published unit's unsharded buffer is on the board already ([Note: decoupled collectives]),
+// where every rank's unit reads it. A unit whose parameters only the pass sees (resharded after
+// its forward and its backward) computes on the board's bytes; one whose unsharded parameters
+// the program sees between passes (the root, a unit kept unsharded after forward) gets a copy of
+// its own, so that an in-place edit of them stays this rank's, as with any all-gather.
+bool ParamGroup::gather_published(FlatGroup& g) {
+  if (!env_.shards_published || g.published_index < 0) return false;
+  TraceSpan trace("all_gather", label_, TraceLane::Communication);
+  void* board = env_.shard_group.published_unsharded(static_cast<size_t>(g.published_index));
+  if (board == nullptr) return false;
+  if (g.borrows_published) {
+    g.flat.borrow_full(board);
+  } else {
+    g.flat.allocate_full();
+    copy_bytes(g.flat.full().data_ptr(), board, g.flat.full().nbytes());
+  }
+  g.sharded_state = ShardedState::Unsharding;
+  g.all_gather = CommHandle();
+  return true;
 }
 
 void ParamGroup::wait_unshard() {
@@ -191,6 +212,12 @@ void ParamGroup::reshard(FlatGroup& g) {
   g.flat.free_full();
   g.sharded_state = ShardedState::Sharded;
   release_slot_if_sharded();
+}
+
+void ParamGroup::reshard_borrowed() {
+  for (FlatGroup& g : flats_) {
+    if (g.flat.full_borrowed() && g.backward_state == BackwardState::Idle) reshard(g);
+  }
 }
 
 void ParamGroup::release_slot_if_sharded() {

@@ -69,6 +69,7 @@ struct FlatGroup {
   bool accumulate_into_shard = false;  // the optimizer kept the previous gradient: add to it
   bool full_grad_kept = false;         // no_sync: the unsharded gradient survives to the next backward
   int published_index = -1;            // its shard's index among the model's published ones
+  bool borrows_published = false;      // gathers by borrowing the board's bytes, not copying them
 
   bool trainable() const { return flat.requires_grad(); }
 };
@@ -118,6 +119,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Between steps: reshards the unit if a forward left it unsharded for a backward that has not
   /// started ([Note: resharding between steps]). False if its backward is under way.
   bool reshard_unless_in_backward();
+  /// The shards are published again: reshards the flat groups whose unsharded buffers are
+  /// borrowed from the last publication (a forward that failed left them unsharded), which the
+  /// peers will overwrite. A backward that comes later gathers them again.
+  void reshard_borrowed();
 
   const std::string& name() const { return name_; }
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
@@ -136,6 +141,9 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Whether any flat group needs a separate unsharded buffer (FlatParam::needs_unshard).
   bool needs_unshard() const;
   void issue_all_gather(FlatGroup& g);
+  /// `g`'s all-gather from the publication's board, when it is on it and the shards are
+  /// published for this pass: borrowed or copied (borrows_published). False: it must be gathered.
+  bool gather_published(FlatGroup& g);
   void reshard_all();
   void reshard(FlatGroup& g);
   /// Gives the limiter slot back once no flat group is unsharded.

@@ -31,15 +31,11 @@ bool publishable(const FlatParam& flat) {
   return flat.sharded() && !flat.mixed_precision() && !flat.offloaded() && flat.shard().is_cpu();
 }
 
-void gather_unit(FlatParam& flat, Collectives& shard_group, int published) {
+void gather_unit(FlatParam& flat, Collectives& shard_group) {
   if (publishable(flat)) {
     // On the host, in one dtype, the collective copies the shard into its place itself (a
     // memcpy): no view of the unsharded buffer nor ATen copy per unit.
-    if (published >= 0) {
-      shard_group.all_gather_published(flat.full(), flat.shard(), static_cast<size_t>(published));
-    } else {
-      shard_group.all_gather(flat.full(), flat.shard());
-    }
+    shard_group.all_gather(flat.full(), flat.shard());
     return;
   }
   at::Tensor local = flat.shard_in_full();

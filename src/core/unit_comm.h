@@ -42,12 +42,12 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
                           bool full_precision, bool accumulate);
 
 /// flat.full() <- every rank's shard, cast to the compute dtype on the way in (mixed precision
-/// then all-gathers compute-dtype bytes). `published`: the shard's index among those published
-/// for this pass (Collectives::publish_shards), or -1.
-void gather_unit(FlatParam& flat, Collectives& shard_group, int published = -1);
+/// then all-gathers compute-dtype bytes).
+void gather_unit(FlatParam& flat, Collectives& shard_group);
 
-/// Whether a unit's shard can be published (Collectives::publish_shards): gather_unit then
-/// all-gathers the shard as it is, on the host.
+/// Whether a unit's shard can be published (Collectives::publish_shards): its unsharded buffer
+/// is then the shards as they are, side by side on the host, and can be borrowed
+/// (FlatParam::borrow_full).
 bool publishable(const FlatParam& flat);
 
 /// flat.grad_shard() <- (+=) the mean over the world of the unsharded gradients: reduce-scattered

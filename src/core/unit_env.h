@@ -18,7 +18,7 @@ struct UnitEnv {
   RateLimiter& limiter;
   ReduceSettings reduce;
   /// The model's shards are published for the pass under way (Collectives::publish_shards):
-  /// units gather theirs with all_gather_published.
+  /// units borrow their unsharded buffers from the publication (published_unsharded).
   const bool& shards_published;
 };
 

@@ -1,5 +1,6 @@
 // A c10::Allocator that wraps LibTorch's default CPU allocator and counts every byte it hands
 // out and gets back: exact tensor memory per rank, for tests, benchmarks and the training log.
+// Bytes a tensor borrows from shared memory (counted_borrow) count while it holds them.
 //
 // [Note: the allocator contract]
 // ATen and oneDNN use the whole c10::Allocator interface, not only allocate(): oneDNN takes its
@@ -10,6 +11,8 @@
 // from the wrapped allocator's own raw interface. kHeader is the CPU alignment, so the data
 // keeps the alignment the wrapped allocator gives. Zero-byte allocations are a null pointer
 // (as in the default allocator), and the deleter ignores null.
+#include "device/memory_counter.h"
+
 #include <fsdp/memory.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -17,6 +20,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 
@@ -32,13 +36,19 @@ std::atomic<int64_t> peak_bytes{0};
 std::atomic<int64_t> allocation_count{0};
 c10::Allocator* wrapped = nullptr;  // the allocator whose raw interface gives the memory
 
-void count(int64_t nbytes) {
-  allocation_count.fetch_add(1, std::memory_order_relaxed);
+void add_live_bytes(int64_t nbytes) {
   const int64_t now = current_bytes.fetch_add(nbytes) + nbytes;
   int64_t peak = peak_bytes.load();
   while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
   }
 }
+
+void count(int64_t nbytes) {
+  allocation_count.fetch_add(1, std::memory_order_relaxed);
+  add_live_bytes(nbytes);
+}
+
+void end_borrow(void* nbytes) { current_bytes.fetch_sub(static_cast<int64_t>(reinterpret_cast<uintptr_t>(nbytes))); }
 
 void release(void* data) {
   if (data == nullptr) return;
@@ -86,6 +96,13 @@ void install_memory_counter() {
 }
 
 bool memory_counter_installed() { return wrapped != nullptr; }
+
+c10::DataPtr counted_borrow(void* bytes, size_t nbytes, c10::Device device) {
+  if (!memory_counter_installed() || nbytes == 0) return c10::DataPtr(bytes, device);
+  add_live_bytes(static_cast<int64_t>(nbytes));
+  // The context is the byte count itself: end_borrow takes it back when the storage drops it.
+  return c10::DataPtr(bytes, reinterpret_cast<void*>(static_cast<uintptr_t>(nbytes)), &end_borrow, device);
+}
 
 MemoryStats memory_stats() {
   MemoryStats stats;
