@@ -283,7 +283,9 @@ TEST(DecoupledCollectives, PublishedUnitsComputeOnTheBoardAndTheRootOnItsOwnCopy
     EXPECT_TRUE(in_shared_segment(model->inner->seen)) << "the published unit computed on a copy" << when;
     EXPECT_FALSE(in_shared_segment(model->head->weight.data_ptr()))
         << "the root's unsharded parameters, which the program sees, are the board's" << when;
-    if (!boards.empty()) EXPECT_NE(model->inner->seen, boards.back()) << "the unit computed on the last publication's board" << when;
+    if (!boards.empty()) {
+      EXPECT_NE(model->inner->seen, boards.back()) << "the unit computed on the last publication's board" << when;
+    }
     boards.push_back(model->inner->seen);
     loss.backward();
     opt.step();
