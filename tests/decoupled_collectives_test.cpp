@@ -23,6 +23,8 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace fsdp_test {
 namespace {
@@ -46,24 +48,26 @@ void rank0_first(fsdp::ProcessGroup& group, const std::string& key, const std::f
   }
 }
 
-size_t mapped_segments() {
+// The address ranges this process maps of shared-memory collectives' segments (boards of
+// published shards among them), from /proc/self/maps.
+std::vector<std::pair<uintptr_t, uintptr_t>> segment_mappings() {
   std::ifstream maps("/proc/self/maps");
-  size_t n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    n += line.find(std::string("/dev/shm/") + fsdp::kShmSegmentPrefix) != std::string::npos;
-  }
-  return n;
-}
-
-// Whether `p` lies in a mapping of a shared-memory collectives' segment (a board of published
-// shards among them).
-bool in_shared_segment(const void* p) {
-  std::ifstream maps("/proc/self/maps");
-  const auto address = reinterpret_cast<uintptr_t>(p);
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges;
   for (std::string line; std::getline(maps, line);) {
     if (line.find(std::string("/dev/shm/") + fsdp::kShmSegmentPrefix) == std::string::npos) continue;
     uintptr_t begin = 0, end = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) == 2 && begin <= address && address < end) return true;
+    if (std::sscanf(line.c_str(), "%lx-%lx", &begin, &end) == 2) ranges.emplace_back(begin, end);
+  }
+  return ranges;
+}
+
+size_t mapped_segments() { return segment_mappings().size(); }
+
+// Whether `p` lies in a mapping of a shared-memory collectives' segment.
+bool in_shared_segment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  for (const auto& [begin, end] : segment_mappings()) {
+    if (begin <= address && address < end) return true;
   }
   return false;
 }

@@ -165,9 +165,10 @@ void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSize
   agree(given.dim, model.dim, "--dim", hf.model.dim, "n_embd", "hidden_size");
   agree(given.heads, model.heads, "--heads", hf.model.heads, "n_head", "num_attention_heads");
   agree(given.vocab, model.vocab_size, "--vocab", hf.model.vocab_size, "vocab_size", "vocab_size");
+  const auto [limit_key, limit_meaning] = context_limit(hf);
   TORCH_CHECK(!given.seq || model.max_seq <= hf.model.context(), "--seq ", model.max_seq,
-              " is longer than ", where, "'s ", context_limit(hf).first, " ", hf.model.context(), " (",
-              context_limit(hf).second, "); pass --seq ", hf.model.context(), " or less");
+              " is longer than ", where, "'s ", limit_key, " ", hf.model.context(), " (", limit_meaning,
+              "); pass --seq ", hf.model.context(), " or less");
   const int64_t seq = given.seq ? model.max_seq : hf.model.context();
   model = hf.model;
   model.max_seq = seq;
