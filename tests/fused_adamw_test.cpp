@@ -110,6 +110,40 @@ TEST(FusedAdamW, ContinuesFromAStepSetByACheckpoint) {
   }
 }
 
+// Parameters at different step counts in one step (one restored from a checkpoint at step 10,
+// the others at step 1) each get their own count's bias correction, although the optimizer
+// keeps one step tensor per count rather than one per parameter.
+TEST(FusedAdamW, ParametersAtDifferentStepsEachUseTheirOwnCount) {
+  Model a(1), b(1);
+  fsdp::optim::AdamW fused(groups(a, false), AdamWOptions(3e-2));
+  torch::optim::AdamW reference(groups(b, false), AdamWOptions(3e-2));
+  torch::manual_seed(5);
+  const auto set_grads = [&] {
+    for (size_t i = 0; i < a.all().size(); ++i) {
+      const auto grad = torch::randn(a.all()[i].sizes());
+      a.all()[i].mutable_grad() = grad.clone();
+      b.all()[i].mutable_grad() = grad.clone();
+    }
+  };
+  set_grads();
+  fused.step();
+  reference.step();
+  for (auto* optimizer : {static_cast<torch::optim::AdamW*>(&fused), &reference}) {
+    // The second of its group: one kernel call steps it with a parameter at step 1.
+    const torch::Tensor restored = optimizer == &reference ? b.all()[2] : a.all()[2];
+    static_cast<AdamWParamState&>(*optimizer->state().at(restored.unsafeGetTensorImpl())).step(10);
+  }
+  for (int step = 2; step <= 4; ++step) {
+    set_grads();
+    fused.step();
+    reference.step();
+    for (size_t i = 0; i < a.all().size(); ++i) {
+      EXPECT_EQ(state(fused, a.all()[i]).step(), i == 2 ? step + 9 : step);
+      expect_close(a.all()[i], b.all()[i], "parameter", step);
+    }
+  }
+}
+
 // ShardedGradScaler's path (StepsScaledGradients): step_scaled(s) on gradients multiplied by s
 // steps as step() on the gradients themselves, and leaves the gradients divided. s = 3 is not a
 // power of two, so the two agree to rounding rather than bitwise.

@@ -23,6 +23,8 @@
 #include <torch/optim/adamw.h>
 
 #include <functional>
+#include <mutex>
+#include <thread>
 #include <map>
 #include <memory>
 #include <string>
@@ -70,15 +72,23 @@ class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
   // Every parameter with a gradient that step_parameters has not stepped.
   void step_remaining(double scale);
 
-  struct DeviceStep {
-    int64_t step = -1;  // the count `tensor` holds
-    at::Tensor tensor;  // [1] float on the parameter's device
+  // [Note: step counts shared by count]
+  // The kernel reads each parameter's step count from a one-element float tensor on its device.
+  // Parameters stepped together share a count, so they share one tensor holding it: one is made
+  // per count, device and thread (a thread's steps run on its own CUDA stream), instead of a
+  // tensor per parameter advanced by _foreach_add_, whose CPU path dispatches an add per tensor
+  // (on a model of 48 small blocks, 576 adds were 55 % of the optimizer's step). The kernel only
+  // reads them, and a checkpoint that moves AdamWParamState::step() is simply another count.
+  struct StepTensor {
+    std::thread::id thread;
+    c10::Device device;
+    int64_t count;
+    at::Tensor tensor;  // [1] float holding `count`
   };
-  // The step count of `param` on its device, equal to `count` (refilled when a checkpoint load or
-  // another optimizer moved AdamWParamState::step()).
-  const at::Tensor& device_step(const at::Tensor& param, int64_t count);
+  at::Tensor step_tensor(c10::Device device, int64_t count);
+  std::vector<StepTensor> step_tensors_;  // the counts in use, newest last
+  std::mutex step_tensors_mutex_;         // step() and the queued steps' thread
 
-  std::unordered_map<void*, DeviceStep> device_steps_;
   std::unordered_set<void*> stepped_;     // by step_parameters since the last step()
   std::shared_ptr<WorkerThread> worker_;  // runs the queued steps in order (shared_ptr: the type is incomplete here)
   std::shared_ptr<QueuedTask> last_queued_;

@@ -32,17 +32,18 @@ AdamWParamState& state_of(torch::optim::AdamW& optimizer, const at::Tensor& p, b
 
 }  // namespace
 
-const at::Tensor& AdamW::device_step(const at::Tensor& param, int64_t count) {
-  DeviceStep& entry = device_steps_[param.unsafeGetTensorImpl()];
-  if (!entry.tensor.defined() || entry.tensor.device() != param.device()) {
-    entry.tensor = at::empty({1}, param.options().dtype(at::kFloat));
-    entry.step = -1;
+// [Note: step counts shared by count] in fused_adamw.h
+at::Tensor AdamW::step_tensor(c10::Device device, int64_t count) {
+  constexpr size_t kKept = 8;  // counts in use at once: one per step, a few after a partial load
+  const std::thread::id thread = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lock(step_tensors_mutex_);
+  for (const StepTensor& s : step_tensors_) {
+    if (s.count == count && s.device == device && s.thread == thread) return s.tensor;
   }
-  if (entry.step != count - 1) {
-    entry.tensor.fill_(static_cast<double>(count - 1));  // the kernel's caller adds the 1 below
-  }
-  entry.step = count;
-  return entry.tensor;
+  if (step_tensors_.size() >= kKept) step_tensors_.erase(step_tensors_.begin());
+  at::Tensor tensor = at::full({1}, static_cast<double>(count), at::TensorOptions(at::kFloat).device(device));
+  step_tensors_.push_back(StepTensor{thread, device, count, tensor});
+  return tensor;
 }
 
 // Adds (param, grad) to the fused batch of its device and dtype, creating and counting its state.
@@ -57,13 +58,12 @@ void AdamW::add_to_batches(std::map<std::string, FusedBatch>& batches, const at:
   batch.exp_avgs.push_back(state.exp_avg());
   batch.exp_avg_sqs.push_back(state.exp_avg_sq());
   if (amsgrad) batch.max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
-  batch.steps.push_back(device_step(p, state.step()));
+  batch.steps.push_back(step_tensor(p.device(), state.step()));
 }
 
 void AdamW::run_batches(std::map<std::string, FusedBatch>& batches, const AdamWOptions& options,
                         double scale) {
   for (auto& [key, batch] : batches) {
-    at::_foreach_add_(batch.steps, 1);  // as PyTorch's fused AdamW: the kernel reads step + 1
     const auto [beta1, beta2] = options.betas();
     at::_fused_adamw_(batch.params, batch.grads, batch.exp_avgs, batch.exp_avg_sqs,
                       batch.max_exp_avg_sqs, batch.steps, options.lr(), beta1, beta2,
