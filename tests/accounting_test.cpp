@@ -235,6 +235,61 @@ TEST(Accounting, GradientShardsAreFreedWhenTheOptimizerClearsTheGradients) {
   }
 }
 
+// [Note: gradient views made once]: after zero_grad (set_to_none) the next backward hands the
+// same gradient tensors out again, refilled; a gradient the program kept keeps its values, and
+// its parameter gets a new tensor. Weak references watch the tensors without holding them (a
+// freed TensorImpl's address could come back otherwise).
+TEST(Accounting, GradientTensorsAreHandedOutAgainUnlessTheProgramKeptOne) {
+  const auto config = small_gpt();
+  test_corpus();
+  auto gpt_model = gpt::make_gpt(config, 5);
+  auto optimizer = gpt::make_optimizer(gpt_model, 1e-3, 0.1, /*fused=*/true);
+  auto model = fsdp::fully_shard(gpt_model, *dist().world);
+  auto [x, y] = local_batch(4, 2, config.max_seq);
+  const auto train_step = [&] {
+    optimizer->zero_grad();
+    gpt::lm_loss(model(x), y).backward();
+    optimizer->step();
+  };
+  const auto params = model->parameters();
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl>;
+  const auto watch = [&] {
+    std::vector<WeakImpl> grads;
+    for (const auto& p : params) grads.emplace_back(p.grad().getIntrusivePtr());
+    return grads;
+  };
+  const auto same = [](const WeakImpl& before, const at::Tensor& now) {
+    return !before.expired() && before._unsafe_get_target() == now.unsafeGetTensorImpl();
+  };
+  train_step();
+  const auto first = watch();
+  train_step();
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(same(first[i], params[i].grad())) << i;
+
+  size_t k = 0;  // a parameter with elements in this rank's shard
+  while (params[k].numel() == 0) ++k;
+  const at::Tensor kept = params[k].grad();
+  const at::Tensor kept_values = kept.clone();
+  const auto second = watch();
+  train_step();
+  EXPECT_TRUE(torch::equal(kept, kept_values)) << "a gradient the program kept was overwritten";
+  EXPECT_FALSE(same(second[k], params[k].grad()));
+  EXPECT_FALSE(torch::equal(params[k].grad(), kept_values));  // the new step's gradient
+  size_t handed_out_again = 0;
+  for (size_t i = 0; i < params.size(); ++i) handed_out_again += same(second[i], params[i].grad());
+  EXPECT_GT(handed_out_again, params.size() / 2);  // the other units' gradients
+
+  // A tensor sharing a gradient's storage only (detach() holds no reference to the gradient
+  // tensor itself) keeps its values too.
+  size_t v = params.size() - 1;
+  while (params[v].numel() == 0) --v;
+  const at::Tensor kept_view = params[v].grad().detach();
+  const at::Tensor view_values = kept_view.clone();
+  train_step();
+  EXPECT_TRUE(torch::equal(kept_view, view_values)) << "a view the program kept was overwritten";
+  EXPECT_FALSE(torch::equal(params[v].grad(), view_values));
+}
+
 // Gradients the optimizer never cleared are added to, across steps, with no_sync in between:
 // the no_sync backward clears the parameters' gradients while its sum waits unsharded, and the
 // forward after it must not take that for zero_grad (the shard still holds the earlier sum).

@@ -186,6 +186,8 @@ class FlatParam {
   /// Each entry's view of `buffer`: its piece of a shard-like buffer (`in_shard`), else its
   /// whole shape in a buffer laid out like the unsharded one.
   std::vector<at::Tensor> param_views(const at::Tensor& buffer, bool in_shard) const;
+  /// Whether grad_shard_, its storage and grad_views_ are referenced from nowhere else.
+  bool grad_views_only_ours() const;
 
   std::vector<FlatEntry> entries_;
   int rank_;
@@ -199,6 +201,8 @@ class FlatParam {
   at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward
   at::Tensor grad_shard_;  // 1-D [S], reduced gradient of this rank's shard
+  bool grad_shard_released_ = false;   // its bytes released in place (grad_shard() refills them)
+  std::vector<at::Tensor> grad_views_;  // per entry, its gradient in grad_shard_: [Note: gradient views made once]
   // Per entry, what the parameter points at unsharded (in full_) and sharded (in shard_), made
   // once: the buffers keep their storage objects (refill_storage swaps only the bytes), so the
   // views stay valid, and resharding costs no narrow and view per parameter (with many small
