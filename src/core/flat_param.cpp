@@ -320,6 +320,10 @@ std::vector<size_t> FlatParam::refresh_grad_accumulators() {
   for (size_t i = 0; i < entries_.size(); ++i) {
     FlatEntry& e = entries_[i];
     if (!e.param.requires_grad()) continue;
+    // Autograd drops a leaf's accumulator only when set_data changes its dtype or device: with
+    // neither mixed precision nor offload, re-pointing keeps both, so a known accumulator stays
+    // (looking it up takes a lock per parameter and unshard).
+    if (e.grad_accumulator && !mixed_precision() && !offloaded()) continue;
     auto accumulator = torch::autograd::impl::grad_accumulator(e.param);
     if (accumulator == e.grad_accumulator) continue;
     e.grad_accumulator = std::move(accumulator);
