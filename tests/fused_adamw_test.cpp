@@ -75,6 +75,18 @@ void run_against_libtorch(bool amsgrad) {
   EXPECT_GT((a.flat - Model(1).flat).abs().max().item<double>(), 0.5);
 }
 
+// One step of each optimizer on the same random gradients.
+void step_both_with_the_same_grads(const Model& a, torch::optim::AdamW& fused, const Model& b,
+                                   torch::optim::AdamW& reference) {
+  for (size_t i = 0; i < a.all().size(); ++i) {
+    const auto grad = torch::randn(a.all()[i].sizes());
+    a.all()[i].mutable_grad() = grad.clone();
+    b.all()[i].mutable_grad() = grad.clone();
+  }
+  fused.step();
+  reference.step();
+}
+
 }  // namespace
 
 TEST(FusedAdamW, FiftyStepsMatchLibTorchsAdamW) { run_against_libtorch(/*amsgrad=*/false); }
@@ -88,22 +100,11 @@ TEST(FusedAdamW, ContinuesFromAStepSetByACheckpoint) {
   fsdp::optim::AdamW fused(groups(a, false), AdamWOptions(3e-2));
   torch::optim::AdamW reference(groups(b, false), AdamWOptions(3e-2));
   torch::manual_seed(3);
-  const auto set_grads = [&] {
-    for (size_t i = 0; i < a.all().size(); ++i) {
-      const auto grad = torch::randn(a.all()[i].sizes());
-      a.all()[i].mutable_grad() = grad.clone();
-      b.all()[i].mutable_grad() = grad.clone();
-    }
-  };
-  set_grads();
-  fused.step();
-  reference.step();
+  step_both_with_the_same_grads(a, fused, b, reference);
   for (auto* optimizer : {static_cast<torch::optim::AdamW*>(&fused), &reference}) {
     for (auto& [key, s] : optimizer->state()) static_cast<AdamWParamState&>(*s).step(10);
   }
-  set_grads();
-  fused.step();
-  reference.step();
+  step_both_with_the_same_grads(a, fused, b, reference);
   for (size_t i = 0; i < a.all().size(); ++i) {
     EXPECT_EQ(state(fused, a.all()[i]).step(), 11);
     expect_close(a.all()[i], b.all()[i], "parameter", 11);
@@ -118,25 +119,14 @@ TEST(FusedAdamW, ParametersAtDifferentStepsEachUseTheirOwnCount) {
   fsdp::optim::AdamW fused(groups(a, false), AdamWOptions(3e-2));
   torch::optim::AdamW reference(groups(b, false), AdamWOptions(3e-2));
   torch::manual_seed(5);
-  const auto set_grads = [&] {
-    for (size_t i = 0; i < a.all().size(); ++i) {
-      const auto grad = torch::randn(a.all()[i].sizes());
-      a.all()[i].mutable_grad() = grad.clone();
-      b.all()[i].mutable_grad() = grad.clone();
-    }
-  };
-  set_grads();
-  fused.step();
-  reference.step();
+  step_both_with_the_same_grads(a, fused, b, reference);
   for (auto* optimizer : {static_cast<torch::optim::AdamW*>(&fused), &reference}) {
     // The second of its group: one kernel call steps it with a parameter at step 1.
     const torch::Tensor restored = optimizer == &reference ? b.all()[2] : a.all()[2];
     static_cast<AdamWParamState&>(*optimizer->state().at(restored.unsafeGetTensorImpl())).step(10);
   }
   for (int step = 2; step <= 4; ++step) {
-    set_grads();
-    fused.step();
-    reference.step();
+    step_both_with_the_same_grads(a, fused, b, reference);
     for (size_t i = 0; i < a.all().size(); ++i) {
       EXPECT_EQ(state(fused, a.all()[i]).step(), i == 2 ? step + 9 : step);
       expect_close(a.all()[i], b.all()[i], "parameter", step);
