@@ -87,6 +87,19 @@ void step_both_with_the_same_grads(const Model& a, torch::optim::AdamW& fused, c
   reference.step();
 }
 
+// A fused AdamW and LibTorch's (no amsgrad), each over its own copy of one model; gradients drawn
+// from `grad_seed`.
+struct Twins {
+  explicit Twins(uint64_t grad_seed)
+      : a(1), b(1), fused(groups(a, false), AdamWOptions(3e-2)), reference(groups(b, false), AdamWOptions(3e-2)) {
+    torch::manual_seed(grad_seed);
+  }
+  void step_with_the_same_grads() { step_both_with_the_same_grads(a, fused, b, reference); }
+  Model a, b;
+  fsdp::optim::AdamW fused;
+  torch::optim::AdamW reference;
+};
+
 }  // namespace
 
 TEST(FusedAdamW, FiftyStepsMatchLibTorchsAdamW) { run_against_libtorch(/*amsgrad=*/false); }
@@ -96,15 +109,13 @@ TEST(FusedAdamW, FiftyStepsMatchLibTorchsAdamWWithAmsgrad) { run_against_libtorc
 // A state whose step was set from outside (a checkpoint loaded, or saved by LibTorch's AdamW)
 // continues from that step: the bias correction of step 11, not of step 2.
 TEST(FusedAdamW, ContinuesFromAStepSetByACheckpoint) {
-  Model a(1), b(1);
-  fsdp::optim::AdamW fused(groups(a, false), AdamWOptions(3e-2));
-  torch::optim::AdamW reference(groups(b, false), AdamWOptions(3e-2));
-  torch::manual_seed(3);
-  step_both_with_the_same_grads(a, fused, b, reference);
+  Twins t(3);
+  auto& [a, b, fused, reference] = t;
+  t.step_with_the_same_grads();
   for (auto* optimizer : {static_cast<torch::optim::AdamW*>(&fused), &reference}) {
     for (auto& [key, s] : optimizer->state()) static_cast<AdamWParamState&>(*s).step(10);
   }
-  step_both_with_the_same_grads(a, fused, b, reference);
+  t.step_with_the_same_grads();
   for (size_t i = 0; i < a.all().size(); ++i) {
     EXPECT_EQ(state(fused, a.all()[i]).step(), 11);
     expect_close(a.all()[i], b.all()[i], "parameter", 11);
@@ -115,18 +126,16 @@ TEST(FusedAdamW, ContinuesFromAStepSetByACheckpoint) {
 // the others at step 1) each get their own count's bias correction, although the optimizer
 // keeps one step tensor per count rather than one per parameter.
 TEST(FusedAdamW, ParametersAtDifferentStepsEachUseTheirOwnCount) {
-  Model a(1), b(1);
-  fsdp::optim::AdamW fused(groups(a, false), AdamWOptions(3e-2));
-  torch::optim::AdamW reference(groups(b, false), AdamWOptions(3e-2));
-  torch::manual_seed(5);
-  step_both_with_the_same_grads(a, fused, b, reference);
+  Twins t(5);
+  auto& [a, b, fused, reference] = t;
+  t.step_with_the_same_grads();
   for (auto* optimizer : {static_cast<torch::optim::AdamW*>(&fused), &reference}) {
     // The second of its group: one kernel call steps it with a parameter at step 1.
     const torch::Tensor restored = optimizer == &reference ? b.all()[2] : a.all()[2];
     static_cast<AdamWParamState&>(*optimizer->state().at(restored.unsafeGetTensorImpl())).step(10);
   }
   for (int step = 2; step <= 4; ++step) {
-    step_both_with_the_same_grads(a, fused, b, reference);
+    t.step_with_the_same_grads();
     for (size_t i = 0; i < a.all().size(); ++i) {
       EXPECT_EQ(state(fused, a.all()[i]).step(), i == 2 ? step + 9 : step);
       expect_close(a.all()[i], b.all()[i], "parameter", step);

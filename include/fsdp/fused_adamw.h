@@ -23,12 +23,11 @@
 #include <torch/optim/adamw.h>
 
 #include <functional>
-#include <mutex>
-#include <thread>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
-#include <unordered_map>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 

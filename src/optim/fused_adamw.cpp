@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <unordered_map>
+
 namespace fsdp::optim {
 
 using torch::optim::AdamWOptions;
