@@ -48,9 +48,10 @@ CONFIGS = {
     "small-bf16": dict(SMALL, steps=6, warmup=2, rounds=3, dtype="bf16", fp32_config="small"),
     # Many units and almost no compute: the step is FSDP's cost per unit (issue 36). Its runs are
     # short (a step is ~18 ms): more steps and rounds than the others, or the machine's drifts
-    # between runs move its ratio by ±5 % (bench/README.md, "Measuring deep"). The peer, 15 times
-    # slower and 0.25 × its goal, runs in the first 3 rounds only.
-    "deep": dict(layers=48, dim=32, heads=2, seq=16, batch=1, lr=1e-3, steps=60, warmup=5, rounds=9,
+    # between runs move its ratio by ±5 % (bench/README.md, "Measuring deep"; single rounds range
+    # 0.95-1.28 × the concurrent floor, so 18 rounds). The peer, 15 times slower and 0.25 × its
+    # goal, runs in the first 3 rounds only.
+    "deep": dict(layers=48, dim=32, heads=2, seq=16, batch=1, lr=1e-3, steps=60, warmup=5, rounds=18,
                  peer_rounds=3, dtype="fp32"),
     # small's shapes as a Llama (2 key/value heads, SwiGLU, an untied head; issue 36): the peer is
     # FSDP2 on transformers' own LlamaForCausalLM, loaded from gpt_train's --export-hf of init.pt.
