@@ -78,9 +78,10 @@ fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H,
 // [Note: Llama activations]
 // A Llama block (llama.cpp; width C, H query and KV key/value heads of d channels, SwiGLU width I)
 // keeps per sequence of T tokens:
-// - each RMSNorm (layer_table.cpp, transformers' formula): its rsqrt (T·4), the normalised input
-//   cast back (TC·e, saved by the weight's product) and its output (TC·e, saved by the next
-//   matmuls); below fp32 also the fp32 copy of its input (TC·4, saved by pow and the product).
+// - each RMSNorm (rms_norm.cpp): its inverse RMS per token (T·4) and its output (TC·e, saved by
+//   the next matmuls); its input is the residual stream, counted below. Below fp32, op by op as
+//   transformers computes it, also the normalised input cast back (TC·e, saved by the weight's
+//   product) and the fp32 copy of its input (TC·4, saved by pow and the product).
 // - attention: the rotated q (THd·e) and k (T·KV·d·e), v (T·KV·d·e: the projection's output,
 //   viewed), all saved by the fused kernel (GQA in the kernel: no repeated copies), its output
 //   (THd·e, saved by o_proj; laid out [B,T,H,d] as the GPT's) and log-sum-exp (TH·4). The
@@ -90,8 +91,8 @@ fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H,
 //   and the block's output (TC·e, the next block's input).
 // - SwiGLU: gate's output (saved by SiLU), SiLU's output and up's output (saved by their
 //   product), the product (saved by down_proj): 4TI·e.
-// fp32: 6TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 2Td·e + 8T + 4TH; below fp32 5TC·e + 2TC·4 in place
-// of 6TC·e. Its backward peaks in SwiGLU's: the incoming gradient (TC·e) and two gradients of
+// fp32: 4TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 2Td·e + 8T + 4TH; below fp32 5TC·e + 2TC·4 in place
+// of 4TC·e. Its backward peaks in SwiGLU's: the incoming gradient (TC·e) and two gradients of
 // width I (2TI·e: each step of it releases a saved tensor of width I as it makes a gradient of
 // that width, and mul's backward holds both of its gradients at once).
 fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e) {
@@ -99,7 +100,7 @@ fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e
   const int64_t d = config.head_size(), I = config.mlp_dim();
   fsdp::PlanActivations a;
   const int64_t norms_and_residuals = e < 4 ? sum({product({5, T, C, e}), product({2, T, C, 4})})
-                                            : product({6, T, C, e});
+                                            : product({4, T, C, e});
   a.saved = sum({norms_and_residuals, product({2, T, H, d, e}), product({2, T, KV, d, e}),
                  product({4, T, I, e}), product({2, T, d, e}), 8 * T, product({4, T, H})});
   a.checkpointed = product({T, C, e});
@@ -137,10 +138,13 @@ void describe_llama_block(const GPTConfig& config, int64_t e, fsdp::PlanUnit& un
   unit.forward_flops = 2.0 * T * (C * q + 2 * C * kv + q * C + 3 * C * I);
   unit.forward_attention_flops = 2.0 * T * T * q;  // causal: half of QKᵀ and of PV
   unit.forward_transcendentals = T * I;           // SiLU's exp
-  // Two RMSNorms (~4 passes of TC in fp32 each), two residual sums (3TC), the rotations of q and
-  // k (~6 passes each), SwiGLU's SiLU and product (5TI).
-  unit.forward_memory_bytes = 32.0 * T * C + (6.0 * T * C + 6.0 * T * (q + kv) + 5.0 * T * I) * e;
-  unit.forward_ops = 30;
+  // Two RMSNorms (in fp32 one pass each, read and write; below fp32 ~4 passes of TC in fp32, six
+  // ops), two residual sums (3TC), the rotations of q and k (~6 passes each), SwiGLU's SiLU and
+  // product (5TI).
+  const bool one_pass_norms = e == 4;  // rms_norm.cpp
+  unit.forward_memory_bytes = (one_pass_norms ? 16.0 : 32.0) * T * C +
+                              (6.0 * T * C + 6.0 * T * (q + kv) + 5.0 * T * I) * e;
+  unit.forward_ops = one_pass_norms ? 20 : 30;
 }
 
 // Block i: its layers' parameters below "h.i.", and what it computes and keeps.
@@ -190,10 +194,10 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64
     root.activations.backward_transient = product({2, T, V, e});
     return root;
   }
-  // ln_f: LayerNorm's mean and rstd (8T) and output; RMSNorm's rsqrt (4T), normalised input
-  // and output (and, below fp32, its input's fp32 copy). Then log_softmax's output.
+  // ln_f: LayerNorm's mean and rstd (8T) and output; RMSNorm's inverse RMS (4T) and output
+  // (below fp32 also its normalised input and its input's fp32 copy). Then log_softmax's output.
   const int64_t ln_f = config.is_llama()
-                           ? sum({product({2, T, C, e}), 4 * T, e < 4 ? product({T, C, 4}) : 0})
+                           ? sum({product({T, C, e}), 4 * T, e < 4 ? sum({product({T, C, e}), product({T, C, 4})}) : 0})
                            : sum({product({T, C, e}), 8 * T});
   root.activations.saved = sum({ln_f, product({T, V, 4})});
   root.activations.forward_transient = sum({product({T, V, e}), e < 4 ? product({T, V, 4}) : 0});

@@ -1,5 +1,7 @@
 #include "layer_table.h"
 
+#include "rms_norm.h"
+
 #include <set>
 
 namespace gpt {
@@ -18,11 +20,7 @@ RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps(eps) {
   weight = register_parameter("weight", torch::ones({size}));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  const torch::Tensor x32 = x.to(torch::kFloat);
-  const torch::Tensor rms = torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * (x32 * rms).to(x.scalar_type());
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps); }
 
 std::vector<fsdp::PlanParam> layer_params(const Layer& layer, const std::string& prefix) {
   const std::string name = prefix + layer.name;

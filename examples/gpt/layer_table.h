@@ -42,7 +42,7 @@ TORCH_MODULE(UninitializedLinear);
 
 /// Llama's RMSNorm as transformers computes it: in fp32 whatever the input's dtype,
 /// weight · (x / sqrt(mean(x²) + eps)), the normalised x cast back to the input's dtype before the
-/// weight multiplies it.
+/// weight multiplies it (rms_norm.h: one autograd node in fp32).
 struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(int64_t size, double eps);
   torch::Tensor forward(const torch::Tensor& x);
