@@ -18,9 +18,12 @@ HF, FSDP2 = "tests/hf_llama_e2e.py", "tests/llama_fsdp2_e2e.py"
 
 # (id, file, exact original text, mutated text, [tests that must each turn red])
 MUTATIONS = [
-    ("rope-halves-swapped", "examples/gpt/llama.cpp",
-     "torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1)",
-     "torch::cat({x.narrow(-1, half, half), -x.narrow(-1, 0, half)}, -1)", [HF, FSDP2]),
+    ("rope-first-half-turned-the-other-way", "examples/gpt/rotary.cpp",
+     "o[i] = xr[i] * c[i] + (-xr[i + half]) * s[i];", "o[i] = xr[i] * c[i] + xr[i + half] * s[i];",
+     [HF, FSDP2]),
+    ("rope-gradient-with-the-wrong-angle", "examples/gpt/rotary.cpp",
+     "o[i] = xr[i] * c[i] + xr[i + half] * s[i + half];", "o[i] = xr[i] * c[i] + xr[i + half] * s[i];",
+     [FSDP2]),
     ("kv-heads-tiled-not-grouped", "examples/gpt/llama.cpp",
      "      q, k, v, /*attn_mask=*/{},",
      "      q, k.repeat({1, heads / kv_heads, 1, 1}), v.repeat({1, heads / kv_heads, 1, 1}), {},",

@@ -44,12 +44,6 @@ torch::Tensor rope_inverse_frequencies(const GPTConfig& config) {
   return torch::where(is_medium, smoothed, scaled);
 }
 
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  const torch::Tensor rotated = torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  return x * cos + rotated * sin;
-}
-
 LlamaAttentionImpl::LlamaAttentionImpl(const GPTConfig& config)
     : heads(config.heads), kv_heads(config.key_value_heads()), head_dim(config.head_size()),
       inverse_frequencies_(rope_inverse_frequencies(config)) {

@@ -6,6 +6,7 @@
 
 #include "gpt.h"
 #include "layer_table.h"
+#include "rotary.h"
 
 #include <torch/torch.h>
 
@@ -19,11 +20,6 @@ GptLayers llama_layers(const GPTConfig& config);
 /// The inverse frequencies of the rotary embedding, [head_size / 2] fp32: 1 / theta^(2i/d), with
 /// Llama 3's scaling when config.rope_scaling is set (transformers' _compute_llama3_parameters).
 torch::Tensor rope_inverse_frequencies(const GPTConfig& config);
-
-/// Rotates `x` ([B, heads, T, d]) by its positions 0..T-1: x·cos + rotate_half(x)·sin, where
-/// rotate_half(x) = [-x₂, x₁] of x's two halves and cos, sin ([T, d]) repeat each frequency's angle
-/// in both halves (transformers' apply_rotary_pos_emb).
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 /// Causal self-attention with rotary positions and grouped-query attention: `heads` query heads
 /// share `kv_heads` key/value heads (heads / kv_heads each).
