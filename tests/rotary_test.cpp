@@ -17,18 +17,25 @@ torch::Tensor heads_first(torch::ScalarType dtype) {
   return torch::randn({2, 7, 3, 16}).to(dtype).transpose(1, 2).requires_grad_();
 }
 
-TEST(Rotary, GivesTheOpsBitsForwardAndBackward) {
-  torch::manual_seed(11);
-  const torch::Tensor cos = torch::randn({7, 16}), sin = torch::randn({7, 16});
+// `x` and the incoming gradient strided as the attention's are, and (`first_positions`) a view of
+// the first positions only, whose rows are not packed.
+void expect_the_ops_bits(int64_t first_positions) {
+  const torch::Tensor cos = torch::randn({first_positions, 16}), sin = torch::randn({first_positions, 16});
   const torch::Tensor x = heads_first(torch::kFloat);
   const torch::Tensor x_ops = x.detach().clone().requires_grad_();
-  const torch::Tensor g = torch::randn({2, 7, 3, 16}).transpose(1, 2);  // a strided incoming gradient
-  const torch::Tensor got = gpt::apply_rope(x, cos, sin);
-  const torch::Tensor want = rotation_by_the_ops(x_ops, cos, sin);
-  EXPECT_TRUE(torch::equal(got, want));
+  const torch::Tensor g = torch::randn({2, 7, 3, 16}).transpose(1, 2).narrow(2, 0, first_positions);
+  const torch::Tensor got = gpt::apply_rope(x.narrow(2, 0, first_positions), cos, sin);
+  const torch::Tensor want = rotation_by_the_ops(x_ops.narrow(2, 0, first_positions), cos, sin);
+  EXPECT_TRUE(torch::equal(got, want)) << first_positions;
   got.backward(g);
   want.backward(g);
-  EXPECT_TRUE(torch::equal(x.grad(), x_ops.grad()));
+  EXPECT_TRUE(torch::equal(x.grad(), x_ops.grad())) << first_positions;
+}
+
+TEST(Rotary, GivesTheOpsBitsForwardAndBackward) {
+  torch::manual_seed(11);
+  expect_the_ops_bits(7);
+  expect_the_ops_bits(4);
 }
 
 // create_graph: the gradient of a loss through the rotation is differentiable again.
@@ -46,11 +53,14 @@ TEST(Rotary, HasASecondDerivative) {
   EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-5)) << (got - want).abs().max();
 }
 
+// In bf16 with bf16 tables (mixed precision) and with fp32 ones (promoted to fp32 by the ops).
 TEST(Rotary, RoundsAsTheOpsBelowFp32) {
   torch::manual_seed(13);
-  const torch::Tensor cos = torch::randn({7, 16}).to(torch::kBFloat16), sin = torch::randn({7, 16}).to(torch::kBFloat16);
   const torch::Tensor x = heads_first(torch::kBFloat16);
-  EXPECT_TRUE(torch::equal(gpt::apply_rope(x, cos, sin), rotation_by_the_ops(x, cos, sin)));
+  for (auto table_dtype : {torch::kBFloat16, torch::kFloat}) {
+    const torch::Tensor cos = torch::randn({7, 16}).to(table_dtype), sin = torch::randn({7, 16}).to(table_dtype);
+    EXPECT_TRUE(torch::equal(gpt::apply_rope(x, cos, sin), rotation_by_the_ops(x, cos, sin)));
+  }
 }
 
 }  // namespace

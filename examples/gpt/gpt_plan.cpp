@@ -138,13 +138,13 @@ void describe_llama_block(const GPTConfig& config, int64_t e, fsdp::PlanUnit& un
   unit.forward_flops = 2.0 * T * (C * q + 2 * C * kv + q * C + 3 * C * I);
   unit.forward_attention_flops = 2.0 * T * T * q;  // causal: half of QKᵀ and of PV
   unit.forward_transcendentals = T * I;           // SiLU's exp
-  // Two RMSNorms (in fp32 one pass each, read and write; below fp32 ~4 passes of TC in fp32, six
-  // ops), two residual sums (3TC), the rotations of q and k (~6 passes each), SwiGLU's SiLU and
-  // product (5TI).
-  const bool one_pass_norms = e == 4;  // rms_norm.cpp
-  unit.forward_memory_bytes = (one_pass_norms ? 16.0 : 32.0) * T * C +
-                              (6.0 * T * C + 6.0 * T * (q + kv) + 5.0 * T * I) * e;
-  unit.forward_ops = one_pass_norms ? 20 : 30;
+  // Two RMSNorms and the rotations of q and k (in fp32 one pass each, read and write: rms_norm.cpp,
+  // rotary.cpp; below fp32 ~4 passes of TC in fp32 and six ops per norm, ~6 passes and five ops
+  // per rotation), two residual sums (3TC), SwiGLU's SiLU and product (5TI).
+  const bool one_pass = e == 4;
+  unit.forward_memory_bytes = (one_pass ? 16.0 : 32.0) * T * C +
+                              (6.0 * T * C + (one_pass ? 2.0 : 6.0) * T * (q + kv) + 5.0 * T * I) * e;
+  unit.forward_ops = one_pass ? 12 : 30;
 }
 
 // Block i: its layers' parameters below "h.i.", and what it computes and keeps.
