@@ -144,12 +144,13 @@ struct RMSNormFunction : public torch::autograd::Function<RMSNormFunction> {
   }
 };
 
-}  // namespace
-
+// transformers' formula op by op, in any dtype.
 torch::Tensor rms_norm_op_by_op(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   const torch::Tensor x32 = x.to(torch::kFloat);
   return weight * (x32 * inverse_rms(x32, eps)).to(x.scalar_type());
 }
+
+}  // namespace
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   if (x.scalar_type() == torch::kFloat && weight.scalar_type() == torch::kFloat) {

@@ -11,7 +11,4 @@ namespace gpt {
 /// normalised x cast back to x's dtype before the weight multiplies it).
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
-/// transformers' formula op by op, in any dtype (what rms_norm computes below fp32).
-torch::Tensor rms_norm_op_by_op(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-
 }  // namespace gpt
