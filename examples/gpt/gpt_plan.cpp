@@ -139,8 +139,9 @@ void describe_llama_block(const GPTConfig& config, int64_t e, fsdp::PlanUnit& un
   unit.forward_attention_flops = 2.0 * T * T * q;  // causal: half of QKᵀ and of PV
   unit.forward_transcendentals = T * I;           // SiLU's exp
   // Two RMSNorms and the rotations of q and k (in fp32 one pass each, read and write: rms_norm.cpp,
-  // rotary.cpp; below fp32 ~4 passes of TC in fp32 and six ops per norm, ~6 passes and five ops
-  // per rotation), two residual sums (3TC), SwiGLU's SiLU and product (5TI).
+  // rotary.cpp; on a GPU the fp32 rotation stays op by op, which this host-side count leaves out;
+  // below fp32 ~4 passes of TC in fp32 and six ops per norm, ~6 passes and five ops per rotation),
+  // two residual sums (3TC), SwiGLU's SiLU and product (5TI).
   const bool one_pass = e == 4;
   unit.forward_memory_bytes = (one_pass ? 16.0 : 32.0) * T * C +
                               (6.0 * T * C + (one_pass ? 2.0 : 6.0) * T * (q + kv) + 5.0 * T * I) * e;
