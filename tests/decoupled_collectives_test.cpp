@@ -256,8 +256,10 @@ TEST(DecoupledCollectives, TrainingThroughThemIsTheRingsBitwise) {
           << "the first forward should have mapped the board of published shards and the ring of posted sums";
     }
     expect_same_parameters(decoupled, ring, when);
-    // A unit called alone, outside the root's forward, gathers the shards as they are now.
-    expect_bitwise(ring->first_unit(x), decoupled->first_unit(x), "a unit called alone " + when);
+    // A unit called alone, inside the root (outside it is refused: [Note: the root is not
+    // skipped]), gathers the shards as they are now.
+    auto first_alone = [](OddNetImpl& net, const torch::Tensor& in) { return net.first_unit(in); };
+    expect_bitwise(ring.call(first_alone, x), decoupled.call(first_alone, x), "a unit called alone " + when);
   }
 }
 

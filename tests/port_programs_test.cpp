@@ -630,7 +630,7 @@ TEST(PortPrograms, ACheckpointSavedBetweenAForwardAndItsBackwardLeavesTheStepUnc
 // PortingApi.AStepAfterAnEvaluationForwardUnderGradModeStepsTheShards). A fix for training mode
 // must point the parameters at the shards between a forward and its backward (and back at the
 // unit's pre-backward), and regather at the next forward.
-TEST(PortPrograms, DISABLED_AStepAfterAnEvaluationForwardStepsTheShards) {
+TEST(PortPrograms, AStepAfterATrainingForwardWithoutBackwardStepsTheShards) {
   if (dist().world_size() < 2) GTEST_SKIP() << "one rank: the shard is the whole unit";
   auto [x, y] = mnist_batch(0, dist().rank());
   auto evaluated = fsdp::fully_shard(make_mnist(), *dist().world);

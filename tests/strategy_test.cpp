@@ -222,12 +222,15 @@ TEST(Strategy, ShardGradOpKeepsUnitsUnshardedUntilBackward) {
   auto model = fsdp::fully_shard(gpt::make_gpt(o.model, 1), *dist().world, options);
   auto x = torch::zeros({1, 16}, torch::kLong);
   auto logits = model(x);
-  // Between forward and backward the blocks' parameters have their full shapes.
-  EXPECT_EQ(model->h[0]->attn.get<gpt::CausalSelfAttention>()->c_attn->weight.sizes(), torch::IntArrayRef({96, 32}));
+  // Between forward and backward the gathered blocks wait for backward, their parameters parked
+  // on the shards ([Note: between a forward and its backward]): what a step would see.
+  auto& weight = model->h[0]->attn.get<gpt::CausalSelfAttention>()->c_attn->weight;
+  if (dist().world_size() > 1) EXPECT_EQ(weight.dim(), 1);
+  const auto before = fsdp::comm_stats();
   logits.sum().backward();
-  if (dist().world_size() > 1) {
-    EXPECT_EQ(model->h[0]->attn.get<gpt::CausalSelfAttention>()->c_attn->weight.dim(), 1);
-  }
+  EXPECT_EQ(fsdp::comm_stats().all_gather_bytes - before.all_gather_bytes, 0)
+      << "backward gathered again what SHARD_GRAD_OP kept";
+  if (dist().world_size() > 1) EXPECT_EQ(weight.dim(), 1);
 }
 
 }  // namespace

@@ -133,8 +133,9 @@ class Unit : public M {
     attach();
   }
 
+  // Const, as a holder's call is: a const method of the program may call a unit.
   template <class... Args>
-  auto operator()(Args&&... args) {
+  auto operator()(Args&&... args) const {
     return run(Forward{}, std::forward<Args>(args)...);
   }
 
@@ -142,7 +143,7 @@ class Unit : public M {
   /// unshard, `method`, reshard (a generator's `sample`, an LSTM's packed forward).
   ///   auto images = generator.call(&GeneratorImpl::sample, 16);
   template <class Method, class... Args>
-  auto call(Method method, Args&&... args) {
+  auto call(Method method, Args&&... args) const {
     return run(CallMethod<Method>{method}, std::forward<Args>(args)...);
   }
 
@@ -200,7 +201,7 @@ class Unit : public M {
 
   // Before fully_shard, and inside a SummonFullParams scope, a unit is a plain call.
   template <class Fn, class... Args>
-  auto run(Fn fn, Args&&... args) {
+  auto run(Fn fn, Args&&... args) const {
     if (!is_sharded() || detail::holds_full_params(*slot_)) {
       return fn(*this->ptr(), std::forward<Args>(args)...);
     }
@@ -210,7 +211,7 @@ class Unit : public M {
 
   // Unshard, run, reshard; the pre-backward hook goes on the outputs.
   template <class Fn, class... Args>
-  auto sharded_call(const Fn& fn, Args&&... args) {
+  auto sharded_call(const Fn& fn, Args&&... args) const {
     std::vector<at::Tensor> inputs, outputs;
     (detail::collect_tensors(args, inputs), ...);
     detail::pre_forward(*slot_);
@@ -221,7 +222,7 @@ class Unit : public M {
   }
 
   template <class Fn, class... Args>
-  auto run_maybe_checkpointed(const Fn& fn, Args&&... args) {
+  auto run_maybe_checkpointed(const Fn& fn, Args&&... args) const {
     using Output = std::decay_t<decltype(fn(*this->ptr(), std::forward<Args>(args)...))>;
     constexpr bool checkpointable = std::is_same_v<Output, at::Tensor> &&
                                     (std::is_convertible_v<Args, const at::Tensor&> && ...);

@@ -27,8 +27,9 @@ void release_full_params(HeldFullParams& held, bool writeback) noexcept;
 /// torch::NoGradGuard: it is for evaluation, inspection and saving, not for training). Building it
 /// is a collective: every rank must build it, outside a backward (a unit that a forward left
 /// unsharded, an evaluation under grad mode, is resharded first). Leaving it is not: each rank copies
-/// its own piece of each parameter back into its shard (`writeback`, the default: edits made inside
-/// the scope are kept; make the same edit on every rank) and the units are sharded again. Every
+/// its own piece of what each parameter holds back into its shard (`writeback`, the default: edits
+/// made inside the scope are kept, in place or by pointing a parameter elsewhere with torch::load,
+/// set_data or `.data =`; make the same edit on every rank) and the units are sharded again. Every
 /// rank holds the whole model meanwhile. On a model that is not sharded it does nothing.
 ///
 /// Example:

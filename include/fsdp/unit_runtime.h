@@ -5,6 +5,7 @@
 
 #include <fsdp/distributed.h>
 #include <fsdp/options.h>
+#include <fsdp/output_tensors.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -47,6 +48,8 @@ struct UnitSlot {
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
 /// The slot of the unit holding `module`; null if no Unit holds it.
 std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module);
+/// Every sharded model whose root unit is alive.
+std::vector<std::shared_ptr<FsdpState>> sharded_models();
 
 // [Note: unit->forward]
 // Every public LibTorch program calls a submodule as `sub->forward(x)`. Through a Unit, `->`
@@ -120,17 +123,6 @@ bool checkpoints_activations(const UnitSlot& unit);
 at::Tensor run_checkpointed(std::function<at::Tensor(const std::vector<at::Tensor>&)> forward,
                             std::vector<at::Tensor> inputs);
 
-// The tensors of a forward's output, to hook the pre-backward unshard onto them.
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
-inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <class... T>
-void collect_tensors(const std::tuple<T...>& tuple, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... item) { (collect_tensors(item, out), ...); }, tuple);
-}
-template <class T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds no tensor
 
 }  // namespace detail
 

@@ -285,6 +285,65 @@ void FlatParam::use_sharded_params() {
   for (size_t i = 0; i < entries_.size(); ++i) point_data(entries_[i].param, shard_views_[i]);
 }
 
+// [Note: a parameter rebound from outside]
+// The user's parameters are the engine's leaves, pointed at the shard or the unsharded buffer; a
+// LibTorch program may point one elsewhere: torch::load(model, file) calls set_ on every
+// parameter, and `p.set_data(t)` or `p.data() = t` do the same. The optimizer still holds the
+// same tensor, so nothing fails: forward keeps computing on the flat buffer and the optimizer
+// steps storage nobody reads. So every root forward and every between-steps entry point (state
+// dicts, checkpoints, SummonFullParams) looks for parameters whose storage is neither buffer's
+// (two pointer compares each) and takes their values in: a whole parameter's piece is copied
+// into the shard, as load_full_params would, and the parameter points back at it. Anything else
+// (a 1-D piece from a torch::save of a sharded model, another shape) is refused by name: whose
+// piece it is cannot be known.
+namespace {
+
+bool points_into(const at::Tensor& param, const at::Tensor& buffer) {
+  return buffer.defined() && param.storage().unsafeGetStorageImpl() == buffer.storage().unsafeGetStorageImpl();
+}
+
+std::string shape_text(at::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+std::pair<std::vector<size_t>, int> FlatParam::take_in_rebound() {
+  std::vector<size_t> fresh;
+  int taken = 0;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    FlatEntry& e = entries_[i];
+    if (points_into(e.param, shard_) || points_into(e.param, full_)) continue;
+    const at::Tensor value = e.param.detach();  // keeps the rebound storage alive
+    TORCH_CHECK(value.sizes().vec() == e.shape, "fsdp: parameter '", e.name, "' was rebound to a "
+                "tensor of shape ", shape_text(value.sizes()), " (torch::load, set_data or `.data =` "
+                "on a sharded model), but it is ", shape_text(e.shape), " in the model",
+                value.dim() == 1 && sharded() ? " (a torch::save of a sharded model holds each rank's "
+                "1-D pieces, which cannot be told apart)" : "",
+                ". Load a file of the whole model: write it with torch::save inside "
+                "fsdp::SummonFullParams or with fsdp::save_full_params, or save and load "
+                "fsdp::save_checkpoint / fsdp::load_sharded");
+    // set_ leaves the parameter a new gradient accumulator; made now, while the parameter has
+    // its whole shape, which autograd checks gradients against.
+    if (e.param.requires_grad()) {
+      auto accumulator = torch::autograd::impl::grad_accumulator(e.param);
+      if (accumulator != e.grad_accumulator) {
+        e.grad_accumulator = std::move(accumulator);
+        fresh.push_back(i);
+      }
+    }
+    point_data(e.param, shard_views_[i]);
+    if (!e.outside_shard()) {
+      torch::NoGradGuard no_grad;
+      e.in_shard(shard_).copy_(local_piece(e, value));
+    }
+    ++taken;
+  }
+  return {fresh, taken};
+}
+
 void FlatParam::use_sharded_grads() {
   auto [params, grads] = sharded_grads();
   for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];

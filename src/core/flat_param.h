@@ -152,6 +152,13 @@ class FlatParam {
   void use_full_params();
   /// Parameters become 1-D views of their piece of this rank's shard (possibly empty).
   void use_sharded_params();
+  /// [Note: a parameter rebound from outside] Takes in every parameter that no longer points
+  /// into this flat parameter's buffers (torch::load, set_data or `.data =` gave it storage of its
+  /// own): copies this rank's piece of its value into the shard and points it back at the shard.
+  /// Throws, naming the parameter and the fix, when its value is not the whole parameter.
+  /// Returns the indices of the entries taken in whose gradient accumulator is new (to be hooked),
+  /// and how many were taken in.
+  std::pair<std::vector<size_t>, int> take_in_rebound();
   /// Starts a backward's unsharded gradient: allocates it, unless `keep` (no_sync: keep adding to
   /// the sum of the previous backwards), and clears the trainable parameters' gradients.
   /// [Note: gradients into the flat buffer] A parameter without a gradient lets autograd keep

@@ -6,6 +6,9 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
 #include <iostream>
 
 namespace fsdp {
@@ -58,7 +61,13 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
 FsdpState::~FsdpState() { device_.reset(); }
 
 void FsdpState::pre_forward(ParamGroup& unit) {
-  if (unit.is_root()) publish_shards();
+  if (unit.is_root()) {
+    for (auto& each : units_) each->take_in_rebound_params();  // [Note: a parameter rebound from outside]
+    publish_shards();
+    root_forward_running_ = true;
+  } else {
+    check_root_is_running(unit);
+  }
   record_forward_order(unit);
   unit.begin_forward();
   prefetch_forward_after(unit);
@@ -77,9 +86,34 @@ void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& in
                              const std::vector<at::Tensor>& outputs, bool training) {
   const bool keep_for_backward = unit.is_root() || !options_.unit_reshards_after_forward(unit.name());
   unit.post_forward(inputs, outputs, !training || !keep_for_backward);
+  if (unit.is_root()) root_forward_running_ = false;
   // Until a backward starts the shards may be written (an edit, a load, an optimizer step after
   // an evaluation): a unit called meanwhile gathers in rounds.
   if (unit.is_root()) set_window(false);
+}
+
+// [Note: the root is not skipped]
+// A program reaches its model's forward through the root unit fully_shard returned. A helper that
+// takes the model as its base holder (`void evaluate(GPTModel& model)` bound to the returned
+// fsdp::Unit<GPTModel>), or keeps the shared_ptr it sharded, calls the module's forward directly:
+// the root's parameters are then its 1-D shards (ATen fails on them, naming no cause) and, under
+// grad mode, no end of backward is queued (the first backward leaves every gradient undefined).
+// The inner units still run through their holders, so the first of them refuses, by name. A unit
+// called on its own, outside the root (a decoder sampling from main) is fine when neither holds:
+// without grad mode and with a root that has no parameters of its own.
+void FsdpState::check_root_is_running(const ParamGroup& unit) const {
+  if (root_forward_running_) return;
+  const ParamGroup& root = *units_.front();
+  const bool root_has_params = std::any_of(root.flats().begin(), root.flats().end(),
+                                           [](const FlatGroup& g) { return g.flat.numel() > 0; });
+  if (!root_has_params && !at::GradMode::is_enabled()) return;
+  TORCH_CHECK(false, "fsdp: unit '", unit.name(), "' ran outside the forward of its model's root "
+              "unit", root_has_params ? ", whose own parameters are 1-D shards meanwhile" : "",
+              at::GradMode::is_enabled() ? " (and under grad mode its backward could not complete)" : "",
+              ". Call the model through the fsdp::Unit that fully_shard returned: a helper taking "
+              "the model's holder by reference (`Net&`) or the shared_ptr that was sharded skips "
+              "it; take `fsdp::Unit<Net>&` (or `auto&`), and run a method other than forward as "
+              "`model.call(&NetImpl::method, args...)`");
 }
 
 void FsdpState::set_window(bool open) {

@@ -76,6 +76,8 @@ class FsdpState final : public UnitEvents {
   /// Backward prefetch: issue the all-gather of the unit whose backward comes after `unit`'s,
   /// i.e. the one that ran before it in this iteration's forward.
   void prefetch_backward_after(ParamGroup& unit);
+  /// A unit other than the root starts a forward: refuses it when the root was skipped.
+  void check_root_is_running(const ParamGroup& unit) const;
   /// Called from the root's pre-backward: queue finish_backward() on the autograd engine.
   void queue_finish_backward();
   void finish_backward();
@@ -93,6 +95,7 @@ class FsdpState final : public UnitEvents {
   detail::GradientsReducedHook gradients_reduced_hook_;
   std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
   bool finish_queued_ = false;
+  bool root_forward_running_ = false;  // between the root's pre_forward and post_forward
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool full_params_held_ = false;  // inside a SummonFullParams scope
   // [Note: decoupled collectives]: units gather from the published shards (shards_published_)

@@ -170,6 +170,15 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
   return it == registry().slots.end() ? nullptr : it->second.lock();
 }
 
+std::vector<std::shared_ptr<FsdpState>> sharded_models() {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  std::vector<std::shared_ptr<FsdpState>> models;
+  for (const auto& [module, weak] : registry().slots) {
+    if (auto slot = weak.lock(); slot && slot->owned_model) models.push_back(slot->owned_model);
+  }
+  return models;
+}
+
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
   std::lock_guard<std::mutex> lock(registry().mutex);
   for (auto it = registry().slots.begin(); it != registry().slots.end();) {

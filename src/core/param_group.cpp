@@ -114,6 +114,11 @@ bool ParamGroup::needs_unshard() const {
 void ParamGroup::begin_forward() {
   span_start_ = trace_now();
   release_cleared_gradients();
+  // The backward an earlier forward was kept for never came, and the shards may have been
+  // stepped since ([Note: between a forward and its backward]): gather them again.
+  for (FlatGroup& g : flats_) {
+    if (g.params_parked && g.backward_state == BackwardState::Idle) reshard(g);
+  }
   issue_unshard(/*optional=*/false);
 }
 
@@ -190,7 +195,10 @@ void ParamGroup::wait_unshard() {
   issue_unshard(/*optional=*/false);
   for (size_t f = 0; f < flats_.size(); ++f) {
     FlatGroup& g = flats_[f];
-    if (g.sharded_state == ShardedState::Unsharded) continue;
+    if (g.sharded_state == ShardedState::Unsharded) {
+      unpark(g);
+      continue;
+    }
     {
       TraceSpan waiting("wait all_gather", label_, TraceLane::Waits);
       g.all_gather.wait();
@@ -211,7 +219,42 @@ void ParamGroup::reshard(FlatGroup& g) {
   g.flat.use_sharded_params();
   g.flat.free_full();
   g.sharded_state = ShardedState::Sharded;
+  g.params_parked = false;
   release_slot_if_sharded();
+}
+
+// [Note: between a forward and its backward]
+// A unit's state machine, per flat group: Sharded -> (all-gather) Unsharding -> Unsharded for its
+// forward -> Sharded again after it, unless a backward will need the gathered buffer soon (the
+// root, whose output is the loss; SHARD_GRAD_OP's units). Such a unit keeps its gathered buffer
+// but is "parked": its parameters point back at the shard, as between steps, so that whatever
+// the program does before that backward sees what an unsharded program would: an optimizer step
+// (a training-mode forward for metrics, then step) steps the shards with the gradients of the
+// shards' shape, state dicts read the shards. The unit's pre-backward unparks it (no
+// communication: the buffer is still there, and autograd's saved views of it are valid), as it
+// unshards a unit resharded after forward. When the backward never comes, the next forward
+// reshards the parked unit first and gathers again: the optimizer may have stepped the shards.
+void ParamGroup::park(FlatGroup& g) {
+  if (g.sharded_state != ShardedState::Unsharded || !g.flat.needs_unshard()) return;
+  g.flat.use_sharded_params();
+  g.params_parked = true;
+}
+
+void ParamGroup::unpark(FlatGroup& g) {
+  if (!g.params_parked) return;
+  g.flat.use_full_params();
+  for (size_t entry : g.flat.refresh_grad_accumulators()) hook(static_cast<size_t>(&g - flats_.data()), entry);
+  g.params_parked = false;
+}
+
+void ParamGroup::take_in_rebound_params() {
+  for (FlatGroup& g : flats_) {
+    const auto [fresh, taken] = g.flat.take_in_rebound();
+    if (taken == 0) continue;
+    for (size_t entry : fresh) hook(static_cast<size_t>(&g - flats_.data()), entry);
+    events_.shards_may_change(*this);
+    if (g.backward_state == BackwardState::Idle) reshard(g);
+  }
 }
 
 void ParamGroup::reshard_borrowed() {
@@ -241,6 +284,7 @@ bool ParamGroup::reshard_unless_in_backward() {
     return g.backward_state != BackwardState::Idle;
   });
   if (in_backward) return false;
+  take_in_rebound_params();
   reshard_all();
   return true;
 }
@@ -273,7 +317,11 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
       });
     }
   }
-  if (!will_backward || reshard_after_forward) reshard_all();
+  if (!will_backward || reshard_after_forward) {
+    reshard_all();
+  } else {
+    for (FlatGroup& g : flats_) park(g);
+  }
   record_span("forward", label_, TraceLane::Compute, span_start_);
 }
 

@@ -70,6 +70,7 @@ struct FlatGroup {
   bool full_grad_kept = false;         // no_sync: the unsharded gradient survives to the next backward
   int published_index = -1;            // its shard's index among the model's published ones
   bool borrows_published = false;      // gathers by borrowing the board's bytes, not copying them
+  bool params_parked = false;          // Unsharded, but the parameters point at the shard ([Note: between a forward and its backward])
 
   bool trainable() const { return flat.requires_grad(); }
 };
@@ -119,6 +120,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Between steps: reshards the unit if a forward left it unsharded for a backward that has not
   /// started ([Note: resharding between steps]). False if its backward is under way.
   bool reshard_unless_in_backward();
+  /// [Note: a parameter rebound from outside] Takes in the parameters that were pointed away
+  /// from the unit's buffers; a unit gathered for a backward that has not started is resharded
+  /// (its gathered values are out of date). Called at every root forward and between steps.
+  void take_in_rebound_params();
   /// The shards are published again: reshards the flat groups whose unsharded buffers are
   /// borrowed from the last publication (a forward that failed left them unsharded), which the
   /// peers will overwrite. A backward that comes later gathers them again.
@@ -146,6 +151,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   bool gather_published(FlatGroup& g);
   void reshard_all();
   void reshard(FlatGroup& g);
+  /// Points `g`'s parameters at the shard while its gathered buffer waits for backward.
+  void park(FlatGroup& g);
+  /// Points them back at the gathered buffer: the backward that was waited for is here.
+  void unpark(FlatGroup& g);
   /// Gives the limiter slot back once no flat group is unsharded.
   void release_slot_if_sharded();
   /// Drops the gradient shards whose gradients the optimizer cleared.

@@ -69,16 +69,30 @@ std::shared_ptr<HeldFullParams> hold_full_params(FsdpState& state) {
   return held;
 }
 
+// What the parameter holds now: its place in the gathered buffer, edited in place, or what the
+// scope's code pointed it at (torch::load, set_data, `.data =`: [Note: a parameter rebound from
+// outside]), which must have the parameter's shape.
+at::Tensor value_at_exit(const HeldFullParams::Param& p) {
+  const at::Tensor& param = p.piece.param();
+  TORCH_CHECK(param.sizes() == p.whole.sizes(), "SummonFullParams: parameter '", p.piece.name(),
+              "' was pointed at a tensor of shape ", param.sizes(), " inside the scope, but it is ",
+              p.whole.sizes(), " in the model; it keeps the value it had before the scope");
+  return param.detach();
+}
+
 void release_full_params(HeldFullParams& held, bool writeback) noexcept {
   torch::NoGradGuard no_grad;
   if (writeback) {
     try {
-      for (auto& p : held.params) {
-        if (!p.piece.empty()) p.piece.data().copy_(p.piece.piece_of(p.whole));
+      std::vector<at::Tensor> values;  // every one checked before any shard is written
+      for (auto& p : held.params) values.push_back(value_at_exit(p));
+      for (size_t i = 0; i < held.params.size(); ++i) {
+        auto& piece = held.params[i].piece;
+        if (!piece.empty()) piece.data().copy_(piece.piece_of(values[i]));
       }
     } catch (const std::exception& e) {
       std::cerr << "fsdp::SummonFullParams: writing the parameters back into the shards failed ("
-                << message_of(e) << "); some shards may keep the values they had before the scope\n";
+                << message_of(e) << "); every shard keeps the values it had before the scope\n";
     }
   }
   for (auto& p : held.params) point_at(p.piece.param(), p.before);

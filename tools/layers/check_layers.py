@@ -21,6 +21,7 @@ PUBLIC = {
     "distributed.h": "launch", "peer_errors.h": "launch", "launch_env.h": "launch",
     "comm_stats.h": "comm",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
+    "output_tensors.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
     "fused_sgd.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
