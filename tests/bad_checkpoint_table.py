@@ -281,6 +281,24 @@ def without_momentum_in_file(ck):
     ck.rewrite_file(ck.piece_file(FC), change)
 
 
+def without_param_groups(ck):
+    """As a checkpoint saved before the param groups' options were: no "param_groups"."""
+    del ck.meta["param_groups"]
+
+
+def another_param_group(ck):
+    """A second param group (the first's copy) in metadata.json: the saved optimizer had two."""
+    ck.meta["param_groups"].append(dict(ck.meta["param_groups"][0]))
+
+
+def without_lr(ck):
+    del ck.meta["param_groups"][0]["lr"]
+
+
+def lr_as_text(ck):
+    ck.meta["param_groups"][0]["lr"] = "0.1"
+
+
 def edited_copy(source, dest, edit):
     shutil.copytree(source, dest)
     ck = Checkpoint(dest / STEP)
@@ -447,6 +465,10 @@ def state_cases(t, tmp):
         resumed = state_tool("--optimizer", optimizer, "--steps", "1", "--load", str(copy))
         t.check(f"unedited {optimizer} checkpoint resumed by {optimizer}", "exit 0, resumed_step 2",
                 resumed, resumed.rc == 0 and "resumed_step 2" in resumed.output)
+    old = edited_copy(saved["sgd"], tmp / "state-sgd-without-param-groups", without_param_groups)
+    resumed = state_tool("--optimizer", "sgd", "--steps", "1", "--load", str(old))
+    t.check("sgd checkpoint without param_groups (saved before options were) resumed", "exit 0, resumed_step 2",
+            resumed, resumed.rc == 0 and "resumed_step 2" in resumed.output)
     shard0 = "shard-00000-model-00001-of-"
     intact = "resume from an intact copy of the checkpoint"
     cases = [  # name, saved by, edit, resumed by, needles
@@ -484,6 +506,13 @@ def state_cases(t, tmp):
         ("momentum_buffer missing from its shard file", "sgd", without_momentum_in_file, "sgd",
          (".safetensors", f"has no tensor 'state.{FC}.momentum_buffer'", "metadata.json lists",
           intact)),
+        ("saved with two param groups, resumed with one", "adamw", another_param_group, "adamw",
+         ("metadata.json", "the saved optimizer has 2 param group(s) but the program's has 1",
+          "build the optimizer with the param groups of the saved run")),
+        ("a param group's lr left out", "sgd", without_lr, "sgd",
+         ("metadata.json", "option 'lr' is missing", intact)),
+        ("a param group's lr a string", "rmsprop", lr_as_text, "rmsprop",
+         ("metadata.json", "option 'lr' is of another type", '"0.1"', intact)),
     ]
     for i, (name, by, edit, resumer, needles) in enumerate(cases):
         copy = tmp / "state-cases" / f"case{i}"

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
 
 namespace fsdp_test {
 namespace {
@@ -43,6 +44,54 @@ TEST(InitialValues, OneValueChangedOnTheLastRankIsNamedWithThatRankOnly) {
 TEST(InitialValues, TheSameSeedOnEveryRankPasses) {
   auto model = fsdp::fully_shard(make_odd_net(7), *dist().world);
   EXPECT_TRUE(model.is_sharded());
+}
+
+// A model whose one weight is square: its transpose has the same sum and sum of squares.
+struct SquareNetImpl : torch::nn::Module {
+  SquareNetImpl() { fc = register_module("fc", torch::nn::Linear(6, 6)); }
+  torch::Tensor forward(const torch::Tensor& x) { return fc->forward(x); }
+  torch::nn::Linear fc{nullptr};
+};
+TORCH_MODULE(SquareNet);
+
+TEST(InitialValues, IdenticalModelsHoldingNanInfOrValuesNearTheFloatMaximumPass) {
+  OddNet net = make_odd_net(7);
+  {
+    torch::NoGradGuard no_grad;  // the same on every rank: a masked weight, an overflow sentinel
+    auto w = net->second->weight;
+    w[0][0] = std::numeric_limits<float>::quiet_NaN();
+    w[0][1] = std::numeric_limits<float>::infinity();
+    w[0][2] = -std::numeric_limits<float>::infinity();
+    w[1].fill_(3e38f);
+    w[2].fill_(-3.3e38f);
+  }
+  const std::string message = error_of([&] { fsdp::fully_shard(net, *dist().world); });
+  EXPECT_EQ(message, "");
+}
+
+TEST(InitialValues, TheTransposeOfASquareWeightOnOneRankIsRefused) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  torch::manual_seed(3);
+  SquareNet net;
+  if (dist().rank() == 1) {
+    torch::NoGradGuard no_grad;
+    net->fc->weight.copy_(net->fc->weight.t().clone());
+  }
+  const std::string message = error_of([&] { fsdp::fully_shard(net, *dist().world); });
+  EXPECT_NE(message.find("parameter 'fc.weight' differ across ranks (rank 1 against rank 0)"),
+            std::string::npos) << message;
+}
+
+TEST(InitialValues, ANanOnOneRankOnlyIsRefused) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  OddNet net = make_odd_net(7);
+  if (dist().rank() == 1) {
+    torch::NoGradGuard no_grad;
+    net->first->bias[4] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const std::string message = error_of([&] { fsdp::fully_shard(net, *dist().world); });
+  EXPECT_NE(message.find("parameter 'first.bias' differ across ranks (rank 1 against rank 0)"),
+            std::string::npos) << message;
 }
 
 // sync_module_states with ranks seeded apart: BadInput.SyncModuleStatesTakesRankZerosInitialisation.

@@ -25,8 +25,9 @@
 ///                                                    incomplete: names, shapes, dtypes, the
 ///                                                    optimizer's class and steps, the buffers,
 ///                                                    each file's size and pieces with the
-///                                                    CRC-32 of each tensor, and the caller's own
-///                                                    JSON ("extra": the data position, the seed...)
+///                                                    CRC-32 of each tensor, the param groups'
+///                                                    options, and the caller's own JSON
+///                                                    ("extra": the step, the seed...)
 /// In Python, torch.distributed.checkpoint.load(state_dict,
 /// storage_reader=HuggingFaceStorageReader(folder)) fills full tensors (no_dist=True) or the
 /// DTensors of a PyTorch FSDP2 model at any world size; safetensors.safe_open opens every file.
@@ -44,10 +45,20 @@
 /// Save and load are collectives: every rank calls them, between steps (not during a forward or
 /// a backward). A unit a forward left unsharded for a backward that has not started (or never
 /// will: an evaluation without NoGradGuard) is resharded first, as PyTorch FSDP2 does before a
-/// state dict; that backward, if it comes, gathers it again. Optimizer hyperparameters (learning rate, betas...) are not saved: the program
-/// builds its optimizer as before (the same class: a checkpoint of SGD's state does not load
-/// into an Adam; to switch, load with the saved class, then build the new optimizer over
-/// model->parameters(), which starts afresh). A buffer must match the model's in name, shape and
+/// state dict; that backward, if it comes, gathers it again. Each param group's options (every option of its class: lr, betas, eps,
+/// weight_decay, amsgrad, momentum, dampening, nesterov, alpha, centered, lr_decay,
+/// initial_accumulator_value) are saved in metadata.json's "param_groups", as
+/// torch.distributed.checkpoint's optimizer state dict holds them ({"params": ["fc.weight", ...],
+/// "lr": ...}), and loading restores them, as torch::load of a torch::save'd optimizer does: a
+/// resumed run continues at the learning rate its schedule had reached, whatever options the
+/// program built its optimizer with. The loading optimizer must be of the same class (a
+/// checkpoint of SGD's state does not load into an Adam; to switch, load with the saved class,
+/// then build the new optimizer over model->parameters(), which starts afresh) and have the same
+/// number of param groups, each holding the same parameters: otherwise loading throws, naming
+/// both counts or the parameter. A checkpoint saved before the options were (no "param_groups")
+/// loads and keeps the program's options. The optimizer must hold parameters of the model only:
+/// a tensor outside it (its state could not be saved) is refused at the save, naming its group,
+/// position and shape, before anything is written. A buffer must match the model's in name, shape and
 /// dtype, as a parameter does. An optimizer of another class (LBFGS, one of the program's own) is refused by
 /// name at the first save. A checkpoint saved before buffers were saved (no "buffers" in
 /// metadata.json) still loads: the model's buffers then keep their values.
@@ -57,12 +68,12 @@
 ///   torch::optim::AdamW optim(model->parameters(), torch::optim::AdamWOptions(1e-3));
 ///   int64_t first_step = 0;
 ///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) {
-///     first_step = fsdp::load_sharded(model, optim, path).at("step").get<int64_t>();
+///     first_step = fsdp::load_sharded(model, optim, path).value("step", int64_t{0});
 ///   }
 ///   for (int64_t step = first_step; step < steps; ++step) {
 ///     train_step(model, optim, step);
 ///     if ((step + 1) % 100 == 0) {
-///       fsdp::save_checkpoint(model, optim, "ckpt", step + 1, {{"step", step + 1}});
+///       fsdp::save_checkpoint(model, optim, "ckpt", step + 1);  // records "step" in extra
 ///     }
 ///   }
 
@@ -124,8 +135,9 @@ void save_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer, const std::
 }
 
 /// Loads the checkpoint in `folder` (saved by any number of ranks, any strategy) into the model
-/// and `optimizer` (built over model->parameters(), of the class that saved it), and returns the `extra` JSON it
-/// was saved with. Validates on every rank before it copies anything: a missing, truncated or
+/// and `optimizer` (built over model->parameters(), of the class that saved it, with the same
+/// param groups; their options become the saved ones), and returns the `extra` JSON it was saved
+/// with (from save_checkpoint: with its "step"). Validates on every rank before it copies anything: a missing, truncated or
 /// corrupt file, or a checkpoint of another model, throws on every rank and changes nothing.
 ///
 /// Example:
@@ -137,7 +149,8 @@ nlohmann::json load_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer,
                               detail::module_buffers(root), optimizer, folder);
 }
 
-/// Saves into `dir`/step-NNNNNNNN (save_sharded), then publishes it as `dir`/latest. With
+/// Saves into `dir`/step-NNNNNNNN (save_sharded), `extra` (a JSON object) with "step": `step`
+/// added (an extra.step of another value throws), then publishes it as `dir`/latest. With
 /// keep_last > 0, removes older step folders so that the newest `keep_last` remain (a step folder
 /// that holds anything a save does not write, such as another run's folder, is kept, with a
 /// warning). Returns the
@@ -145,7 +158,7 @@ nlohmann::json load_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer,
 /// complete checkpoint in place). `hooks`: for tests (SaveHooks).
 ///
 /// Example:
-///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"step", step}}, /*keep_last=*/2);
+///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"seed", seed}}, /*keep_last=*/2);
 template <class M>
 std::string save_checkpoint(Unit<M>& root, torch::optim::Optimizer& optimizer,
                             const std::string& dir, int64_t step,

@@ -1,11 +1,11 @@
 #include "core/model_check.h"
+#include "util/hash64.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
-#include <cmath>
 #include <sstream>
 
 namespace fsdp {
@@ -45,46 +45,28 @@ std::string first_difference(const std::vector<std::string>& mine, int my_rank,
          std::to_string(n) + "; the first extra one is '" + longer[n] + "'";
 }
 
-// Relative to a tensor's magnitude: float32 sums of equal values differ only by the order of
-// their additions (a rank's thread count), by a few float32 roundings; other values (another
-// seed) differ in their leading digits.
-constexpr double kTolerance = 1e-5;
+// Bytes copied to the host at a time from a device: a multiple of kHashChunkBytes, so a tensor
+// hashes alike wherever it lives.
+constexpr int64_t kHostBlockBytes = int64_t{64} << 20;
 
-// [N, 2] float64 on the host: each tensor's sum and sum of squares (zeros for a meta tensor).
-at::Tensor checksums_of(const NamedTensors& tensors) {
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> rows;
-  for (const auto& item : tensors) {
-    const at::Tensor& t = item.second;
-    if (t.is_meta() || t.numel() == 0) {
-      rows.push_back(at::zeros({2}, at::kDouble).to(t.is_meta() ? c10::Device(c10::kCPU) : t.device()));
-      continue;
+// The bits of `t`'s elements in order (a meta tensor's: none). A tensor on a device crosses to
+// the host in blocks, so no copy of a whole unit is ever held twice.
+uint64_t hash_of(const at::Tensor& t) {
+  if (t.is_meta() || t.numel() == 0) return combine_chunk_hashes({}, 0);
+  const at::Tensor flat = t.detach().contiguous().view({-1});
+  const int64_t element = static_cast<int64_t>(flat.element_size());
+  const int64_t total = flat.numel() * element;
+  std::vector<uint64_t> chunks;
+  if (flat.is_cpu()) {
+    hash_chunks(flat.data_ptr(), static_cast<size_t>(total), chunks);
+  } else {
+    const int64_t block = kHostBlockBytes / element;
+    for (int64_t begin = 0; begin < flat.numel(); begin += block) {
+      const at::Tensor host = flat.narrow(0, begin, std::min(block, flat.numel() - begin)).cpu();
+      hash_chunks(host.data_ptr(), static_cast<size_t>(host.numel() * element), chunks);
     }
-    // Reductions in the tensor's own dtype (float32 or wider) make no copy of it: deferred
-    // sharding holds one unit at a time, and a float64 copy would be twice that unit.
-    const at::Tensor values = t.is_complex() ? at::view_as_real(t) : t;
-    const bool own_dtype = values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble;
-    const std::optional<at::ScalarType> dtype =
-        own_dtype ? std::nullopt : std::optional<at::ScalarType>(at::kFloat);
-    const at::Tensor norm = at::linalg_vector_norm(values, 2, std::nullopt, false, dtype);
-    rows.push_back(at::stack({values.sum(dtype), norm * norm}).to(at::kDouble));
   }
-  if (rows.empty()) return at::zeros({0, 2}, at::kDouble);
-  // One copy to the host (on a GPU, one synchronisation) for the whole model where it can be.
-  const bool one_device = std::all_of(rows.begin(), rows.end(), [&](const at::Tensor& row) {
-    return row.device() == rows.front().device();
-  });
-  if (!one_device) {
-    for (auto& row : rows) row = row.cpu();
-  }
-  return at::stack(rows).cpu();
-}
-
-bool same_checksum(const double* a, const double* b, int64_t numel) {
-  const double magnitude = std::sqrt(std::max(a[1], b[1]));  // the tensors' L2 norm
-  const double sum_scale = magnitude * std::sqrt(static_cast<double>(numel));  // >= sum |x|
-  return std::abs(a[0] - b[0]) <= kTolerance * sum_scale &&
-         std::abs(a[1] - b[1]) <= kTolerance * std::max(a[1], b[1]);
+  return combine_chunk_hashes(chunks, static_cast<uint64_t>(total));
 }
 
 }  // namespace
@@ -122,19 +104,20 @@ void check_same_model_on_all_ranks(ProcessGroup& group, const ModelDescription& 
 void check_same_initial_values(ProcessGroup& world, const NamedTensors& tensors) {
   if (world.size() == 1 || tensors.empty()) return;
   const int64_t n = static_cast<int64_t>(tensors.size());
-  // Every rank fills its own row; the sum over ranks is every rank's table.
-  at::Tensor table = at::zeros({world.size(), n, 2}, at::kDouble);
-  table[world.rank()].copy_(checksums_of(tensors));
+  // Every rank fills its own row with its hashes; the sum over ranks is every rank's table.
+  at::Tensor table = at::zeros({world.size(), n}, at::kLong);
+  int64_t* rows = table.data_ptr<int64_t>();
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t i = 0; i < n; ++i) {
+      rows[world.rank() * n + i] = static_cast<int64_t>(hash_of(tensors[i].second));
+    }
+  }
   all_reduce_sum(world, table);
-  const double* sums = table.data_ptr<double>();
   for (int64_t i = 0; i < n; ++i) {
     std::ostringstream differing;
-    const double* rank0 = sums + 2 * i;
     for (int r = 1; r < world.size(); ++r) {
-      const double* other = sums + 2 * (r * n + i);
-      if (!same_checksum(rank0, other, tensors[i].second.numel())) {
-        differing << (differing.tellp() > 0 ? ", " : "") << "rank " << r;
-      }
+      if (rows[r * n + i] != rows[i]) differing << (differing.tellp() > 0 ? ", " : "") << "rank " << r;
     }
     TORCH_CHECK(differing.tellp() == 0, "fully_shard: the initial values of parameter '",
                 tensors[i].first, "' differ across ranks (", differing.str(), " against rank 0): "

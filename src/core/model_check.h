@@ -23,10 +23,10 @@ struct ModelDescription {
 /// first parameter that differs and the ranks involved. Times out (never hangs) if a rank is gone.
 void check_same_model_on_all_ranks(ProcessGroup& group, const ModelDescription& mine);
 
-/// Compares a checksum of each tensor (its sum and sum of squares) across the ranks of
-/// `world` in one all-reduce, and throws on every rank naming the first tensor that differs, the
-/// ranks and the fix. Every rank must pass the same names and shapes (check_same_model_on_all_ranks
-/// first).
+/// Compares a 64-bit hash of each tensor's bytes (its elements' bits in order: NaN and inf are
+/// values like any other, a permutation is a difference) across the ranks of `world` in one
+/// all-reduce, and throws on every rank naming the first tensor that differs, the ranks and the
+/// fix. Every rank must pass the same names and shapes (check_same_model_on_all_ranks first).
 void check_same_initial_values(ProcessGroup& world, const NamedTensors& tensors);
 
 }  // namespace fsdp

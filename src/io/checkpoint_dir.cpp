@@ -1,5 +1,6 @@
 // The step folders of a checkpoint directory (include/fsdp/checkpoint.h): one folder per saved
 // step, the `latest` pointer published once a folder is complete, the pruning of older folders.
+#include <fsdp/bounded_json.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
 #include <fsdp/printable.h>
@@ -175,6 +176,23 @@ std::pair<fs::path, std::string> nested_checkpoint_dir(const std::string& dir) {
   return {};
 }
 
+// `extra` with the step save_checkpoint was given, so that load_sharded returns it (the caller's
+// own "step", when it passes one, must be that step: a checkpoint stating two steps would resume
+// from one of them at random).
+nlohmann::json extra_with_step(const nlohmann::json& extra, int64_t step) {
+  TORCH_CHECK(extra.is_object() || extra.is_null(), "save_checkpoint: extra must be a JSON object "
+              "(it gets the step), not ", json_excerpt(extra), "; put the value under a key of "
+              "one: {{\"mine\", value}}");
+  nlohmann::json out = extra.is_null() ? nlohmann::json::object() : extra;
+  if (out.contains("step")) {
+    TORCH_CHECK(out["step"] == nlohmann::json(step), "save_checkpoint: extra.step is ",
+                json_excerpt(out["step"]), " but the step saved is ", step, ": leave \"step\" "
+                "out of extra (save_checkpoint records it) or pass the same step");
+  }
+  out["step"] = step;
+  return out;
+}
+
 }  // namespace
 
 namespace detail {
@@ -183,6 +201,7 @@ std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch
                             const std::string& dir, int64_t step, const nlohmann::json& extra,
                             int keep_last, const SaveHooks& hooks) {
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
+  const nlohmann::json extra_and_step = extra_with_step(extra, step);
   ProcessGroup& world = ShardedView(state).world();
   const std::string name = step_folder_name(step);
   std::string error = try_local([&] {
@@ -193,7 +212,7 @@ std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch
   throw_if_any_failed(world, error, "save_checkpoint");
 
   const std::string folder = dir + "/" + name;
-  save_sharded(state, buffers, optimizer, folder, extra, hooks);
+  save_sharded(state, buffers, optimizer, folder, extra_and_step, hooks);
   // Publishing: `latest` names the new folder only now that it is complete.
   error = try_local([&] {
     if (world.rank() != 0) return;

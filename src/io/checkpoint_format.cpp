@@ -46,6 +46,18 @@ BufferMeta buffer_from_json(const nlohmann::json& j) {
                     j.at("crc32").get<uint32_t>()};
 }
 
+nlohmann::json to_json(const ParamGroupMeta& g) {
+  nlohmann::json j = g.options;
+  j["params"] = g.params;
+  return j;
+}
+
+ParamGroupMeta param_group_from_json(const nlohmann::json& j) {
+  ParamGroupMeta g{j.at("params").get<std::vector<std::string>>(), j};
+  g.options.erase("params");
+  return g;
+}
+
 // Every element [0, numel) of every parameter in exactly one piece.
 void check_coverage(const CheckpointMeta& meta, const std::string& source) {
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
@@ -159,6 +171,10 @@ nlohmann::json to_json(const CheckpointMeta& meta) {
     j["buffers"] = nlohmann::json::array();
     for (const auto& b : *meta.buffers) j["buffers"].push_back(to_json(b));
   }
+  if (meta.param_groups) {
+    j["param_groups"] = nlohmann::json::array();
+    for (const auto& g : *meta.param_groups) j["param_groups"].push_back(to_json(g));
+  }
   return j;
 }
 
@@ -180,6 +196,10 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
     if (j.contains("buffers")) {
       meta.buffers.emplace();
       for (const auto& b : j.at("buffers")) meta.buffers->push_back(buffer_from_json(b));
+    }
+    if (j.contains("param_groups")) {
+      meta.param_groups.emplace();
+      for (const auto& g : j.at("param_groups")) meta.param_groups->push_back(param_group_from_json(g));
     }
     for (const auto& f : j.at("files")) meta.files.push_back(parse_file_meta(f));
     meta.extra = j.at("extra");

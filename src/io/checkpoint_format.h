@@ -53,6 +53,14 @@ struct FileMeta {
   std::vector<PieceMeta> pieces;
 };
 
+/// One param group of the optimizer, as torch.distributed.checkpoint's optimizer state dict holds
+/// it: its parameters by name and its options (lr, betas...), in metadata.json's "param_groups" as
+/// {"params": ["fc.weight", ...], "lr": 0.001, ...}.
+struct ParamGroupMeta {
+  std::vector<std::string> params;
+  nlohmann::json options = nlohmann::json::object();
+};
+
 struct CheckpointMeta {
   int world_size = 0;        // of the run that saved it (informative: loading needs no match)
   int shard_group_size = 0;  // likewise
@@ -61,6 +69,8 @@ struct CheckpointMeta {
   std::vector<ParamMeta> params;
   /// Empty when saved before buffers were saved: loading then keeps the model's own buffers.
   std::optional<std::vector<BufferMeta>> buffers;
+  /// Empty when saved before the options were: loading then keeps the program's options.
+  std::optional<std::vector<ParamGroupMeta>> param_groups;
   std::vector<FileMeta> files;
   nlohmann::json extra = nlohmann::json::object();  // the caller's own (step, seed...)
 };

@@ -8,6 +8,7 @@
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_pieces.h"
 #include "io/checkpoint_read.h"
+#include "io/param_groups.h"
 #include "util/crc32.h"
 
 #include <ATen/ATen.h>
@@ -27,6 +28,9 @@ struct StagedPiece {
   at::Tensor param;                       // 1-D [end - begin]
   std::optional<ParamOptimState> state;   // tensors 1-D [end - begin]; empty: the saved run had none
 };
+
+/// Each param group's saved options (none: the checkpoint predates them, or is of another class).
+using StagedOptions = std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>;
 
 /// The model's buffers and the saved values they get.
 using StagedBuffers = std::vector<std::pair<at::Tensor, at::Tensor>>;
@@ -95,11 +99,13 @@ void check_same_optimizer(const CheckpointMeta& meta, const OptimizerState& opti
 std::optional<ParamOptimState> stage_optimizer_state(const ShardedParam& piece, const ParamMeta& saved,
                                                      const CheckpointMeta& meta,
                                                      const OptimizerState& optimizer,
+                                                     const StagedOptions& options,
                                                      const PieceIndex& index, const OpenFiles& files,
                                                      const std::string& folder) {
   if (!saved.has_state()) return std::nullopt;
   const std::string& name = piece.name();
-  const auto kinds = optimizer.kinds_needed(piece.param());
+  // The kinds of the options it resumes with: the saved ones (amsgrad, momentum...) when staged.
+  const auto kinds = optimizer.kinds_needed(piece.param(), options);
   TORCH_CHECK(kinds, folder, " holds ", meta.optimizer, " state for '", name,
               "' but the optimizer does not hold that parameter: build it over "
               "model->parameters()");
@@ -118,7 +124,8 @@ std::optional<ParamOptimState> stage_optimizer_state(const ShardedParam& piece, 
 }
 
 std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerState& optimizer,
-                               const CheckpointMeta& meta, const std::string& folder) {
+                               const StagedOptions& options, const CheckpointMeta& meta,
+                               const std::string& folder) {
   std::map<std::string, const ParamMeta*> params;
   for (const auto& p : meta.params) params[p.name] = &p;
   const PieceIndex index = index_pieces(meta);
@@ -131,7 +138,7 @@ std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerState& o
     const ParamMeta& saved = *params.at(name);
     StagedPiece s{piece, at::empty({piece.end() - piece.begin()}, piece.data().options()), {}};
     assemble(s.param, piece.begin(), piece.end(), "param", name, index, files);
-    s.state = stage_optimizer_state(piece, saved, meta, optimizer, index, files, folder);
+    s.state = stage_optimizer_state(piece, saved, meta, optimizer, options, index, files, folder);
     staged.push_back(std::move(s));
   }
   return staged;
@@ -160,10 +167,21 @@ StagedBuffers stage_buffers(const NamedTensors& buffers, const CheckpointMeta& m
   return staged;
 }
 
+// The saved options of each param group, when the checkpoint holds them for this optimizer's
+// class (a checkpoint of another class without state loads its parameters only).
+StagedOptions stage_options(const CheckpointMeta& meta, const ShardedView& model,
+                            const OptimizerState& optimizer, torch::optim::Optimizer& optimizer_in,
+                            const std::string& metadata) {
+  if (!meta.param_groups || meta.optimizer != optimizer.name()) return {};
+  return stage_param_group_options(*meta.param_groups, model, optimizer_in, metadata);
+}
+
 // Copies the staged pieces into the shards, the buffers into the model, and replaces the
-// optimizer's state. Cannot fail.
-void apply(OptimizerState& optimizer, std::vector<StagedPiece>& staged, StagedBuffers& buffers) {
+// optimizer's state and options. Cannot fail.
+void apply(OptimizerState& optimizer, torch::optim::Optimizer& optimizer_in, StagedOptions& options,
+           std::vector<StagedPiece>& staged, StagedBuffers& buffers) {
   torch::NoGradGuard no_grad;
+  apply_param_group_options(optimizer_in, options);
   for (auto& s : staged) {
     s.piece.data().copy_(s.param);
     const at::Tensor& param = s.piece.param();
@@ -186,6 +204,7 @@ nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
   CheckpointMeta meta;
   std::vector<StagedPiece> staged;
   StagedBuffers staged_buffers;
+  StagedOptions staged_options;
   uint32_t metadata_crc = 0;
   std::string error = try_local([&] {
     TORCH_CHECK(std::filesystem::exists(metadata), metadata, " does not exist: ", folder,
@@ -198,7 +217,8 @@ nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
     check_matches_model(meta, describe_model(model, optimizer), metadata);
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     check_same_optimizer(meta, optimizer, folder);
-    staged = stage(model, optimizer, meta, folder);
+    staged_options = stage_options(meta, model, optimizer, optimizer_in, metadata);
+    staged = stage(model, optimizer, staged_options, meta, folder);
     staged_buffers = stage_buffers(buffers, meta, folder);
   });
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
@@ -212,7 +232,7 @@ nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
               : metadata + " differs from rank 0's: every rank must read the same checkpoint";
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
 
-  apply(optimizer, staged, staged_buffers);
+  apply(optimizer, optimizer_in, staged_options, staged, staged_buffers);
   return meta.extra;
 }
 

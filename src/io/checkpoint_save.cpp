@@ -7,6 +7,7 @@
 
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_pieces.h"
+#include "io/param_groups.h"
 #include "io/tensor_boxes.h"
 
 #include <ATen/ATen.h>
@@ -121,11 +122,13 @@ std::vector<FileMeta> write_shard_files(const ShardedView& model, const Optimize
 
 CheckpointMeta build_metadata(const ShardedView& model, const OptimizerState& optimizer,
                               const std::vector<BufferMeta>& buffers,
+                              const std::vector<ParamGroupMeta>& param_groups,
                               const std::vector<std::string>& descriptions,
                               const nlohmann::json& extra) {
   CheckpointMeta meta;
   meta.optimizer = optimizer.name();
   meta.buffers = buffers;
+  meta.param_groups = param_groups;
   meta.world_size = model.world().size();
   meta.shard_group_size = model.shard_group_size();
   meta.strategy = to_string(model.options().strategy());
@@ -150,8 +153,12 @@ void save_sharded(FsdpState& state, const NamedTensors& buffers,
   const ShardedView model(state);
   ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
+  // Before anything is written: a tensor the optimizer holds outside the model is refused here.
+  std::vector<ParamGroupMeta> param_groups;
+  std::string error = try_local([&] { param_groups = describe_param_groups(model, optimizer_in, "save_sharded"); });
+  throw_if_any_failed(world, error, "save_sharded: cannot save " + folder);
   // An old metadata.json would make a half-rewritten folder look complete.
-  std::string error = try_local([&] {
+  error = try_local([&] {
     if (world.rank() != 0) return;
     fs::create_directories(folder);
     fs::remove(metadata);
@@ -176,7 +183,7 @@ void save_sharded(FsdpState& state, const NamedTensors& buffers,
   const auto descriptions = all_gather_strings(world, description);
   error = try_local([&] {
     if (world.rank() != 0) return;
-    const CheckpointMeta meta = build_metadata(model, optimizer, buffer_metas, descriptions, extra);
+    const CheckpointMeta meta = build_metadata(model, optimizer, buffer_metas, param_groups, descriptions, extra);
     check_matches_model(meta, describe_model(model, optimizer), metadata);  // a complete layout
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     const std::string text = to_json(meta).dump(1);

@@ -147,13 +147,14 @@ const OptimizerFamily& family_of(Optimizer& optimizer, const std::string& what) 
               "alone with fsdp::save_full_params");
 }
 
-const OptimizerOptions* options_of(Optimizer& optimizer, const at::Tensor& param) {
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& p : group.params()) {
-      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return &group.options();
+// The index of the param group holding `param`, or nullopt.
+std::optional<size_t> group_of(Optimizer& optimizer, const at::Tensor& param) {
+  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
+    for (auto& p : optimizer.param_groups()[g].params()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return g;
     }
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -178,9 +179,14 @@ std::vector<std::string> OptimizerState::kinds_in_use() const {
 }
 
 std::optional<std::vector<std::string>> OptimizerState::kinds_needed(const at::Tensor& param) const {
-  const OptimizerOptions* options = options_of(*optimizer_, param);
-  if (!options) return std::nullopt;
-  return family_->needed(*options);
+  return kinds_needed(param, {});
+}
+
+std::optional<std::vector<std::string>> OptimizerState::kinds_needed(
+    const at::Tensor& param, const std::vector<std::unique_ptr<OptimizerOptions>>& options) const {
+  const auto g = group_of(*optimizer_, param);
+  if (!g) return std::nullopt;
+  return family_->needed(options.empty() ? optimizer_->param_groups()[*g].options() : *options.at(*g));
 }
 
 bool OptimizerState::counts_steps() const { return family_->counts_steps; }

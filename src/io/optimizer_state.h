@@ -7,6 +7,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,9 @@ class OptimizerState {
   /// The kinds the group holding `param` keeps (amsgrad adds max_exp_avg_sq; SGD without
   /// momentum keeps none); nullopt when no group holds `param`.
   std::optional<std::vector<std::string>> kinds_needed(const at::Tensor& param) const;
+  /// The same with `options` (one per group, as loading stages them) in place of the groups' own.
+  std::optional<std::vector<std::string>> kinds_needed(
+      const at::Tensor& param, const std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>& options) const;
   /// Whether the optimizer counts steps (a "step" per parameter).
   bool counts_steps() const;
 

@@ -189,6 +189,11 @@ MUTATIONS = [
      "if (!options.sync_module_states()) check_same_initial_values(state.world(), unsharded_params(plans));",
      "(void)unsharded_params;",
      [(2, "InitialValues.*")]),
+    # Issue 49 item 8: the same start compared bitwise (a hash of each parameter's bytes).
+    ("initial-values-hash-not-compared", "src/core/model_check.cpp",
+     "if (rows[r * n + i] != rows[i]) differing << (differing.tellp() > 0 ? \", \" : \"\") << \"rank \" << r;",
+     "if (false) differing << (differing.tellp() > 0 ? \", \" : \"\") << \"rank \" << r;",
+     [(2, "InitialValues.*")]),
     ("unit-arrow-skips-the-unit", "include/fsdp/fully_shard.h",
      "return static_cast<detail::UnitMembers<Unit>*>(M::operator->());",
      "return M::operator->();",
