@@ -373,6 +373,59 @@ def token_file_messages(t, tmp):
     t.fails("--data FILE.bin, odd size", sharded("--data", str(odd)), "--data " + str(odd), "odd")
     t.fails("--eval-tokens, odd size", sharded("--eval-tokens", str(odd), "--eval-out",
                                                str(tmp / "e.pt")), "--eval-tokens " + str(odd), "odd")
+    near_miss = tmp / "near-miss.bin"  # llm.c's header, version 1 and the count, magic off by one
+    near_miss.write_bytes(array.array("i", [20240521, 1, 4096] + [0] * 253).tobytes() + bytes(8192))
+    t.fails("--data-tokens, llm.c header with a wrong magic",
+            run([FSDPRUN, "--nproc-per-node", "1", GPT, *TINY, "--data-tokens", str(near_miss)]),
+            "--data-tokens " + str(near_miss), "magic number is 20240521", "20240520")
+
+
+def hf_config_readings(t, tmp):
+    """config.json's keys read typed, as transformers reads them: a wrong type names the key and
+    the file (never an abort), and what transformers refuses gpt_train refuses."""
+    llama = tmp / "hf-llama"
+    made = sharded("--model", "llama", "--steps", "0", "--export-hf", str(llama))
+    t.check("setup: a Llama exported", "exit 0", made, made.rc == 0)
+
+    def edited(name, **changes):
+        folder = tmp / name
+        shutil.copytree(llama, folder)
+        config = json.loads((folder / "config.json").read_text())
+        config.update(changes)
+        config = {k: v for k, v in config.items() if v is not None}
+        (folder / "config.json").write_text(json.dumps(config))
+        return str(folder)
+
+    rope = {"rope_type": "llama3", "rope_theta": 1e4, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    cases = [
+        ("HF tie_word_embeddings \"true\" (a string)", edited("hf-string-bool", tie_word_embeddings="true"),
+         ("config.json", '"tie_word_embeddings" must be true or false', "a JSON string")),
+        ("HF use_sliding_window \"false\" (a string)",
+         edited("hf-string-window", model_type="qwen2", use_sliding_window="false"),
+         ("config.json", '"use_sliding_window" must be true or false')),
+        ("HF config.json without model_type", edited("hf-no-type", model_type=None),
+         ("config.json", 'has no "model_type"')),
+        ("HF rope_type 7 (a number)", edited("hf-number-type", rope_parameters={"rope_type": 7}),
+         ("config.json", '"rope_type" must be a string')),
+        ("HF llama3 rope without factor", edited("hf-no-factor", rope_parameters=rope),
+         ("config.json", 'needs "factor"')),
+    ]
+    for name, folder, needles in cases:
+        t.fails(name, sharded("--model", "llama", "--init-from-hf", folder), *needles)
+
+
+def resume_under_other_model_math(t, tmp):
+    """--resume refuses a Llama checkpoint under another RoPE or head, naming the setting, the
+    given and the saved value (every tensor would load: only the math differs)."""
+    ck = tmp / "ck-llama"
+    llama = ["--model", "llama", "--save-every", "2", "--checkpoint-dir", str(ck)]
+    made = sharded(*llama, "--steps", "2")
+    t.check("setup: a Llama checkpoint at step 2", "exit 0", made, made.rc == 0)
+    saved = (ck, digest(ck))
+    t.fails("--resume, other --rope-theta", sharded(*llama, "--steps", "4", "--resume", "--rope-theta", "20000"),
+            "--rope-theta 20000.0 (the checkpoint has 10000.0)", untouched=saved)
+    t.fails("--resume, --tie-head added", sharded(*llama, "--steps", "4", "--resume", "--tie-head"),
+            "--tie-head true (the checkpoint has false)", untouched=saved)
 
 
 def one_run_per_checkpoint_dir(t, tmp):
@@ -632,6 +685,8 @@ def cases(t):
         per_rank_outputs(t, tmp)
         data_folder_with_an_unreadable_file(t, tmp, text)
         hf_config_too_large(t, tmp)
+        hf_config_readings(t, tmp)
+        resume_under_other_model_math(t, tmp)
         token_file_messages(t, tmp)
         one_run_per_checkpoint_dir(t, tmp)
         lock_and_pruning(t, tmp, text)

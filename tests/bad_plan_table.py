@@ -132,7 +132,8 @@ def hf_folder(tmp, name, **config):
     folder.mkdir()
     base = {"model_type": "gpt2", "vocab_size": 256, "n_positions": 16, "n_layer": 1,
             "n_embd": 16, "n_head": 2}
-    (folder / "config.json").write_text(json.dumps({**base, **config}))
+    config = {k: v for k, v in {**base, **config}.items() if v is not None}  # None: key left out
+    (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
@@ -168,7 +169,14 @@ def hf_cases(t, tmp):
             bt.run([PLAN, *hf_only, "--init-from-hf", str(deep)]), "config.json", "more than 64 deep")
     long = hf_folder(tmp, "hf-long", model_type=[[1] * 50] * 1000)
     refused(t, "config.json model_type a 100 KB value", bt.run([PLAN, *hf_only, "--init-from-hf", str(long)]),
-            "config.json", '"model_type"', 'loads "gpt2" and the Llama family\'s "llama"')
+            "config.json", '"model_type" must be a string')
+    quoted = hf_folder(tmp, "hf-quoted", tie_word_embeddings="true")
+    refused(t, "fsdp_plan config.json tie_word_embeddings \"true\" (a string)",
+            bt.run([PLAN, *hf_only, "--init-from-hf", str(quoted)]),
+            "config.json", '"tie_word_embeddings" must be true or false')
+    untyped = hf_folder(tmp, "hf-untyped", model_type=None)
+    refused(t, "fsdp_plan config.json without model_type",
+            bt.run([PLAN, *hf_only, "--init-from-hf", str(untyped)]), "config.json", 'has no "model_type"')
 
 
 def flag_cases(t, tmp):

@@ -3,6 +3,8 @@
 #include "data.h"
 #include "gpt.h"
 #include "step.h"
+#include "step_summary.h"
+#include "trainer.h"
 
 #include <gtest/gtest.h>
 
@@ -124,3 +126,28 @@ TEST(Gpt, AParameterWithANanOrAnInfIsNotFinite) {
 }
 
 }  // namespace
+
+// gpt_train's end-of-run summary keeps no record per step: its numbers are exact over a short
+// run and, over a long one, come from a bounded sample that still finds the median.
+TEST(StepSummary, IsExactOverShortRunsAndSamplesLongOnes) {
+  gpt::StepSummary shortrun;
+  for (int i = 0; i < 9; ++i) {
+    gpt::StepRecord r;
+    r.loss = 10 - i;
+    r.step_ms = i == 0 ? 1000 : (i * 7) % 9;  // the first step (optimizer state) is left out
+    r.memory.peak_bytes = i == 0 ? 1 << 30 : i;
+    shortrun.add(r);
+  }
+  EXPECT_EQ(shortrun.first_loss(), 10);
+  EXPECT_EQ(shortrun.last_loss(), 2);
+  EXPECT_EQ(shortrun.peak_bytes(), 8);
+  EXPECT_EQ(shortrun.median_step_ms(), 5);  // of 7, 5, 3, 1, 8, 6, 4, 2: the upper middle
+  gpt::StepSummary longrun;
+  for (int i = 0; i < 200000; ++i) {
+    gpt::StepRecord r;
+    r.step_ms = (i * 7919) % 1000;  // uniform over 0..999, in no order
+    longrun.add(r);
+  }
+  EXPECT_EQ(longrun.steps(), 200000);
+  EXPECT_NEAR(longrun.median_step_ms(), 500, 40);
+}

@@ -23,7 +23,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is made here: nothing
 
 import numpy as np
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from safetensors.torch import load_file, save_file
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM)
 from transformers.utils import logging as hf_logging
 
 from hf_checks import hf_loss_and_logits, refusal_failure, relative, run_gpt_train, write_tokens
@@ -159,14 +161,94 @@ def uint32_token_files(tmp):
     print(f"llm.c version 2 (uint32 ids): the same losses as version 1 {losses[0]}; ids 60000-69999 train")
 
 
-def bad_inputs(single, data, tmp):
+def edited(source, target, **changes):
+    """A copy of the folder `source` whose config.json has `changes` (None removes a key)."""
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def transformers_readings(single, data, eval_bin, tmp):
+    """Folders that transformers 5 reads in its own way, each loaded by from_pretrained itself as
+    the reference: a config that ties the head beside a file with a head of its own (loaded
+    untied), an empty rope_scaling beside rope_parameters (ignored), and
+    original_max_position_embeddings at the top level and in rope_parameters (the top level's)."""
+    rope = {**LLAMA3_ROPE, "rope_theta": 20000.0}
+    cases = [
+        ("tie_word_embeddings true beside the file's own lm_head",
+         edited(single, tmp / "own-head", tie_word_embeddings=True)),
+        ("rope_scaling {} beside rope_parameters",
+         edited(single, tmp / "empty-scaling", rope_scaling={}, rope_parameters=rope)),
+        ("original_max_position_embeddings 64 at the top, 16 in rope_parameters",
+         edited(single, tmp / "two-omp", original_max_position_embeddings=64)),
+    ]
+    for label, folder in cases:
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        loads_like_transformers(model, folder, data, eval_bin, tmp, label)
+    model = AutoModelForCausalLM.from_pretrained(cases[0][1])
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    exported = tmp / "own-head-exported"
+    gpt_train("--init-from-hf", cases[0][1], "--data-tokens", data, "--seq", SEQ, "--batch", 2,
+              "--steps", 0, "--export-hf", exported)
+    back = load_file(exported / "model.safetensors")
+    assert torch.equal(back["lm_head.weight"], model.lm_head.weight), "the export lost the own head"
+    print("own head: exported untied, the file's lm_head kept")
+
+
+def export_onto_a_sharded_folder(single, sharded, data, tmp):
+    """--export-hf where a sharded model was saved: the old index and the shards it names go, a
+    file it does not name stays, and an fp32 export carries no quantization_config."""
+    target = tmp / "onto-sharded"
+    shutil.copytree(sharded, target)
+    (target / "README.md").write_text("kept")
+    source = edited(single, tmp / "quantized", quantization_config={"quant_method": "bitsandbytes"})
+    gpt_train("--init-from-hf", source, "--data-tokens", data, "--seq", SEQ, "--batch", 2,
+              "--steps", 0, "--export-hf", target)
+    left = sorted(p.name for p in target.iterdir())
+    assert left == ["README.md", "config.json", "generation_config.json", "model.safetensors"], left
+    assert "quantization_config" not in json.loads((target / "config.json").read_text())
+    model, info = LlamaForCausalLM.from_pretrained(target, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    print(f"export onto a sharded folder: {left}, no quantization_config")
+
+
+def with_a_second_copy(sharded, target, same):
+    """The sharded folder with model.norm.weight also in another shard than the index names."""
+    shutil.copytree(sharded, target)
+    index = json.loads((target / "model.safetensors.index.json").read_text())["weight_map"]
+    name = "model.norm.weight"
+    other = next(f for f in sorted(set(index.values())) if f != index[name])
+    value = load_file(target / index[name])[name]
+    tensors = load_file(target / other)
+    tensors[name] = value if same else value * 3
+    save_file(tensors, target / other, metadata={"format": "pt"})
+    return target
+
+
+def transformers_refuses(folder):
+    try:
+        AutoModelForCausalLM.from_pretrained(folder)
+    except Exception as e:  # noqa: BLE001  (KeyError, ValueError: whichever it raises)
+        return f"{type(e).__name__}: {str(e)[:80]}"
+    raise AssertionError(f"transformers loads {folder}; gpt_train must not refuse it")
+
+
+def bad_inputs(single, sharded, data, tmp):
     def folder(name, **changes):
-        target = tmp / "bad" / name
-        shutil.copytree(single, target)
-        config = json.loads((target / "config.json").read_text())
-        config.update(changes)
-        (target / "config.json").write_text(json.dumps(config))
-        return target
+        return edited(single, tmp / "bad" / name, **changes)
+
+    no_factor = folder("no-factor", rope_parameters={k: v for k, v in LLAMA3_ROPE.items() if k != "factor"})
+    per_layer = folder("per-layer", model_type="qwen2", rope_parameters={
+        "full_attention": {"rope_type": "default", "rope_theta": 1e4},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}})
+    for refused_too in (no_factor, per_layer):
+        print(f"transformers refuses {refused_too.name}: {transformers_refuses(refused_too)}")
+    same = with_a_second_copy(sharded, tmp / "bad" / "same-copy", same=True)
+    loads_like_transformers(AutoModelForCausalLM.from_pretrained(same).eval(), same, data,
+                            tmp / "eval.bin", tmp, "a tensor in two shards, equal copies")
 
     base = ["--data-tokens", data, "--seq", SEQ, "--batch", 2, "--steps", 1]
     cases = [
@@ -178,6 +260,14 @@ def bad_inputs(single, data, tmp):
          ["num_key_value_heads 3", "num_attention_heads 4"]),
         ("--seq past a Mistral's sliding window", [folder("window", model_type="mistral", sliding_window=16)],
          ["--seq 32 is longer than", "sliding_window 16", "--seq 16 or less"]),
+        ("a Mistral's window with use_sliding_window false (transformers' Mistral windows anyway)",
+         [folder("window-off", model_type="mistral", sliding_window=16, use_sliding_window=False)],
+         ["--seq 32 is longer than", "sliding_window 16"]),
+        ("llama3 rope without factor", [no_factor], ["config.json", '"factor"', "llama3"]),
+        ("Qwen2 per-layer rope_parameters", [per_layer], ["config.json", "per-layer", "full_attention"]),
+        ("a tensor in two shards, other values",
+         [with_a_second_copy(sharded, tmp / "bad" / "other-copy", same=False)],
+         ["model.norm.weight", "other values", "model.safetensors.index.json"]),
         ("config says 4 layers, weights 3", [folder("four", num_hidden_layers=4)],
          ["has no tensor 'h.3.", "model.layers.3."]),
         ("--model gpt2 for a Llama", [single, "--model", "gpt2"], ["--model gpt2 contradicts", "--model llama"]),
@@ -209,10 +299,12 @@ def main():
         loads_like_transformers(tied, tied_folder, data, eval_bin, tmp, "tied head, 4.x RoPE keys, W=2")
         qwen, qwen_folder = qwen2(tmp)
         loads_like_transformers(qwen, qwen_folder, data, eval_bin, tmp, "Qwen2 (q/k/v biases), W=2")
+        transformers_readings(single, data, eval_bin, tmp)
         export_round_trip(single, data, eval_bin, tmp)
+        export_onto_a_sharded_folder(single, sharded, data, tmp)
         fresh_model_exports(data, eval_bin, tmp)
         uint32_token_files(tmp)
-        bad_inputs(single, data, tmp)
+        bad_inputs(single, sharded, data, tmp)
     print("hf_llama end to end: ok")
 
 

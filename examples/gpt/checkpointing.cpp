@@ -1,6 +1,7 @@
 #include "checkpointing.h"
 
 #include "hf_folder.h"
+#include "model_settings.h"
 #include "options.h"
 #include "trainer.h"
 
@@ -306,8 +307,7 @@ nlohmann::json describe_run(const TrainOptions& o, int64_t next_step, bool optim
           {"seed", o.seed},
           {"optimizer_stepped", optimizer_stepped},
           {"batch_per_rank", o.batch},
-          {"model", {{"layers", o.model.layers}, {"dim", o.model.dim}, {"heads", o.model.heads},
-                     {"seq", o.model.max_seq}, {"vocab", o.model.vocab_size}}}};
+          {"model", model_settings(o.model)}};
 }
 
 bool is_step_folder_name(const std::string& name) {
@@ -340,22 +340,17 @@ nlohmann::json saved_metadata(const std::string& path) {
   }
 }
 
-// A resumed run must be the same model with the same seed; each differing flag is named.
+// A resumed run must be the same model with the same seed; each differing setting is named.
 void check_same_run(const nlohmann::json& saved, const std::string& path, const TrainOptions& o) {
   if (!saved.is_object()) return;
   std::string differs;
-  const auto compare = [&](const char* flag, const nlohmann::json& value, int64_t mine) {
-    if (value.is_number_integer() && value.get<int64_t>() != mine) {
-      differs += std::string(differs.empty() ? "" : ", ") + flag + " " + std::to_string(mine) +
-                 " (the checkpoint has " + std::to_string(value.get<int64_t>()) + ")";
-    }
-  };
   if (saved.contains("model") && saved["model"].is_object()) {
-    const auto& model = saved["model"];
-    compare("--layers", model.value("layers", nlohmann::json()), o.model.layers);
-    compare("--dim", model.value("dim", nlohmann::json()), o.model.dim);
-    compare("--heads", model.value("heads", nlohmann::json()), o.model.heads);
-    compare("--seq", model.value("seq", nlohmann::json()), o.model.max_seq);
+    const nlohmann::json mine = model_settings(o.model);
+    for (const auto& [setting, value] : saved["model"].items()) {  // an older checkpoint saved fewer
+      if (!mine.contains(setting) || mine[setting] == value) continue;
+      differs += std::string(differs.empty() ? "" : ", ") + setting_name(setting) + " " +
+                 mine[setting].dump() + " (the checkpoint has " + fsdp::json_excerpt(value) + ")";
+    }
   }
   if (saved.contains("seed") && saved["seed"].is_number_unsigned() &&
       saved["seed"].get<uint64_t>() != o.seed) {
@@ -557,7 +552,7 @@ void export_hf(const TrainOptions& o, const fsdp::NamedTensors& full_params,
     try {
       const nlohmann::json base = o.init_from_hf.empty()
                                       ? nlohmann::json()
-                                      : HfConfig::read(o.init_from_hf).json;
+                                      : HfConfig::read_json(o.init_from_hf);
       write_hf_folder(full_params, o.model, base, o.export_hf);
     } catch (const std::exception& e) {
       error = fsdp::message_of(e);

@@ -3,6 +3,7 @@
 #include <fsdp/state_dict.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -23,13 +24,23 @@ struct TokenLayout {
   int64_t id_bytes = 2;    // uint16 (nanoGPT, llm.c version 1) or uint32 (llm.c version 2)
 };
 
+// An llm.c header but for its magic number: a version llm.c writes, then only zeros (506 zero
+// ids in a row, which no tokenized text holds). Read as raw ids it would train on the header.
+bool near_miss_header(const std::array<int32_t, 256>& header) {
+  return header[0] != kLlmcMagic && (header[1] == 1 || header[1] == 2) &&
+         std::all_of(header.begin() + 3, header.end(), [](int32_t v) { return v == 0; });
+}
+
 TokenLayout token_layout(std::ifstream& in, const std::string& path, const std::string& flag,
                          int64_t file_bytes) {
-  int32_t header[3] = {0, 0, 0};
+  std::array<int32_t, 256> header{};
   if (file_bytes >= kLlmcHeaderBytes) {
-    in.read(reinterpret_cast<char*>(header), sizeof header);
+    in.read(reinterpret_cast<char*>(header.data()), kLlmcHeaderBytes);
     in.seekg(0);
   }
+  TORCH_CHECK(!near_miss_header(header), flag, " ", path, " starts with an llm.c header (version ",
+              header[1], ", ", header[2], " tokens) whose magic number is ", header[0], ", not ",
+              kLlmcMagic, "; write llm.c's magic ", kLlmcMagic, " (or, for nanoGPT's layout, no header)");
   if (header[0] != kLlmcMagic) {
     TORCH_CHECK(file_bytes % 2 == 0, flag, " ", path, " has ", file_bytes,
                 " bytes, an odd number: it is not an array of uint16 token ids (nanoGPT's .bin)");

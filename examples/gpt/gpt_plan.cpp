@@ -520,12 +520,6 @@ fsdp::PlanDevice shared_device(fsdp::PlanDevice device, fsdp::Distributed& dist)
   return device;
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
-
 }  // namespace
 
 fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
@@ -595,20 +589,14 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
 
 void check_plan_against_run(const fsdp::Plan& plan, const TrainOptions& o, const TrainResult& result,
                             const PlanFlags& flags, fsdp::Distributed& dist) {
-  int64_t peak = 0;
-  std::vector<double> step_ms;
-  const size_t first = result.steps.size() > 1 ? 1 : 0;  // the first step creates the optimizer state
-  for (size_t s = first; s < result.steps.size(); ++s) {
-    peak = std::max(peak, result.steps[s].memory.peak_bytes);
-    step_ms.push_back(result.steps[s].step_ms);
-  }
+  const int64_t peak = result.summary.peak_bytes();
   auto peaks = torch::zeros({dist.world_size()}, torch::kFloat64);
   peaks[dist.rank()] = static_cast<double>(peak);
   fsdp::all_reduce_sum(*dist.world, peaks);
   const double measured_peak = peaks.max().item<double>();
   const int64_t peak_rank = peaks.argmax().item<int64_t>();
   if (dist.rank() == 0) {
-    const double measured_ms = median(step_ms);
+    const double measured_ms = result.summary.median_step_ms();
     const double predicted_ms = plan.time.step * 1000 * o.grad_accum;  // the plan is a micro-batch's
     std::printf("plan vs run: peak per rank predicted %.2f MiB, measured %.2f MiB (max over ranks, "
                 "%.3fx); step (%lld micro-batch%s) predicted %.1f ms, measured %.1f ms (median of rank "

@@ -26,7 +26,7 @@ const char* const kIndexFile = "model.safetensors.index.json";
 constexpr int64_t kMaxConfigBytes = int64_t{1} << 20;
 constexpr int64_t kMaxIndexBytes = int64_t{64} << 20;
 
-json read_json(const fs::path& path, int64_t max_bytes, const std::string& what) {
+json read_json_file(const fs::path& path, int64_t max_bytes, const std::string& what) {
   const std::vector<char> text = fsdp::read_regular_file(path.string(), max_bytes, what);
   try {
     return fsdp::parse_json_bounded({text.data(), text.size()}, "--init-from-hf " + path.string());
@@ -49,7 +49,7 @@ std::vector<std::string> weight_files(const fs::path& dir, json* weight_map) {
   TORCH_CHECK(fs::exists(index), "--init-from-hf ", dir.string(), " has neither ", kSingleFile,
               " nor ", kIndexFile, " (save the model with save_pretrained(DIR), which writes "
               "safetensors; pytorch_model.bin is not read)");
-  const json parsed = read_json(index, kMaxIndexBytes, "a Hugging Face model's index");
+  const json parsed = read_json_file(index, kMaxIndexBytes, "a Hugging Face model's index");
   TORCH_CHECK(parsed.contains("weight_map") && parsed["weight_map"].is_object(), index.string(),
               " has no \"weight_map\" object of tensor name -> file");
   *weight_map = parsed["weight_map"];
@@ -104,6 +104,23 @@ double positive_number(const json& config, const std::string& key, double fallba
   return value.get<double>();
 }
 
+bool boolean(const json& config, const std::string& key, bool fallback, const std::string& path) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  const json& value = config[key];
+  TORCH_CHECK(value.is_boolean(), path, ": \"", key, "\" must be true or false, got ",
+              fsdp::json_excerpt(value), " (a JSON ", value.type_name(), "; write it without quotes)");
+  return value.get<bool>();
+}
+
+std::string text(const json& config, const std::string& key, const std::string& fallback,
+                 const std::string& path) {
+  if (!config.contains(key) || config[key].is_null()) return fallback;
+  const json& value = config[key];
+  TORCH_CHECK(value.is_string(), path, ": \"", key, "\" must be a string, got ",
+              fsdp::json_excerpt(value));
+  return value.get<std::string>();
+}
+
 bool ends_with(const std::string& name, const std::string& suffix) {
   return name.size() >= suffix.size() &&
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -111,25 +128,50 @@ bool ends_with(const std::string& name, const std::string& suffix) {
 
 }  // namespace hf
 
-HfConfig HfConfig::read(const std::string& dir) {
+json HfConfig::read_json(const std::string& dir) {
   const fs::path path = fs::path(dir) / "config.json";
   TORCH_CHECK(fs::is_directory(dir), "--init-from-hf ", dir,
               " is not a folder (pass the folder that save_pretrained wrote)");
   TORCH_CHECK(fs::exists(path), "--init-from-hf ", dir, " has no config.json (pass the folder "
               "that save_pretrained wrote)");
-  const std::string where = path.string();
+  nlohmann::json config = read_json_file(path, kMaxConfigBytes, "a Hugging Face model's config.json");
+  TORCH_CHECK(config.is_object(), path.string(), " is not a JSON object");
+  return config;
+}
+
+namespace {
+
+// A config that ties the head beside files that hold a head of their own, with other values:
+// transformers loads that head untied (and warns), which a Llama can be and GPT-2 cannot.
+void untie_a_head_of_its_own(const std::string& dir, const std::string& where, GPTConfig& model) {
+  if (!model.tied_head) return;
+  if (!fs::exists(fs::path(dir) / kSingleFile) && !fs::exists(fs::path(dir) / kIndexFile)) return;
+  if (!HfWeights(dir, hf_naming(model)).holds_own_head()) return;
+  TORCH_CHECK(model.is_llama(), where, " ties the head (\"tie_word_embeddings\"), but the weights "
+              "hold an lm_head.weight that differs from the embedding; transformers loads it "
+              "untied, which gpt_train's GPT-2 cannot represent (save the model tied, or as a Llama)");
+  model.tied_head = false;
+}
+
+}  // namespace
+
+HfConfig HfConfig::read(const std::string& dir) {
+  const std::string where = (fs::path(dir) / "config.json").string();
   HfConfig c;
-  c.json = read_json(path, kMaxConfigBytes, "a Hugging Face model's config.json");
-  TORCH_CHECK(c.json.is_object(), where, " is not a JSON object");
-  const nlohmann::json type = c.json.value("model_type", nlohmann::json("gpt2"));
+  c.json = read_json(dir);
+  // transformers' AutoConfig picks the class by model_type too: without it, nothing says which model.
+  TORCH_CHECK(c.json.contains("model_type"), where, " has no \"model_type\" (transformers needs it "
+              "to pick the model's class): add \"model_type\": \"gpt2\", \"llama\", \"mistral\" or \"qwen2\"");
+  const std::string type = hf::text(c.json, "model_type", "", where);
   if (type == "gpt2") {
     c.model = hf::gpt2_config(c.json, where);
   } else if (type == "llama" || type == "mistral" || type == "qwen2") {
     c.model = hf::llama_config(c.json, where);
   } else {
-    TORCH_CHECK(false, where, ": \"model_type\" is ", fsdp::json_excerpt(type), "; gpt_train "
+    TORCH_CHECK(false, where, ": \"model_type\" is \"", type, "\"; gpt_train "
                 "loads \"gpt2\" and the Llama family's \"llama\", \"mistral\" and \"qwen2\"");
   }
+  untie_a_head_of_its_own(dir, where, c.model);
   return c;
 }
 
@@ -138,10 +180,10 @@ namespace {
 // The key that bounds the sequence a loaded model trains on, and what it is, for messages: a
 // Mistral's attention window when it is shorter than the context (gpt_train attends to every
 // earlier position, which is the window's attention only up to its length).
-std::pair<std::string, std::string> context_limit(const HfConfig& hf) {
+std::pair<std::string, std::string> context_limit(const HfConfig& hf, const std::string& where) {
   if (!hf.model.is_llama()) return {"n_positions", "the model's context"};
-  const nlohmann::json& window = hf.json.value("sliding_window", nlohmann::json());
-  if (window.is_number_integer() && window.get<int64_t>() == hf.model.context() &&
+  const int64_t window = hf::sliding_window(hf.json, where);
+  if (window > 0 && window == hf.model.context() &&
       hf.json.value("max_position_embeddings", nlohmann::json()) != window) {
     return {"sliding_window", "its attention window: gpt_train's attention has none, so it trains on "
                               "sequences within the window"};
@@ -165,7 +207,7 @@ void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSize
   agree(given.dim, model.dim, "--dim", hf.model.dim, "n_embd", "hidden_size");
   agree(given.heads, model.heads, "--heads", hf.model.heads, "n_head", "num_attention_heads");
   agree(given.vocab, model.vocab_size, "--vocab", hf.model.vocab_size, "vocab_size", "vocab_size");
-  const auto [limit_key, limit_meaning] = context_limit(hf);
+  const auto [limit_key, limit_meaning] = context_limit(hf, where);
   TORCH_CHECK(!given.seq || model.max_seq <= hf.model.context(), "--seq ", model.max_seq,
               " is longer than ", where, "'s ", limit_key, " ", hf.model.context(), " (", limit_meaning,
               "); pass --seq ", hf.model.context(), " or less");
@@ -194,7 +236,10 @@ HfWeights::HfWeights(const std::string& dir, HfNaming naming) : dir_(dir), namin
     for (const auto& entry : file->entries()) {
       if (!weight_map.empty()) {
         const std::string listed = weight_map.value(entry.name, "");
-        if (fs::path(file->path()).filename() != listed) continue;  // the index decides
+        if (fs::path(file->path()).filename() != listed) {  // the index decides, if copies agree
+          if (!listed.empty()) check_second_copy(*file, entry.name, listed);
+          continue;
+        }
       }
       const std::string name = naming_.model_name(entry.name);
       if (name.empty()) continue;
@@ -222,6 +267,27 @@ HfWeights::HfWeights(const std::string& dir, HfNaming naming) : dir_(dir), namin
 }
 
 HfWeights::~HfWeights() = default;
+
+void HfWeights::check_second_copy(const fsdp::SafetensorsReader& file, const std::string& tensor,
+                                  const std::string& listed) const {
+  const fs::path listed_path = fs::path(dir_) / listed;
+  for (const auto& other : files_) {
+    if (other->path() != listed_path.string() || !other->contains(tensor)) continue;
+    // transformers reads every file of the index and keeps the last file's copy, whatever the
+    // index says: copies that differ make a folder whose model depends on that order.
+    TORCH_CHECK(hf::same_values(*other, tensor, file, tensor), (fs::path(dir_) / kIndexFile).string(),
+                " puts '", tensor, "' in ", listed, ", but ", file.path(), " holds another '", tensor,
+                "' with other values (transformers would load the copy of the last file, not the "
+                "index's); remove the stale copy");
+  }
+}
+
+bool HfWeights::holds_own_head() const {
+  if (tied_head_file_.empty()) return false;
+  fsdp::SafetensorsReader head(tied_head_file_);
+  const Source& wte = source("wte.weight");
+  return !hf::same_values(head, tied_head_tensor_, *wte.file, wte.tensor);
+}
 
 const HfWeights::Source& HfWeights::source(const std::string& name) const {
   auto it = sources_.find(name);
@@ -283,9 +349,33 @@ void load_hf(fsdp::Unit<GPT>& model, const std::string& dir) {
   });
 }
 
+namespace {
+
+// The shards that an index already in the export's folder names (a sharded model saved there
+// before): the export replaces them, so that the folder holds the one model it wrote. Only
+// names inside the folder, and never the file the export writes.
+std::vector<fs::path> stale_shards(const fs::path& dir) {
+  const fs::path index = dir / kIndexFile;
+  if (!fs::exists(index)) return {};
+  const json parsed = read_json_file(index, kMaxIndexBytes, "a Hugging Face model's index");
+  TORCH_CHECK(parsed.contains("weight_map") && parsed["weight_map"].is_object(), "--export-hf: ",
+              index.string(), " has no \"weight_map\", so its shards are unknown; remove the old "
+              "model's files from ", dir.string(), " or export to an empty folder");
+  std::set<fs::path> shards;
+  for (const auto& [tensor, file] : parsed["weight_map"].items()) {
+    TORCH_CHECK(file.is_string(), index.string(), ": the file of '", tensor, "' is not a string");
+    fsdp::check_relative_name(file.get<std::string>(), index.string());
+    if (file.get<std::string>() != kSingleFile) shards.insert(dir / file.get<std::string>());
+  }
+  return {shards.begin(), shards.end()};
+}
+
+}  // namespace
+
 void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& config, const json& base,
                const std::string& dir) {
   fs::create_directories(dir);
+  const std::vector<fs::path> stale = stale_shards(dir);
   const HfNaming naming = hf_naming(config);
   fsdp::NamedTensors tensors;
   for (const auto& [name, value] : full_params) {
@@ -294,9 +384,14 @@ void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& con
   fsdp::save_safetensors((fs::path(dir) / kSingleFile).string(), tensors, {{"format", "pt"}});
   json out = config.is_llama() ? hf::llama_config_json(config, base) : hf::gpt2_config_json(config, base);
   out["dtype"] = "float32";
+  out.erase("quantization_config");  // the weights written are fp32, not a quantized model's
   const std::string text = out.dump(2) + "\n";
   fsdp::write_file_atomically((fs::path(dir) / "config.json").string(),
                               std::vector<char>(text.begin(), text.end()));
+  // The index first: from_pretrained prefers model.safetensors, and without the index a
+  // leftover shard is no model's.
+  fs::remove(fs::path(dir) / kIndexFile);
+  for (const fs::path& shard : stale) fs::remove(shard);
 }
 
 }  // namespace gpt

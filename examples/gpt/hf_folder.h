@@ -31,6 +31,8 @@ struct HfConfig {
   /// `dir`/config.json: every size present and bounded, and nothing the model cannot represent.
   /// Throws naming the file, the key and the fix.
   static HfConfig read(const std::string& dir);
+  /// `dir`/config.json as JSON, checked to be an object (for --export-hf to keep its other keys).
+  static nlohmann::json read_json(const std::string& dir);
 };
 
 /// The flags --layers/--dim/--heads/--seq/--vocab that the user gave explicitly (others take the
@@ -74,8 +76,13 @@ class HfWeights {
   /// Elements [begin, end) of parameter `name` flattened in the model's [out, in] layout: a
   /// positioned read of just those elements, or for a transposed weight one short read per row.
   at::Tensor read_range(const std::string& name, int64_t begin, int64_t end) const;
+  /// Whether the files hold an lm_head.weight of their own beside a tied head's embedding, with
+  /// other values: transformers then leaves the head untied (and warns).
+  bool holds_own_head() const;
 
  private:
+  void check_second_copy(const fsdp::SafetensorsReader& file, const std::string& tensor,
+                         const std::string& listed) const;
   struct Source;
   const Source& source(const std::string& name) const;
   std::string dir_;
@@ -103,6 +110,8 @@ nlohmann::json gpt2_config_json(const GPTConfig& config, const nlohmann::json& b
 
 GPTConfig llama_config(const nlohmann::json& config, const std::string& where);
 HfNaming llama_naming(const GPTConfig& config);
+/// The attention window transformers applies to this Llama-family config, or 0 for none.
+int64_t sliding_window(const nlohmann::json& config, const std::string& where);
 nlohmann::json llama_config_json(const GPTConfig& config, const nlohmann::json& base);
 
 /// config[key]: a positive whole number at most `max` (`bound` says whose: training and
@@ -115,7 +124,16 @@ void require(const nlohmann::json& config, const std::string& key, const nlohman
 /// config[key] as a positive finite number, or `fallback` when absent.
 double positive_number(const nlohmann::json& config, const std::string& key, double fallback,
                        const std::string& path);
+/// config[key] as a boolean, or `fallback` when absent or null; another type (a string "true")
+/// throws naming the key and the file.
+bool boolean(const nlohmann::json& config, const std::string& key, bool fallback, const std::string& path);
+/// config[key] as a string, or `fallback` when absent or null; another type throws naming the key.
+std::string text(const nlohmann::json& config, const std::string& key, const std::string& fallback,
+                 const std::string& path);
 bool ends_with(const std::string& name, const std::string& suffix);
+/// Whether tensor `a_name` of `a` and `b_name` of `b` have one shape and equal values.
+bool same_values(const fsdp::SafetensorsReader& a, const std::string& a_name,
+                 const fsdp::SafetensorsReader& b, const std::string& b_name);
 
 }  // namespace hf
 

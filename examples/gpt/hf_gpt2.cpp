@@ -54,7 +54,8 @@ GPTConfig gpt2_config(const json& config, const std::string& where) {
                 ": \"layer_norm_epsilon\" is ", fsdp::json_excerpt(eps), ", but gpt_train's GPT uses "
                 "LayerNorm's 1e-5; only 1e-5 can be loaded");
   }
-  require(config, "tie_word_embeddings", true, where, "ties GPT-2's output head to wte");
+  TORCH_CHECK(boolean(config, "tie_word_embeddings", true, where), where, ": \"tie_word_embeddings\" "
+              "is false, but gpt_train's GPT ties GPT-2's output head to wte; only true can be loaded");
   require(config, "n_inner", 4 * c.dim, where, "has an MLP of 4·n_embd");
   require(config, "scale_attn_weights", true, where, "scales attention by 1/sqrt(head_dim)");
   require(config, "scale_attn_by_inverse_layer_idx", false, where,

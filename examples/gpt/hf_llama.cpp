@@ -64,41 +64,76 @@ std::string model_name(const std::string& file_name) {
 
 std::string file_name(const std::string& name) { return renamed(name, /*to_model=*/false); }
 
-// The rotary parameters: transformers 5's rope_parameters, or 4.x's rope_scaling and rope_theta
-// (rope_scaling first, as transformers 5 reads them).
-void read_rope(const json& config, const std::string& where, GPTConfig& c) {
-  json rope = json::object();
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (config.contains(key) && !config[key].is_null()) {
-      TORCH_CHECK(config[key].is_object(), where, ": \"", key, "\" must be an object, got ",
-                  fsdp::json_excerpt(config[key]));
-      rope = config[key];
+// The rotary parameters' object as transformers 5 picks it: a non-empty rope_scaling (4.x's
+// spelling) before rope_parameters; an empty one ({}) counts as absent.
+json rope_object(const json& config, const std::string& where) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    if (!config.contains(key) || config[key].is_null()) continue;
+    TORCH_CHECK(config[key].is_object(), where, ": \"", key, "\" must be an object, got ",
+                fsdp::json_excerpt(config[key]));
+    if (config[key].empty()) continue;
+    for (const auto& [name, value] : config[key].items()) {  // {"full_attention": {...}, ...}
+      TORCH_CHECK(!value.is_object(), where, ": \"", key, "\" holds per-layer-type parameters (\"",
+                  name, "\"), which transformers' ", text(config, "model_type", "", where),
+                  " does not read; give one object: {\"rope_type\": ..., \"rope_theta\": ...}");
     }
+    return config[key];
   }
+  return json::object();
+}
+
+// A llama3 key that transformers requires (it refuses the config without it).
+double llama3_number(const json& rope, const char* key, const std::string& where) {
+  TORCH_CHECK(rope.contains(key) && !rope[key].is_null(), where, ": rope_type \"llama3\" needs \"",
+              key, "\" (transformers refuses the config without it); add it to rope_parameters");
+  return positive_number(rope, key, 0.0, where);
+}
+
+// The rotary parameters: transformers 5's rope_parameters, or 4.x's rope_scaling and rope_theta.
+void read_rope(const json& config, const std::string& where, GPTConfig& c) {
+  const json rope = rope_object(config, where);
   c.rope_theta = positive_number(rope, "rope_theta", positive_number(config, "rope_theta", 10000.0, where), where);
-  const json type = rope.value("rope_type", rope.value("type", json("default")));
+  const std::string type = text(rope, "rope_type", text(rope, "type", "default", where), where);
   require(rope, "partial_rotary_factor", 1.0, where, "rotates every channel of a head");
   if (type == "default") return;
-  TORCH_CHECK(type == "llama3", where, ": rope_type ", fsdp::json_excerpt(type), " is not one "
+  TORCH_CHECK(type == "llama3", where, ": rope_type \"", type, "\" is not one "
               "gpt_train's Llama computes; only \"default\" and Llama 3's \"llama3\" can be loaded");
   Llama3RopeScaling s;
-  s.factor = positive_number(rope, "factor", s.factor, where);
-  s.low_freq_factor = positive_number(rope, "low_freq_factor", s.low_freq_factor, where);
-  s.high_freq_factor = positive_number(rope, "high_freq_factor", s.high_freq_factor, where);
+  s.factor = llama3_number(rope, "factor", where);
+  s.low_freq_factor = llama3_number(rope, "low_freq_factor", where);
+  s.high_freq_factor = llama3_number(rope, "high_freq_factor", where);
   TORCH_CHECK(s.high_freq_factor > s.low_freq_factor, where, ": rope high_freq_factor (",
               s.high_freq_factor, ") must exceed low_freq_factor (", s.low_freq_factor, ")");
-  const json& source = rope.contains("original_max_position_embeddings") ? rope : config;
-  s.original_context = positive_size(source, "original_max_position_embeddings", where, kMaxPositions,
-                                     "a context no model has");
+  // transformers' order: the top level's (Phi-3's spelling) first, then the rope object's, then
+  // max_position_embeddings.
+  const char* const key = "original_max_position_embeddings";
+  const json& source = config.contains(key) && !config[key].is_null() ? config
+                       : rope.contains(key) && !rope[key].is_null()    ? rope
+                                                                       : json();
+  s.original_context = source.is_null()
+                           ? positive_size(config, "max_position_embeddings", where, kMaxPositions, "")
+                           : positive_size(source, key, where, kMaxPositions, "a context no model has");
   c.rope_scaling = s;
 }
 
 }  // namespace
 
+// A Mistral's sliding_window always (transformers' Mistral has no use_sliding_window; 4096 when
+// absent, none when null); a Qwen2's only with use_sliding_window.
+int64_t sliding_window(const json& config, const std::string& where) {
+  const std::string type = text(config, "model_type", "", where);
+  if (type != "mistral" && type != "qwen2") return 0;
+  if (type == "qwen2" && !boolean(config, "use_sliding_window", false, where)) return 0;
+  if (!config.contains("sliding_window")) return 4096;  // MistralConfig's and Qwen2Config's default
+  if (config["sliding_window"].is_null()) return 0;
+  return positive_size(config, "sliding_window", where, kMaxPositions, "a context no model has");
+}
+
 GPTConfig llama_config(const json& config, const std::string& where) {
   GPTConfig c;
   c.arch = Architecture::Llama;
-  const bool qwen2 = config.value("model_type", json("")) == "qwen2";
+  const std::string type = text(config, "model_type", "", where);
+  const bool qwen2 = type == "qwen2";
   c.vocab_size = positive_size(config, "vocab_size", where, kMaxVocab, "the bound of --vocab");
   c.layers = positive_size(config, "num_hidden_layers", where, kMaxLayers, "the bound of --layers");
   c.dim = positive_size(config, "hidden_size", where, kMaxDim, "the bound of --dim");
@@ -112,15 +147,11 @@ GPTConfig llama_config(const json& config, const std::string& where) {
   c.ffn_dim = positive_size(config, "intermediate_size", where, kMaxDim * 16, "16x the bound of --dim");
   c.positions = positive_size(config, "max_position_embeddings", where, kMaxPositions,
                               "a context no model has; --seq's bound is the run's");
-  if (config.contains("sliding_window") && !config["sliding_window"].is_null() &&
-      config.value("use_sliding_window", !qwen2)) {
-    // Attention within a window of the last sliding_window tokens is full attention up to it.
-    c.positions = std::min(c.positions, positive_size(config, "sliding_window", where, kMaxPositions,
-                                                      "a context no model has"));
-  }
+  // Attention within a window of the last sliding_window tokens is full attention up to it.
+  if (const int64_t window = sliding_window(config, where)) c.positions = std::min(c.positions, window);
   c.max_seq = c.positions;
   c.norm_eps = positive_number(config, "rms_norm_eps", 1e-6, where);
-  c.tied_head = config.value("tie_word_embeddings", false);
+  c.tied_head = boolean(config, "tie_word_embeddings", false, where);
   c.qkv_bias = qwen2;
   TORCH_CHECK(c.heads % c.kv_heads == 0, where, ": num_key_value_heads ", c.kv_heads,
               " does not divide num_attention_heads ", c.heads);

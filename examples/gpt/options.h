@@ -68,6 +68,9 @@ struct TrainOptions {
   // compare it). gpt_train turns it off: it never reads them, and at 1.3 B parameters the copy is
   // 5 GB and ~5 s of every run.
   bool gather_final_params = true;
+  // TrainResult::steps and ::losses: a record per step (the tests read them). gpt_train turns it
+  // off: its summary reads TrainResult::summary, whose memory is bounded however long the run.
+  bool keep_step_records = true;
 };
 
 /// Where the model computes and the batches go: fsdp.device(), else the CPU.

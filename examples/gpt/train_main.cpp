@@ -39,8 +39,8 @@ void print_result(const gpt::TrainResult& result) {
   if (!result.sample.empty()) {
     std::cout << "--- sample ---\n" << result.sample << "\n--------------\n";
   }
-  if (!result.losses.empty()) {
-    std::printf("loss: first %.4f last %.4f\n", result.losses.front(), result.losses.back());
+  if (result.summary.steps() > 0) {
+    std::printf("loss: first %.4f last %.4f\n", result.summary.first_loss(), result.summary.last_loss());
   }
 }
 
@@ -64,7 +64,8 @@ void run(gpt::CommandLine& cl) {
     checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank, /*create=*/true);
     gpt::check_checkpoint_dir(o);  // another run may have filled the folder meanwhile
   }
-  o.gather_final_params = false;  // print_result reads the losses and the sample only
+  o.gather_final_params = false;  // print_result reads the summary and the sample only
+  o.keep_step_records = false;
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);
   if (plan) gpt::check_plan_against_run(*plan, o, result, cl.planner, *dist);

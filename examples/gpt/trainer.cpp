@@ -345,21 +345,21 @@ void save_checkpoint_if_finite(const StepContext& ctx, int64_t step, double loss
 
 }  // namespace
 
-std::vector<StepRecord> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log) {
+void run_steps(const StepContext& ctx, int64_t first_step, StepLog& log, StepSummary& summary,
+               std::vector<StepRecord>& records) {
   const TrainOptions& o = ctx.options;
-  std::vector<StepRecord> records;
   NonFiniteGuard nonfinite(o);
   const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
   for (int64_t step = first_step; step < o.steps; ++step) {
     const StepRecord record = measured_step(ctx, step, !o.trace.empty() && step == traced_step);
-    records.push_back(record);
+    summary.add(record);
+    if (o.keep_step_records) records.push_back(record);
     log.write(record);
     nonfinite.count(record.loss, step);
     if (checkpoint_due(o, step)) save_checkpoint_if_finite(ctx, step, record.loss);
   }
   GPT gpt = ctx.model.module();
   nonfinite.check_finished(gpt, ctx.dist);
-  return records;
 }
 
 namespace {
@@ -431,7 +431,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   if (eval_batch) eval_initial = evaluate(model, *eval_batch, device);
 
   TrainResult result;
-  result.steps = run_steps(ctx, first_step, log);
+  run_steps(ctx, first_step, log, result.summary, result.steps);
   for (const StepRecord& step : result.steps) result.losses.push_back(step.loss);
   if (!o.save_full.empty()) write_output("--save-full", o.save_full, [&] { save_full(o, model, dist); });
   if (o.gather_final_params || !o.export_hf.empty()) result.final_params = full_params(model, dist);

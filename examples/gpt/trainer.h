@@ -6,6 +6,7 @@
 #include "gpt.h"
 #include "options.h"
 #include "step.h"
+#include "step_summary.h"
 
 #include <fsdp/comm_stats.h>
 #include <fsdp/distributed.h>
@@ -130,10 +131,12 @@ std::string generate(fsdp::Unit<GPT>& model, const c10::Device& device, const st
 
 // The steps of a gpt_train run, from the first (0, or the resumed checkpoint's) to --steps: each
 // timed and measured, logged, checked for a non-finite loss, and checkpointed when one is due.
-/// Trains steps [first_step, ctx.options.steps) and returns each one's record (loss over the
-/// global batch, time, this rank's memory and collective bytes). Throws when the losses stop being finite (nonfinite_guard.h), or when the model is not
+/// Trains steps [first_step, ctx.options.steps), adding each one's record (loss over the global
+/// batch, time, this rank's memory and collective bytes) to `summary`, and to `records` when
+/// the options keep them. Throws when the losses stop being finite (nonfinite_guard.h), or when the model is not
 /// finite at the end.
-std::vector<StepRecord> run_steps(const StepContext& ctx, int64_t first_step, StepLog& log);
+void run_steps(const StepContext& ctx, int64_t first_step, StepLog& log, StepSummary& summary,
+               std::vector<StepRecord>& records);
 
 // The training loop of gpt_train, shared with the tests: the same code trains sharded (FSDP over
 // the world process group) or as the unsharded single-process reference on the global batch.
@@ -142,6 +145,7 @@ struct TrainResult {
   std::vector<std::pair<std::string, torch::Tensor>> final_params;  // full, original names
   std::string sample;
   std::vector<StepRecord> steps;  // this rank's measurements of each step
+  StepSummary summary;             // the same in bounded memory (losses and steps may be off)
 };
 
 /// Sharded training when `dist` is set, otherwise the unsharded reference.
