@@ -118,8 +118,9 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadl
                       deadline - std::chrono::steady_clock::now()));
 }
 
-c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                                              std::chrono::steady_clock::time_point deadline) {
+c10::intrusive_ptr<c10d::TCPStore> connect_store(const LaunchEnv& env,
+                                                 std::chrono::milliseconds timeout,
+                                                 std::chrono::steady_clock::time_point deadline) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
   options.isServer = env.rank == 0 && !env.agent_store;
@@ -272,7 +273,12 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   QuietC10dLogs quiet;
 
-  auto store = this_attempts_store(connect_store(env, timeout, deadline), env);
+  auto tcp_store = connect_store(env, timeout, deadline);
+  if (env.master_port == 0) {  // run alone: the port the OS chose, for code that reads MASTER_PORT
+    dist->env.master_port = tcp_store->getPort();
+    env.export_to_environment();
+  }
+  auto store = this_attempts_store(tcp_store, env);
   announce_host(*store, env.rank);
   check_ranks_joined(*store, env, timeout, left_until(deadline));
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
