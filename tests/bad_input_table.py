@@ -566,7 +566,7 @@ def started_by_hand(t):
         t.check(f"no launcher's variable, run {i + 1} of 2 at once", "exit 0, one rank", result,
                 result.rc == 0 and "error" not in result.output.lower())
     t.fails("MASTER_PORT alone (no launcher)", run([GPT, *gpt_args()], env={"MASTER_PORT": "1"}),
-            "RANK", "MASTER_ADDR", "is not set")
+            "RANK", "MASTER_ADDR", "not set")
 
 
 def port_of_a_running_job(t):
