@@ -92,7 +92,8 @@ TEST(InitialValues, ReseedingPerRankAfterFullyShardGivesEachRankItsOwnDropout) {
   const size_t rows = 60;  // divides among 1 to 4 ranks
   torch::data::samplers::DistributedRandomSampler sampler(rows, dist().world_size(), dist().rank());
   auto dealt = torch::zeros({static_cast<int64_t>(rows)});
-  for (size_t index : *sampler.next(rows)) dealt[static_cast<int64_t>(index)] += 1;
+  const auto indices = sampler.next(rows).value();
+  for (size_t index : indices) dealt[static_cast<int64_t>(index)] += 1;
   fsdp::all_reduce_sum(*dist().world, dealt);
   EXPECT_TRUE(torch::equal(dealt, torch::ones_like(dealt)));
 }
