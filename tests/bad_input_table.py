@@ -32,7 +32,7 @@ CRASH = re.compile(r"terminate called|Exception raised from|frame #\d|CapturedTr
                    r"Segmentation fault|core dumped|what\(\):")
 BASE_ENV = {**os.environ, "FSDP_TIMEOUT_SECONDS": "20", "OMP_NUM_THREADS": "1"}
 for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "TORCH_SHOW_CPP_STACKTRACES"):
+             "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "TORCH_SHOW_CPP_STACKTRACES"):
     BASE_ENV.pop(name, None)
 
 
@@ -591,12 +591,35 @@ def lone_ranks_give_up_in_time(t):
         t.check(f"... gives up in time", f"< {timeout + 5} s, one error line", alone,
                 alone.seconds < timeout + 5 and alone.output.count("error") == 1,
                 f"{alone.seconds:.1f} s, {alone.output.count('error')} error lines")
+    # c10d's own wait for the workers counted whole seconds: 0.5 s became 1 s, said to be 0.5 s.
+    short = 0.5
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "FSDP_TIMEOUT_SECONDS": str(short)}
+    alone = run([GPT, *gpt_args()], env=env, timeout=60)
+    waited = re.search(r"after ([0-9.]+) s \(FSDP_TIMEOUT_SECONDS", alone.output)
+    t.check(f"RANK=0 of 2 alone, FSDP_TIMEOUT_SECONDS={short}", "exit != 0, says it waited <= the timeout",
+            alone, alone.rc not in (0, "hang") and waited is not None
+            and float(waited.group(1)) <= short + 0.1 <= alone.seconds + 0.1,
+            f"waited {waited.group(1) if waited else '(not said)'} s, {alone.seconds:.1f} s in all")
     node1 = run([FSDPRUN, "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                  "--master-addr", "127.0.0.1", "--master-port", str(free_port()), GPT, *gpt_args()],
                 env={"FSDP_TIMEOUT_SECONDS": str(timeout)}, timeout=60)
     t.fails("fsdprun --nnodes 2 --node-rank 1 alone", node1, "rank 1", "rendezvous")
     t.check("... gives up in time", f"< {timeout + 5} s", node1, node1.seconds < timeout + 5,
             f"{node1.seconds:.1f} s")
+
+
+def started_by_hand(t):
+    """No launcher's variable: the program is one rank, its store on a port the OS picks (two at
+    once do not collide); one variable alone is still an error naming the missing ones."""
+    with ThreadPoolExecutor(2) as pool:
+        alone = list(pool.map(lambda _: run([GPT, *gpt_args()], timeout=60), (0, 1)))
+    for i, result in enumerate(alone):
+        t.check(f"no launcher's variable, run {i + 1} of 2 at once", "exit 0, one rank", result,
+                result.rc == 0 and "error" not in result.output.lower())
+    t.fails("MASTER_PORT alone (no launcher)", run([GPT, *gpt_args()], env={"MASTER_PORT": "1"}),
+            "RANK", "MASTER_ADDR", "not set")
 
 
 def port_of_a_running_job(t):
@@ -690,6 +713,7 @@ def cases(t):
         token_file_messages(t, tmp)
         one_run_per_checkpoint_dir(t, tmp)
         lock_and_pruning(t, tmp, text)
+        started_by_hand(t)
         lone_ranks_give_up_in_time(t)
         port_of_a_running_job(t)
         step_in_backward_where_it_cannot_apply(t)

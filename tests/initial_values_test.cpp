@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <torch/data/samplers/distributed.h>
+
 #include <chrono>
 #include <limits>
 
@@ -103,6 +105,46 @@ TEST(InitialValues, DeferredUnitsBuiltDifferentlyPerRankAreRefused) {
   });
   EXPECT_NE(message.find("differ across ranks"), std::string::npos) << message;
   EXPECT_NE(message.find("weight"), std::string::npos) << message;
+}
+
+// README's seeding (the same seed on every rank before building the model) also gives every rank
+// the same noise; its recipe, `torch::manual_seed(seed + rank)` right after fully_shard, gives
+// each rank its own dropout while the model started equal and the data sampler stays shared.
+torch::Tensor same_on_every_rank(const torch::Tensor& t) {
+  auto root = t.clone();
+  fsdp::broadcast(*dist().world, root, 0);
+  return torch::equal(root, t) ? torch::ones({1}) : torch::zeros({1});
+}
+
+bool equal_on_every_rank(const torch::Tensor& t) {
+  auto votes = same_on_every_rank(t);
+  fsdp::all_reduce_sum(*dist().world, votes);
+  return votes.item<float>() == dist().world_size();
+}
+
+torch::Tensor dropout_mask() { return torch::dropout(torch::ones({4096}), 0.5, /*train=*/true); }
+
+TEST(InitialValues, ReseedingPerRankAfterFullyShardGivesEachRankItsOwnDropout) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "needs two ranks";
+  const uint64_t seed = 0;
+  torch::manual_seed(seed);  // README: the same initial model on every rank
+  OddNet net;
+  std::vector<torch::Tensor> initial;
+  for (const auto& p : net->parameters()) initial.push_back(p.detach().flatten().clone());
+  auto model = fsdp::fully_shard(net, *dist().world);
+  EXPECT_TRUE(equal_on_every_rank(torch::cat(initial)));
+  EXPECT_TRUE(equal_on_every_rank(dropout_mask())) << "README's seeding alone: the same noise";
+
+  torch::manual_seed(seed + dist().rank());  // README: each rank its own generator
+  EXPECT_FALSE(equal_on_every_rank(dropout_mask()));
+  // A sampler seeded by itself (by the epoch) still deals every row to exactly one rank.
+  const size_t rows = 60;  // divides among 1 to 4 ranks
+  torch::data::samplers::DistributedRandomSampler sampler(rows, dist().world_size(), dist().rank());
+  auto dealt = torch::zeros({static_cast<int64_t>(rows)});
+  const auto indices = sampler.next(rows).value();
+  for (size_t index : indices) dealt[static_cast<int64_t>(index)] += 1;
+  fsdp::all_reduce_sum(*dist().world, dealt);
+  EXPECT_TRUE(torch::equal(dealt, torch::ones_like(dealt)));
 }
 
 }  // namespace

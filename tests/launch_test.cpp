@@ -85,6 +85,25 @@ fsdp::EnvLookup lookup_in(const std::map<std::string, std::string>& env) {
   };
 }
 
+TEST(LaunchEnv, NoLaunchersVariableRunsAloneOnAPortTheOsPicks) {
+  const auto alone = fsdp::LaunchEnv::from(lookup_in({{"PATH", "/bin"}}));
+  EXPECT_EQ(alone.launcher, "none");
+  EXPECT_EQ(alone.rank, 0);
+  EXPECT_EQ(alone.world_size, 1);
+  EXPECT_EQ(alone.local_world_size, 1);
+  EXPECT_EQ(alone.master_addr, "127.0.0.1");
+  EXPECT_EQ(alone.master_port, 0);  // a fixed port would collide with another program's
+}
+
+TEST(LaunchEnv, OnePartOfTheContractStillNamesTheRest) {
+  for (const char* name : {"WORLD_SIZE", "MASTER_PORT", "LOCAL_RANK"}) {
+    const std::string message = error_of([&] { fsdp::LaunchEnv::from(lookup_in({{name, "1"}})); });
+    EXPECT_NE(message.find("RANK"), std::string::npos) << message;
+    EXPECT_NE(message.find("MASTER_ADDR"), std::string::npos) << message;
+    EXPECT_NE(message.find("one rank"), std::string::npos) << message;
+  }
+}
+
 // srun -N 2 --ntasks-per-node 3: the fifth task is on the second node.
 std::map<std::string, std::string> slurm_task() {
   return {{"SLURM_PROCID", "4"},          {"SLURM_NTASKS", "6"},

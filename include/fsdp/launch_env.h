@@ -21,7 +21,9 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  /// Which contract the values came from: "torchrun" (also fsdprun), "slurm" or "openmpi".
+  /// Which contract the values came from: "torchrun" (also fsdprun), "slurm", "openmpi", or
+  /// "none": no launcher's variable is set, the program runs alone (rank 0 of 1, MASTER_PORT 0 until
+  /// init_distributed's store takes a port the OS chose).
   std::string launcher = "torchrun";
   /// Under torchrun's elastic agent (TORCHELASTIC_USE_AGENT_STORE=True) the agent serves the
   /// store at MASTER_ADDR:MASTER_PORT and keeps it across restarts.
@@ -33,7 +35,7 @@ struct LaunchEnv {
   /// RANK, Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID,
   /// SLURM_TASKS_PER_NODE; MASTER_ADDR/PORT default from SLURM_JOB_NODELIST and SLURM_JOB_ID) or
   /// Open MPI's (OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; MASTER_ADDR/PORT from
-  /// `mpirun -x`). Missing variables throw naming all of them; a malformed or inconsistent one
+  /// `mpirun -x`); none of them set: one rank alone. Missing variables throw naming all of them; a malformed or inconsistent one
   /// throws with its name and what it should hold.
   static LaunchEnv from(const EnvLookup& lookup);
   static LaunchEnv from_environment();

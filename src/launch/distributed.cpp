@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <cmath>
 #include <csignal>
 #include <unistd.h>
 
@@ -24,10 +25,28 @@ namespace fsdp {
 
 namespace {
 
+// The one deadline of the whole rendezvous (store, joining), so that its steps together end
+// within FSDP_TIMEOUT_SECONDS.
+struct Deadline {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point end;
+
+  explicit Deadline(std::chrono::milliseconds timeout) : end(start + timeout) {}
+  // At least 1 ms: c10d takes 0 as "no timeout".
+  std::chrono::milliseconds left() const {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      end - std::chrono::steady_clock::now()));
+  }
+  double waited_seconds() const {
+    const auto waited = std::chrono::steady_clock::now() - start;
+    return std::round(std::chrono::duration<double>(waited).count() * 10) / 10;
+  }
+};
+
 // Every rank announces itself in the store before the process group forms, so that a RANK
 // used twice or a rank that never starts is named instead of surfacing as a store key.
 void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::milliseconds timeout,
-                        std::chrono::milliseconds left) {
+                        const Deadline& deadline) {
   const std::string prefix = "fsdp_joined/";
   std::vector<std::string> keys;
   for (int r = 0; r < env.world_size; ++r) keys.push_back(prefix + std::to_string(r));
@@ -44,7 +63,7 @@ void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::m
               " (WORLD_SIZE=", env.world_size, "); every process needs its own RANK in [0, ",
               env.world_size - 1, "] (launch with fsdprun or torchrun, which set them)");
   try {
-    store.wait(keys, left);
+    store.wait(keys, deadline.left());
   } catch (const std::exception&) {
     std::string missing;
     for (int r = 0; r < env.world_size; ++r) {
@@ -56,7 +75,8 @@ void check_ranks_joined(c10d::Store& store, const LaunchEnv& env, std::chrono::m
       if (!joined) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
-                " timed out after ", timeout.count() / 1000.0, " s (FSDP_TIMEOUT_SECONDS) waiting for ",
+                " timed out after ", deadline.waited_seconds(), " s (FSDP_TIMEOUT_SECONDS=",
+                timeout.count() / 1000.0, ") waiting for ",
                 missing.empty() ? "the other ranks" : "rank(s) " + missing, " of WORLD_SIZE=",
                 env.world_size, ": did they start, with the same MASTER_ADDR/MASTER_PORT, each with "
                 "its own RANK?");
@@ -111,26 +131,25 @@ c10::intrusive_ptr<c10d::Store> this_attempts_store(const c10::intrusive_ptr<c10
   return c10::make_intrusive<c10d::PrefixStore>("fsdp_attempt_" + std::to_string(attempt), store);
 }
 
-// The time left until `deadline`, at least 1 ms (c10d takes 0 as "no timeout").
-std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
-  return std::max(std::chrono::milliseconds(1),
-                  std::chrono::duration_cast<std::chrono::milliseconds>(
-                      deadline - std::chrono::steady_clock::now()));
-}
 
-c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
-                                              std::chrono::steady_clock::time_point deadline) {
+c10::intrusive_ptr<c10d::TCPStore> connect_store(const LaunchEnv& env,
+                                                 std::chrono::milliseconds timeout,
+                                                 const Deadline& deadline) {
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(env.master_port);
   options.isServer = env.rank == 0 && !env.agent_store;
   options.numWorkers = env.world_size;
+  // c10d's own wait for the workers counts in whole seconds past our deadline; check_ranks_joined
+  // waits for them within it and names the ranks that did not come.
+  options.waitWorkers = false;
   try {
-    if (!options.isServer) wait_for_listener(env.master_addr, env.master_port, deadline);
-    options.timeout = left_until(deadline);
+    if (!options.isServer) wait_for_listener(env.master_addr, env.master_port, deadline.end);
+    options.timeout = deadline.left();
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
-                " failed within FSDP_TIMEOUT_SECONDS (", timeout.count() / 1000.0, " s) (",
+                " failed after ", deadline.waited_seconds(), " s (FSDP_TIMEOUT_SECONDS=",
+                timeout.count() / 1000.0, ") (",
                 env.agent_store ? "the elastic agent's store: is its node reachable?"
                                              : "is MASTER_PORT free, is MASTER_ADDR this job's first "
                                                "host and reachable from here, and are all ",
@@ -269,12 +288,17 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   const auto timeout = settings.timeout.value_or(options.timeout());
   const GroupSettings group_settings = settings_of_group(options, settings);
   // The rendezvous, on every rank, ends within one timeout: a lone rank gives up in time.
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const Deadline deadline(timeout);
   QuietC10dLogs quiet;
 
-  auto store = this_attempts_store(connect_store(env, timeout, deadline), env);
+  auto tcp_store = connect_store(env, timeout, deadline);
+  if (env.master_port == 0) {  // run alone: the port the OS chose, for code that reads MASTER_PORT
+    dist->env.master_port = tcp_store->getPort();
+    env.export_to_environment();
+  }
+  auto store = this_attempts_store(tcp_store, env);
   announce_host(*store, env.rank);
-  check_ranks_joined(*store, env, timeout, left_until(deadline));
+  check_ranks_joined(*store, env, timeout, deadline);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
   c10::intrusive_ptr<c10d::Backend> backend;
   try {

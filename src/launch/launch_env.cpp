@@ -24,7 +24,7 @@ const char* kContract =
     " fsdp reads torchrun's environment: launch with `fsdprun --nproc-per-node N PROGRAM` or "
     "`torchrun --no-python --nproc-per-node N PROGRAM`, or set RANK, WORLD_SIZE, LOCAL_RANK, "
     "LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT yourself (srun's SLURM_* and mpirun's "
-    "OMPI_COMM_WORLD_* variables are understood too).";
+    "OMPI_COMM_WORLD_* variables are understood too); with none of these set, it runs as one rank.";
 
 // Reads variables through `lookup` and reports every missing one at once.
 class Reader {
@@ -167,6 +167,16 @@ LaunchEnv from_open_mpi(const EnvLookup& lookup) {
   return out;
 }
 
+// No launcher's variable at all: a program started by hand runs as the only rank. Any one of them
+// set means a launcher was meant, so a partial set still names what is missing.
+bool started_alone(const std::function<bool(const char*)>& has) {
+  for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                           "MASTER_PORT", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"}) {
+    if (has(name)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::string first_slurm_node(const std::string& node_list) {
@@ -215,6 +225,12 @@ LaunchEnv LaunchEnv::from(const EnvLookup& lookup) {
     auto value = lookup(name);
     return value && !value->empty();
   };
+  if (started_alone(has)) {
+    LaunchEnv alone;
+    alone.launcher = "none";
+    alone.master_port = 0;  // the OS picks the store's port: never one another job holds
+    return alone;
+  }
   if (!has("RANK") && has("SLURM_PROCID")) return from_slurm(lookup);
   if (!has("RANK") && has("OMPI_COMM_WORLD_RANK")) return from_open_mpi(lookup);
   return from_torchrun(lookup);
