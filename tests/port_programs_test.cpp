@@ -29,6 +29,7 @@
 //  - num_batches_tracked: exact.
 //  - a checkpoint loaded back: bitwise the parameters, buffers and optimizer state saved.
 #include "dist_env.h"
+#include "generator_state.h"
 #include "port_programs.h"
 
 #include <fsdp/checkpoint.h>
@@ -71,16 +72,6 @@ Tensors named(const torch::OrderedDict<std::string, torch::Tensor>& items, const
 }
 void merge(Tensors& into, const Tensors& more) { into.insert(more.begin(), more.end()); }
 
-torch::Tensor generator_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-void set_generator_state(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
 
 // ---- The unsharded reference ------------------------------------------------------------------
 

@@ -11,6 +11,7 @@
 // training moved it; a gradient divided by the wrong count, a rank's noise shared, a root step
 // skipped or a clip by one rank's norm moves it by a whole update).
 #include "dist_env.h"
+#include "generator_state.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -33,16 +34,6 @@ using Tensors = std::map<std::string, torch::Tensor>;
 constexpr int kSteps = 6;
 constexpr uint64_t kModelSeed = 7;
 
-torch::Tensor generator_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-void set_generator_state(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
 /// README's recipe: every rank builds the model from one seed, then draws on its own.
 uint64_t noise_seed(int rank) { return 1000 + rank; }
 
