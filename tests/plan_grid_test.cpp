@@ -237,15 +237,22 @@ TEST(Planner, AnAutoRunAboveItsCapFailsOnEveryRank) {
   flags.max_memory_gb = 1.0 / 1024;  // 1 MiB
   const fsdp::Plan plan = fsdp::plan(gpt::plan_setup(o, w, w, fsdp::PlanDevice{}, fsdp::PlanLinks{}));
   const int over = w - 1;  // the last rank alone goes over
-  gpt::TrainResult run;
-  run.steps.resize(2);
-  for (auto& step : run.steps) step.memory.peak_bytes = (1 << 20) - 1;
-  if (dist().rank() == over) run.steps[1].memory.peak_bytes = (1 << 20) + 1;
+  // Two steps as the trainer records them (its summary), the second one's peak given.
+  auto run_peaking_at = [](int64_t second_peak) {
+    gpt::TrainResult run;
+    gpt::StepRecord step;
+    step.memory.peak_bytes = (1 << 20) - 1;
+    run.summary.add(step);
+    step.memory.peak_bytes = second_peak;
+    run.summary.add(step);
+    return run;
+  };
+  const gpt::TrainResult run = run_peaking_at(dist().rank() == over ? (1 << 20) + 1 : (1 << 20) - 1);
   const std::string error = error_of([&] { gpt::check_plan_against_run(plan, o, run, flags, dist()); });
   EXPECT_NE(error.find("rank " + std::to_string(over) + "'s measured peak"), std::string::npos) << error;
   EXPECT_NE(error.find("exceeded --max-memory-gb"), std::string::npos) << error;
-  run.steps[1].memory.peak_bytes = 1 << 20;  // at the cap is under it
-  EXPECT_EQ(error_of([&] { gpt::check_plan_against_run(plan, o, run, flags, dist()); }), "");
+  const gpt::TrainResult at_the_cap = run_peaking_at(1 << 20);  // at the cap is under it
+  EXPECT_EQ(error_of([&] { gpt::check_plan_against_run(plan, o, at_the_cap, flags, dist()); }), "");
 }
 
 }  // namespace

@@ -145,7 +145,13 @@ c10::intrusive_ptr<c10d::TCPStore> connect_store(const LaunchEnv& env,
   try {
     if (!options.isServer) wait_for_listener(env.master_addr, env.master_port, deadline.end);
     options.timeout = deadline.left();
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    if (!options.isServer) return c10::make_intrusive<c10d::TCPStore>(env.master_addr, options);
+    // The server listens on every address; its own client connects over loopback, and the probe
+    // checks, within the deadline, that MASTER_ADDR reaches it (c10d's connect to an address
+    // nobody has waits for the kernel's SYN retries, past the deadline).
+    auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", options);
+    wait_for_listener(env.master_addr, static_cast<int>(store->getPort()), deadline.end);
+    return store;
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "rank ", env.rank, ": rendezvous at ", env.master_addr, ":", env.master_port,
                 " failed after ", deadline.waited_seconds(), " s (FSDP_TIMEOUT_SECONDS=",
