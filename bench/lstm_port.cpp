@@ -7,6 +7,7 @@
 //   build/bin/lstm_port --reference --metrics ref.jsonl
 //   build/bin/fsdprun --nproc-per-node 2 build/bin/lstm_port --metrics 'port-rank{rank}.jsonl' [--units]
 #include <fsdp/fsdp.h>
+#include <fsdp/trace.h>
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
@@ -22,7 +23,7 @@ struct Options {
   bool units = false;  // the port with the LSTM and the decoder as units of their own
   int64_t vocab = 33278, dim = 150, layers = 2, batch = 20, bptt = 30, steps = 20, world = 2;
   double dropout = 0.2, lr = 20, clip = 0.25;
-  std::string optimizer = "sgd", metrics;
+  std::string optimizer = "sgd", metrics, trace;
   uint64_t seed = 1111;
 };
 
@@ -75,6 +76,7 @@ Options parse(int argc, char** argv) {
   app.add_option("--optimizer", o.optimizer)->check(CLI::IsMember({"sgd", "adam"}));
   app.add_option("--seed", o.seed);
   app.add_option("--metrics", o.metrics, "JSON lines, one per step ({rank} is replaced)");
+  app.add_option("--trace", o.trace, "the port: a Chrome trace of the last step ({rank} is replaced)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -114,6 +116,8 @@ void train(const Options& o, Model& model, Clip clip, int rank) {
   model->train();
   for (int64_t step = 0; step < o.steps; ++step) {
     const auto tokens = batch_of(o, step, rank);
+    const bool traced = !o.trace.empty() && !o.reference && step + 1 == o.steps;
+    if (traced) fsdp::start_trace();
     const auto start = std::chrono::steady_clock::now();
     hidden = {std::get<0>(hidden).detach(), std::get<1>(hidden).detach()};  // repackage_hidden
     optimizer->zero_grad();
@@ -126,6 +130,7 @@ void train(const Options& o, Model& model, Clip clip, int rank) {
     const double value = loss.item<double>();
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (metrics.is_open()) metrics << "{\"step\": " << step << ", \"step_ms\": " << ms << ", \"loss\": " << value << "}\n" << std::flush;
+    if (traced) fsdp::write_trace(for_rank(o.trace, rank), rank);
     if (rank == 0) std::printf("step %ld loss %.4f %.1f ms\n", static_cast<long>(step), value, ms);
   }
 }
