@@ -6,6 +6,7 @@ rounds. Writes bench/results/lstm_port.{md,json} (--out elsewhere). See bench/RE
 language model's port".
 
 Run from the repository root:  .venv/bin/python bench/lstm_port.py [--rounds 4] [--steps 10] [--optimizer sgd|adam]
+                               [--before OTHER/build/bin]   (adds that build's port: a before/after pair)
 """
 
 import argparse
@@ -23,6 +24,10 @@ KINDS = ("port", "port_units", "concurrent_floor")
 IDLE_WAIT_S = 3
 
 
+def kinds(args):
+    return KINDS + (("port_before",) if args.before else ())
+
+
 def commands(kind, r, args, d):
     """One run's commands and the metrics files they write (one per rank or process)."""
     train = ["--steps", str(args.steps), "--optimizer", args.optimizer, "--lr", str(args.lr),
@@ -32,7 +37,10 @@ def commands(kind, r, args, d):
     if kind == "concurrent_floor":
         return [[LSTM_PORT, "--reference"] + train + ["--metrics", p] for p in paths], paths
     units = ["--units"] if kind == "port_units" else []
-    return [[FSDPRUN, "--nproc-per-node", str(args.world_size), LSTM_PORT] + train + units +
+    fsdprun, program = FSDPRUN, LSTM_PORT
+    if kind == "port_before":
+        fsdprun, program = (os.path.join(args.before, name) for name in ("fsdprun", "lstm_port"))
+    return [[fsdprun, "--nproc-per-node", str(args.world_size), program] + train + units +
             ["--metrics", metrics]], paths
 
 
@@ -64,13 +72,15 @@ def write_markdown(path, report):
              f"{m['rounds']} interleaved rounds of {m['steps']} steps ({m['warmup']} warm-up), "
              f"{m['optimizer']}; the rest of the machine kept {m['others_busy_cores_median']} cores busy "
              f"(median over runs; {m['idle_busy_cores_before']} before the first round).", "",
-             "| | median step ms [p25–p75] | ratio / concurrent floor | round medians ms |",
+             "Ratio: the kind's median step over the concurrent floor's, pooled over every round's timed "
+             "steps, and (the load changes from round to round) the median of the rounds' own ratios.", "",
+             "| | median step ms [p25–p75] | ratio / concurrent floor: pooled, rounds' median | round medians ms |",
              "|---|---|---|---|"]
-    for kind in KINDS:
+    for kind in t:
         s = t[kind]
         rounds = ", ".join(f"{x:.0f}" for x in report["round_medians"][kind])
         lines.append(f"| {kind} | {s['median']:.1f} [{s['p25']:.1f}–{s['p75']:.1f}] | "
-                     f"{report['ratios'][kind]:.3f} | {rounds} |")
+                     f"{report['ratios'][kind]:.3f}, {report['round_ratios_median'][kind]:.3f} | {rounds} |")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -83,6 +93,7 @@ def parse_args():
     ap.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     ap.add_argument("--lr", type=float, default=None, help="default: 20 (sgd, as main.py) or 1e-3 (adam)")
     ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--before", default=None, help="another build's bin folder (fsdprun, lstm_port): its port runs too")
     ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--work", default=os.path.join(BUILD, "bench", "lstm_port"))
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run")
@@ -97,9 +108,10 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     os.makedirs(args.out, exist_ok=True)
     idle_before = round(idle_wait(IDLE_WAIT_S), 2)
-    pooled, round_medians, records = {k: [] for k in KINDS}, {k: [] for k in KINDS}, []
+    every = kinds(args)
+    pooled, round_medians, records = {k: [] for k in every}, {k: [] for k in every}, []
     for r in range(args.rounds):
-        for kind in KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]:  # rotated: drifts hit every kind alike
+        for kind in every[r % len(every):] + every[:r % len(every)]:  # rotated: drifts hit every kind alike
             steps, record = run_kind(kind, r, args, args.work)
             pooled[kind] += steps
             round_medians[kind].append(record["median_step_ms"])
@@ -112,7 +124,9 @@ def main():
             "optimizer": args.optimizer, "lr": args.lr, "idle_busy_cores_before": idle_before,
             "others_busy_cores_median": round(statistics.median(x["others_busy_cores"] for x in records), 2)}
     report = {"meta": meta, "step_ms": step_ms, "round_medians": round_medians,
-              "ratios": {k: step_ms[k]["median"] / floor for k in KINDS}, "runs": records}
+              "ratios": {k: step_ms[k]["median"] / floor for k in every},
+              "round_ratios_median": {k: statistics.median(x / f for x, f in zip(round_medians[k], round_medians["concurrent_floor"]))
+                                      for k in every}, "runs": records}
     with open(os.path.join(args.out, "lstm_port.json"), "w") as f:
         json.dump(report, f, indent=1)
     write_markdown(os.path.join(args.out, "lstm_port.md"), report)
