@@ -12,6 +12,23 @@
 #include <vector>
 
 namespace fsdp {
+namespace {
+
+// The sum of the gradients' squares, in double, on `device`. Each gradient's norm is taken where
+// it lies, in fp32 or wider, as torch::nn::utils::clip_grad_norm_ takes it: a double copy of
+// each gradient and of its squares (two fresh buffers of twice its bytes, every step) cost more
+// than the norm itself.
+at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads, c10::Device device) {
+  auto sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
+  for (const auto& grad : grads) {
+    const at::Tensor wide = grad.element_size() < 4 ? grad.to(at::kFloat) : grad;
+    sum += at::linalg_vector_norm(wide, 2).to(device, at::kDouble).square();
+  }
+  return sum;
+}
+
+}  // namespace
+
 namespace detail {
 
 double clip_grad_norm(FsdpState& state, double max_norm) {
@@ -26,10 +43,9 @@ double clip_grad_norm(FsdpState& state, double max_norm) {
   // the sum runs over the shard group alone.
   // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
   const c10::Device device = model.compute_device();
-  auto sum_of_squares = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
-  for (const auto& grad : grads) sum_of_squares += grad.to(device, at::kDouble).pow(2).sum();
-  model.all_reduce_over_shard_group(sum_of_squares);
-  const double norm = std::sqrt(sum_of_squares.item<double>());
+  at::Tensor squares = sum_of_squares(grads, device);
+  model.all_reduce_over_shard_group(squares);
+  const double norm = std::sqrt(squares.item<double>());
   const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula
   if (scale < 1.0) {
     for (auto& grad : grads) grad.mul_(scale);
@@ -51,11 +67,6 @@ std::shared_ptr<FsdpState> model_of(const at::Tensor& param,
   return nullptr;
 }
 
-at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads, c10::Device device) {
-  auto sum = at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
-  for (const auto& grad : grads) sum += grad.to(device, at::kDouble).pow(2).sum();
-  return sum;
-}
 
 }  // namespace
 
