@@ -41,6 +41,7 @@ struct GridCase {
   int64_t micro_batches = 1;
   bool no_sync = false;
   bool llama = false;  // a Llama (grouped-query attention, untied head) of the same size
+  std::vector<std::string> freeze;  // gpt_train's --freeze
 };
 
 std::vector<GridCase> grid(int world) {
@@ -89,6 +90,19 @@ std::vector<GridCase> grid(int world) {
                   (no_sync ? " no_sync" : "");
         cases.push_back(c);
       }
+    }
+  }
+  // Frozen parameters (--freeze): a whole block and every attention, so that units hold frozen
+  // and trainable flat groups side by side, and one holds only frozen ones.
+  for (const auto& [strategy, f] : strategies) {
+    for (bool bf16 : {false, true}) {
+      GridCase c;
+      c.fsdp.strategy(strategy).shard_group_size(f);
+      if (bf16) c.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+      c.batch = 4;
+      c.freeze = {"h.1.", ".attn."};
+      c.label = std::string(fsdp::to_string(strategy)) + (bf16 ? " bf16" : " fp32") + " frozen b4";
+      cases.push_back(c);
     }
   }
   // A Llama: every strategy, fp32 and bf16, with and without activation checkpointing.
@@ -141,6 +155,7 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
     o.fsdp = c.fsdp;
     o.grad_accum = c.micro_batches;
     o.no_sync = c.no_sync;
+    o.freeze = c.freeze;
     const fsdp::Plan plan = fsdp::plan(gpt::plan_setup(o, w, w, fsdp::PlanDevice{}, fsdp::PlanLinks{}));
     const int64_t baseline = fsdp::memory_stats().current_bytes;
     const gpt::TrainResult run = gpt::train(o, &dist());

@@ -157,6 +157,48 @@ TEST(Planner, GradientShardsFreedByZeroGradAreAllocatedAgainByBackward) {
   }
 }
 
+// Frozen parameters ([Note: a unit's flat parameters]): the engine flattens a unit's frozen
+// parameters apart from its trainable ones, gathers both and reduces, keeps gradients and
+// optimizer state for the trainable ones only. The reference sums the parameters' own numels by
+// kind, each group padded to the shard group on its own.
+TEST(Planner, FrozenParametersHaveNoGradientReductionOrOptimizerState) {
+  fsdp::PlanSetup s = small_setup();  // W = F = 4
+  const fsdp::Plan trained = fsdp::plan(s);
+  auto frozen = [](const std::string& name) {
+    return name.rfind("h.1.", 0) == 0 || name.find(".attn.") != std::string::npos;
+  };
+  for (auto* unit : {&s.model.root, &s.model.units[0], &s.model.units[1], &s.model.units[2]}) {
+    for (auto& p : unit->params) p.requires_grad = !frozen(p.name);
+  }
+  const fsdp::Plan partly = fsdp::plan(s);
+  const int f = 4;
+  auto shard = [&](int64_t numel) { return (numel + f - 1) / f; };
+  int64_t held = 0, gathered = 0, reduced = 0;
+  for (const auto* unit : {&s.model.root, &s.model.units[0], &s.model.units[1], &s.model.units[2]}) {
+    int64_t trainable = 0, fixed = 0;
+    for (const auto& p : unit->params) (p.requires_grad ? trainable : fixed) += p.numel();
+    held += shard(trainable) + shard(fixed);
+    // FULL_SHARD gathers the blocks again for backward; the root stays gathered.
+    gathered += (unit == &s.model.root ? 1 : 2) * (shard(trainable) + shard(fixed));
+    reduced += shard(trainable);
+  }
+  EXPECT_EQ(partly.traffic.all_gather, 4 * (f - 1) * gathered);
+  EXPECT_EQ(partly.traffic.reduce_scatter, 4 * (f - 1) * reduced);
+  EXPECT_LT(partly.traffic.reduce_scatter, trained.traffic.reduce_scatter);
+  EXPECT_LT(partly.peak_bytes, trained.peak_bytes);
+  for (size_t r = 0; r < partly.ranks.size(); ++r) {
+    EXPECT_EQ(partly.ranks[r].peak.sharded_params, 4 * held) << "frozen or not, every parameter keeps its shard";
+    EXPECT_LT(partly.ranks[r].model_states, trained.ranks[r].model_states);
+    EXPECT_LT(partly.ranks[r].peak.optimizer_state, trained.ranks[r].peak.optimizer_state);
+  }
+  // The kind is part of a model's description.
+  const fsdp::PlanModel read = fsdp::plan_model_from_json(nlohmann::json::parse(fsdp::plan_model_json(s.model).dump()));
+  EXPECT_FALSE(read.units[1].params[0].requires_grad);
+  EXPECT_TRUE(read.units[0].params[0].requires_grad);
+  s.model = read;
+  EXPECT_EQ(fsdp::plan(s).peak_bytes, partly.peak_bytes);
+}
+
 TEST(Planner, SearchReturnsTheFastestConfigurationUnderTheCapAndWhyTheOthersLose) {
   const fsdp::PlanSetup s = small_setup();
   fsdp::SearchSpace space;

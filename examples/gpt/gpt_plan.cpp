@@ -4,6 +4,7 @@
 #include "data.h"
 #include "gpt.h"
 #include "options.h"
+#include "trainer.h"
 
 #include <fsdp/checked_math.h>
 #include <fsdp/distributed.h>
@@ -281,11 +282,26 @@ int64_t training_data_bytes(const TrainOptions& o) {
   return std::min(bytes, o.max_data_bytes);
 }
 
+namespace {
+
+// --freeze's parameters are planned frozen: the engine flattens them apart, with no gradient,
+// reduction or optimizer state ([Note: a unit's flat parameters]).
+void mark_frozen(fsdp::PlanModel& model, const TrainOptions& o) {
+  auto mark = [&](fsdp::PlanUnit& unit) {
+    for (auto& param : unit.params) param.requires_grad = !is_frozen(o, param.name);
+  };
+  mark(model.root);
+  for (auto& unit : model.units) mark(unit);
+}
+
+}  // namespace
+
 fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
                            const fsdp::PlanDevice& device, const fsdp::PlanLinks& links) {
   const c10::ScalarType compute = o.fsdp.mixed_precision().param_dtype().value_or(c10::kFloat);
   fsdp::PlanSetup setup;
   setup.model = describe_gpt(o.model, compute, training_data_bytes(o));
+  mark_frozen(setup.model, o);
   setup.world = {world, ranks_per_host};
   setup.device = device;
   setup.links = links;

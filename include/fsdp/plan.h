@@ -26,11 +26,14 @@
 
 namespace fsdp {
 
-/// One parameter as the planner sees it: a name, a shape, a dtype; nothing allocated.
+/// One parameter as the planner sees it: a name, a shape, a dtype, and its kind (the engine
+/// flattens a unit's parameters by kind: [Note: a unit's flat parameters]); nothing allocated.
 struct PlanParam {
   std::string name;
   std::vector<int64_t> shape;
   c10::ScalarType dtype = c10::kFloat;
+  bool requires_grad = true;    ///< false: frozen (no gradient, no reduction, no optimizer state)
+  bool full_precision = false;  ///< kept in its own dtype under mixed precision (BatchNorm)
   int64_t numel() const;
 };
 

@@ -1,6 +1,5 @@
 #include "core/fsdp_state.h"
 
-#include "core/unit_rules.h"
 #include "launch/host_placement.h"
 
 #include <c10/util/Exception.h>
@@ -38,6 +37,7 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
     : world_(world),
       options_(std::move(options)),
       limiter_(options_.limit_all_gathers()),
+      conductor_(options_, *this),
       order_key_(world.next_store_key("fsdp/order")),
       device_(make_device(device)) {
   const int w = world.size(), f = options_.shard_group_size_for(w, world.settings().local_world_size);
@@ -54,7 +54,7 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
   }
   shard_collectives_ = device_->collectives(*shard_group_);
   unit_env_ = std::make_unique<UnitEnv>(UnitEnv{
-      *device_, *shard_collectives_, replicate_collectives_.get(), limiter_,
+      *device_, *shard_collectives_, replicate_collectives_.get(), limiter_, conductor_,
       ReduceSettings{options_.mixed_precision().reduce_dtype(), w}, shards_published_});
 }
 
@@ -63,34 +63,28 @@ FsdpState::~FsdpState() { device_.reset(); }
 void FsdpState::pre_forward(ParamGroup& unit) {
   if (unit.is_root()) {
     for (auto& each : units_) each->take_in_rebound_params();  // [Note: a parameter rebound from outside]
-    publish_shards();
-    root_forward_running_ = true;
   } else {
     check_root_is_running(unit);
+    if (options_.check_execution_order() && !order_checked_) {
+      check_execution_order(unit, conductor_.forward_order().size());
+    }
   }
-  record_forward_order(unit);
-  unit.begin_forward();
-  prefetch_forward_after(unit);
-  unit.wait_unshard();
+  conductor_.pre_forward(unit);
 }
 
-// [Note: an evaluation forward reshards]
-// In training mode the root's parameters are needed again at once by backward (its output is the
-// loss), and SHARD_GRAD_OP (or reshard_after_forward(false)) keeps a unit's until its backward. A
-// forward in evaluation mode (module->eval()) reshards every unit as it ends, even under grad
-// mode: public programs evaluate without a NoGradGuard, and a unit kept unsharded for a backward
-// that never comes leaves its parameters as views of the gathered buffer next to gradients that
-// are views of the shard, so the optimizer's next step meets two shapes. A backward that does
-// follow an evaluation (a saliency map) gathers the unit again in its pre-backward.
 void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
                              const std::vector<at::Tensor>& outputs, bool training) {
-  const bool keep_for_backward = unit.is_root() || !options_.unit_reshards_after_forward(unit.name());
-  unit.post_forward(inputs, outputs, !training || !keep_for_backward);
-  if (unit.is_root()) root_forward_running_ = false;
-  // Until a backward starts the shards may be written (an edit, a load, an optimizer step after
-  // an evaluation): a unit called meanwhile gathers in rounds.
-  if (unit.is_root()) set_window(false);
+  conductor_.post_forward(unit, training, unit.hook_backward(inputs, outputs));
 }
+
+void FsdpState::step_begins() {
+  publish_shards();
+  finish_queued_ = false;  // a backward that threw never ran its callback
+}
+
+// Until a backward starts the shards may be written (an edit, a load, an optimizer step after
+// an evaluation): a unit called meanwhile gathers in rounds.
+void FsdpState::forward_ends() { set_window(false); }
 
 // [Note: the root is not skipped]
 // A program reaches its model's forward through the root unit fully_shard returned. A helper that
@@ -102,7 +96,7 @@ void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& in
 // called on its own, outside the root (a decoder sampling from main) is fine when neither holds:
 // without grad mode and with a root that has no parameters of its own.
 void FsdpState::check_root_is_running(const ParamGroup& unit) const {
-  if (root_forward_running_) return;
+  if (conductor_.root_forward_running()) return;
   const ParamGroup& root = *units_.front();
   const bool root_has_params = std::any_of(root.flats().begin(), root.flats().end(),
                                            [](const FlatGroup& g) { return g.flat.numel() > 0; });
@@ -136,19 +130,19 @@ void FsdpState::publish_shards() {
   set_window(true);
 }
 
-void FsdpState::shards_may_change(ParamGroup&) {
+void FsdpState::shards_may_change() {
   publication_current_ = false;
   set_window(window_open_);
 }
 
-void FsdpState::backward_reached(ParamGroup& unit) {
-  if (unit.is_root()) {
-    queue_finish_backward();
-    set_window(true);  // the shards of the forward, unless something wrote them since
+void FsdpState::backward_begins() {
+  if (!finish_queued_) {
+    finish_queued_ = true;
+    // Queued from the root's pre-backward hook, i.e. from the outer backward: a callback queued
+    // inside a nested backward (activation recomputation) would run when that one ends.
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
-  unit.issue_unshard(/*optional=*/false);
-  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPre) prefetch_backward_after(unit);
-  unit.begin_backward(no_sync_);
+  set_window(true);  // the shards of the forward, unless something wrote them since
 }
 
 void FsdpState::gradients_reduced(ParamGroup&, FlatParam& flat, const CommHandle& reduction) {
@@ -157,23 +151,6 @@ void FsdpState::gradients_reduced(ParamGroup&, FlatParam& flat, const CommHandle
   if (params.empty()) return;
   gradients_reduced_hook_(std::move(params), std::move(grads),
                           [handle = reduction]() mutable { handle.wait_host(); });
-}
-
-void FsdpState::gradient_ready(ParamGroup& unit) {
-  if (options_.backward_prefetch() == BackwardPrefetch::BackwardPost) prefetch_backward_after(unit);
-}
-
-void FsdpState::record_forward_order(ParamGroup& group) {
-  if (group.is_root()) {
-    if (!forward_order_.empty()) previous_forward_order_ = forward_order_;
-    forward_order_.clear();
-    finish_queued_ = false;  // a backward that threw never ran its callback
-    return;
-  }
-  forward_order_.push_back(&group);
-  if (options_.check_execution_order() && !order_checked_) {
-    check_execution_order(group, forward_order_.size() - 1);
-  }
 }
 
 void FsdpState::check_execution_order(const ParamGroup& group, size_t index) {
@@ -197,32 +174,14 @@ void FsdpState::check_execution_order(const ParamGroup& group, size_t index) {
   }
 }
 
-void FsdpState::prefetch_forward_after(ParamGroup& group) {
-  if (!options_.forward_prefetch()) return;
-  ParamGroup* next = rules::forward_prefetch_target(previous_forward_order_, &group, group.is_root());
-  if (next) next->issue_unshard(/*optional=*/true);
-}
-
-void FsdpState::prefetch_backward_after(ParamGroup& group) {
-  if (options_.backward_prefetch() == BackwardPrefetch::None) return;
-  ParamGroup* next = rules::backward_prefetch_target(forward_order_, &group, group.is_root());
-  // BACKWARD_POST: the root's gradients may complete last (an embedding used first in forward),
-  // when the unit "after" it is long done: gathering it again would be wasted.
-  if (next && !next->backward_ran()) next->issue_unshard(/*optional=*/true);
-}
-
-void FsdpState::queue_finish_backward() {
-  if (finish_queued_) return;
-  finish_queued_ = true;
-  // Queued from the root's pre-backward hook, i.e. from the outer backward: a callback queued
-  // inside a nested backward (activation recomputation) would run when that one ends.
-  torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
-}
-
 void FsdpState::finish_backward() {
   finish_queued_ = false;
-  // Reverse forward order issues any late reduce-scatters in the order backward would have.
-  for (auto it = units_.rbegin(); it != units_.rend(); ++it) (*it)->finish_backward();
+  std::vector<ScheduledUnit*> units;
+  for (auto& unit : units_) units.push_back(unit.get());
+  conductor_.finish_backward(units);
+}
+
+void FsdpState::backward_ends() {
   // The optimizer may write the shards next; every posted sum is complete (the units waited).
   publication_current_ = false;
   set_window(false);

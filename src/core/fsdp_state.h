@@ -2,13 +2,13 @@
 // The state of one sharded model: its units (root first), the process groups of its mesh (shard
 // group × replicate group), the collectives and the communication thread they share, the rate
 // limiter, and the orchestration of its units: the execution order that drives prefetching, and
-// the end-of-backward callback that the root queues on the autograd engine. Calls go one way:
-// the model calls its units (ParamGroup), which report back through UnitEvents.
+
 
 #include "comm/collectives.h"
 #include "device/device.h"
 #include "core/param_group.h"
 #include "core/rate_limiter.h"
+#include "core/step_conductor.h"
 
 #include <fsdp/unit_runtime.h>
 #include <fsdp/options.h>
@@ -18,7 +18,7 @@
 
 namespace fsdp {
 
-class FsdpState final : public UnitEvents {
+class FsdpState final : public UnitEvents, private StepListener {
  public:
   /// Builds the mesh over `world`: shard groups of F consecutive ranks, replicated W/F times;
   /// communication for parameters on `device`.
@@ -36,7 +36,7 @@ class FsdpState final : public UnitEvents {
   DeviceRuntime& device() { return *device_; }
   c10::Device compute_device() const { return device_->device(); }
   const FullyShardOptions& options() const { return options_; }
-  void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
+  void set_no_sync(bool no_sync) { conductor_.set_no_sync(no_sync); }
   /// Inside a SummonFullParams scope every parameter is whole and units are plain calls.
   bool full_params_held() const { return full_params_held_; }
   void set_full_params_held(bool held) { full_params_held_ = held; }
@@ -44,19 +44,17 @@ class FsdpState final : public UnitEvents {
   std::vector<std::shared_ptr<ParamGroup>>& units() { return units_; }
   const std::vector<std::shared_ptr<ParamGroup>>& units() const { return units_; }
 
-  /// A unit's forward starts: records the forward order (the root starts an iteration; in the
-  /// first iteration with check_execution_order it is checked against the other ranks), unshards
-  /// the unit, prefetches the next one.
+  /// A unit's forward starts (the root's takes in parameters rebound from outside; in the first
+  /// iteration with check_execution_order the order is checked against the other ranks): the
+  /// conductor unshards it and prefetches the next one.
   void pre_forward(ParamGroup& unit);
-  /// A unit's forward ended: it reshards unless it keeps its parameters for backward (only in
-  /// training mode: `training` is the unit's module's is_training()).
+  /// A unit's forward ended: its outputs are hooked for backward and the conductor reshards it
+  /// unless it keeps its parameters for backward (only in training mode: `training` is the
+  /// unit's module's is_training()).
   void post_forward(ParamGroup& unit, const std::vector<at::Tensor>& inputs,
                     const std::vector<at::Tensor>& outputs, bool training);
 
   // UnitEvents
-  void backward_reached(ParamGroup& unit) override;
-  void shards_may_change(ParamGroup& unit) override;
-  void gradient_ready(ParamGroup& unit) override;
   void gradients_reduced(ParamGroup& unit, FlatParam& flat, const CommHandle& reduction) override;
 
   /// Called with each unit's trainable parameters and gradient shard views as its reduction is
@@ -69,18 +67,18 @@ class FsdpState final : public UnitEvents {
   void publish_shards();
   /// Opens or closes the window in which units gather from the published shards.
   void set_window(bool open);
-  void record_forward_order(ParamGroup& unit);
   void check_execution_order(const ParamGroup& unit, size_t index);
-  /// Forward prefetch: issue the all-gather of the unit that ran after `unit` last iteration.
-  void prefetch_forward_after(ParamGroup& unit);
-  /// Backward prefetch: issue the all-gather of the unit whose backward comes after `unit`'s,
-  /// i.e. the one that ran before it in this iteration's forward.
-  void prefetch_backward_after(ParamGroup& unit);
   /// A unit other than the root starts a forward: refuses it when the root was skipped.
   void check_root_is_running(const ParamGroup& unit) const;
-  /// Called from the root's pre-backward: queue finish_backward() on the autograd engine.
-  void queue_finish_backward();
+  /// Queued on the autograd engine when the root's backward is reached.
   void finish_backward();
+
+  // StepListener
+  void step_begins() override;
+  void forward_ends() override;
+  void backward_begins() override;
+  void backward_ends() override;
+  void shards_may_change() override;
 
   ProcessGroup& world_;
   std::shared_ptr<ProcessGroup> shard_group_;      // the world itself unless hybrid / no-shard
@@ -91,12 +89,9 @@ class FsdpState final : public UnitEvents {
   RateLimiter limiter_;
   std::unique_ptr<UnitEnv> unit_env_;
   std::vector<std::shared_ptr<ParamGroup>> units_;  // units_[0] is the root
-  std::vector<ParamGroup*> forward_order_;           // this iteration, units without the root
+  StepConductor conductor_;
   detail::GradientsReducedHook gradients_reduced_hook_;
-  std::vector<ParamGroup*> previous_forward_order_;  // the last iteration's
   bool finish_queued_ = false;
-  bool root_forward_running_ = false;  // between the root's pre_forward and post_forward
-  bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool full_params_held_ = false;  // inside a SummonFullParams scope
   // [Note: decoupled collectives]: units gather from the published shards (shards_published_)
   // while the root's forward or a backward runs (window_open_) and nothing may have written a

@@ -252,7 +252,7 @@ void ParamGroup::take_in_rebound_params() {
     const auto [fresh, taken] = g.flat.take_in_rebound();
     if (taken == 0) continue;
     for (size_t entry : fresh) hook(static_cast<size_t>(&g - flats_.data()), entry);
-    events_.shards_may_change(*this);
+    env_.conductor.shards_may_change();
     if (g.backward_state == BackwardState::Idle) reshard(g);
   }
 }
@@ -279,7 +279,7 @@ void ParamGroup::release_slot_if_sharded() {
 // as PyTorch FSDP2 does before a state dict; a backward that does come later unshards the unit
 // again in its pre-backward (backward_reached), as for any unit resharded after forward.
 bool ParamGroup::reshard_unless_in_backward() {
-  events_.shards_may_change(*this);
+  env_.conductor.shards_may_change();
   const bool in_backward = std::any_of(flats_.begin(), flats_.end(), [](const FlatGroup& g) {
     return g.backward_state != BackwardState::Idle;
   });
@@ -289,8 +289,7 @@ bool ParamGroup::reshard_unless_in_backward() {
   return true;
 }
 
-void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
-                              const std::vector<at::Tensor>& outputs, bool reshard_after_forward) {
+bool ParamGroup::hook_backward(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs) {
   // A unit with parameters (frozen ones too: backward needs them to reach earlier units) is
   // unsharded again for backward. The root hooks its output even without parameters of its
   // own: its pre-backward queues the end-of-backward callback that completes every reduction.
@@ -317,7 +316,11 @@ void ParamGroup::post_forward(const std::vector<at::Tensor>& inputs,
       });
     }
   }
-  if (!will_backward || reshard_after_forward) {
+  return will_backward;
+}
+
+void ParamGroup::end_forward(bool reshard) {
+  if (reshard) {
     reshard_all();
   } else {
     for (FlatGroup& g : flats_) park(g);
@@ -329,7 +332,7 @@ void ParamGroup::pre_backward() {
   if (backward_ran_) return;  // another output got there first
   span_start_ = trace_now();
   backward_ran_ = true;
-  events_.backward_reached(*this);
+  env_.conductor.backward_reached(*this);
 }
 
 void ParamGroup::begin_backward(bool no_sync) {
@@ -375,7 +378,7 @@ void ParamGroup::post_backward(FlatGroup& g) {
   }
   if (is_first(g)) record_span("backward", label_, TraceLane::Compute, span_start_);
   g.flat.complete_full_grad();
-  if (is_first(g)) events_.gradient_ready(*this);
+  if (is_first(g)) env_.conductor.gradient_ready(*this);
   // The gradients are complete: autograd needs these parameters no more.
   if (g.flat.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
     g.backward_state = BackwardState::Reduced;

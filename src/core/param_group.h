@@ -3,11 +3,14 @@
 // paper's section 3.3: unshard before forward, reshard after, unshard before backward, reduce
 // the gradient and reshard as soon as backward has produced it. Communication is submitted to the
 // model's DeviceRuntime ([Note: the device seam]). Which unit runs when (execution order, prefetching,
-// the end of backward) is the model's (FsdpState): it calls a unit; a unit tells it what
-// happened through UnitEvents and calls nothing above it.
+// the end of backward) is the step's conductor's ([Note: one schedule, two kinds of units]): a
+// unit implements ScheduledUnit for it and calls down into it when autograd reaches the unit's
+// backward and completes its gradient. What the model needs to hear from a unit goes through
+// UnitEvents; a unit calls nothing above it.
 
 #include "comm/comm_thread.h"
 #include "core/flat_param.h"
+#include "core/step_conductor.h"
 #include "core/unit_env.h"
 
 #include <chrono>
@@ -23,15 +26,6 @@ class ParamGroup;
 class UnitEvents {
  public:
   virtual ~UnitEvents() = default;
-  /// The first gradient reached one of `unit`'s outputs: its backward is next. The model then
-  /// unshards it (prefetching another) and calls begin_backward.
-  virtual void backward_reached(ParamGroup& unit) = 0;
-  /// A between-steps entry point (a state dict, a checkpoint, summoning the full parameters) is
-  /// about to read or write `unit`'s shards: published copies of them are out of date from now.
-  virtual void shards_may_change(ParamGroup& unit) = 0;
-  /// `unit`'s unsharded gradient is complete (that of its first flat group); its reduction is
-  /// issued next.
-  virtual void gradient_ready(ParamGroup& unit) = 0;
   /// The reduced gradient of `flat`, one of `unit`'s flat parameters, is issued into its gradient
   /// shard (`reduction`; an empty handle when it is there already): wait_host() on it, and the
   /// shard holds this backward's gradient.
@@ -87,7 +81,7 @@ struct FlatGroup {
 // is the one whose reduction the limiter counts and whose completed gradient starts a
 // BACKWARD_POST prefetch.
 
-class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
+class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_this<ParamGroup> {
  public:
   /// `flats`: at least one (a unit without parameters has one empty flat parameter), the first
   /// holding trainable parameters when the unit has any.
@@ -96,24 +90,28 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
 
+  // ScheduledUnit
   /// Forward starts: issues this unit's all-gathers (wait_unshard waits for them).
-  void begin_forward();
-  /// Issues the all-gathers if the unit is sharded (a prefetch passes `optional`: the rate
-  /// limiter may refuse it). Returns false if refused.
-  bool issue_unshard(bool optional);
+  void begin_forward() override;
+  bool issue_unshard(bool optional) override;
   /// Waits for the all-gathers (issuing them if needed): the parameters are usable.
-  void wait_unshard();
-  /// Forward ended. `inputs`: the unit's input tensors (frozen parameters learn from their
-  /// gradients that the unit's backward is over). The parameters stay unsharded for backward
-  /// unless `reshard_after_forward`.
-  void post_forward(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                    bool reshard_after_forward);
-  /// The model unsharded this unit for its backward: wait for it and take gradients. Under
+  void wait_unshard() override;
+  /// The parameters stay unsharded for backward unless `reshard` (parked meanwhile).
+  void end_forward(bool reshard) override;
+  /// The conductor unsharded this unit for its backward: wait for it and take gradients. Under
   /// `no_sync` the unsharded gradient is kept (and added to) instead of reduced.
-  void begin_backward(bool no_sync);
+  void begin_backward(bool no_sync) override;
   /// End of backward, on the caller's thread: reduce what is still accumulating (parameters
   /// without gradient), wait for the reduce-scatters, point the gradients at the shards.
-  void finish_backward();
+  void finish_backward() override;
+  bool backward_ran() const override { return backward_ran_; }
+  bool is_root() const override { return is_root_; }
+  const std::string& name() const override { return name_; }
+
+  /// Forward computed `outputs` from `inputs`: hooks the outputs whose gradient starts this
+  /// unit's backward (and, with frozen parameters, the inputs whose gradient ends it). Returns
+  /// whether a backward will come.
+  bool hook_backward(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs);
 
   /// Autograd has accumulated the gradient of entry `entry` of flat group `flat` (its hook).
   void on_grad_accumulated(size_t flat, size_t entry);
@@ -129,14 +127,10 @@ class ParamGroup : public std::enable_shared_from_this<ParamGroup> {
   /// peers will overwrite. A backward that comes later gathers them again.
   void reshard_borrowed();
 
-  const std::string& name() const { return name_; }
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
   void set_name(const std::string& name);
   /// Sharded when every flat group is; Unsharded when every one is usable; else Unsharding.
   ShardedState sharded_state() const;
-  /// Whether this unit's backward has started in the current backward pass.
-  bool backward_ran() const { return backward_ran_; }
-  bool is_root() const { return is_root_; }
   std::vector<FlatGroup>& flats() { return flats_; }
   const std::vector<FlatGroup>& flats() const { return flats_; }
 

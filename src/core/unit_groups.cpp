@@ -1,5 +1,7 @@
 #include "core/unit_groups.h"
 
+#include "core/unit_rules.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -20,17 +22,18 @@ struct GroupPlan {
   NamedTensors params;
 };
 
-// A unit's parameters by kind ([Note: a unit's flat parameters]), trainable before frozen and
-// param_dtype before full precision: the unit's first flat group is its main one.
+// A unit's parameters by kind (rules::group_by_kind, which the planner reads too).
 std::vector<GroupPlan> split_by_kind(NamedTensors params, const TensorSet& full_precision) {
-  std::vector<GroupPlan> plans = {{true, false, {}}, {true, true, {}}, {false, false, {}}, {false, true, {}}};
-  for (auto& item : params) {
-    const bool keep = full_precision.count(item.second.unsafeGetTensorImpl()) > 0;
-    const size_t kind = (item.second.requires_grad() ? 0 : 2) + (keep ? 1 : 0);
-    plans[kind].params.push_back(std::move(item));
+  std::vector<rules::ParamKind> kinds;
+  for (const auto& item : params) {
+    kinds.push_back({item.second.requires_grad(), full_precision.count(item.second.unsafeGetTensorImpl()) > 0});
   }
-  plans.erase(std::remove_if(plans.begin(), plans.end(), [](const GroupPlan& p) { return p.params.empty(); }),
-              plans.end());
+  std::vector<GroupPlan> plans;
+  for (const auto& group : rules::group_by_kind(kinds)) {
+    GroupPlan plan{kinds[group.front()].trainable, kinds[group.front()].full_precision, {}};
+    for (size_t i : group) plan.params.push_back(std::move(params[i]));
+    plans.push_back(std::move(plan));
+  }
   return plans;
 }
 

@@ -44,6 +44,25 @@ inline bool reduces_into_shard(bool accumulate, c10::ScalarType reduce_dtype, c1
   return !accumulate && reduce_dtype == shard_dtype && !offloaded;
 }
 
+/// The kind of one of a unit's parameters: it has a flat parameter per kind ([Note: a unit's
+/// flat parameters]).
+struct ParamKind {
+  bool trainable = true;        ///< requires_grad
+  bool full_precision = false;  ///< left in its own dtype by mixed precision
+};
+
+/// A unit's parameters by kind: for each kind it has, the indexes (into `kinds`) of its
+/// parameters, in their order. Trainable before frozen and param_dtype before full precision:
+/// the first group is the unit's main one (a unit without parameters has none).
+inline std::vector<std::vector<size_t>> group_by_kind(const std::vector<ParamKind>& kinds) {
+  std::vector<std::vector<size_t>> groups(4);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    groups[(kinds[i].trainable ? 0 : 2) + (kinds[i].full_precision ? 1 : 0)].push_back(i);
+  }
+  groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
+  return groups;
+}
+
 /// Counted by the rate limiter (its slots and reductions): every unit but the root, whose
 /// parameters stay gathered from the first forward to the end of backward anyway.
 inline bool rate_limited(bool is_root) { return !is_root; }

@@ -5,6 +5,7 @@
 #include "plan/plan_memory.h"
 #include "plan/plan_time.h"
 #include "plan/plan_traffic.h"
+#include "plan/planned_step.h"
 
 #include <fsdp/checked_math.h>
 
@@ -68,9 +69,13 @@ Plan plan(const PlanSetup& setup) {
     if (rank == 0) {
       result.shard_group_size = layout.shard_group_size;
       result.replicas = layout.replicas;
-      const auto collectives = planning::step_collectives(setup, layout);
+      // One micro-batch as the conductor runs it: its collectives and their overlap.
+      const planning::PlannedStep step = planning::run_planned_step(setup, layout, planning::MicroBatch{}, {}, "");
+      const auto program = planning::program_collectives(setup);
+      std::vector<planning::PlannedCollective> collectives = step.collectives;
+      collectives.insert(collectives.end(), program.begin(), program.end());
       result.traffic = planning::total_traffic(setup, collectives);
-      result.time = planning::step_time(setup, layout, collectives);
+      result.time = planning::step_time(setup, layout, step, program);
     }
   }
   const double memory = setup.device.memory_bytes;

@@ -11,42 +11,69 @@ namespace {
 
 int64_t element_size(c10::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
 
-std::vector<int64_t> numels_of(const PlanUnit& unit) {
+// The flat group of `unit`'s parameters `group` (indexes into unit.params).
+FlatGroupLayout group_layout(const PlanUnit& unit, const std::vector<size_t>& group, const PlanSetup& setup,
+                             int position, int f, int w, const Precision& precision) {
   std::vector<int64_t> numels;
-  for (const auto& p : unit.params) numels.push_back(p.numel());
-  return numels;
+  for (size_t i : group) numels.push_back(unit.params[i].numel());
+  const PlanParam& kind = unit.params[group.front()];
+  const FlatLayout flat = lay_out_flat(numels, position, f);
+  const bool offload = setup.policy.fsdp.cpu_offload();
+  // Mixed precision leaves a full-precision group in its own dtype, gathered and reduced in it.
+  const bool mixed = precision.mixed() && !kind.full_precision;
+  const int64_t own_bytes = element_size(kind.dtype);
+  FlatGroupLayout g;
+  g.trainable = kind.requires_grad;
+  g.numel = flat.numel;
+  g.shard_numel = flat.shard_numel;
+  g.piece_numel = flat.held_numel();
+  g.shard_bytes = own_bytes;
+  g.gather_bytes = mixed ? precision.compute_bytes : own_bytes;
+  g.reduce_bytes = mixed ? precision.reduce_bytes : own_bytes;
+  const rules::FlatPlacement placement{f, w / f, mixed, offload};
+  g.unsharded_params = rules::needs_unshard(placement) ? flat.padded_numel * g.gather_bytes : 0;
+  if (!g.trainable) return g;
+  const c10::ScalarType reduce_dtype = mixed ? precision.reduce_dtype : kind.dtype;
+  const bool into_shard = rules::grads_into_shard(placement, /*accumulating=*/false);
+  g.unsharded_grad = into_shard ? 0 : flat.padded_numel * g.reduce_bytes;
+  const bool reduces_into_shard = rules::reduces_into_shard(/*accumulate=*/false, reduce_dtype, kind.dtype, offload);
+  g.reduce_output = into_shard || reduces_into_shard ? 0 : g.shard_numel * g.reduce_bytes;
+  g.grad_shard = offload ? 0 : g.shard_numel * g.shard_bytes;
+  g.grads_into_shard = into_shard;
+  // Accumulating, gradients never go straight into the shard, and a reduction adds to it from a
+  // temporary.
+  g.accumulating_grad = flat.padded_numel * g.reduce_bytes;
+  const bool accumulate_reduces_into_shard =
+      rules::reduces_into_shard(/*accumulate=*/true, reduce_dtype, kind.dtype, offload);
+  g.accumulating_reduce_output = accumulate_reduces_into_shard ? 0 : g.shard_numel * g.reduce_bytes;
+  return g;
+}
+
+// The engine's grouping of `unit`'s parameters (rules::group_by_kind).
+std::vector<std::vector<size_t>> groups_of(const PlanUnit& unit) {
+  std::vector<rules::ParamKind> kinds;
+  for (const auto& p : unit.params) kinds.push_back({p.requires_grad, p.full_precision});
+  return rules::group_by_kind(kinds);
 }
 
 UnitLayout unit_layout(const PlanUnit& unit, const PlanSetup& setup, int position, int f, int w,
                        const Precision& precision) {
-  const FullyShardOptions& options = setup.policy.fsdp;
-  const FlatLayout flat = lay_out_flat(numels_of(unit), position, f);
   UnitLayout layout;
   layout.name = unit.name;
   layout.param_tensors = static_cast<int64_t>(unit.params.size());
-  layout.numel = flat.numel;
-  layout.shard_numel = flat.shard_numel;
-  layout.piece_numel = flat.held_numel();
-  layout.trainable = layout.numel > 0;
-  layout.reshard_after_forward = options.unit_reshards_after_forward(unit.name);
-  const bool offload = options.cpu_offload();
-  const rules::FlatPlacement placement{f, w / f, precision.mixed(), offload};
-  layout.unsharded_params = rules::needs_unshard(placement) ? flat.padded_numel * precision.compute_bytes : 0;
-  const bool into_shard = rules::grads_into_shard(placement, /*accumulating=*/false);
-  layout.unsharded_grad = into_shard || !layout.trainable ? 0 : flat.padded_numel * precision.reduce_bytes;
-  const bool reduces_into_shard = rules::reduces_into_shard(/*accumulate=*/false, precision.reduce_dtype,
-                                                            precision.shard_dtype, offload);
-  layout.reduce_output = into_shard || reduces_into_shard || !layout.trainable
-                             ? 0 : layout.shard_numel * precision.reduce_bytes;
-  layout.grad_shard = layout.trainable && !offload ? layout.shard_numel * precision.shard_bytes : 0;
-  layout.grads_into_shard = into_shard && layout.trainable;
-  // Accumulating, gradients never go straight into the shard, and a reduction adds to it from a
-  // temporary.
-  layout.accumulating_grad = layout.trainable ? flat.padded_numel * precision.reduce_bytes : 0;
-  const bool accumulate_reduces_into_shard =
-      rules::reduces_into_shard(/*accumulate=*/true, precision.reduce_dtype, precision.shard_dtype, offload);
-  layout.accumulating_reduce_output =
-      layout.trainable && !accumulate_reduces_into_shard ? layout.shard_numel * precision.reduce_bytes : 0;
+  layout.reshard_after_forward = setup.policy.fsdp.unit_reshards_after_forward(unit.name);
+  for (const auto& group : groups_of(unit)) {
+    const FlatGroupLayout g = group_layout(unit, group, setup, position, f, w, precision);
+    layout.flats.push_back(g);
+    layout.numel += g.numel;
+    layout.shard_numel += g.shard_numel;
+    layout.piece_numel += g.piece_numel;
+    if (g.trainable) layout.trainable_piece_numel += g.piece_numel;
+    layout.trainable = layout.trainable || g.trainable;
+    layout.unsharded_params += g.unsharded_params;
+    layout.grad_shard += g.grad_shard;
+    layout.accumulating_grad += g.accumulating_grad;
+  }
   return layout;
 }
 

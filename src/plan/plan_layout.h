@@ -25,18 +25,19 @@ struct Precision {
 };
 Precision precision_of(const PlanModel& model, const FullyShardOptions& options);
 
-/// One unit on one rank.
-struct UnitLayout {
-  std::string name;
-  int64_t numel = 0;         ///< Ψ_u
-  int64_t shard_numel = 0;   ///< ceil(Ψ_u / F)
-  int64_t piece_numel = 0;   ///< of this rank's shard, held by parameters (padding excluded)
-  int64_t param_tensors = 0;
+/// One flat parameter of a unit on one rank: the unit has one per kind of parameter it holds
+/// (rules::group_by_kind: [Note: a unit's flat parameters]).
+struct FlatGroupLayout {
   bool trainable = true;
-  bool reshard_after_forward = true;
+  int64_t numel = 0;         ///< of its parameters
+  int64_t shard_numel = 0;   ///< ceil(numel / F)
+  int64_t piece_numel = 0;   ///< of this rank's shard, held by parameters (padding excluded)
+  int64_t shard_bytes = 0;   ///< per element of its shard, gradient shard, optimizer state (its dtype)
+  int64_t gather_bytes = 0;  ///< per element its all-gather moves (compute dtype, or its own)
+  int64_t reduce_bytes = 0;  ///< per element its reductions move
   // Bytes of the buffers the step allocates for it.
   int64_t unsharded_params = 0;  ///< 0 when forward uses the shard itself (F = 1, no cast)
-  int64_t unsharded_grad = 0;    ///< 0 when gradients go straight into the shard (W = 1)
+  int64_t unsharded_grad = 0;    ///< 0 when gradients go straight into the shard (W = 1), or frozen
   int64_t reduce_output = 0;     ///< a reduction's output before it lands in the gradient shard
   /// The gradient shard on the device: allocated by backward (by the first gradient when they go
   /// straight into it, else when the reduction is issued), freed by zero_grad; 0 when offloaded.
@@ -46,6 +47,22 @@ struct UnitLayout {
   /// the shard (accumulation adds to a shard that holds a sum, no_sync keeps the sum unsharded).
   int64_t accumulating_grad = 0;
   int64_t accumulating_reduce_output = 0;
+};
+
+/// One unit on one rank: its flat groups, and their sums.
+struct UnitLayout {
+  std::string name;
+  std::vector<FlatGroupLayout> flats;  ///< the first is the unit's main one
+  int64_t numel = 0;         ///< Ψ_u
+  int64_t shard_numel = 0;   ///< Σ ceil(Ψ_g / F) over its flat groups
+  int64_t piece_numel = 0;   ///< of this rank's shards, held by parameters (padding excluded)
+  int64_t trainable_piece_numel = 0;  ///< of those, the trainable ones' (the optimizer's state)
+  int64_t param_tensors = 0;
+  bool trainable = false;    ///< it has a trainable parameter
+  bool reshard_after_forward = true;
+  int64_t unsharded_params = 0;  ///< Σ FlatGroupLayout::unsharded_params
+  int64_t grad_shard = 0;        ///< Σ FlatGroupLayout::grad_shard
+  int64_t accumulating_grad = 0;  ///< Σ FlatGroupLayout::accumulating_grad
 };
 
 /// Every unit of `model` on `rank`: the root first, then model.units in order.

@@ -116,7 +116,12 @@ PlanActivations activations_from(const nlohmann::json& json, const std::string& 
 
 nlohmann::json unit_json(const PlanUnit& u) {
   nlohmann::json params = nlohmann::json::array();
-  for (const auto& p : u.params) params.push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)}});
+  for (const auto& p : u.params) {
+    nlohmann::json param = {{"name", p.name}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)}};
+    if (!p.requires_grad) param["requires_grad"] = false;  // absent: trained, as files before it
+    if (p.full_precision) param["full_precision"] = true;
+    params.push_back(std::move(param));
+  }
   return {{"name", u.name}, {"params", params}, {"activations", activations_json(u.activations)},
           {"forward_flops", u.forward_flops}, {"forward_attention_flops", u.forward_attention_flops},
           {"forward_transcendentals", u.forward_transcendentals},
@@ -132,6 +137,14 @@ auto items_of(const nlohmann::json& list, const std::string& path, Read read) {
   return out;
 }
 
+// An optional true/false field.
+bool flag_field(const nlohmann::json& json, const char* key, const std::string& where, bool absent) {
+  if (!json.contains(key)) return absent;
+  const nlohmann::json& value = json.at(key);
+  if (!value.is_boolean()) refuse(where + "." + key, value, "true or false");
+  return value.get<bool>();
+}
+
 PlanParam param_from(const nlohmann::json& json, const std::string& where) {
   object_at(json, where);
   PlanParam param;
@@ -140,6 +153,8 @@ PlanParam param_from(const nlohmann::json& json, const std::string& where) {
   param.shape = items_of(shape, where + ".shape", size_value);
   if (!checked_product(param.shape)) refuse(where + ".shape", shape, "a shape whose elements int64 counts");
   param.dtype = dtype_field(json, "dtype", where);
+  param.requires_grad = flag_field(json, "requires_grad", where, true);
+  param.full_precision = flag_field(json, "full_precision", where, false);
   return param;
 }
 

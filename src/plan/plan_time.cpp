@@ -1,5 +1,7 @@
 #include "plan/plan_time.h"
 
+#include "plan/planned_step.h"
+
 #include <algorithm>
 
 namespace fsdp::planning {
@@ -37,30 +39,23 @@ double fsdp_copy_seconds(const UnitLayout& unit, const RankLayout& layout, const
 }
 
 // CPU offload ([Note: offloaded copies], fsdp::optim::StepInBackward): each gather brings the
-// fp32 shard up and each reduction takes the fp32 gradient shard down over the host link (hidden
-// like the unit's collectives); AdamW runs on the host, each unit as its gradient lands, so it
-// overlaps the backward of the units after it; the root, reduced last, is stepped after backward.
-struct OffloadSeconds {
-  std::vector<double> forward_copies, backward_copies;
-  double optimizer_exposed = 0;
-};
+// fp32 shard up and each reduction takes the fp32 gradient shard down over the host link (on the
+// communication lane, with the unit's collectives); AdamW runs on the host, each unit as its
+// gradient lands, so it overlaps the backward of the units after it; the root, reduced last, is
+// stepped after backward.
+double offload_copy_seconds(const PlanSetup& setup, const RankLayout& layout, const UnitLayout& unit) {
+  if (!setup.policy.fsdp.cpu_offload()) return 0;
+  return seconds(static_cast<double>(unit.shard_numel * layout.precision.shard_bytes), setup.device.host_link_bandwidth);
+}
 
-OffloadSeconds offload_seconds(const PlanSetup& setup, const RankLayout& layout, double backward_compute) {
-  const size_t n = layout.units.size();
-  OffloadSeconds o{std::vector<double>(n, 0), std::vector<double>(n, 0), 0};
-  double optimizer_overlapped = 0;
-  for (size_t u = 0; u < n; ++u) {
-    const UnitLayout& unit = layout.units[u];
-    const double copy = seconds(static_cast<double>(unit.shard_numel * layout.precision.shard_bytes),
-                                setup.device.host_link_bandwidth);
-    o.forward_copies[u] = copy;
-    o.backward_copies[u] = (u > 0 && unit.reshard_after_forward ? copy : 0) + (unit.trainable ? copy : 0);
-    const double step = seconds(7.0 * unit.piece_numel * layout.precision.shard_bytes,
+double offload_optimizer_exposed(const PlanSetup& setup, const RankLayout& layout, double backward_compute) {
+  double exposed = 0, overlapped = 0;
+  for (size_t u = 0; u < layout.units.size(); ++u) {
+    const double step = seconds(7.0 * layout.units[u].trainable_piece_numel * layout.precision.shard_bytes,
                                 setup.device.host_memory_bandwidth);
-    (u == 0 ? o.optimizer_exposed : optimizer_overlapped) += step;
+    (u == 0 ? exposed : overlapped) += step;
   }
-  o.optimizer_exposed += std::max(0.0, optimizer_overlapped - backward_compute);
-  return o;
+  return exposed + std::max(0.0, overlapped - backward_compute);
 }
 
 double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
@@ -68,10 +63,21 @@ double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
   return seconds(static_cast<double>(c.bytes), bandwidth) + c.steps * links.latency_s;
 }
 
+double transfer_seconds(const PlannedTransfer& transfer, const PlannedStep& step, const PlanSetup& setup,
+                        const RankLayout& layout) {
+  double s = offload_copy_seconds(setup, layout, layout.units[transfer.unit]);
+  for (size_t c : transfer.collectives) s += collective_seconds(step.collectives[c], setup.links);
+  return s;
+}
+
 }  // namespace
 
-PlanTime step_time(const PlanSetup& setup, const RankLayout& layout,
-                   const std::vector<PlannedCollective>& collectives) {
+// The planned step's events replayed on two clocks: compute runs its units' forward and backward
+// in order and waits where the step waited; the communication lane runs each transfer from when
+// it is issued (or the lane is free) for its time. What compute waited is the exposed
+// communication: prefetch hides exactly what the conductor issued early.
+PlanTime step_time(const PlanSetup& setup, const RankLayout& layout, const PlannedStep& step,
+                   const std::vector<PlannedCollective>& program) {
   const PlanModel& model = setup.model;
   const KernelRates& rates = layout.precision.compute_bytes < 4 ? setup.device.low_precision : setup.device.fp32;
   const size_t n = layout.units.size();
@@ -80,48 +86,44 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout,
   for (size_t u = 1; u < n; ++u) unit[u] = unit_seconds(model.units[u - 1], setup, rates, false);
 
   PlanTime t;
-  for (size_t u = 0; u < n; ++u) {
-    t.compute += unit[u].forward + unit[u].backward + fsdp_copy_seconds(layout.units[u], layout, rates);
-  }
+  double passes = 0, backward_compute = 0;
   int64_t pieces = 0, tensors = 0;
-  for (const auto& u : layout.units) {
-    pieces += u.piece_numel;
-    tensors += u.param_tensors;
+  for (size_t u = 0; u < n; ++u) {
+    passes += unit[u].forward + unit[u].backward;
+    backward_compute += unit[u].backward;
+    t.compute += fsdp_copy_seconds(layout.units[u], layout, rates);
+    pieces += layout.units[u].trainable_piece_numel;
+    tensors += layout.units[u].param_tensors;
   }
-  const bool offload = setup.policy.fsdp.cpu_offload();
-  double backward_compute = 0;
-  for (size_t u = 0; u < n; ++u) backward_compute += unit[u].backward;
-  const OffloadSeconds copies = offload ? offload_seconds(setup, layout, backward_compute) : OffloadSeconds{
-      std::vector<double>(n, 0), std::vector<double>(n, 0), 0};
+  t.compute += passes;
   // AdamW reads a parameter, its gradient and both moments and writes three of them back: on the
   // device, or offloaded on the host (the part backward does not hide).
-  t.compute += (offload ? copies.optimizer_exposed
-                        : seconds(7.0 * pieces * layout.precision.shard_bytes, setup.device.fp32.memory_bandwidth)) +
+  t.compute += (setup.policy.fsdp.cpu_offload()
+                    ? offload_optimizer_exposed(setup, layout, backward_compute)
+                    : seconds(7.0 * pieces * layout.precision.shard_bytes, setup.device.fp32.memory_bandwidth)) +
                tensors * setup.device.op_overhead_s;
 
-  // Communication per unit and direction; what the compute it overlaps does not cover shows.
-  std::vector<double> forward_comm = copies.forward_copies, backward_comm = copies.backward_copies;
-  for (double s : forward_comm) t.communication += s;
-  for (double s : backward_comm) t.communication += s;
-  for (const auto& c : collectives) {
+  std::vector<double> done(step.transfers.size(), 0);
+  double compute = 0, lane = 0;
+  for (const PlannedEvent& e : step.events) {
+    switch (e.kind) {
+      case PlannedEvent::Forward: compute += unit[e.index].forward; break;
+      case PlannedEvent::Backward: compute += unit[e.index].backward; break;
+      case PlannedEvent::Issue: {
+        const double s = transfer_seconds(step.transfers[e.index], step, setup, layout);
+        t.communication += s;
+        lane = done[e.index] = std::max(compute, lane) + s;
+        break;
+      }
+      case PlannedEvent::Wait: compute = std::max(compute, done[e.index]); break;
+    }
+  }
+  t.exposed_communication = compute - passes;
+  for (const auto& c : program) {  // the program's own (the loss) waits at the end of the step
     const double s = collective_seconds(c, setup.links);
     t.communication += s;
-    (c.backward ? backward_comm : forward_comm)[c.unit] += s;
+    t.exposed_communication += s;
   }
-  const bool forward_prefetch = setup.policy.fsdp.forward_prefetch();
-  const bool backward_prefetch = setup.policy.fsdp.backward_prefetch() != BackwardPrefetch::None;
-  // Forward: unit u's all-gather runs during unit u-1's forward (the root's is never hidden).
-  t.exposed_communication += forward_comm[0];
-  for (size_t u = 1; u < n; ++u) {
-    const double hidden_by = forward_prefetch ? unit[u - 1].forward : 0;
-    t.exposed_communication += std::max(0.0, forward_comm[u] - hidden_by);
-  }
-  // Backward: unit u's gather and reduction run during the backward of its neighbour.
-  for (size_t u = n - 1; u >= 1; --u) {
-    const double hidden_by = backward_prefetch ? unit[u - 1].backward : 0;
-    t.exposed_communication += std::max(0.0, backward_comm[u] - hidden_by);
-  }
-  t.exposed_communication += backward_comm[0];  // the root's reduction ends the backward
   t.step = t.compute + t.exposed_communication;
   const double tokens = static_cast<double>(setup.world.world_size) * setup.policy.batch * model.sequence_tokens;
   t.tokens_per_s = t.step > 0 ? tokens / t.step : 0;

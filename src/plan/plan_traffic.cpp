@@ -21,36 +21,44 @@ int64_t ring_all_reduce_bytes(int64_t bytes, int n) { return 2 * (n - 1) * bytes
 
 }  // namespace
 
-std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const RankLayout& layout) {
-  const int f = layout.shard_group_size, r = layout.replicas, w = setup.world.world_size;
-  const int rph = setup.world.ranks_per_host, rank = layout.rank;
-  const double shard_cross = f > 1 ? cross_host_share(rank / f * f, 1, f, rph) : 0;
-  const double replica_cross = r > 1 ? cross_host_share(rank % f, f, r, rph) : 0;
-  const Precision& p = layout.precision;
+// The rings of this rank: its shard group's (F consecutive ranks) and its replicas' (stride F).
+struct Rings {
+  int f, r;
+  double shard_cross, replica_cross;
+};
+
+Rings rings_of(const PlanSetup& setup, const RankLayout& layout) {
+  const int f = layout.shard_group_size, r = layout.replicas, rph = setup.world.ranks_per_host;
+  return {f, r, f > 1 ? cross_host_share(layout.rank / f * f, 1, f, rph) : 0,
+          r > 1 ? cross_host_share(layout.rank % f, f, r, rph) : 0};
+}
+
+std::vector<PlannedCollective> gather_collectives(const PlanSetup& setup, const RankLayout& layout, size_t unit,
+                                                  const FlatGroupLayout& g, bool backward) {
+  const Rings rings = rings_of(setup, layout);
+  if (rings.f == 1) return {};
+  return {{PlannedCollective::AllGather, unit, backward, (rings.f - 1) * g.shard_numel * g.gather_bytes,
+           rings.f - 1, rings.shard_cross}};
+}
+
+std::vector<PlannedCollective> reduce_collectives(const PlanSetup& setup, const RankLayout& layout, size_t unit,
+                                                  const FlatGroupLayout& g) {
+  const Rings rings = rings_of(setup, layout);
+  const int64_t shard = g.shard_numel * g.reduce_bytes;
   std::vector<PlannedCollective> out;
-  auto gather = [&](size_t u, bool backward) {
-    const UnitLayout& unit = layout.units[u];
-    if (f > 1) out.push_back({PlannedCollective::AllGather, u, backward, (f - 1) * unit.shard_numel * p.compute_bytes, f - 1, shard_cross});
-  };
-  auto reduce = [&](size_t u) {
-    const UnitLayout& unit = layout.units[u];
-    if (!unit.trainable || w == 1) return;
-    const int64_t shard = unit.shard_numel * p.reduce_bytes;
-    if (f > 1) out.push_back({PlannedCollective::ReduceScatter, u, true, (f - 1) * shard, f - 1, shard_cross});
-    if (r > 1) out.push_back({PlannedCollective::AllReduce, u, true, ring_all_reduce_bytes(shard, r), 2 * (r - 1), replica_cross});
-  };
-  for (size_t u = 0; u < layout.units.size(); ++u) gather(u, false);
-  for (size_t u = layout.units.size() - 1; u >= 1; --u) {
-    if (layout.units[u].reshard_after_forward) gather(u, true);
-    reduce(u);
-  }
-  reduce(0);
-  if (w > 1 && setup.model.step_all_reduce_bytes > 0) {
-    out.push_back({PlannedCollective::AllReduce, 0, true,
-                   ring_all_reduce_bytes(setup.model.step_all_reduce_bytes, w), 2 * (w - 1),
-                   cross_host_share(0, 1, w, rph), /*once_per_step=*/true});
+  if (rings.f > 1) out.push_back({PlannedCollective::ReduceScatter, unit, true, (rings.f - 1) * shard, rings.f - 1, rings.shard_cross});
+  if (rings.r > 1) {
+    out.push_back({PlannedCollective::AllReduce, unit, true, ring_all_reduce_bytes(shard, rings.r), 2 * (rings.r - 1),
+                   rings.replica_cross});
   }
   return out;
+}
+
+std::vector<PlannedCollective> program_collectives(const PlanSetup& setup) {
+  const int w = setup.world.world_size;
+  if (w == 1 || setup.model.step_all_reduce_bytes == 0) return {};
+  return {{PlannedCollective::AllReduce, 0, true, ring_all_reduce_bytes(setup.model.step_all_reduce_bytes, w),
+           2 * (w - 1), cross_host_share(0, 1, w, setup.world.ranks_per_host), /*once_per_step=*/true}};
 }
 
 PlanTraffic total_traffic(const PlanSetup& setup, const std::vector<PlannedCollective>& collectives) {

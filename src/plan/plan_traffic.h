@@ -10,7 +10,7 @@
 
 namespace fsdp::planning {
 
-/// One collective of the step, in issue order (the step-time model overlaps them with compute).
+/// One collective of the step, in issue order.
 struct PlannedCollective {
   enum Kind { AllGather, ReduceScatter, AllReduce } kind;
   size_t unit = 0;          ///< index in RankLayout::units (0: the root); the program's own: 0
@@ -22,8 +22,15 @@ struct PlannedCollective {
   bool once_per_step = false;  ///< the program's own (the loss): not once per micro-batch
 };
 
-/// One micro-batch's collectives (the step-time model's unit of work).
-std::vector<PlannedCollective> step_collectives(const PlanSetup& setup, const RankLayout& layout);
+/// The all-gather of flat group `g` of unit `unit` (index in RankLayout::units): none at F = 1.
+std::vector<PlannedCollective> gather_collectives(const PlanSetup& setup, const RankLayout& layout, size_t unit,
+                                                  const FlatGroupLayout& g, bool backward);
+/// The reductions of a trainable flat group: reduce-scatter in the shard group, all-reduce across
+/// the replicas.
+std::vector<PlannedCollective> reduce_collectives(const PlanSetup& setup, const RankLayout& layout, size_t unit,
+                                                  const FlatGroupLayout& g);
+/// The program's own collectives, once per step (gpt_train's loss).
+std::vector<PlannedCollective> program_collectives(const PlanSetup& setup);
 /// A whole step's bytes: every micro-batch gathers; under no_sync only the last one reduces.
 PlanTraffic total_traffic(const PlanSetup& setup, const std::vector<PlannedCollective>& collectives);
 

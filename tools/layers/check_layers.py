@@ -37,8 +37,8 @@ FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state
 # Inside src/core, lowest first: a file (X.h, X.cpp) includes "core/Y.h" only from its own tier
 # or one below. A unit (param_group) calls nothing above it: the model (fsdp_state) calls it.
 CORE_TIERS = [
-    {"flat_layout", "unit_rules", "flat_param", "rate_limiter", "model_check", "options",
-     "activation_checkpoint"},
+    {"flat_layout", "unit_rules", "step_conductor", "flat_param", "rate_limiter", "model_check",
+     "options", "activation_checkpoint"},
     {"unit_comm"},
     {"unit_env"},
     {"param_group"},
@@ -51,8 +51,8 @@ CORE_TIERS = [
 # The only core headers the layers above core (optim, io, plan) include: the engine's units, flat
 # parameters and their entries are core's own; the layers above see the sharded model through
 # core/sharded_view.h, and the planner reads the engine's tensor-free rules ([Note: one rulebook,
-# two readers]).
-CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h"}
+# two readers]) and runs its step conductor ([Note: one schedule, two kinds of units]).
+CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")

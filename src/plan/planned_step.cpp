@@ -1,0 +1,333 @@
+#include "plan/planned_step.h"
+
+#include "core/step_conductor.h"
+#include "core/unit_rules.h"
+
+#include <algorithm>
+#include <deque>
+#include <memory>
+
+namespace fsdp::planning {
+
+Timeline::Timeline(MemoryBreakdown start, std::string suffix)
+    : now_(start), peak_(start), peak_at_("the start of the step" + suffix), suffix_(std::move(suffix)) {}
+
+void Timeline::check(int64_t transient, const std::string& when) {
+  MemoryBreakdown m = now_;
+  m.workspace += transient;
+  if (m.total() > peak_.total()) {
+    peak_ = m;
+    peak_at_ = when + suffix_;
+  }
+}
+
+namespace {
+
+std::string unit_label(const UnitLayout& unit) { return unit.name.empty() ? "the root" : unit.name; }
+
+class PlannedUnit;
+
+// What the planned units of one step share: the memory, the rate limiter's count, the reductions
+// in flight, the collectives issued.
+struct StepCounts {
+  const PlanSetup& setup;
+  const RankLayout& layout;
+  const MicroBatch& micro;
+  Timeline timeline;
+  int holding = 0;  // rate-limited units holding unsharded parameters
+  std::deque<PlannedUnit*> reductions;  // issued, their unsharded gradients not yet freed
+  std::deque<size_t> reductions_in_flight;  // transfers compute has not waited for
+  std::vector<PlannedCollective> collectives;
+  std::vector<PlannedTransfer> transfers;
+  std::vector<PlannedEvent> events;
+  bool in_backward = false;
+
+  /// Issues a transfer of `collectives` (none at F = 1; offloaded, the host link still copies).
+  /// Returns its index, or -1 when it moves nothing.
+  int issue(PlannedTransfer::Kind kind, size_t unit, const std::vector<PlannedCollective>& issued) {
+    if (issued.empty() && !setup.policy.fsdp.cpu_offload()) return -1;
+    PlannedTransfer transfer{kind, unit, {}};
+    for (const auto& c : issued) {
+      transfer.collectives.push_back(collectives.size());
+      collectives.push_back(c);
+    }
+    transfers.push_back(std::move(transfer));
+    events.push_back({PlannedEvent::Issue, transfers.size() - 1});
+    return static_cast<int>(transfers.size() - 1);
+  }
+  void wait(int transfer) {
+    if (transfer >= 0) events.push_back({PlannedEvent::Wait, static_cast<size_t>(transfer)});
+  }
+  /// The rate limiter lets rules::kReductionsInFlight reductions stay in flight.
+  void wait_for_reductions() {
+    while (reductions_in_flight.size() > static_cast<size_t>(rules::kReductionsInFlight)) {
+      wait(static_cast<int>(reductions_in_flight.front()));
+      reductions_in_flight.pop_front();
+    }
+  }
+};
+
+// A unit as the conductor drives it, counting what a ParamGroup would allocate and send.
+class PlannedUnit final : public ScheduledUnit {
+ public:
+  PlannedUnit(StepCounts& step, StepConductor& conductor, size_t index)
+      : step_(step), conductor_(conductor), index_(index), unit_(step.layout.units[index]) {}
+
+  bool is_root() const override { return index_ == 0; }
+  const std::string& name() const override { return unit_.name; }
+  void begin_forward() override { issue_unshard(/*optional=*/false); }
+  bool issue_unshard(bool optional) override;
+  void wait_unshard() override;
+  void end_forward(bool reshard) override {
+    if (reshard) this->reshard();
+  }
+  void begin_backward(bool no_sync) override;
+  bool backward_ran() const override { return backward_ran_; }
+  void finish_backward() override;
+
+  /// Autograd completed the unit's gradients (ParamGroup::post_backward).
+  void post_backward();
+  /// The unsharded gradient it holds while accumulating (freed once reduced).
+  int64_t unsharded_grad() const;
+
+ private:
+  bool rate_limited() const { return rules::rate_limited(is_root()); }
+  bool grads_into_shard(const FlatGroupLayout& g) const {
+    return g.grads_into_shard && !step_.micro.accumulating();
+  }
+  // Gradient shards already hold a sum when the reduction lands (kept by zero_grad, or earlier
+  // micro-batches): the reduction adds to it.
+  bool gradients_held() const { return step_.setup.policy.gradients_kept || step_.micro.shards_hold_sum; }
+  void reshard();
+  void reduce();
+  void free_reduced();
+  // Backward allocates a gradient shard that zero_grad freed.
+  void allocate_grad_shard(const FlatGroupLayout& g);
+  MemoryBreakdown& now() { return step_.timeline.now(); }
+
+  StepCounts& step_;
+  StepConductor& conductor_;
+  size_t index_;
+  const UnitLayout& unit_;
+  bool unsharded_ = false;
+  int gather_ = -1;      // the transfer of its all-gathers, until waited for
+  int reduction_ = -1;   // the transfer of its reductions, until the end of backward
+  bool backward_ran_ = false;
+  bool no_sync_ = false;
+};
+
+bool PlannedUnit::issue_unshard(bool optional) {
+  if (unsharded_) return true;
+  const int limit = step_.setup.policy.fsdp.limit_all_gathers();
+  if (optional && rate_limited() && rules::limiter_refuses_prefetch(limit, step_.holding)) return false;
+  unsharded_ = true;
+  if (rate_limited()) {
+    ++step_.holding;
+    step_.wait_for_reductions();  // the limiter's slot waits so
+  }
+  now().unsharded_params += unit_.unsharded_params;
+  std::vector<PlannedCollective> gathers;
+  for (const FlatGroupLayout& g : unit_.flats) {
+    for (auto& c : gather_collectives(step_.setup, step_.layout, index_, g, step_.in_backward)) gathers.push_back(c);
+  }
+  gather_ = step_.issue(step_.in_backward ? PlannedTransfer::BackwardGather : PlannedTransfer::ForwardGather,
+                        index_, gathers);
+  return true;
+}
+
+void PlannedUnit::wait_unshard() {
+  issue_unshard(/*optional=*/false);
+  step_.wait(gather_);
+  gather_ = -1;
+}
+
+void PlannedUnit::reshard() {
+  if (!unsharded_) return;
+  unsharded_ = false;
+  if (rate_limited()) --step_.holding;
+  now().unsharded_params -= unit_.unsharded_params;
+}
+
+int64_t PlannedUnit::unsharded_grad() const {
+  int64_t bytes = 0;
+  for (const FlatGroupLayout& g : unit_.flats) {
+    bytes += step_.micro.accumulating() ? g.accumulating_grad : g.unsharded_grad;
+  }
+  return bytes;
+}
+
+void PlannedUnit::allocate_grad_shard(const FlatGroupLayout& g) {
+  if (!step_.setup.policy.gradients_kept && !step_.micro.shards_hold_sum) now().sharded_grads += g.grad_shard;
+}
+
+void PlannedUnit::begin_backward(bool no_sync) {
+  wait_unshard();
+  backward_ran_ = true;
+  no_sync_ = no_sync;
+  // Before its unsharded gradient, the limiter waits for the reductions before the last.
+  if (rate_limited() && !no_sync && unit_.trainable) step_.wait_for_reductions();
+  if (!step_.micro.full_grads_kept) now().unsharded_grads += unsharded_grad();
+  for (const FlatGroupLayout& g : unit_.flats) {
+    if (grads_into_shard(g)) allocate_grad_shard(g);
+  }
+}
+
+void PlannedUnit::post_backward() {
+  conductor_.gradient_ready(*this);
+  // The gradients are complete: autograd needs these parameters no more.
+  reshard();
+  if (!no_sync_) reduce();  // no_sync keeps the unsharded gradient for the next backward
+}
+
+// The reduce-scatter is issued; the limiter lets rules::kReductionsInFlight stay in flight
+// while the next unit computes, so the gradients before them are freed now (planned at their
+// latest). The end of backward waits for the root's, the last.
+void PlannedUnit::reduce() {
+  while (step_.reductions.size() >= static_cast<size_t>(rules::kReductionsInFlight)) {
+    step_.reductions.front()->free_reduced();
+  }
+  int64_t output = 0;
+  std::vector<PlannedCollective> reductions;
+  for (const FlatGroupLayout& g : unit_.flats) {
+    if (!g.trainable) continue;
+    if (!grads_into_shard(g)) allocate_grad_shard(g);  // before the task runs
+    // A sum in the shard is added to from a temporary.
+    output += gradients_held() ? g.accumulating_reduce_output : g.reduce_output;
+    for (auto& c : reduce_collectives(step_.setup, step_.layout, index_, g)) reductions.push_back(c);
+  }
+  step_.timeline.check(output, "reduction of " + unit_label(unit_));
+  if (unit_.trainable) {
+    reduction_ = step_.issue(PlannedTransfer::Reduction, index_, reductions);
+    if (reduction_ >= 0) step_.reductions_in_flight.push_back(static_cast<size_t>(reduction_));
+  }
+  step_.reductions.push_back(this);
+  if (is_root()) free_reduced();
+}
+
+void PlannedUnit::free_reduced() {
+  auto it = std::find(step_.reductions.begin(), step_.reductions.end(), this);
+  if (it == step_.reductions.end()) return;
+  step_.reductions.erase(it);
+  now().unsharded_grads -= unsharded_grad();
+}
+
+void PlannedUnit::finish_backward() {
+  free_reduced();
+  auto& in_flight = step_.reductions_in_flight;
+  if (auto it = std::find(in_flight.begin(), in_flight.end(), static_cast<size_t>(reduction_)); it != in_flight.end()) {
+    step_.wait(reduction_);
+    in_flight.erase(it);
+  }
+  reduction_ = -1;
+  reshard();
+  backward_ran_ = false;
+}
+
+// Autograd's part of a step: what each piece of the model saves and frees, and the order in
+// which it reaches the units. The conductor does the rest.
+class PlannedAutograd {
+ public:
+  PlannedAutograd(StepCounts& step, StepConductor& conductor, std::vector<std::unique_ptr<PlannedUnit>>& units)
+      : step_(step), conductor_(conductor), units_(units), model_(step.setup.model),
+        batch_(step.setup.policy.batch), checkpointing_(step.setup.policy.fsdp.activation_checkpointing()) {}
+
+  void forward();
+  void backward();
+
+ private:
+  const PlanActivations& activations(size_t u) const { return model_.units[u - 1].activations; }
+  Timeline& t() { return step_.timeline; }
+  std::vector<ScheduledUnit*> scheduled() const {
+    std::vector<ScheduledUnit*> out;
+    for (const auto& unit : units_) out.push_back(unit.get());
+    return out;
+  }
+
+  StepCounts& step_;
+  StepConductor& conductor_;
+  std::vector<std::unique_ptr<PlannedUnit>>& units_;
+  const PlanModel& model_;
+  int64_t batch_;
+  bool checkpointing_;
+};
+
+void PlannedAutograd::forward() {
+  step_.in_backward = false;
+  PlannedUnit& root = *units_[0];
+  conductor_.pre_forward(root);
+  t().check(batch_ * model_.root_pre.forward_transient, "forward of the root (before the units)");
+  t().now().activations += batch_ * model_.root_pre.saved;
+  for (size_t u = 1; u < units_.size(); ++u) {
+    conductor_.pre_forward(*units_[u]);
+    step_.events.push_back({PlannedEvent::Forward, u});
+    const PlanActivations& a = activations(u);
+    // Under checkpointing nothing is saved, but the intermediates exist while it runs: at most
+    // what it would have saved.
+    const int64_t running = a.forward_transient + (checkpointing_ ? a.saved - a.checkpointed : 0);
+    t().check(batch_ * running, "forward of " + unit_label(step_.layout.units[u]));
+    t().now().activations += batch_ * (checkpointing_ ? a.checkpointed : a.saved);
+    conductor_.post_forward(*units_[u], /*training=*/true, /*will_backward=*/true);
+  }
+  const PlanActivations& head = model_.root.activations;
+  step_.events.push_back({PlannedEvent::Forward, 0});
+  t().check(batch_ * head.forward_transient, "forward of the root (after the units)");
+  t().now().activations += batch_ * head.saved;
+  conductor_.post_forward(root, /*training=*/true, /*will_backward=*/true);
+}
+
+void PlannedAutograd::backward() {
+  step_.in_backward = true;
+  const size_t last = units_.size() - 1;
+  PlannedUnit& root = *units_[0];
+  conductor_.backward_reached(root);
+  step_.events.push_back({PlannedEvent::Backward, 0});
+  const PlanActivations& head = model_.root.activations;
+  t().check(batch_ * head.backward_transient + model_.root.backward_workspace,
+            "backward of the root (before the units)");
+  // The head frees what it saved and the last unit's output (its input).
+  t().now().activations -= batch_ * (head.saved + (last >= 1 ? activations(last).checkpointed : 0));
+  for (size_t u = last; u >= 1; --u) {
+    conductor_.backward_reached(*units_[u]);
+    step_.events.push_back({PlannedEvent::Backward, u});
+    const PlanActivations& a = activations(u);
+    if (checkpointing_) t().now().activations += batch_ * a.saved;  // recomputed
+    t().check(batch_ * a.backward_transient + model_.units[u - 1].backward_workspace,
+              "backward of " + unit_label(step_.layout.units[u]));
+    // Freed: what it saved but its output (gone with the unit after it: checkpointed, the
+    // recomputed copy too), and its input, the unit before it's output.
+    t().now().activations -= batch_ * (checkpointing_ ? a.saved : a.saved - a.checkpointed);
+    if (u > 1) t().now().activations -= batch_ * activations(u - 1).checkpointed;
+    units_[u]->post_backward();
+  }
+  t().check(batch_ * model_.root_pre.backward_transient + model_.root.backward_workspace,
+            "backward of the root (after the units)");
+  root.post_backward();
+  // Every gradient shard, until zero_grad frees them.
+  t().check(0, step_.micro.last ? "the optimizer step" : "the end of backward");
+  conductor_.finish_backward(scheduled());
+}
+
+}  // namespace
+
+PlannedStep run_planned_step(const PlanSetup& setup, const RankLayout& layout, const MicroBatch& micro,
+                             const MemoryBreakdown& start, const std::string& suffix) {
+  StepCounts step{setup, layout, micro, Timeline(start, suffix)};
+  StepListener model_wide;  // the published shards and autograd's callback: nothing to count
+  StepConductor conductor(setup.policy.fsdp, model_wide);
+  conductor.set_no_sync(!micro.reduces);
+  std::vector<std::unique_ptr<PlannedUnit>> units;
+  for (size_t u = 0; u < layout.units.size(); ++u) units.push_back(std::make_unique<PlannedUnit>(step, conductor, u));
+  PlannedAutograd autograd(step, conductor, units);
+  // The first iteration records the forward order that forward prefetch follows.
+  autograd.forward();
+  autograd.backward();
+  step.timeline = Timeline(start, suffix);
+  step.collectives.clear();
+  step.transfers.clear();
+  step.events.clear();
+  autograd.forward();
+  autograd.backward();
+  return {step.timeline, std::move(step.collectives), std::move(step.transfers), std::move(step.events)};
+}
+
+}  // namespace fsdp::planning
