@@ -7,10 +7,10 @@
 
 #include "comm/collectives.h"
 #include "device/device.h"
+#include "core/gradients_reduced_hook.h"
 #include "core/param_group.h"
 #include "core/rate_limiter.h"
 
-#include <fsdp/unit_runtime.h>
 #include <fsdp/options.h>
 
 #include <memory>
