@@ -29,9 +29,9 @@ SgdRun train_odd_net_with_sgd(fsdp::ShardingStrategy strategy, bool during) {
   for (int64_t step = 0; step < 3; ++step) {
     auto [x, y] = odd_batch(step, kRows * world);
     sgd.zero_grad();
-    const auto loss = torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows));
-    std::vector<torch::Tensor> before;
+    std::vector<torch::Tensor> before;  // the shards, between steps
     for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+    const auto loss = torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows));
     if (during) {
       fsdp::optim::StepInBackward overlap(model, sgd);
       loss.backward();
@@ -40,10 +40,10 @@ SgdRun train_odd_net_with_sgd(fsdp::ShardingStrategy strategy, bool during) {
     }
     sgd.wait_queued_steps();
     if (step == 0) {
-      size_t i = 0;
-      for (const auto& p : model->parameters()) {
-        run.held += p.numel() > 0;
-        run.moved_in_backward += p.numel() > 0 && !torch::equal(p, before[i++]);
+      const auto params = model->parameters();
+      for (size_t i = 0; i < params.size(); ++i) {
+        run.held += params[i].numel() > 0;
+        run.moved_in_backward += params[i].numel() > 0 && !torch::equal(params[i], before[i]);
       }
     }
     sgd.step();
