@@ -2,6 +2,7 @@
 // batch computes. Every rank also runs the reference in-process, so the comparison needs no file.
 #include "dist_env.h"
 #include "core/fsdp_state.h"
+#include "core/sharded_model.h"
 #include "parity_check.h"
 #include "test_models.h"
 
@@ -131,7 +132,7 @@ TEST(Prefetch, BackwardPreGathersTheNextUnitAsSoonAsABackwardStarts) {
         torch::nn::Linear(kWidth, kWidth), torch::nn::Linear(kWidth, kWidth));
     fsdp::wrap_blocks<torch::nn::Linear>(net);
     auto model = fsdp::fully_shard(net, *dist().world, fsdp::FullyShardOptions().backward_prefetch(prefetch));
-    state = model.slot().owned_model;
+    state = model.sharded_model().impl().engine;
     model(torch::ones({1, kWidth})).sum().backward();
     return gathered;
   };

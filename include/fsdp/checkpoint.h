@@ -102,37 +102,14 @@ struct SaveHooks {
   std::function<void()> after_shard_files;
 };
 
-namespace detail {
-void save_sharded(FsdpState& state, const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
-                  const std::string& folder, const nlohmann::json& extra, const SaveHooks& hooks);
-nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
-                            torch::optim::Optimizer& optimizer, const std::string& folder);
-std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers,
-                            torch::optim::Optimizer& optimizer, const std::string& dir,
-                            int64_t step, const nlohmann::json& extra, int keep_last,
-                            const SaveHooks& hooks);
-NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimizer& optimizer);
-
-template <class M>
-FsdpState& sharded_state(Unit<M>& root, const char* what) {
-  TORCH_CHECK(root.slot().owned_model, what, ": the model is not sharded (call fully_shard first)");
-  return *root.slot().owned_model;
-}
-}  // namespace detail
-
 /// Writes one checkpoint into `folder` (created if needed): this rank's shard file, then rank 0's
 /// metadata.json with `extra` (any JSON: the step, the seed...). A collective; every rank throws
 /// if any rank could not write. `hooks`: for tests (SaveHooks).
 ///
 /// Example:
 ///   fsdp::save_sharded(model, optim, "ckpt/final", {{"step", 1000}});
-template <class M>
-void save_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer, const std::string& folder,
-                  const nlohmann::json& extra = nlohmann::json::object(),
-                  const SaveHooks& hooks = {}) {
-  detail::save_sharded(detail::sharded_state(root, "save_sharded"), detail::module_buffers(root),
-                       optimizer, folder, extra, hooks);
-}
+void save_sharded(const ShardedModel& model, torch::optim::Optimizer& optimizer, const std::string& folder,
+                  const nlohmann::json& extra = nlohmann::json::object(), const SaveHooks& hooks = {});
 
 /// Loads the checkpoint in `folder` (saved by any number of ranks, any strategy) into the model
 /// and `optimizer` (built over model->parameters(), of the class that saved it, with the same
@@ -142,12 +119,8 @@ void save_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer, const std::
 ///
 /// Example:
 ///   int64_t step = fsdp::load_sharded(model, optim, "ckpt/final").at("step");
-template <class M>
-nlohmann::json load_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer,
-                            const std::string& folder) {
-  return detail::load_sharded(detail::sharded_state(root, "load_sharded"),
-                              detail::module_buffers(root), optimizer, folder);
-}
+nlohmann::json load_sharded(const ShardedModel& model, torch::optim::Optimizer& optimizer,
+                            const std::string& folder);
 
 /// Saves into `dir`/step-NNNNNNNN (save_sharded), `extra` (a JSON object) with "step": `step`
 /// added (an extra.step of another value throws), then publishes it as `dir`/latest. With
@@ -159,15 +132,10 @@ nlohmann::json load_sharded(Unit<M>& root, torch::optim::Optimizer& optimizer,
 ///
 /// Example:
 ///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"seed", seed}}, /*keep_last=*/2);
-template <class M>
-std::string save_checkpoint(Unit<M>& root, torch::optim::Optimizer& optimizer,
+std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& optimizer,
                             const std::string& dir, int64_t step,
                             const nlohmann::json& extra = nlohmann::json::object(),
-                            int keep_last = 0, const SaveHooks& hooks = {}) {
-  return detail::save_checkpoint(detail::sharded_state(root, "save_checkpoint"),
-                                 detail::module_buffers(root), optimizer, dir, step, extra,
-                                 keep_last, hooks);
-}
+                            int keep_last = 0, const SaveHooks& hooks = {});
 
 /// The folder of the newest complete checkpoint in `dir` (the one `dir`/latest names), or ""
 /// when there is none yet (no `dir`, or no save was ever published). Not a collective.
@@ -199,10 +167,6 @@ void check_checkpoint_dir_alone(const std::string& dir);
 ///
 /// Example:
 ///   for (auto& [key, tensor] : fsdp::gather_full_optimizer_state(model, optim)) ...
-template <class M>
-NamedTensors gather_full_optimizer_state(Unit<M>& root, torch::optim::Optimizer& optimizer) {
-  return detail::gather_full_optimizer_state(
-      detail::sharded_state(root, "gather_full_optimizer_state"), optimizer);
-}
+NamedTensors gather_full_optimizer_state(const ShardedModel& model, torch::optim::Optimizer& optimizer);
 
 }  // namespace fsdp

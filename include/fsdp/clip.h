@@ -5,10 +5,6 @@
 
 namespace fsdp {
 
-namespace detail {
-double clip_grad_norm(FsdpState& state, double max_norm);
-}
-
 /// torch::nn::utils::clip_grad_norm_ for a list of parameters that may be shards: LibTorch's own
 /// (and a norm written by hand over model->parameters()) sees only this rank's pieces and clips
 /// each rank by its own norm, silently. This one finds the sharded model each parameter belongs
@@ -32,10 +28,6 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
 ///   loss.backward();
 ///   double norm = fsdp::clip_grad_norm_(model, 1.0);
 ///   optimizer.step();
-template <class M>
-double clip_grad_norm_(Unit<M>& root, double max_norm) {
-  TORCH_CHECK(root.slot().owned_model, "clip_grad_norm_: the model is not sharded (call fully_shard)");
-  return detail::clip_grad_norm(*root.slot().owned_model, max_norm);
-}
+double clip_grad_norm_(const ShardedModel& model, double max_norm);
 
 }  // namespace fsdp

@@ -34,6 +34,7 @@
 
 #include <fsdp/distributed.h>
 #include <fsdp/options.h>
+#include <fsdp/sharded_model.h>
 #include <fsdp/unit_runtime.h>
 
 #include <torch/nn/module.h>
@@ -49,34 +50,6 @@
 #include <vector>
 
 namespace fsdp {
-
-/// One flat parameter of a unit: its parameters of one kind. A unit has one per kind it holds:
-/// trainable ones first, then frozen (requires_grad false), each split into param_dtype and full
-/// precision (BatchNorm under mixed precision) where it has both.
-struct FlatInfo {
-  int64_t num_params = 0;    ///< original parameters in it
-  int64_t numel = 0;         ///< elements of those parameters
-  int64_t padded_numel = 0;  ///< numel rounded up to a multiple of the shard group size
-  int64_t shard_numel = 0;   ///< elements this rank keeps
-  int64_t element_size = 0;  ///< bytes per element of the shard (the parameters' dtype)
-  int64_t compute_element_size = 0;  ///< bytes per element unsharded (mixed precision's param_dtype)
-  bool trainable = true;     ///< false for frozen parameters
-};
-
-/// What one unit holds, for tests, benchmarks and logs: the sums over its flat parameters, and
-/// each of them.
-struct UnitInfo {
-  std::string name;          ///< module path from the root ("" for the root unit)
-  bool is_root = false;
-  int64_t num_params = 0;    ///< original parameters in the unit
-  int64_t numel = 0;         ///< elements of those parameters
-  int64_t padded_numel = 0;  ///< the flat parameters' elements, padded
-  int64_t shard_numel = 0;   ///< elements this rank keeps
-  int64_t shard_bytes = 0;   ///< bytes this rank keeps
-  int64_t unsharded_bytes = 0;  ///< bytes of the unit's parameters gathered (padded, compute dtypes)
-  std::vector<FlatInfo> flats;
-};
-
 
 /// Whether M is a module holder (torch::nn::Linear, a TORCH_MODULE, torch::nn::ModuleHolder<T>).
 template <class M>
@@ -158,15 +131,18 @@ class Unit : public M {
     }
   }
   auto operator->() const { return M::operator->(); }
-  bool is_sharded() const { return slot_ && slot_->unit; }
+  bool is_sharded() const { return detail::is_sharded(slot_.get()); }
+
+  /// The model sharded through this root (fully_shard's result); throws if this is not one.
+  ShardedModel& sharded_model() const { return detail::sharded_root_of(slot_.get()); }
+  /// The same, or null: this unit is not the root of a sharded model.
+  ShardedModel* find_sharded_model() const { return detail::root_of(slot_.get()); }
 
   /// The units of the model sharded through this root, root first (empty unless this is a root).
   std::vector<UnitInfo> units() const {
-    return slot_ && slot_->owned_model ? detail::unit_infos(*slot_->owned_model) : std::vector<UnitInfo>{};
+    const ShardedModel* model = find_sharded_model();
+    return model ? model->units() : std::vector<UnitInfo>{};
   }
-
-  /// Internal: the slot filled in by fully_shard().
-  detail::UnitSlot& slot() { return *slot_; }
 
   /// Internal: a holder of the unit whose module is `impl` (another holder of the same unit).
   static Unit holding(Impl* impl) {
@@ -251,6 +227,9 @@ class Unit : public M {
   std::shared_ptr<detail::UnitSlot> slot_;
 };
 
+template <class M>
+ShardedModel::ShardedModel(const Unit<M>& root) : ShardedModel(root.sharded_model()) {}
+
 /// Gradient accumulation without communication: while it lives, backward keeps each unit's
 /// unsharded gradient and adds to it instead of reduce-scattering (more memory: every unit's
 /// unsharded gradient stays allocated). The first backward after it ends reduces the sum once.
@@ -265,17 +244,13 @@ class Unit : public M {
 ///   optimizer.step();
 class NoSyncGuard {
  public:
-  template <class M>
-  explicit NoSyncGuard(Unit<M>& root) : state_(root.slot().owned_model) {
-    TORCH_CHECK(state_, "NoSyncGuard: the model is not sharded (call fully_shard)");
-    detail::set_no_sync(*state_, true);
-  }
-  ~NoSyncGuard() { detail::set_no_sync(*state_, false); }
+  explicit NoSyncGuard(const ShardedModel& model);
+  ~NoSyncGuard();
   NoSyncGuard(const NoSyncGuard&) = delete;
   NoSyncGuard& operator=(const NoSyncGuard&) = delete;
 
  private:
-  std::shared_ptr<FsdpState> state_;
+  ShardedModel model_;
 };
 
 /// Shards `model` over `group`: every `fsdp::Unit` inside it becomes one unit, and the parameters
@@ -289,7 +264,7 @@ Unit<M> fully_shard(M model, ProcessGroup& group, FullyShardOptions options = {}
                 "`struct NetImpl : torch::nn::Module {...}; TORCH_MODULE(Net);` and pass Net(), "
                 "or pass std::make_shared<NetImpl>()");
   Unit<M> root(std::move(model));
-  root.slot().owned_model = detail::shard_model(root.module().ptr(), root.slot(), group, options);
+  detail::shard_model(root.module().ptr(), group, options);
   return root;
 }
 
@@ -319,8 +294,7 @@ auto fully_shard_deferred(Factory&& factory, ProcessGroup& group, FullyShardOpti
   auto model = factory();
   scope.close();
   Unit<decltype(model)> root(std::move(model));
-  root.slot().owned_model = detail::shard_model(root.module().ptr(), root.slot(), group, options,
-                                          scope.state(), scope.init());
+  detail::shard_model(root.module().ptr(), group, options, &scope);
   return root;
 }
 

@@ -19,26 +19,19 @@
 
 #include <fsdp/fully_shard.h>
 #include <fsdp/grad_scaler.h>
+#include <fsdp/steps_in_backward.h>
 
 #include <torch/optim/adamw.h>
 
-#include <functional>
 #include <map>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
 #include <vector>
-
-namespace fsdp {
-class WorkerThread;
-class QueuedTask;
-}  // namespace fsdp
 
 namespace fsdp::optim {
 
-class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
+class AdamW : public torch::optim::AdamW, public StepsScaledGradients, public StepsInBackward {
  public:
   using torch::optim::AdamW::AdamW;
   ~AdamW() override;
@@ -49,14 +42,7 @@ class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
   /// step() with the gradients divided by `scale` in the kernel (ShardedGradScaler::step).
   void step_scaled(double scale) override;
 
-  /// Steps `params` now with `grads` (their gradients, in order), each with its group's
-  /// options; step() skips them until it has run.
-  void step_parameters(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads);
-  /// Queues step_parameters(params, grads) on a worker thread, to run once `ready` returns.
-  void step_when_ready(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
-                       std::function<void()> ready);
-  /// Waits for the queued steps; rethrows the first one's failure.
-  void wait_queued_steps();
+  void step_parameters(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) override;
 
  private:
   // The tensors of one kernel call: one device, one dtype, one param group's options.
@@ -87,39 +73,6 @@ class AdamW : public torch::optim::AdamW, public StepsScaledGradients {
   at::Tensor step_tensor(c10::Device device, int64_t count);
   std::vector<StepTensor> step_tensors_;  // the counts in use, newest last
   std::mutex step_tensors_mutex_;         // step() and the queued steps' thread
-
-  std::unordered_set<void*> stepped_;     // by step_parameters since the last step()
-  std::shared_ptr<WorkerThread> worker_;  // runs the queued steps in order (shared_ptr: the type is incomplete here)
-  std::shared_ptr<QueuedTask> last_queued_;
-};
-
-/// ZeRO-Offload's overlap (Ren et al., 2021): while it lives, each unit's parameters are stepped
-/// on `optimizer`'s worker thread as soon as the unit's reduced gradient has landed in its
-/// gradient shard, while backward goes on with the units before it. With CPU offload the CPU
-/// steps a unit while the GPU computes the next ones. optimizer.step() then waits for those steps
-/// and steps what is left (e.g. parameters outside every unit).
-///
-/// Only around the backward whose gradients are final: the last micro-batch of a step, without
-/// gradient clipping or a gradient scaler (both need every gradient before any step). The
-/// learning rate must be set before that backward.
-///
-/// Example:
-///   {
-///     fsdp::optim::StepInBackward overlap(model, optimizer);
-///     loss.backward();
-///   }
-///   optimizer.step();
-class StepInBackward {
- public:
-  template <class M>
-  StepInBackward(Unit<M>& root, AdamW& optimizer) : StepInBackward(root.slot().owned_model, optimizer) {}
-  StepInBackward(std::shared_ptr<FsdpState> state, AdamW& optimizer);
-  ~StepInBackward();
-  StepInBackward(const StepInBackward&) = delete;
-  StepInBackward& operator=(const StepInBackward&) = delete;
-
- private:
-  std::shared_ptr<FsdpState> state_;
 };
 
 }  // namespace fsdp::optim

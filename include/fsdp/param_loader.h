@@ -23,17 +23,16 @@ using ParamRangeReader =
 using ParamShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
 namespace detail {
-ParamShapes param_shapes(FsdpState& state);
 ParamShapes param_shapes(torch::nn::Module& module);
-void load_params_from(FsdpState& state, const ParamRangeReader& read);
 void load_params_from(torch::nn::Module& module, const ParamRangeReader& read);
 }  // namespace detail
 
 /// The names and original shapes of the model's parameters, to check a source before loading.
+ParamShapes param_shapes(const ShardedModel& model);
 template <class M>
-ParamShapes param_shapes(Unit<M>& root) {
-  return root.slot().owned_model ? detail::param_shapes(*root.slot().owned_model)
-                           : detail::param_shapes(*root.module().ptr());
+ParamShapes param_shapes(const Unit<M>& root) {
+  const ShardedModel* model = root.find_sharded_model();
+  return model ? param_shapes(*model) : detail::param_shapes(*root.module().ptr());
 }
 
 /// Fills this rank's part of every parameter from `read`: a sharded model asks for the element
@@ -47,10 +46,11 @@ ParamShapes param_shapes(Unit<M>& root) {
 ///   fsdp::load_params_from(model, [&](const std::string& name, int64_t begin, int64_t end) {
 ///     return file.read_range(name, begin, end);
 ///   });
+void load_params_from(const ShardedModel& model, const ParamRangeReader& read);
 template <class M>
-void load_params_from(Unit<M>& root, const ParamRangeReader& read) {
-  if (root.slot().owned_model) {
-    detail::load_params_from(*root.slot().owned_model, read);
+void load_params_from(const Unit<M>& root, const ParamRangeReader& read) {
+  if (const ShardedModel* model = root.find_sharded_model()) {
+    load_params_from(*model, read);
   } else {
     detail::load_params_from(*root.module().ptr(), read);
   }

@@ -14,14 +14,6 @@ namespace detail {
 /// The buffers of `module` and its submodules by full name ("stage1.bn.running_mean"): the
 /// module's own tensors (copying into them changes the model).
 NamedTensors module_buffers(torch::nn::Module& module);
-template <class M>
-NamedTensors module_buffers(Unit<M>& root) {
-  return module_buffers(*root.module().ptr());
-}
-NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers);
-void save_full_params(FsdpState& state, const NamedTensors& buffers, const std::string& path);
-void load_full_params(FsdpState& state, const NamedTensors& buffers, const NamedTensors& tensors,
-                      const std::string& source);
 void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
                       const std::string& source);
 }  // namespace detail
@@ -33,21 +25,13 @@ void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
 ///
 /// Example:
 ///   for (auto& [name, tensor] : fsdp::gather_full_params(model)) std::cout << name << "\n";
-template <class M>
-NamedTensors gather_full_params(Unit<M>& root) {
-  TORCH_CHECK(root.slot().owned_model, "gather_full_params: the model is not sharded (call fully_shard)");
-  return detail::gather_full_params(*root.slot().owned_model, detail::module_buffers(root));
-}
+NamedTensors gather_full_params(const ShardedModel& model);
 
 /// Rank 0 writes the full state dict (gather_full_params: parameters and buffers) to `path` as a
 /// dict that Python's torch.load reads and model.load_state_dict(strict=True) takes (original
 /// names and shapes); atomically. A collective: every rank calls it, and every
 /// rank throws if rank 0 could not write.
-template <class M>
-void save_full_params(Unit<M>& root, const std::string& path) {
-  TORCH_CHECK(root.slot().owned_model, "save_full_params: the model is not sharded (call fully_shard)");
-  detail::save_full_params(*root.slot().owned_model, detail::module_buffers(root), path);
-}
+void save_full_params(const ShardedModel& model, const std::string& path);
 
 /// Loads full parameters (from load_tensor_dict, e.g. a file of save_full_params or of Python's
 /// torch.save(model.state_dict())) into a sharded or unsharded model. Every parameter must be
@@ -55,10 +39,11 @@ void save_full_params(Unit<M>& root, const std::string& path) {
 /// leaves them as they are); other entries are errors. Between steps: units a forward left
 /// unsharded are resharded first, so that the next forward gathers the loaded values. Checks everything before it copies
 /// anything, so a bad file changes nothing. `source` names the file in errors.
+void load_full_params(const ShardedModel& model, const NamedTensors& tensors, const std::string& source);
 template <class M>
-void load_full_params(Unit<M>& root, const NamedTensors& tensors, const std::string& source) {
-  if (root.slot().owned_model) {
-    detail::load_full_params(*root.slot().owned_model, detail::module_buffers(root), tensors, source);
+void load_full_params(const Unit<M>& root, const NamedTensors& tensors, const std::string& source) {
+  if (const ShardedModel* model = root.find_sharded_model()) {
+    load_full_params(*model, tensors, source);
   } else {
     detail::load_full_params(*root.module().ptr(), tensors, source);
   }

@@ -15,7 +15,7 @@ namespace fsdp {
 namespace detail {
 struct HeldFullParams;
 /// Gathers every unit's parameters (a collective) and points each parameter at its whole value.
-std::shared_ptr<HeldFullParams> hold_full_params(FsdpState& state);
+std::shared_ptr<HeldFullParams> hold_full_params(const ShardedModel& model);
 /// Points every parameter back at its shard, after copying this rank's piece of each whole value
 /// into the shard when `writeback`. Never throws: a failed writeback is reported on stderr and the
 /// shards keep their values.
@@ -45,8 +45,8 @@ void release_full_params(HeldFullParams& held, bool writeback) noexcept;
 class SummonFullParams {
  public:
   template <class M>
-  explicit SummonFullParams(Unit<M>& root, bool writeback = true) : writeback_(writeback) {
-    if (root.is_sharded() && root.slot().owned_model) held_ = detail::hold_full_params(*root.slot().owned_model);
+  explicit SummonFullParams(const Unit<M>& root, bool writeback = true) : writeback_(writeback) {
+    if (const ShardedModel* model = root.find_sharded_model()) held_ = detail::hold_full_params(*model);
   }
   ~SummonFullParams() {
     if (held_) detail::release_full_params(*held_, writeback_);

@@ -6,6 +6,7 @@
 #include <fsdp/distributed.h>
 #include <fsdp/options.h>
 #include <fsdp/output_tensors.h>
+#include <fsdp/sharded_model.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -21,15 +22,14 @@
 
 namespace fsdp {
 
-class ParamGroup;
-class FsdpState;
-struct UnitInfo;
-
 // [Note: the public face carries no plumbing]
 // <fsdp/fully_shard.h> is what a user reads: Unit, fully_shard, NoSyncGuard. What its templates
 // call into (the unit registry, the forward hooks, deferred sharding) lives here, in namespace
-// detail, and the core layer's headers include this file, never the face
-// (tools/layers/check_layers.py refuses a src/ header that includes <fsdp/fully_shard.h>).
+// detail, and names no engine type: a Unit holds an opaque UnitSlot (src/core/unit_slot.h) and
+// a sharded model is a ShardedModel handle ([Note: one handle behind the face]). The core
+// layer's headers include this file, never the face (tools/layers/check_layers.py refuses a
+// src/ header that includes <fsdp/fully_shard.h>), and inside core it sits above the model
+// (fsdp_state) and its units, which include nothing of the face.
 
 /// Initialises one parameter (`name` relative to its unit) before it is sharded: see
 /// fully_shard_deferred.
@@ -37,19 +37,19 @@ using ParamInit = std::function<void(const std::string& name, torch::Tensor& par
 
 namespace detail {
 
-/// Where a Unit holder finds its runtime once fully_shard() has run; empty before.
-struct UnitSlot {
-  std::shared_ptr<ParamGroup> unit;
-  FsdpState* model = nullptr;              // the sharded model the unit belongs to
-  std::shared_ptr<FsdpState> owned_model;  // the root's only: the same model, owned (with every unit)
-};
+/// Where a Unit holder finds its runtime once fully_shard() has run (src/core/unit_slot.h).
+struct UnitSlot;
 
 /// Registers `module` as a unit and returns its slot (fully_shard finds units through this).
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module);
 /// The slot of the unit holding `module`; null if no Unit holds it.
 std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module);
-/// Every sharded model whose root unit is alive.
-std::vector<std::shared_ptr<FsdpState>> sharded_models();
+/// Whether the slot's unit is sharded (false for null: an empty holder).
+bool is_sharded(const UnitSlot* slot);
+/// The sharded model whose root unit the slot is; null if none.
+ShardedModel* root_of(UnitSlot* slot);
+/// The same, or throws: the model is not sharded (call fully_shard first).
+ShardedModel& sharded_root_of(UnitSlot* slot);
 
 // [Note: unit->forward]
 // Every public LibTorch program calls a submodule as `sub->forward(x)`. Through a Unit, `->`
@@ -70,12 +70,11 @@ void pre_forward(UnitSlot& unit);
 void post_forward(UnitSlot& unit, const std::vector<at::Tensor>& inputs,
                   const std::vector<at::Tensor>& outputs, bool training);
 
-/// Shards the model; `deferred` holds the units fully_shard_deferred has sharded already.
-std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
-                                       UnitSlot& root_slot, ProcessGroup& group,
-                                       const FullyShardOptions& options,
-                                       std::shared_ptr<FsdpState> deferred = nullptr,
-                                       const ParamInit& init = nullptr);
+class DeferredScope;
+/// Shards the model held by the Unit holder `root`; `deferred`: the fully_shard_deferred call
+/// whose factory built it (its units are sharded already).
+void shard_model(const std::shared_ptr<torch::nn::Module>& root, ProcessGroup& group,
+                 const FullyShardOptions& options, const DeferredScope* deferred = nullptr);
 
 /// While a fully_shard_deferred factory runs on this thread: shards the unit `module` at once.
 void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>& module);
@@ -88,20 +87,11 @@ class DeferredScope {
   ~DeferredScope();
   /// The factory has returned: Unit holders built from now on are ordinary.
   void close();
-  std::shared_ptr<FsdpState> state() const;
-  const ParamInit& init() const;
+  const DeferredSharding& sharding() const { return *sharding_; }
 
  private:
   std::unique_ptr<DeferredSharding> sharding_;
 };
-std::vector<UnitInfo> unit_infos(const FsdpState& state);
-void set_no_sync(FsdpState& state, bool no_sync);
-/// Called for each unit as its reduced gradient is issued: its trainable parameters, their
-/// gradients (views of its gradient shard) and a wait that returns once those hold this
-/// backward's gradient in memory the host may read.
-using GradientsReducedHook = std::function<void(std::vector<at::Tensor> params, std::vector<at::Tensor> grads,
-                                                std::function<void()> wait)>;
-void set_gradients_reduced_hook(FsdpState& state, GradientsReducedHook hook);
 const std::string& unit_name(const UnitSlot& unit);
 
 /// Mixed precision: the dtype a unit's floating-point inputs are cast to (none: unchanged).

@@ -5,6 +5,7 @@
 #include <fsdp/unit_runtime.h>
 
 #include "core/shard_pipeline.h"
+#include "core/unit_slot.h"
 
 #include <c10/util/Exception.h>
 
@@ -12,13 +13,6 @@
 #include <vector>
 
 namespace fsdp::detail {
-
-struct DeferredSharding {
-  std::shared_ptr<FsdpState> state;
-  ParamInit init;
-  std::unordered_set<const c10::TensorImpl*> sharded;  // parameters already in some unit's shard
-  int units = 0;
-};
 
 namespace {
 thread_local DeferredSharding* active = nullptr;
@@ -39,9 +33,6 @@ DeferredScope::~DeferredScope() { close(); }
 void DeferredScope::close() {
   if (active == sharding_.get()) active = nullptr;
 }
-
-std::shared_ptr<FsdpState> DeferredScope::state() const { return sharding_->state; }
-const ParamInit& DeferredScope::init() const { return sharding_->init; }
 
 // The pipeline of [Note: one sharding pipeline] for one unit, as its Unit holder is constructed.
 void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>& module) {

@@ -6,11 +6,11 @@
 
 #include "comm/collectives.h"
 #include "device/device.h"
+#include "core/gradients_reduced_hook.h"
 #include "core/param_group.h"
 #include "core/rate_limiter.h"
 #include "core/step_conductor.h"
 
-#include <fsdp/unit_runtime.h>
 #include <fsdp/options.h>
 
 #include <memory>

@@ -4,6 +4,9 @@
 
 #include "core/fsdp_state.h"
 #include "core/shard_pipeline.h"
+#include "core/sharded_model.h"
+#include "core/sharded_view.h"
+#include "core/unit_slot.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -88,35 +91,6 @@ std::vector<UnitToShard> plans_of(const std::shared_ptr<torch::nn::Module>& root
   return plans;
 }
 
-FlatInfo info_of(const FlatParam& flat) {
-  FlatInfo info;
-  info.num_params = static_cast<int64_t>(flat.entries().size());
-  info.numel = flat.numel();
-  info.padded_numel = flat.padded_numel();
-  info.shard_numel = flat.shard_numel();
-  info.element_size = flat.element_size();
-  info.compute_element_size = flat.compute_element_size();
-  info.trainable = flat.requires_grad();
-  return info;
-}
-
-UnitInfo info_of(const ParamGroup& unit) {
-  UnitInfo info;
-  info.name = unit.name();
-  info.is_root = unit.is_root();
-  for (const FlatGroup& g : unit.flats()) {
-    const FlatInfo flat = info_of(g.flat);
-    info.num_params += flat.num_params;
-    info.numel += flat.numel;
-    info.padded_numel += flat.padded_numel;
-    info.shard_numel += flat.shard_numel;
-    info.shard_bytes += flat.shard_numel * flat.element_size;
-    info.unsharded_bytes += flat.padded_numel * flat.compute_element_size;
-    info.flats.push_back(flat);
-  }
-  return info;
-}
-
 // A deferred unit was sharded before its place in the model was known: give it its path.
 void name_presharded_unit(const UnitToShard& plan) {
   std::unordered_map<const c10::TensorImpl*, std::string> full_names;
@@ -170,13 +144,25 @@ std::shared_ptr<UnitSlot> find_unit(const torch::nn::Module* module) {
   return it == registry().slots.end() ? nullptr : it->second.lock();
 }
 
-std::vector<std::shared_ptr<FsdpState>> sharded_models() {
+std::vector<ShardedModel> sharded_models() {
   std::lock_guard<std::mutex> lock(registry().mutex);
-  std::vector<std::shared_ptr<FsdpState>> models;
+  std::vector<ShardedModel> models;
   for (const auto& [module, weak] : registry().slots) {
-    if (auto slot = weak.lock(); slot && slot->owned_model) models.push_back(slot->owned_model);
+    if (auto slot = weak.lock(); slot && slot->sharded_model) models.push_back(*slot->sharded_model);
   }
   return models;
+}
+
+bool is_sharded(const UnitSlot* slot) { return slot && slot->unit; }
+
+ShardedModel* root_of(UnitSlot* slot) {
+  return slot && slot->sharded_model ? &*slot->sharded_model : nullptr;
+}
+
+ShardedModel& sharded_root_of(UnitSlot* slot) {
+  ShardedModel* model = root_of(slot);
+  TORCH_CHECK(model, "the model is not sharded (call fully_shard first)");
+  return *model;
 }
 
 std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
@@ -193,40 +179,31 @@ std::shared_ptr<UnitSlot> register_unit(const torch::nn::Module* module) {
 
 // The pipeline of [Note: one sharding pipeline] for the whole model: every unit at once, or, after
 // fully_shard_deferred, the root (its units are presharded).
-std::shared_ptr<FsdpState> shard_model(const std::shared_ptr<torch::nn::Module>& root,
-                                       UnitSlot& root_slot, ProcessGroup& group,
-                                       const FullyShardOptions& options,
-                                       std::shared_ptr<FsdpState> deferred, const ParamInit& init) {
+void shard_model(const std::shared_ptr<torch::nn::Module>& root, ProcessGroup& group,
+                 const FullyShardOptions& options, const DeferredScope* deferred_scope) {
   options.validate(group.size(), group.settings().local_world_size);
-  TORCH_CHECK(!root_slot.unit, "fully_shard: this model is already sharded");
+  const std::shared_ptr<UnitSlot> root_slot = find_unit(root.get());
+  TORCH_CHECK(root_slot, "fully_shard: the model is empty");
+  TORCH_CHECK(!root_slot->unit, "fully_shard: this model is already sharded");
+  const std::shared_ptr<FsdpState> deferred = deferred_scope ? deferred_scope->sharding().state : nullptr;
   const c10::Device device = compute_device(*root, options, deferred.get());
   place_on_device(*root, device, options.cpu_offload());
   std::vector<UnitToShard> plans = plans_of(root, deferred.get());
-  plans[0].slot = &root_slot;
+  plans[0].slot = root_slot.get();
   plans[0].is_root = true;
   for (auto& plan : plans) {
     if (plan.presharded) name_presharded_unit(plan);
   }
   auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options, device);
   const size_t presharded_units = state->units().size();
-  shard_units(*state, plans, init, full_precision_params(*root, options.mixed_precision()));
+  const ParamInit no_init;
+  shard_units(*state, plans, deferred_scope ? deferred_scope->sharding().init : no_init,
+              full_precision_params(*root, options.mixed_precision()));
   put_root_first(*state, presharded_units);
   check_presharded_claimed(plans, presharded_units);
   if (options.sync_buffers()) broadcast_from_rank0(root->buffers(), group);
   cast_floating_buffers(*root, options.mixed_precision());
-  return state;
-}
-
-std::vector<UnitInfo> unit_infos(const FsdpState& state) {
-  std::vector<UnitInfo> infos;
-  for (const auto& unit : state.units()) infos.push_back(info_of(*unit));
-  return infos;
-}
-
-void set_no_sync(FsdpState& state, bool no_sync) { state.set_no_sync(no_sync); }
-
-void set_gradients_reduced_hook(FsdpState& state, GradientsReducedHook hook) {
-  state.set_gradients_reduced_hook(std::move(hook));
+  root_slot->sharded_model.emplace(std::make_shared<ShardedModel::Impl>(ShardedModel::Impl{state, root}));
 }
 
 const std::string& unit_name(const UnitSlot& slot) { return slot.unit->name(); }
@@ -249,5 +226,9 @@ void post_forward(UnitSlot& slot, const std::vector<at::Tensor>& inputs,
 }
 
 }  // namespace detail
+
+NoSyncGuard::NoSyncGuard(const ShardedModel& model) : model_(model) { engine_of(model_).set_no_sync(true); }
+
+NoSyncGuard::~NoSyncGuard() { engine_of(model_).set_no_sync(false); }
 
 }  // namespace fsdp

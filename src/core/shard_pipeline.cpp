@@ -1,5 +1,7 @@
 #include "core/shard_pipeline.h"
 
+#include "core/unit_slot.h"
+
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <sstream>

@@ -20,9 +20,18 @@
 #include <fsdp/unit_runtime.h>
 
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace fsdp::detail {
+
+/// One fully_shard_deferred call: the model its factory's units are sharded into, and their init.
+struct DeferredSharding {
+  std::shared_ptr<FsdpState> state;
+  ParamInit init;
+  std::unordered_set<const c10::TensorImpl*> sharded;  // parameters already in some unit's shard
+  int units = 0;
+};
 
 /// One unit on its way through the pipeline.
 struct UnitToShard {

@@ -2,6 +2,7 @@
 
 #include "core/fsdp_state.h"
 #include "core/model_collectives.h"
+#include "core/sharded_model.h"
 
 namespace fsdp::detail {
 
@@ -45,9 +46,9 @@ bool ShardedBuffer::holds_shard_only() const {
 }
 
 // A buffer per flat parameter of each unit ([Note: a unit's flat parameters]).
-ShardedView::ShardedView(FsdpState& state) : state_(&state) {
-  for (const auto& unit : state.units()) {
-    for (FlatGroup& g : unit->flats()) buffers_.push_back(ShardedBuffer(state, *unit, g.flat));
+ShardedView::ShardedView(const ShardedModel& model) : state_(&engine_of(model)) {
+  for (const auto& unit : state_->units()) {
+    for (FlatGroup& g : unit->flats()) buffers_.push_back(ShardedBuffer(*state_, *unit, g.flat));
   }
 }
 
@@ -75,5 +76,9 @@ void ShardedView::all_reduce_over_shard_group(const at::Tensor& t) const {
 
 bool ShardedView::full_params_held() const { return state_->full_params_held(); }
 void ShardedView::set_full_params_held(bool held) const { state_->set_full_params_held(held); }
+
+void ShardedView::set_gradients_reduced_hook(GradientsReducedHook hook) const {
+  state_->set_gradients_reduced_hook(std::move(hook));
+}
 
 }  // namespace fsdp::detail

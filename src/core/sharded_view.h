@@ -5,6 +5,9 @@
 // hold those pieces stays in sharded_view.cpp: io and optim include no other engine header.
 
 #include <fsdp/options.h>
+#include <fsdp/sharded_model.h>
+
+#include "core/gradients_reduced_hook.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -82,7 +85,7 @@ class ShardedBuffer {
 /// The model: its flat buffers, root unit first, and what io and optim need of the model.
 class ShardedView {
  public:
-  explicit ShardedView(FsdpState& state);
+  explicit ShardedView(const ShardedModel& model);
 
   const std::vector<ShardedBuffer>& buffers() const { return buffers_; }
   /// Every parameter, buffer by buffer.
@@ -102,11 +105,16 @@ class ShardedView {
   /// Inside a SummonFullParams scope every parameter is whole and units are plain calls.
   bool full_params_held() const;
   void set_full_params_held(bool held) const;
+  /// What the model calls as each unit's reduced gradient is issued; empty: nothing.
+  void set_gradients_reduced_hook(GradientsReducedHook hook) const;
 
  private:
   FsdpState* state_;
   std::vector<ShardedBuffer> buffers_;
 };
+
+/// Every sharded model whose root unit is alive (the unit registry: fully_shard.cpp).
+std::vector<ShardedModel> sharded_models();
 
 }  // namespace detail
 }  // namespace fsdp

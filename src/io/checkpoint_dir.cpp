@@ -195,14 +195,13 @@ nlohmann::json extra_with_step(const nlohmann::json& extra, int64_t step) {
 
 }  // namespace
 
-namespace detail {
-
-std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch::optim::Optimizer& optimizer,
+std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& optimizer,
                             const std::string& dir, int64_t step, const nlohmann::json& extra,
                             int keep_last, const SaveHooks& hooks) {
+  using namespace detail;
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
   const nlohmann::json extra_and_step = extra_with_step(extra, step);
-  ProcessGroup& world = ShardedView(state).world();
+  ProcessGroup& world = ShardedView(model).world();
   const std::string name = step_folder_name(step);
   std::string error = try_local([&] {
     if (world.rank() != 0) return;
@@ -212,7 +211,7 @@ std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch
   throw_if_any_failed(world, error, "save_checkpoint");
 
   const std::string folder = dir + "/" + name;
-  save_sharded(state, buffers, optimizer, folder, extra_and_step, hooks);
+  save_sharded(model, optimizer, folder, extra_and_step, hooks);
   // Publishing: `latest` names the new folder only now that it is complete.
   error = try_local([&] {
     if (world.rank() != 0) return;
@@ -224,7 +223,6 @@ std::string save_checkpoint(FsdpState& state, const NamedTensors& buffers, torch
   return folder;
 }
 
-}  // namespace detail
 
 void check_checkpoint_dir_alone(const std::string& dir) {
   const auto [outer, outer_mark] = enclosing_checkpoint_dir(dir);

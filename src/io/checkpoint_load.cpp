@@ -195,10 +195,16 @@ void apply(OptimizerState& optimizer, torch::optim::Optimizer& optimizer_in, Sta
 
 }  // namespace
 
-nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
-                            torch::optim::Optimizer& optimizer_in, const std::string& folder) {
+}  // namespace fsdp::detail
+
+namespace fsdp {
+
+nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer_in,
+                            const std::string& folder) {
+  using namespace detail;
   OptimizerState optimizer(optimizer_in, "load_sharded");
-  const ShardedView model(state);
+  const NamedTensors buffers = module_buffers(sharded.module());
+  const ShardedView model(sharded);
   ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   CheckpointMeta meta;
@@ -236,4 +242,4 @@ nlohmann::json load_sharded(FsdpState& state, const NamedTensors& buffers,
   return meta.extra;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp

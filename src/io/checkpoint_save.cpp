@@ -145,12 +145,17 @@ CheckpointMeta build_metadata(const ShardedView& model, const OptimizerState& op
 
 }  // namespace
 
-void save_sharded(FsdpState& state, const NamedTensors& buffers,
-                  torch::optim::Optimizer& optimizer_in, const std::string& folder,
-                  const nlohmann::json& extra, const SaveHooks& hooks) {
+}  // namespace fsdp
+
+namespace fsdp {
+
+void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer_in,
+                  const std::string& folder, const nlohmann::json& extra, const SaveHooks& hooks) {
+  using namespace detail;
   // The same on every rank (the same optimizer class): every rank throws, before any collective.
   const OptimizerState optimizer(optimizer_in, "save_sharded");
-  const ShardedView model(state);
+  const NamedTensors buffers = module_buffers(sharded.module());
+  const ShardedView model(sharded);
   ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
@@ -192,4 +197,4 @@ void save_sharded(FsdpState& state, const NamedTensors& buffers,
   throw_if_any_failed(world, error, "save_sharded: cannot complete " + folder);
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp

@@ -30,12 +30,17 @@ at::Tensor state_shard(const ShardedView& model, const OptimizerState& optimizer
 
 }  // namespace
 
-NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimizer& optimizer_in) {
+}  // namespace fsdp
+
+namespace fsdp {
+
+NamedTensors gather_full_optimizer_state(const ShardedModel& sharded, torch::optim::Optimizer& optimizer_in) {
+  using namespace detail;
   torch::NoGradGuard no_grad;
   const OptimizerState optimizer(optimizer_in, "gather_full_optimizer_state");
   // The same kinds on every rank: the same collectives.
   const std::vector<std::string> kinds = optimizer.kinds_in_use();
-  const ShardedView model(state);
+  const ShardedView model(sharded);
   NamedTensors out;
   for (const auto& buffer : model.buffers()) {
     for (const auto& kind : kinds) {
@@ -56,4 +61,4 @@ NamedTensors gather_full_optimizer_state(FsdpState& state, torch::optim::Optimiz
   return out;
 }
 
-}  // namespace fsdp::detail
+}  // namespace fsdp

@@ -23,25 +23,12 @@ at::Tensor read_checked(const ParamRangeReader& read, const std::string& name, i
 
 }  // namespace
 
-ParamShapes param_shapes(FsdpState& state) {
-  ParamShapes shapes;
-  for (const auto& p : ShardedView(state).params()) shapes.emplace_back(p.name(), p.shape());
-  return shapes;
-}
-
 ParamShapes param_shapes(torch::nn::Module& module) {
   ParamShapes shapes;
   for (const auto& item : module.named_parameters()) {
     shapes.emplace_back(item.key(), item.value().sizes().vec());
   }
   return shapes;
-}
-
-void load_params_from(FsdpState& state, const ParamRangeReader& read) {
-  torch::NoGradGuard no_grad;
-  for (const auto& p : ShardedView(state).params()) {
-    if (!p.empty()) p.data().copy_(read_checked(read, p.name(), p.begin(), p.end()));
-  }
 }
 
 void load_params_from(torch::nn::Module& module, const ParamRangeReader& read) {
@@ -53,3 +40,20 @@ void load_params_from(torch::nn::Module& module, const ParamRangeReader& read) {
 }
 
 }  // namespace fsdp::detail
+
+namespace fsdp {
+
+ParamShapes param_shapes(const ShardedModel& model) {
+  ParamShapes shapes;
+  for (const auto& p : detail::ShardedView(model).params()) shapes.emplace_back(p.name(), p.shape());
+  return shapes;
+}
+
+void load_params_from(const ShardedModel& model, const ParamRangeReader& read) {
+  torch::NoGradGuard no_grad;
+  for (const auto& p : detail::ShardedView(model).params()) {
+    if (!p.empty()) p.data().copy_(detail::read_checked(read, p.name(), p.begin(), p.end()));
+  }
+}
+
+}  // namespace fsdp

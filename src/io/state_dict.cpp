@@ -69,9 +69,21 @@ NamedTensors module_buffers(torch::nn::Module& module) {
   return buffers;
 }
 
-NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers) {
+void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
+                      const std::string& source) {
+  const NamedTensors buffers = module_buffers(module);
+  auto by_name = check_complete(param_shapes(module), buffers, tensors, source);
   torch::NoGradGuard no_grad;
-  const ShardedView model(state);
+  for (auto& item : module.named_parameters()) item.value().copy_(by_name.at(item.key()));
+  copy_buffers(buffers, by_name);
+}
+
+}  // namespace detail
+
+NamedTensors gather_full_params(const ShardedModel& sharded) {
+  torch::NoGradGuard no_grad;
+  const detail::ShardedView model(sharded);
+  const NamedTensors buffers = detail::module_buffers(sharded.module());
   NamedTensors params;
   for (const auto& buffer : model.buffers()) {
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
@@ -88,41 +100,31 @@ NamedTensors gather_full_params(FsdpState& state, const NamedTensors& buffers) {
   return params;
 }
 
-void save_full_params(FsdpState& state, const NamedTensors& buffers, const std::string& path) {
-  NamedTensors params = gather_full_params(state, buffers);
-  ProcessGroup& world = ShardedView(state).world();
+void save_full_params(const ShardedModel& model, const std::string& path) {
+  NamedTensors params = gather_full_params(model);
+  ProcessGroup& world = detail::ShardedView(model).world();
   // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone
   // ([Note: checkpoint agreement]).
-  const std::string error = try_local([&] {
+  const std::string error = detail::try_local([&] {
     if (world.rank() == 0) save_tensor_dict(path, params);
   });
-  throw_if_any_failed(world, error, "save_full_params: cannot write " + path);
+  detail::throw_if_any_failed(world, error, "save_full_params: cannot write " + path);
 }
 
-void load_full_params(FsdpState& state, const NamedTensors& buffers, const NamedTensors& tensors,
-                      const std::string& source) {
-  const ShardedView model(state);
-  auto by_name = check_complete(param_shapes(state), buffers, tensors, source);
+void load_full_params(const ShardedModel& sharded, const NamedTensors& tensors, const std::string& source) {
+  const detail::ShardedView model(sharded);
+  const NamedTensors buffers = detail::module_buffers(sharded.module());
+  auto by_name = detail::check_complete(param_shapes(sharded), buffers, tensors, source);
   for (const auto& buffer : model.buffers()) {
     // Into the shards the next forward gathers: not behind a unit a forward left unsharded.
     TORCH_CHECK(buffer.reshard_unless_in_backward(), "load_full_params: unit '", buffer.unit_name(),
                 "' is in its backward: load between steps");  // [Note: resharding between steps]
   }
   torch::NoGradGuard no_grad;
-  copy_buffers(buffers, by_name);
+  detail::copy_buffers(buffers, by_name);
   for (const auto& p : model.params()) {
     if (!p.empty()) p.data().copy_(p.piece_of(by_name.at(p.name())));
   }
 }
 
-void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
-                      const std::string& source) {
-  const NamedTensors buffers = module_buffers(module);
-  auto by_name = check_complete(param_shapes(module), buffers, tensors, source);
-  torch::NoGradGuard no_grad;
-  for (auto& item : module.named_parameters()) item.value().copy_(by_name.at(item.key()));
-  copy_buffers(buffers, by_name);
-}
-
-}  // namespace detail
 }  // namespace fsdp

@@ -24,7 +24,7 @@ struct HeldFullParams {
     at::Tensor before;  // the parameter's data before the scope: a view of its shard
     at::Tensor whole;   // its whole value, a view of `gathered`
   };
-  explicit HeldFullParams(FsdpState& state) : model(state) {}
+  explicit HeldFullParams(const ShardedModel& sharded) : model(sharded) {}
   ShardedView model;
   std::vector<at::Tensor> gathered;  // one unsharded buffer per flat parameter
   std::vector<Param> params;
@@ -52,8 +52,8 @@ void point_at(const at::Tensor& param, const at::Tensor& data) {
 
 }  // namespace
 
-std::shared_ptr<HeldFullParams> hold_full_params(FsdpState& state) {
-  auto held = std::make_shared<HeldFullParams>(state);
+std::shared_ptr<HeldFullParams> hold_full_params(const ShardedModel& sharded) {
+  auto held = std::make_shared<HeldFullParams>(sharded);
   const ShardedView& model = held->model;
   reshard_between_steps(model);
   torch::NoGradGuard no_grad;

@@ -29,12 +29,10 @@ at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads, c10::Device devi
 
 }  // namespace
 
-namespace detail {
-
-double clip_grad_norm(FsdpState& state, double max_norm) {
+double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
-  const ShardedView model(state);
+  const detail::ShardedView model(sharded);
   std::vector<at::Tensor> grads;
   for (const auto& p : model.params()) {
     if (p.param().grad().defined()) grads.push_back(p.param().grad());
@@ -53,16 +51,13 @@ double clip_grad_norm(FsdpState& state, double max_norm) {
   return norm;
 }
 
-}  // namespace detail
-
 namespace {
 
 // The sharded model `param` belongs to, among `models`; null if none.
-std::shared_ptr<FsdpState> model_of(const at::Tensor& param,
-                                    const std::vector<std::pair<std::shared_ptr<FsdpState>,
-                                                                std::unordered_set<const c10::TensorImpl*>>>& models) {
+const ShardedModel* model_of(const at::Tensor& param,
+                             const std::vector<std::pair<ShardedModel, std::unordered_set<const c10::TensorImpl*>>>& models) {
   for (const auto& [model, params] : models) {
-    if (params.count(param.unsafeGetTensorImpl())) return model;
+    if (params.count(param.unsafeGetTensorImpl())) return &model;
   }
   return nullptr;
 }
@@ -75,17 +70,17 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
   TORCH_CHECK(norm_type == 2.0, "fsdp::clip_grad_norm_: only the L2 norm (norm_type 2) is summed "
               "across shards, got norm_type ", norm_type);
   torch::NoGradGuard no_grad;
-  std::vector<std::pair<std::shared_ptr<FsdpState>, std::unordered_set<const c10::TensorImpl*>>> models;
+  std::vector<std::pair<ShardedModel, std::unordered_set<const c10::TensorImpl*>>> models;
   for (auto& model : detail::sharded_models()) {
     std::unordered_set<const c10::TensorImpl*> params;
-    for (const auto& p : detail::ShardedView(*model).params()) params.insert(p.param().unsafeGetTensorImpl());
+    for (const auto& p : detail::ShardedView(model).params()) params.insert(p.param().unsafeGetTensorImpl());
     models.emplace_back(std::move(model), std::move(params));
   }
-  std::shared_ptr<FsdpState> sharded;  // the one model the sharded parameters belong to
+  const ShardedModel* sharded = nullptr;  // the one model the sharded parameters belong to
   std::vector<at::Tensor> pieces, wholes;
   for (size_t i = 0; i < parameters.size(); ++i) {
     auto owner = model_of(parameters[i], models);
-    TORCH_CHECK(!owner || !sharded || owner == sharded, "fsdp::clip_grad_norm_: parameter #", i,
+    TORCH_CHECK(!owner || !sharded || *owner == *sharded, "fsdp::clip_grad_norm_: parameter #", i,
                 " belongs to another sharded model than the ones before it; clip each model's "
                 "parameters in a call of its own");
     if (owner) sharded = owner;

@@ -7,18 +7,12 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <unordered_map>
 
 namespace fsdp::optim {
 
 using torch::optim::AdamWOptions;
 
-AdamW::~AdamW() {
-  try {
-    wait_queued_steps();
-  } catch (const std::exception&) {  // a destructor does not throw; step() would have
-  }
-}
+AdamW::~AdamW() { finish_queued_steps(); }
 
 torch::Tensor AdamW::step(LossClosure closure) {
   if (closure) wait_queued_steps();
@@ -39,28 +33,24 @@ void AdamW::step_remaining(double scale) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
     std::map<std::string, FusedBatch> batches;  // by device and dtype
     for (auto& p : group.params()) {
-      if (!p.grad().defined() || stepped_.count(p.unsafeGetTensorImpl())) continue;
+      if (!p.grad().defined() || stepped_in_backward(p)) continue;
       add_to_batches(batches, p, p.grad(), options.amsgrad());
     }
     run_batches(batches, options, scale);
   }
-  stepped_.clear();
+  forget_stepped();
 }
 
 void AdamW::step_parameters(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads) {
-  TORCH_CHECK(params.size() == grads.size(), "fsdp::optim::AdamW::step_parameters: ", params.size(),
-              " parameters but ", grads.size(), " gradients");
-  std::unordered_map<void*, const at::Tensor*> grad_of;
-  for (size_t i = 0; i < params.size(); ++i) grad_of[params[i].unsafeGetTensorImpl()] = &grads[i];
+  const auto grad_of = claim_gradients(params, grads);
   torch::NoGradGuard no_grad;
   for (auto& group : param_groups()) {
     const auto& options = static_cast<const AdamWOptions&>(group.options());
     std::map<std::string, FusedBatch> batches;
     for (auto& p : group.params()) {
       const auto it = grad_of.find(p.unsafeGetTensorImpl());
-      if (it == grad_of.end() || stepped_.count(it->first)) continue;
-      add_to_batches(batches, p, *it->second, options.amsgrad());
-      stepped_.insert(it->first);
+      if (it == grad_of.end()) continue;
+      add_to_batches(batches, p, it->second, options.amsgrad());
     }
     run_batches(batches, options);
   }

@@ -21,9 +21,9 @@ PUBLIC = {
     "distributed.h": "launch", "peer_errors.h": "launch", "launch_env.h": "launch",
     "comm_stats.h": "comm",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
-    "output_tensors.h": "core",
+    "output_tensors.h": "core", "sharded_model.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
-    "fused_sgd.h": "optim",
+    "fused_sgd.h": "optim", "steps_in_backward.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
     "plan.h": "plan",
@@ -34,18 +34,21 @@ PUBLIC = {
 # templates need is in <fsdp/unit_runtime.h> ([Note: the public face carries no plumbing]).
 FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state_dict.h"}
 
-# Inside src/core, lowest first: a file (X.h, X.cpp) includes "core/Y.h" only from its own tier
-# or one below. A unit (param_group) calls nothing above it: the model (fsdp_state) calls it.
+# Inside src/core, lowest first: a file (X.h, X.cpp) includes "core/Y.h" and core's public
+# headers <fsdp/Y.h> only from its own tier or one below. A unit (param_group) calls nothing
+# above it: the model (fsdp_state) calls it; and neither includes the face's plumbing
+# (unit_runtime, unit_slot) or the handle (sharded_model), which sit above them.
 CORE_TIERS = [
     {"flat_layout", "unit_rules", "step_conductor", "flat_param", "rate_limiter", "model_check",
-     "options", "activation_checkpoint"},
+     "options", "output_tensors", "gradients_reduced_hook"},
     {"unit_comm"},
     {"unit_env"},
     {"param_group"},
     {"fsdp_state"},
-    {"model_collectives", "unit_groups", "sharded_view"},
+    {"model_collectives", "unit_groups", "sharded_view", "sharded_model", "unit_slot",
+     "unit_runtime"},
     {"shard_pipeline"},
-    {"deferred_init", "fully_shard"},
+    {"deferred_init", "fully_shard", "activation_checkpoint", "auto_wrap"},
 ]
 
 # The only core headers the layers above core (optim, io, plan) include: the engine's units, flat
@@ -112,15 +115,17 @@ def check_inside_core(path, name):
     except LookupError as e:
         return [str(e)]
     for kind, target in includes(path):
-        if kind == '"' and target.startswith("core/"):
-            stem = target[len("core/"):].split(".")[0]
+        public = kind == "<" and target.startswith("fsdp/") and PUBLIC.get(target[len("fsdp/"):]) == "core"
+        if (kind == '"' and target.startswith("core/")) or public:
+            stem = target.split("/", 1)[1].split(".")[0]
             try:
                 tier = core_tier(stem)
             except LookupError as e:
                 errors.append(f"{shown}: {e}")
                 continue
             if tier > own:
-                errors.append(f"{shown}: includes \"{target}\", above it inside core (tiers, lowest "
+                shown_target = f"<{target}>" if public else f'"{target}"'
+                errors.append(f"{shown}: includes {shown_target}, above it inside core (tiers, lowest "
                               f"first: {' < '.join('/'.join(sorted(t)) for t in CORE_TIERS)})")
     return errors
 
