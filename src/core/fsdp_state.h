@@ -27,6 +27,8 @@ class FsdpState final : public UnitEvents {
 
   /// What every unit of this model works with.
   const UnitEnv& unit_env() const { return *unit_env_; }
+  /// How its units gather and reduce, and the step's events they hear.
+  UnitCollectives& unit_collectives() { return *unit_collectives_; }
   /// Collectives inside this rank's shard group (all-gather, reduce-scatter).
   Collectives& collectives() { return *shard_collectives_; }
   /// All-reduce across the replicas of this rank's shard; null when there is one replica.
@@ -64,11 +66,6 @@ class FsdpState final : public UnitEvents {
   void set_gradients_reduced_hook(detail::GradientsReducedHook hook) { gradients_reduced_hook_ = std::move(hook); }
 
  private:
-  /// The root's forward starts: publishes every unit's shard that can be ([Note: decoupled
-  /// collectives] in shm_collectives.cpp), for the gathers of this forward and its backward.
-  void publish_shards();
-  /// Opens or closes the window in which units gather from the published shards.
-  void set_window(bool open);
   void record_forward_order(ParamGroup& unit);
   void check_execution_order(const ParamGroup& unit, size_t index);
   /// Forward prefetch: issue the all-gather of the unit that ran after `unit` last iteration.
@@ -87,6 +84,7 @@ class FsdpState final : public UnitEvents {
   std::shared_ptr<ProcessGroup> replicate_group_;  // null with a single replica
   std::unique_ptr<Collectives> shard_collectives_;
   std::unique_ptr<Collectives> replicate_collectives_;
+  std::unique_ptr<UnitCollectives> unit_collectives_;
   FullyShardOptions options_;
   RateLimiter limiter_;
   std::unique_ptr<UnitEnv> unit_env_;
@@ -98,12 +96,6 @@ class FsdpState final : public UnitEvents {
   bool root_forward_running_ = false;  // between the root's pre_forward and post_forward
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
   bool full_params_held_ = false;  // inside a SummonFullParams scope
-  // [Note: decoupled collectives]: units gather from the published shards (shards_published_)
-  // while the root's forward or a backward runs (window_open_) and nothing may have written a
-  // shard since they were published (publication_current_).
-  bool shards_published_ = false;
-  bool window_open_ = false;
-  bool publication_current_ = false;
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
   std::unique_ptr<DeviceRuntime> device_;  // last: its work finishes first, before the buffers it uses go away

@@ -1,25 +1,18 @@
 #pragma once
 // What a unit (ParamGroup) works with, built once by the model (FsdpState) and handed to each of
-// its units: where its communication runs, over which process groups, under which rate limiter,
-// and how its gradients are reduced. A unit calls nothing above it: what it has to say goes
+// its units: the rate limiter, and how its gradients are reduced. Its collectives are objects of
+// each flat group (unit_collectives.h). A unit calls nothing above it: what it has to say goes
 // through UnitEvents (param_group.h).
 
 #include "core/unit_comm.h"
 
 namespace fsdp {
 
-class DeviceRuntime;
 class RateLimiter;
 
 struct UnitEnv {
-  DeviceRuntime& device;
-  Collectives& shard_group;  ///< all-gather and reduce-scatter inside this rank's shard group
-  Collectives* replicas;     ///< all-reduce across the replicas of the shard; null: one replica
   RateLimiter& limiter;
   ReduceSettings reduce;
-  /// The model's shards are published for the pass under way (Collectives::publish_shards):
-  /// units borrow their unsharded buffers from the publication (published_unsharded).
-  const bool& shards_published;
 };
 
 }  // namespace fsdp

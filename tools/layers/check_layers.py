@@ -40,7 +40,7 @@ CORE_TIERS = [
     {"flat_layout", "unit_rules", "flat_param", "rate_limiter", "model_check", "options",
      "activation_checkpoint"},
     {"unit_comm"},
-    {"unit_env"},
+    {"unit_collectives", "unit_env"},
     {"param_group"},
     {"fsdp_state"},
     {"model_collectives", "unit_groups", "sharded_view"},
