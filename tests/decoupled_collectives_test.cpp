@@ -11,6 +11,7 @@
 
 #include "comm/collectives.h"
 #include "comm/published_shards.h"
+#include "comm/publishing_collectives.h"
 #include "comm/shm_collectives.h"
 #include "comm/shm_segment.h"
 
@@ -105,16 +106,19 @@ struct ShmAndRing {
   explicit ShmAndRing(const std::string& name)
       : group(group_with(name, {}, kShortTimeout)),
         shm(fsdp::make_shm_collectives(*group)),
+        publishing(shm ? fsdp::publishing_side(*shm) : nullptr),
         ring(fsdp::make_ring_collectives(*dist().world)) {}
   std::shared_ptr<fsdp::ProcessGroup> group;
-  std::unique_ptr<fsdp::Collectives> shm, ring;
+  std::unique_ptr<fsdp::Collectives> shm;
+  fsdp::PublishingCollectives* publishing;  // shm's board and postings
+  std::unique_ptr<fsdp::Collectives> ring;
 };
 
 TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
   const int w = dist().world->size();
   if (w == 1) GTEST_SKIP() << "a group of one gathers nothing";
-  auto [group, shm, ring] = ShmAndRing("published");
-  ASSERT_TRUE(shm);
+  auto [group, shm, publishing, ring] = ShmAndRing("published");
+  ASSERT_TRUE(publishing);
   // Odd sizes in two dtypes, and one shard too large to publish (gathered in rounds).
   const std::vector<std::pair<int64_t, at::ScalarType>> kinds = {
       {1, at::kFloat}, {37, at::kFloat}, {1001, at::kBFloat16}, {4099, at::kFloat},
@@ -128,22 +132,22 @@ TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
       expected.push_back(at::zeros({w * kinds[i].first}, kinds[i].second));
       ring->all_gather(expected.back(), shards.back());
     }
-    ASSERT_TRUE(shm->publish_shards(shards));
+    ASSERT_TRUE(publishing->publish_shards(shards));
     for (auto& shard : shards) shard.fill_(-1);  // the board holds copies: the shards may change now
     const std::string label = " (generation " + std::to_string(generation) + ")";
     rank0_first(*group, "published/" + std::to_string(generation), [&] {
       for (size_t i = 0; i < too_large; ++i) {
-        void* board = shm->published_unsharded(i);
+        void* board = publishing->published_unsharded(i);
         ASSERT_NE(board, nullptr) << "shard #" << i << " was not published" << label;
         // The gather is the board itself, laid out as all_gather's output: no copy.
         expect_bitwise(expected[i], at::from_blob(board, expected[i].sizes(), expected[i].options()),
                        "published unsharded buffer #" + std::to_string(i) + label);
-        EXPECT_EQ(shm->published_unsharded(i), board) << "a second gather of #" << i << " moved" << label;
+        EXPECT_EQ(publishing->published_unsharded(i), board) << "a second gather of #" << i << " moved" << label;
         EXPECT_NE(board, last[i]) << "#" << i << " is where the last generation's is" << label;
         last[i] = board;
       }
     });
-    EXPECT_EQ(shm->published_unsharded(too_large), nullptr)
+    EXPECT_EQ(publishing->published_unsharded(too_large), nullptr)
         << "the shard too large to publish has an unsharded buffer on the board" << label;
   }
 }
@@ -151,12 +155,12 @@ TEST(DecoupledCollectives, PublishedShardsAreGatheredWithoutThePeers) {
 TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsTheRing) {
   const int w = dist().world->size();
   if (w == 1) GTEST_SKIP() << "a group of one reduces nothing";
-  auto [group, shm, ring] = ShmAndRing("posted");
-  ASSERT_TRUE(shm);
+  auto [group, shm, publishing, ring] = ShmAndRing("posted");
+  ASSERT_TRUE(publishing);
   // The ring for postings is made at the first publication, sized by the published shards: 2 ×
   // (W - 1) × 20.5 KB here, so that each backward below wraps it and reuses the last one's room.
   const std::vector<at::Tensor> published = {at::zeros({1001}), at::zeros({4099})};
-  ASSERT_TRUE(shm->publish_shards(published));
+  ASSERT_TRUE(publishing->publish_shards(published));
   const std::vector<std::pair<int64_t, at::ScalarType>> kinds = {
       {1001, at::kFloat}, {1, at::kFloat}, {37, at::kBFloat16}, {2003, at::kFloat}, {999, at::kBFloat16}};
   for (int backward = 0; backward < 4; ++backward) {
@@ -175,7 +179,7 @@ TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsT
     rank0_first(*group, "posted/" + std::to_string(backward), [&] {
       for (size_t i = 0; i < kinds.size(); ++i) {
         at::Tensor full = grads[i].clone();
-        completions[i] = shm->reduce_scatter_sum_posted(out[i], full, divide_by);
+        completions[i] = publishing->reduce_scatter_sum_posted(out[i], full, divide_by);
         EXPECT_TRUE(completions[i]) << "reduce-scatter #" << i << " ran at once instead of being posted";
         full.fill_(std::numeric_limits<float>::quiet_NaN());  // free to reuse once posted
       }
@@ -187,14 +191,14 @@ TEST(DecoupledCollectives, PostedReduceScattersReturnBeforeThePeersPostAndSumAsT
       expect_bitwise(expected[i], out[i], "posted reduce_scatter_sum #" + std::to_string(i) +
                                               " in backward " + std::to_string(backward));
     }
-    shm->complete_posted();
+    publishing->complete_posted();
   }
   // One larger than the ring runs at once, in rounds (and is divided at once).
   const at::Tensor large = rank_values(w * 20000, 7, at::kFloat);
   at::Tensor expected = at::empty({20000}), out = at::empty({20000});
   ring->reduce_scatter_sum(expected, large.clone());
   expected.div_(3.0);
-  EXPECT_FALSE(shm->reduce_scatter_sum_posted(out, large.clone(), 3.0));
+  EXPECT_FALSE(publishing->reduce_scatter_sum_posted(out, large.clone(), 3.0));
   expect_bitwise(expected, out, "reduce_scatter_sum larger than the ring");
 }
 

@@ -32,32 +32,6 @@ class Collectives {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-
-  // Collectives that do not make the ranks meet at every unit ([Note: decoupled collectives] in
-  // shm_collectives.cpp). The shared-memory collectives implement them; the others fall back to
-  // the plain ones above. Like any collective, every rank calls them in the same order.
-
-  /// A forward of the root starts: publishes this rank's `shards` (the same count, sizes and
-  /// dtypes on every rank) for published_unsharded until the next call, when nothing may point
-  /// into the previous publication any more. False (on every rank) when this implementation
-  /// publishes nothing.
-  virtual bool publish_shards(const std::vector<at::Tensor>& shards) { return false; }
-  /// What all_gather of published shard `index` would write, already in place: every rank's
-  /// shard side by side (1-D, W·S) in memory the ranks share, once each peer has published it;
-  /// valid until the next publish_shards, and nobody may write it. nullptr where this
-  /// implementation keeps no such buffer for the shard (then all_gather it).
-  virtual void* published_unsharded(size_t index) { return nullptr; }
-  /// reduce_scatter_sum that may finish later, then shard.div_(divide_by): `full` may be reused
-  /// once it returns, and `shard` holds the quotient once the returned function has run (at once
-  /// when it is empty).
-  virtual std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full,
-                                                          double divide_by = 1.0) {
-    reduce_scatter_sum(shard, full);
-    if (divide_by != 1.0) shard.div_(divide_by);
-    return {};
-  }
-  /// Completes every posted reduce-scatter (backward has ended); later ones may reuse its space.
-  virtual void complete_posted() {}
 };
 
 /// Ring collectives over `group`'s send/recv.

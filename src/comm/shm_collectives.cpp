@@ -1,6 +1,7 @@
 #include "comm/shm_collectives.h"
 
 #include "comm/posted_reductions.h"
+#include "comm/publishing_collectives.h"
 #include "comm/published_shards.h"
 #include "comm/ring_sum.h"
 #include "comm/shm_segment.h"
@@ -27,18 +28,13 @@ namespace fsdp {
 //    starts each rank copies its small units' shards (kPublishedUnitBytes) to their places on a
 //    board laid out as those units' unsharded buffers, every rank writing its own shard's place,
 //    and the gathers of that forward and its backward (prefetches, re-gathers, recomputation)
-//    point the unit's unsharded buffer at its place on the board (FlatParam::borrow_full):
+//    point the unit's unsharded buffer at its place on the board (FlatParam::use_lent_full):
 //    nothing is copied or allocated, and a gather waits only until each peer has published this
-//    generation: once per forward. Units whose unsharded parameters the program sees between
-//    passes (the root, units kept unsharded after forward) copy from the board instead, so that
-//    an in-place edit of them stays this rank's, as after any all-gather. Two boards alternate;
-//    a rank writes generation g + 1 once every peer has published g, i.e. uses g - 1 no more:
-//    when the root's forward starts, a unit still borrowing from a board (left unsharded by a
-//    forward that failed) is resharded before the publication. The model (FsdpState) gathers from
-//    the boards only inside the root's forward and inside a backward, and only while no
-//    between-steps entry point (a state dict, a checkpoint, summoning) has run since the
-//    publication and no backward has ended (the optimizer steps next); a unit gathered outside
-//    (called alone) gathers in rounds.
+//    generation: once per forward. Two boards alternate; a rank writes generation g + 1 once
+//    every peer has published g, i.e. uses g - 1 no more. When the units gather from the board,
+//    which of them copy from it instead, and what happens to bytes still lent when the next
+//    publication comes: [Note: gathering from the board] in core/unit_collectives.cpp, the only
+//    user of these collectives (publishing_collectives.h).
 //    A shard edited by hand between a forward and its backward is read in its published form by
 //    the peers (as FSDP2, which does not support such edits either); an optimizer stepping in
 //    backward steps a unit after its last gather of the pass, so that never matters.
@@ -85,7 +81,7 @@ void copy_out(uint8_t* to, const uint8_t* from, size_t n, bool streaming) {
   }
 }
 
-class ShmCollectives final : public Collectives {
+class ShmCollectives final : public Collectives, public PublishingCollectives {
  public:
   ShmCollectives(ProcessGroup& group, std::unique_ptr<ShmSegment> segment)
       : group_(group), segment_(std::move(segment)) {}
@@ -165,7 +161,9 @@ class ShmCollectives final : public Collectives {
   std::function<void()> reduce_scatter_sum_posted(const at::Tensor& shard, const at::Tensor& full,
                                                   double divide_by) override {
     if (!posted_ || !shard.is_cpu() || !posted_->fits(full)) {
-      return Collectives::reduce_scatter_sum_posted(shard, full, divide_by);  // in rounds, at once
+      reduce_scatter_sum(shard, full);  // in rounds, at once
+      if (divide_by != 1.0) shard.div_(divide_by);
+      return {};
     }
     const uint32_t number = posted_->post(shard, full, divide_by);
     return [posted = posted_.get(), number] { posted->complete_through(number); };
@@ -295,6 +293,10 @@ bool all_on_one_host(const ProcessGroup& group) {
   const auto& hosts = group.hosts();
   return !hosts.empty() &&
          std::all_of(hosts.begin(), hosts.end(), [&](const std::string& h) { return h == hosts[0]; });
+}
+
+PublishingCollectives* publishing_side(Collectives& collectives) {
+  return dynamic_cast<ShmCollectives*>(&collectives);
 }
 
 std::unique_ptr<Collectives> make_shm_collectives(ProcessGroup& group, size_t chunk_bytes,

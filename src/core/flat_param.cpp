@@ -1,7 +1,6 @@
 #include "core/flat_param.h"
 
 #include "core/flat_layout.h"
-#include "device/memory_counter.h"
 #include "util/copy_bytes.h"
 
 #include <ATen/ATen.h>
@@ -223,22 +222,21 @@ bool FlatParam::grad_views_only_ours() const {
 }
 
 void FlatParam::allocate_full() {
-  TORCH_INTERNAL_ASSERT(!full_borrowed_, "allocate_full: the unsharded buffer is borrowed");
+  TORCH_INTERNAL_ASSERT(!full_lent_, "allocate_full: the unsharded buffer's bytes are lent");
   if (needs_unshard()) refill_storage(full_);
 }
 
-void FlatParam::borrow_full(void* bytes) {
+void FlatParam::use_lent_full(c10::DataPtr bytes) {
   c10::StorageImpl* storage = full_.storage().unsafeGetStorageImpl();
-  TORCH_INTERNAL_ASSERT(needs_unshard() && storage->nbytes() == 0, "borrow_full: the unsharded buffer holds bytes");
-  const size_t nbytes = static_cast<size_t>(full_.numel()) * full_.element_size();
-  storage->set_data_ptr_noswap(counted_borrow(bytes, nbytes, full_.device()));  // not ours to free
-  storage->set_nbytes(nbytes);
-  full_borrowed_ = true;
+  TORCH_INTERNAL_ASSERT(needs_unshard() && storage->nbytes() == 0, "use_lent_full: the unsharded buffer holds bytes");
+  storage->set_data_ptr_noswap(std::move(bytes));
+  storage->set_nbytes(static_cast<size_t>(full_.numel()) * full_.element_size());
+  full_lent_ = true;
 }
 
 void FlatParam::free_full() {
   if (needs_unshard()) release_storage(full_);
-  full_borrowed_ = false;
+  full_lent_ = false;
 }
 
 void FlatParam::begin_full_grad(bool keep, bool into_shard) {

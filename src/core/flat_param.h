@@ -135,14 +135,12 @@ class FlatParam {
 
   // Storage of the unsharded buffers, freed and refilled in place: see [Note: storage reuse].
   void allocate_full();
-  /// Instead of allocate_full and an all-gather: the unsharded buffer's bytes are `bytes`, every
-  /// rank's shard side by side already (a publication's board,
-  /// Collectives::published_unsharded), which the caller keeps valid and unwritten until
-  /// free_full. Nothing is allocated or copied; the memory counter counts the bytes as the
-  /// unit's while it holds them, as it would an allocated buffer.
-  void borrow_full(void* bytes);
-  /// Whether the unsharded buffer's bytes are borrowed (borrow_full, until free_full).
-  bool full_borrowed() const { return full_borrowed_; }
+  /// Instead of allocate_full and an all-gather: the unsharded buffer's bytes are `bytes` (not
+  /// ours: DeviceRuntime::lent_bytes), every rank's shard side by side already, which their
+  /// owner keeps valid and unwritten until free_full. Nothing is allocated or copied.
+  void use_lent_full(c10::DataPtr bytes);
+  /// Whether the unsharded buffer's bytes are lent (use_lent_full, until free_full).
+  bool full_lent() const { return full_lent_; }
   void free_full();
   /// Like free_full_grad, but hands the bytes to the caller (who frees them when a collective
   /// that may still read them has completed).
@@ -219,7 +217,7 @@ class FlatParam {
   std::vector<at::Tensor> full_grad_views_;  // likewise each entry's piece of full_grad_
   std::vector<bool> grad_written_;  // per entry: its piece of full_grad_ holds a gradient
   bool grads_in_shard_ = false;     // this backward writes grad_shard_, not full_grad_
-  bool full_borrowed_ = false;      // full_'s bytes are borrow_full's, not allocated
+  bool full_lent_ = false;          // full_'s bytes are use_lent_full's, not allocated
   /// Where entry i's gradient goes in this backward: its piece of full_grad_ (a view made once),
   /// or of grad_shard_ (grads_in_shard_; that buffer is released between steps, so made anew).
   at::Tensor grad_slot(size_t i);

@@ -27,7 +27,7 @@ std::vector<int> replicate_group_ranks(int rank, int f, int world) {
 }
 
 // A non-owning handle for the world group, which the caller owns.
-std::shared_ptr<ProcessGroup> borrow(ProcessGroup& group) {
+std::shared_ptr<ProcessGroup> unowned(ProcessGroup& group) {
   return std::shared_ptr<ProcessGroup>(&group, [](ProcessGroup*) {});
 }
 
@@ -42,7 +42,7 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
       device_(make_device(device)) {
   const int w = world.size(), f = options_.shard_group_size_for(w, world.settings().local_world_size);
   // Every rank creates its shard group, then its replicate group: the same sequence everywhere.
-  shard_group_ = f == w ? borrow(world)
+  shard_group_ = f == w ? unowned(world)
                         : world.subgroup(shard_group_ranks(world.rank(), f),
                                          world.next_store_key("shard"));
   if (f < w) {
@@ -53,9 +53,9 @@ FsdpState::FsdpState(ProcessGroup& world, FullyShardOptions options, const c10::
     if (world.rank() == 0 && !warning.empty()) std::cerr << warning << std::endl;
   }
   shard_collectives_ = device_->collectives(*shard_group_);
-  unit_env_ = std::make_unique<UnitEnv>(UnitEnv{
-      *device_, *shard_collectives_, replicate_collectives_.get(), limiter_, conductor_,
-      ReduceSettings{options_.mixed_precision().reduce_dtype(), w}, shards_published_});
+  unit_collectives_ = make_unit_collectives(*device_, *shard_collectives_, replicate_collectives_.get());
+  unit_env_ = std::make_unique<UnitEnv>(
+      UnitEnv{limiter_, conductor_, ReduceSettings{options_.mixed_precision().reduce_dtype(), w}});
 }
 
 FsdpState::~FsdpState() { device_.reset(); }
@@ -78,13 +78,13 @@ void FsdpState::post_forward(ParamGroup& unit, const std::vector<at::Tensor>& in
 }
 
 void FsdpState::step_begins() {
-  publish_shards();
+  unit_collectives_->step_begins();
   finish_queued_ = false;  // a backward that threw never ran its callback
 }
 
 // Until a backward starts the shards may be written (an edit, a load, an optimizer step after
 // an evaluation): a unit called meanwhile gathers in rounds.
-void FsdpState::forward_ends() { set_window(false); }
+void FsdpState::forward_ends() { unit_collectives_->forward_ended(); }
 
 // [Note: the root is not skipped]
 // A program reaches its model's forward through the root unit fully_shard returned. A helper that
@@ -110,30 +110,7 @@ void FsdpState::check_root_is_running(const ParamGroup& unit) const {
               "`model.call(&NetImpl::method, args...)`");
 }
 
-void FsdpState::set_window(bool open) {
-  window_open_ = open;
-  shards_published_ = window_open_ && publication_current_;
-}
-
-void FsdpState::publish_shards() {
-  std::vector<at::Tensor> shards;
-  for (auto& unit : units_) unit->reshard_borrowed();  // the peers overwrite what they borrow
-  for (auto& unit : units_) {
-    const bool pass_only = !unit->is_root() && options_.unit_reshards_after_forward(unit->name());
-    for (FlatGroup& g : unit->flats()) {
-      g.borrows_published = pass_only;
-      g.published_index = publishable(g.flat) ? static_cast<int>(shards.size()) : -1;
-      if (g.published_index >= 0) shards.push_back(g.flat.shard());
-    }
-  }
-  publication_current_ = shard_collectives_->publish_shards(shards);
-  set_window(true);
-}
-
-void FsdpState::shards_may_change() {
-  publication_current_ = false;
-  set_window(window_open_);
-}
+void FsdpState::shards_may_change() { unit_collectives_->shards_may_change(); }
 
 void FsdpState::backward_begins() {
   if (!finish_queued_) {
@@ -142,7 +119,7 @@ void FsdpState::backward_begins() {
     // inside a nested backward (activation recomputation) would run when that one ends.
     torch::autograd::Engine::get_default_engine().queue_callback([this] { finish_backward(); });
   }
-  set_window(true);  // the shards of the forward, unless something wrote them since
+  unit_collectives_->backward_begins();  // the shards of the forward, unless something wrote them since
 }
 
 void FsdpState::gradients_reduced(ParamGroup&, FlatParam& flat, const CommHandle& reduction) {
@@ -182,10 +159,7 @@ void FsdpState::finish_backward() {
 }
 
 void FsdpState::backward_ends() {
-  // The optimizer may write the shards next; every posted sum is complete (the units waited).
-  publication_current_ = false;
-  set_window(false);
-  shard_collectives_->complete_posted();
+  unit_collectives_->backward_finished();  // the optimizer may write the shards next
   order_checked_ = true;
 }
 

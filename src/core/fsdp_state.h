@@ -27,6 +27,8 @@ class FsdpState final : public UnitEvents, private StepListener {
 
   /// What every unit of this model works with.
   const UnitEnv& unit_env() const { return *unit_env_; }
+  /// How its units gather and reduce, and the step's events they hear.
+  UnitCollectives& unit_collectives() { return *unit_collectives_; }
   /// Collectives inside this rank's shard group (all-gather, reduce-scatter).
   Collectives& collectives() { return *shard_collectives_; }
   /// All-reduce across the replicas of this rank's shard; null when there is one replica.
@@ -62,11 +64,6 @@ class FsdpState final : public UnitEvents, private StepListener {
   void set_gradients_reduced_hook(detail::GradientsReducedHook hook) { gradients_reduced_hook_ = std::move(hook); }
 
  private:
-  /// The root's forward starts: publishes every unit's shard that can be ([Note: decoupled
-  /// collectives] in shm_collectives.cpp), for the gathers of this forward and its backward.
-  void publish_shards();
-  /// Opens or closes the window in which units gather from the published shards.
-  void set_window(bool open);
   void check_execution_order(const ParamGroup& unit, size_t index);
   /// A unit other than the root starts a forward: refuses it when the root was skipped.
   void check_root_is_running(const ParamGroup& unit) const;
@@ -85,6 +82,7 @@ class FsdpState final : public UnitEvents, private StepListener {
   std::shared_ptr<ProcessGroup> replicate_group_;  // null with a single replica
   std::unique_ptr<Collectives> shard_collectives_;
   std::unique_ptr<Collectives> replicate_collectives_;
+  std::unique_ptr<UnitCollectives> unit_collectives_;
   FullyShardOptions options_;
   RateLimiter limiter_;
   std::unique_ptr<UnitEnv> unit_env_;
@@ -93,12 +91,6 @@ class FsdpState final : public UnitEvents, private StepListener {
   detail::GradientsReducedHook gradients_reduced_hook_;
   bool finish_queued_ = false;
   bool full_params_held_ = false;  // inside a SummonFullParams scope
-  // [Note: decoupled collectives]: units gather from the published shards (shards_published_)
-  // while the root's forward or a backward runs (window_open_) and nothing may have written a
-  // shard since they were published (publication_current_).
-  bool shards_published_ = false;
-  bool window_open_ = false;
-  bool publication_current_ = false;
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
   std::string order_key_;       // store prefix of this model's order check
   std::unique_ptr<DeviceRuntime> device_;  // last: its work finishes first, before the buffers it uses go away

@@ -83,7 +83,7 @@ void check_same_model_on_all_ranks(ProcessGroup& group, const ModelDescription& 
     try {
       bytes = group.store().get(key + "/" + std::to_string(other));
     } catch (const std::exception& e) {
-      TORCH_CHECK(false, "fully_shard: rank ", other, " did not publish its model description to rank ",
+      TORCH_CHECK(false, "fully_shard: rank ", other, " did not send its model description to rank ",
                   group.rank(), " within the timeout: it has probably died or is stuck before "
                   "fully_shard(). (", e.what(), ")");
     }

@@ -1,8 +1,6 @@
 #include "core/param_group.h"
 
-#include "device/device.h"
 #include "core/rate_limiter.h"
-#include "util/copy_bytes.h"
 #include "util/trace.h"
 
 #include <ATen/ATen.h>
@@ -12,7 +10,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <mutex>
 
 namespace fsdp {
 
@@ -34,34 +31,6 @@ class GradAccumulatedHook final : public torch::autograd::FunctionPostHook {
   size_t entry_;
 };
 
-// A reduction whose sum may complete after its task (Collectives::reduce_scatter_sum_posted):
-// waiting on it waits for the task, then runs the completion the task left behind, once.
-class PostedReduction final : public CommHandle::Completion {
- public:
-  using Slot = std::shared_ptr<std::function<void()>>;
-  PostedReduction(CommHandle task, Slot completion) : task_(std::move(task)), completion_(std::move(completion)) {}
-  void wait() override {
-    task_.wait();
-    complete();
-  }
-  void wait_host() override {
-    task_.wait_host();
-    complete();
-  }
-
- private:
-  void complete() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!*completion_) return;
-    (*completion_)();
-    *completion_ = nullptr;
-  }
-
-  CommHandle task_;
-  Slot completion_;  // set by the task (the wait on it orders the read after)
-  std::mutex mutex_;
-};
-
 }  // namespace
 
 ParamGroup::ParamGroup(std::string name, std::vector<FlatGroup> flats, UnitEnv env,
@@ -81,6 +50,15 @@ void ParamGroup::install_grad_hooks() {
     for (size_t i = 0; i < entries.size(); ++i) {
       if (entries[i].grad_accumulator) hook(f, i);
     }
+  }
+}
+
+void ParamGroup::install_collectives(UnitCollectives& collectives, const std::function<bool()>& pass_only) {
+  for (FlatGroup& g : flats_) {
+    g.gather = collectives.gather(g.flat, pass_only, [this, &g] {
+      if (g.backward_state == BackwardState::Idle) reshard(g);
+    });
+    g.reduce = collectives.reduce(g.flat);
   }
 }
 
@@ -149,46 +127,8 @@ void ParamGroup::issue_all_gather(FlatGroup& g) {
     g.sharded_state = ShardedState::Unsharded;
     return;
   }
-  if (gather_published(g)) return;
-  g.flat.allocate_full();
   g.sharded_state = ShardedState::Unsharding;
-  if (!g.flat.sharded() && !g.flat.offloaded()) {
-    // A shard group of one rank (W = 1) only casts its shard for compute: on the compute stream,
-    // in order. On a lane's high-priority stream the cast would overlap GEMMs and slow them
-    // (measured on an H200: 2.5x the cast's own time), with no communication to hide.
-    at::NoGradGuard no_grad;
-    gather_unit(g.flat, env_.shard_group);
-    g.all_gather = CommHandle();
-    return;
-  }
-  g.all_gather = env_.device.submit(
-      CommLane::AllGather,
-      [this, &g] {
-        TraceSpan trace("all_gather", label_, TraceLane::Communication);
-        gather_unit(g.flat, env_.shard_group);
-      },
-      g.flat.full().nbytes());
-}
-
-// A published unit's unsharded buffer is on the board already ([Note: decoupled collectives]),
-// where every rank's unit reads it. A unit whose parameters only the pass sees (resharded after
-// its forward and its backward) computes on the board's bytes; one whose unsharded parameters
-// the program sees between passes (the root, a unit kept unsharded after forward) gets a copy of
-// its own, so that an in-place edit of them stays this rank's, as with any all-gather.
-bool ParamGroup::gather_published(FlatGroup& g) {
-  if (!env_.shards_published || g.published_index < 0) return false;
-  TraceSpan trace("all_gather", label_, TraceLane::Communication);
-  void* board = env_.shard_group.published_unsharded(static_cast<size_t>(g.published_index));
-  if (board == nullptr) return false;
-  if (g.borrows_published) {
-    g.flat.borrow_full(board);
-  } else {
-    g.flat.allocate_full();
-    copy_bytes(g.flat.full().data_ptr(), board, g.flat.full().nbytes());
-  }
-  g.sharded_state = ShardedState::Unsharding;
-  g.all_gather = CommHandle();
-  return true;
+  g.all_gather = g.gather->issue(g.flat, label_);
 }
 
 void ParamGroup::wait_unshard() {
@@ -254,12 +194,6 @@ void ParamGroup::take_in_rebound_params() {
     for (size_t entry : fresh) hook(static_cast<size_t>(&g - flats_.data()), entry);
     env_.conductor.shards_may_change();
     if (g.backward_state == BackwardState::Idle) reshard(g);
-  }
-}
-
-void ParamGroup::reshard_borrowed() {
-  for (FlatGroup& g : flats_) {
-    if (g.flat.full_borrowed() && g.backward_state == BackwardState::Idle) reshard(g);
   }
 }
 
@@ -408,17 +342,7 @@ void ParamGroup::issue_reduce_scatter(FlatGroup& g) {
   // Allocated here, on the caller's thread, before the task can: gradients_reduced hands out
   // views of it while the task runs (two lazy allocations would race to two buffers).
   g.flat.grad_shard();
-  auto completion = std::make_shared<std::function<void()>>();
-  CommHandle task = env_.device.submit(
-      CommLane::Reduce,
-      [this, &g, plan, end, completion] {
-        TraceSpan trace("reduce_scatter", label_, TraceLane::Communication);
-        at::NoGradGuard no_grad;
-        *completion = reduce_unit_gradient(g.flat, plan, env_.shard_group, env_.replicas);
-        env_.device.release_after(CommLane::Reduce, g.flat.take_full_grad_bytes());
-      },
-      g.flat.full_grad().nbytes());
-  g.reduce_scatter = CommHandle(std::make_shared<PostedReduction>(std::move(task), std::move(completion)));
+  g.reduce_scatter = g.reduce->issue(g.flat, plan, std::move(end), label_);
   events_.gradients_reduced(*this, g.flat, g.reduce_scatter);
 }
 

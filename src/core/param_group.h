@@ -1,19 +1,21 @@
 #pragma once
 // One FSDP unit at run time: its flat parameters, their state machine, and the moments of the
 // paper's section 3.3: unshard before forward, reshard after, unshard before backward, reduce
-// the gradient and reshard as soon as backward has produced it. Communication is submitted to the
-// model's DeviceRuntime ([Note: the device seam]). Which unit runs when (execution order, prefetching,
-// the end of backward) is the step's conductor's ([Note: one schedule, two kinds of units]): a
-// unit implements ScheduledUnit for it and calls down into it when autograd reaches the unit's
-// backward and completes its gradient. What the model needs to hear from a unit goes through
-// UnitEvents; a unit calls nothing above it.
+// the gradient and reshard as soon as backward has produced it. Each flat group's all-gather and
+// reduction are objects chosen when the model is built (unit_collectives.h). Which unit runs when
+// (execution order, prefetching, the end of backward) is the step's conductor's ([Note: one
+// schedule, two kinds of units]): a unit implements ScheduledUnit for it and calls down into it
+// when autograd reaches the unit's backward and completes its gradient. What the model needs to
+// hear from a unit goes through UnitEvents; a unit calls nothing above it.
 
 #include "comm/comm_thread.h"
 #include "core/flat_param.h"
 #include "core/step_conductor.h"
+#include "core/unit_collectives.h"
 #include "core/unit_env.h"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,13 +59,13 @@ struct FlatGroup {
   bool full_precision;  // mixed precision leaves these parameters in their own dtype
   ShardedState sharded_state = ShardedState::Sharded;
   BackwardState backward_state = BackwardState::Idle;
+  std::shared_ptr<UnitGather> gather;  // how it is all-gathered (install_collectives)
+  std::shared_ptr<UnitReduce> reduce;  // how its gradient is reduced
   CommHandle all_gather;
   CommHandle reduce_scatter;
   int grads_pending = 0;               // trainable parameters whose gradient has not arrived
   bool accumulate_into_shard = false;  // the optimizer kept the previous gradient: add to it
   bool full_grad_kept = false;         // no_sync: the unsharded gradient survives to the next backward
-  int published_index = -1;            // its shard's index among the model's published ones
-  bool borrows_published = false;      // gathers by borrowing the board's bytes, not copying them
   bool params_parked = false;          // Unsharded, but the parameters point at the shard ([Note: between a forward and its backward])
 
   bool trainable() const { return flat.requires_grad(); }
@@ -89,6 +91,9 @@ class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_th
 
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
+  /// Called once after construction: each flat group's all-gather and reduction, from the
+  /// model's `collectives`; `pass_only` as UnitCollectives::gather takes it.
+  void install_collectives(UnitCollectives& collectives, const std::function<bool()>& pass_only);
 
   // ScheduledUnit
   /// Forward starts: issues this unit's all-gathers (wait_unshard waits for them).
@@ -122,10 +127,6 @@ class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_th
   /// from the unit's buffers; a unit gathered for a backward that has not started is resharded
   /// (its gathered values are out of date). Called at every root forward and between steps.
   void take_in_rebound_params();
-  /// The shards are published again: reshards the flat groups whose unsharded buffers are
-  /// borrowed from the last publication (a forward that failed left them unsharded), which the
-  /// peers will overwrite. A backward that comes later gathers them again.
-  void reshard_borrowed();
 
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
   void set_name(const std::string& name);
@@ -140,9 +141,6 @@ class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_th
   /// Whether any flat group needs a separate unsharded buffer (FlatParam::needs_unshard).
   bool needs_unshard() const;
   void issue_all_gather(FlatGroup& g);
-  /// `g`'s all-gather from the publication's board, when it is on it and the shards are
-  /// published for this pass: borrowed or copied (borrows_published). False: it must be gathered.
-  bool gather_published(FlatGroup& g);
   void reshard_all();
   void reshard(FlatGroup& g);
   /// Points `g`'s parameters at the shard while its gathered buffer waits for backward.

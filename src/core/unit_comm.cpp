@@ -27,12 +27,12 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
   return plan;
 }
 
-bool publishable(const FlatParam& flat) {
+bool unsharded_is_host_shards(const FlatParam& flat) {
   return flat.sharded() && !flat.mixed_precision() && !flat.offloaded() && flat.shard().is_cpu();
 }
 
 void gather_unit(FlatParam& flat, Collectives& shard_group) {
-  if (publishable(flat)) {
+  if (unsharded_is_host_shards(flat)) {
     // On the host, in one dtype, the collective copies the shard into its place itself (a
     // memcpy): no view of the unsharded buffer nor ATen copy per unit.
     shard_group.all_gather(flat.full(), flat.shard());
@@ -50,23 +50,26 @@ void gather_unit(FlatParam& flat, Collectives& shard_group) {
   if (flat.sharded()) shard_group.all_gather(flat.full(), local);
 }
 
-std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan,
-                                           Collectives& shard_group, Collectives* replicas) {
-  at::Tensor& grad_shard = flat.grad_shard();
+bool reduces_into_shard(FlatParam& flat, const ReducePlan& plan) {
+  return rules::reduces_into_shard(plan.accumulate, plan.dtype, flat.grad_shard().scalar_type(), flat.offloaded());
+}
+
+at::Tensor gradient_to_scatter(FlatParam& flat, const ReducePlan& plan) {
   at::Tensor full_grad = flat.full_grad().scalar_type() == plan.dtype ? flat.full_grad()
                                                                       : flat.full_grad().to(plan.dtype);
-  const bool into_shard =
-      rules::reduces_into_shard(plan.accumulate, plan.dtype, grad_shard.scalar_type(), flat.offloaded());
-  at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
   // In low precision, the mean over W ranks as a division before the sum and one after, each
   // about sqrt(W): a sum of W undivided gradients could overflow, a sum of fully divided ones
   // underflow.
   if (plan.pre != 1.0) full_grad.div_(plan.pre);
-  if (into_shard && !replicas) {
-    // Nothing but the division follows the sum: both can come when the shard is needed, in one
-    // pass over it.
-    return shard_group.reduce_scatter_sum_posted(reduced, full_grad, plan.post);
-  }
+  return full_grad;
+}
+
+void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
+                          Collectives* replicas) {
+  at::Tensor& grad_shard = flat.grad_shard();
+  const bool into_shard = reduces_into_shard(flat, plan);
+  const at::Tensor full_grad = gradient_to_scatter(flat, plan);
+  at::Tensor reduced = into_shard ? grad_shard : at::empty({grad_shard.numel()}, full_grad.options());
   shard_group.reduce_scatter_sum(reduced, full_grad);
   if (replicas) replicas->all_reduce_sum(reduced);
   if (plan.post != 1.0) reduced.div_(plan.post);
@@ -79,7 +82,6 @@ std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& pl
   } else if (!into_shard) {
     grad_shard.copy_(reduced);
   }
-  return {};
 }
 
 }  // namespace fsdp

@@ -8,7 +8,6 @@
 
 #include <c10/core/ScalarType.h>
 
-#include <functional>
 #include <optional>
 #include <utility>
 
@@ -45,16 +44,22 @@ ReducePlan plan_reduction(const ReduceSettings& settings, c10::ScalarType grad_d
 /// then all-gathers compute-dtype bytes).
 void gather_unit(FlatParam& flat, Collectives& shard_group);
 
-/// Whether a unit's shard can be published (Collectives::publish_shards): its unsharded buffer
-/// is then the shards as they are, side by side on the host, and can be borrowed
-/// (FlatParam::borrow_full).
-bool publishable(const FlatParam& flat);
+/// Whether a unit's unsharded buffer is its shards as they are, side by side on the host, in one
+/// dtype: all_gather then puts this rank's shard in place itself, and a copy of every rank's
+/// shard laid out side by side is an all-gather already (unit_collectives.h).
+bool unsharded_is_host_shards(const FlatParam& flat);
+
+/// Whether `flat`'s gradient, reduced as `plan` says, is summed straight into its gradient shard
+/// (rules::reduces_into_shard): nothing but the division by plan.post follows the sum then.
+bool reduces_into_shard(FlatParam& flat, const ReducePlan& plan);
+
+/// `flat`'s unsharded gradient as the reduce-scatter takes it: in the plan's dtype, divided by
+/// plan.pre.
+at::Tensor gradient_to_scatter(FlatParam& flat, const ReducePlan& plan);
 
 /// flat.grad_shard() <- (+=) the mean over the world of the unsharded gradients: reduce-scattered
-/// inside the shard group, then all-reduced across the replicas (hybrid, no-shard). Where the
-/// sum may come later (Collectives::reduce_scatter_sum_posted), returns what completes it: the
-/// gradient shard holds the mean once that has run; the unsharded gradient is free at once.
-std::function<void()> reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan,
-                                           Collectives& shard_group, Collectives* replicas);
+/// inside the shard group, then all-reduced across the replicas (hybrid, no-shard).
+void reduce_unit_gradient(FlatParam& flat, const ReducePlan& plan, Collectives& shard_group,
+                          Collectives* replicas);
 
 }  // namespace fsdp

@@ -85,6 +85,11 @@ std::shared_ptr<ParamGroup> add_unit(FsdpState& state, const std::string& name, 
   std::vector<FlatGroup> flats;
   for (GroupPlan& plan : plans) flats.push_back(make_flat(state, std::move(plan)));
   auto unit = std::make_shared<ParamGroup>(name, std::move(flats), state.unit_env(), state, is_root);
+  // Its name may come later (fully_shard_deferred): asked at each step.
+  const FullyShardOptions& options = state.options();
+  unit->install_collectives(state.unit_collectives(), [&options, self = unit.get()] {
+    return !self->is_root() && options.unit_reshards_after_forward(self->name());
+  });
   unit->install_grad_hooks();
   state.units().push_back(unit);
   return unit;

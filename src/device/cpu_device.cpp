@@ -2,6 +2,7 @@
 // sends with receives by their order), shared-memory or ring collectives, the counting allocator.
 #include "device/device.h"
 #include "comm/host_collectives.h"
+#include "device/memory_counter.h"
 
 #include <c10/util/Exception.h>
 
@@ -37,6 +38,10 @@ class CpuDevice final : public DeviceRuntime {
 
   // The task ran to completion on this thread: nothing reads the bytes any more.
   void release_after(CommLane, c10::DataPtr) override {}
+
+  c10::DataPtr lent_bytes(void* bytes, size_t nbytes) override {
+    return counted_borrow(bytes, nbytes, device());
+  }
 
  private:
   CommThread thread_;

@@ -82,6 +82,9 @@ class CudaDevice final : public DeviceRuntime {
   // Runs on the communication thread, inside a task.
   void release_after(CommLane, c10::DataPtr bytes) override { pending_.push_back(std::move(bytes)); }
 
+  // The caching allocator's statistics never see such bytes (nothing lends them on CUDA).
+  c10::DataPtr lent_bytes(void* bytes, size_t) override { return c10::DataPtr(bytes, device_); }
+
  private:
   struct Completion final : CommHandle::Completion {
     explicit Completion(c10::DeviceIndex index) : index(index) {}

@@ -6,7 +6,8 @@
 //    the compute stream waits on the lane's event only when CommHandle::wait() says it needs the
 //    data;
 //  - the collectives (rings over Gloo's send/recv on CPU; NCCL's own on CUDA);
-//  - the memory in use (the counting allocator on CPU; the caching allocator's statistics);
+//  - the memory in use (the counting allocator on CPU; the caching allocator's statistics),
+//    including bytes a tensor uses without owning them (lent_bytes);
 //  - when the bytes a collective read may be reused (release_after): at once on CPU; on CUDA
 //    once the lane's work has completed, so that the caching allocator cannot hand them to the
 //    compute stream while a collective still reads them (without recordStream, which over-holds
@@ -26,6 +27,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -50,6 +52,10 @@ class DeviceRuntime {
   virtual std::unique_ptr<Collectives> collectives(ProcessGroup& group) = 0;
   /// Called from inside a task of `lane`: frees `bytes` once that task's work has completed.
   virtual void release_after(CommLane lane, c10::DataPtr bytes) = 0;
+  /// A tensor's storage pointer to `nbytes` at `bytes`, which this process does not own and
+  /// never frees (memory the ranks share): the memory in use counts them while a tensor holds
+  /// them, as if it had allocated them.
+  virtual c10::DataPtr lent_bytes(void* bytes, size_t nbytes) = 0;
 };
 
 /// What a device type provides: its DeviceRuntime, and its memory statistics (fsdp/memory.h).

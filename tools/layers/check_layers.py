@@ -42,7 +42,7 @@ CORE_TIERS = [
     {"flat_layout", "unit_rules", "step_conductor", "flat_param", "rate_limiter", "model_check",
      "options", "output_tensors", "gradients_reduced_hook"},
     {"unit_comm"},
-    {"unit_env"},
+    {"unit_collectives", "unit_env"},
     {"param_group"},
     {"fsdp_state"},
     {"model_collectives", "unit_groups", "sharded_view", "sharded_model", "unit_slot",
