@@ -1,6 +1,7 @@
 #include "plan/plan_memory.h"
 
 #include "core/unit_rules.h"
+#include "plan/plan_optimizer.h"
 
 #include <algorithm>
 #include <deque>
@@ -243,6 +244,7 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
   RankMemory rank;
   rank.rank = layout.rank;
   const Precision& p = layout.precision;
+  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, p.shard_bytes);
   // The step starts after zero_grad: no gradient shard yet ([Note: gradient shards live as long
   // as the gradients]), backward allocates them; unless zero_grad zeroed them in place.
   MemoryBreakdown start;
@@ -250,7 +252,7 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
   for (const auto& unit : layout.units) {
     start.sharded_params += unit.shard_numel * p.shard_bytes;
     if (unit.trainable) grad_shards += unit.shard_numel * p.shard_bytes;
-    start.optimizer_state += 2 * unit.piece_numel * p.shard_bytes;  // AdamW's exp_avg, exp_avg_sq
+    start.optimizer_state += unit.piece_numel * optimizer.state_per_element;
     full_grads += unit.accumulating_grad;
   }
   rank.model_states = start.sharded_params + grad_shards + start.optimizer_state;

@@ -1,5 +1,7 @@
 #include "plan/plan_time.h"
 
+#include "plan/plan_optimizer.h"
+
 #include <algorithm>
 
 namespace fsdp::planning {
@@ -38,8 +40,9 @@ double fsdp_copy_seconds(const UnitLayout& unit, const RankLayout& layout, const
 
 // CPU offload ([Note: offloaded copies], fsdp::optim::StepInBackward): each gather brings the
 // fp32 shard up and each reduction takes the fp32 gradient shard down over the host link (hidden
-// like the unit's collectives); AdamW runs on the host, each unit as its gradient lands, so it
-// overlaps the backward of the units after it; the root, reduced last, is stepped after backward.
+// like the unit's collectives); the optimizer runs on the host, each unit as its gradient lands,
+// so it overlaps the backward of the units after it; the root, reduced last, is stepped after
+// backward.
 struct OffloadSeconds {
   std::vector<double> forward_copies, backward_copies;
   double optimizer_exposed = 0;
@@ -49,13 +52,14 @@ OffloadSeconds offload_seconds(const PlanSetup& setup, const RankLayout& layout,
   const size_t n = layout.units.size();
   OffloadSeconds o{std::vector<double>(n, 0), std::vector<double>(n, 0), 0};
   double optimizer_overlapped = 0;
+  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, layout.precision.shard_bytes);
   for (size_t u = 0; u < n; ++u) {
     const UnitLayout& unit = layout.units[u];
     const double copy = seconds(static_cast<double>(unit.shard_numel * layout.precision.shard_bytes),
                                 setup.device.host_link_bandwidth);
     o.forward_copies[u] = copy;
     o.backward_copies[u] = (u > 0 && unit.reshard_after_forward ? copy : 0) + (unit.trainable ? copy : 0);
-    const double step = seconds(7.0 * unit.piece_numel * layout.precision.shard_bytes,
+    const double step = seconds(static_cast<double>(unit.piece_numel * optimizer.step_per_element),
                                 setup.device.host_memory_bandwidth);
     (u == 0 ? o.optimizer_exposed : optimizer_overlapped) += step;
   }
@@ -93,10 +97,13 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout,
   for (size_t u = 0; u < n; ++u) backward_compute += unit[u].backward;
   const OffloadSeconds copies = offload ? offload_seconds(setup, layout, backward_compute) : OffloadSeconds{
       std::vector<double>(n, 0), std::vector<double>(n, 0), 0};
-  // AdamW reads a parameter, its gradient and both moments and writes three of them back: on the
-  // device, or offloaded on the host (the part backward does not hide).
+  // The optimizer reads a parameter, its gradient and its state and writes all but the gradient
+  // back (AdamW: 7 elements' worth): on the device, or offloaded on the host (the part backward
+  // does not hide).
+  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, layout.precision.shard_bytes);
   t.compute += (offload ? copies.optimizer_exposed
-                        : seconds(7.0 * pieces * layout.precision.shard_bytes, setup.device.fp32.memory_bandwidth)) +
+                        : seconds(static_cast<double>(pieces * optimizer.step_per_element),
+                                  setup.device.fp32.memory_bandwidth)) +
                tensors * setup.device.op_overhead_s;
 
   // Communication per unit and direction; what the compute it overlaps does not cover shows.
