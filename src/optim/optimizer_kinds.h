@@ -40,7 +40,7 @@ struct OptimizerKind {
   const char* name;          ///< torch::optim's class ("AdamW"): what checkpoints record
   bool counts_steps;         ///< a step count per parameter ("step", an int64 scalar)
   bool state_from_start;     ///< builds every parameter's state at construction (Adagrad)
-  std::vector<StateTensor> tensors;  ///< every kind it may keep, in the order checkpoints save them
+  std::vector<StateTensor> tensors;  ///< every kind it may keep, in a fixed order (the same on every rank)
 };
 
 /// Every optimizer known: SGD, Adam, AdamW, RMSprop, Adagrad.
@@ -52,7 +52,7 @@ const OptimizerKind* find_optimizer(std::string_view name);
 
 /// Whether `option` adds a state tensor to `optimizer` (an option it does not have adds none).
 bool has_option(const OptimizerKind& optimizer, AddedBy option);
-/// The kinds `optimizer` keeps with `options`, in the saved order.
+/// The kinds `optimizer` keeps with `options`, in that order.
 std::vector<std::string> kinds_kept(const OptimizerKind& optimizer, const StateOptions& options);
 /// The option that adds `kind` to whichever optimizer keeps it (Always for a kind no option adds,
 /// or none knows).
