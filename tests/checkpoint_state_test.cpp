@@ -5,8 +5,10 @@
 // statistics, num_batches_tracked. Every rank trains on the same batch, so BatchNorm's
 // statistics, and so the run, do not depend on the world size; the unsharded program is each
 // rank's own plain LibTorch model. The full state dict holds the buffers, and an optimizer whose
-// state is unknown is refused by name at the first save.
+// state is unknown is refused by name at the first save. What each optimizer saves is what
+// src/optim/optimizer_kinds.h describes, no more, no less.
 #include "dist_env.h"
+#include "optimizer_cases.h"
 #include "test_models.h"
 
 #include <fsdp/checkpoint.h>
@@ -14,9 +16,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <unistd.h>
 
 namespace fsdp_test {
@@ -162,6 +168,43 @@ TEST(CheckpointState, AnUnknownOptimizerIsRefusedByNameAtTheFirstSave) {
     EXPECT_NE(text.find("SGD, Adam, AdamW, RMSprop"), std::string::npos) << text;
   }
   barrier();
+}
+
+
+// Every optimizer (tests/optimizer_cases.h), one step on the sharded model, then saved: its
+// metadata.json lists for each parameter exactly the described kinds, and
+// the full optimizer state holds exactly those (and a step where it counts steps).
+TEST(CheckpointState, EverySavedOptimizerStateHoldsExactlyTheDescribedKinds) {
+  const std::vector<OptimizerCase> cases = optimizer_cases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const OptimizerCase& c = cases[i];
+    SCOPED_TRACE(c.label);
+    const auto& kind = *fsdp::optimizers::find_optimizer(c.described_as);
+    const std::vector<std::string> described = fsdp::optimizers::kinds_kept(kind, c.options);
+    auto model = fsdp::fully_shard(fresh_net(), *dist().world);
+    auto optimizer = c.make(model->parameters());
+    train([&](const torch::Tensor& x) { return model(x); }, *optimizer, 0, 1);
+    const std::string folder = shared_folder("kinds-" + std::to_string(i));
+    fsdp::save_sharded(model, *optimizer, folder);
+    std::map<std::string, torch::Tensor> full;
+    for (auto& [key, tensor] : fsdp::gather_full_optimizer_state(model, *optimizer)) full.emplace(key, tensor);
+
+    nlohmann::json meta;
+    std::ifstream(folder + "/metadata.json") >> meta;
+    EXPECT_EQ(meta.at("optimizer").get<std::string>(), kind.name);
+    size_t keys = 0;
+    for (const auto& param : meta.at("params")) {
+      const std::string name = param.at("name").get<std::string>();
+      const auto saved = param.at("optimizer_moments").get<std::set<std::string>>();  // by name
+      EXPECT_EQ(saved, std::set<std::string>(described.begin(), described.end())) << name;
+      for (const auto& k : described) EXPECT_EQ(full.count("state." + name + "." + k), 1u) << name << " " << k;
+      EXPECT_EQ(full.count("state." + name + ".step"), kind.counts_steps ? 1u : 0u) << name;
+      keys += described.size() + (kind.counts_steps ? 1 : 0);
+    }
+    EXPECT_EQ(full.size(), keys) << "no state beyond the described";
+    barrier();
+    if (dist().rank() == 0) fs::remove_all(folder);
+  }
 }
 
 }  // namespace

@@ -306,6 +306,7 @@ fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
   setup.device = device;
   setup.links = links;
   setup.policy.fsdp = o.fsdp;
+  setup.policy.optimizer.name = "AdamW";  // make_optimizer's (gpt.h), fused or not: no amsgrad
   setup.policy.batch = o.batch;
   setup.policy.micro_batches = o.grad_accum;
   setup.policy.no_sync = o.no_sync && o.grad_accum > 1;

@@ -118,10 +118,23 @@ struct PlanLinks {
   double latency_s = 0;
 };
 
+/// The optimizer a run steps, as the planner counts it: its state per parameter element and what
+/// its step reads and writes. `name` is torch::optim's class: "SGD", "Adam", "AdamW", "RMSprop" or
+/// "Adagrad" (fsdp::optim's fused AdamW and SGD keep the state of torch::optim's); the options are
+/// those that add state, and only for the optimizers that have them. Anything else is an error.
+struct PlanOptimizer {
+  std::string name = "AdamW";
+  bool amsgrad = false;   ///< Adam, AdamW: max_exp_avg_sq
+  bool momentum = false;  ///< SGD, RMSprop (momentum != 0): momentum_buffer
+  bool centered = false;  ///< RMSprop: grad_avg
+};
+
 /// What the run does: FullyShardOptions (strategy, shard group, mixed precision, offload,
-/// prefetch, rate limit, activation checkpointing) and the sequences per rank per step.
+/// prefetch, rate limit, activation checkpointing), the optimizer and the sequences per rank per
+/// step.
 struct PlanPolicy {
   FullyShardOptions fsdp;
+  PlanOptimizer optimizer;
   int64_t batch = 1;
   /// The optimizer's zero_grad zeroes gradients in place (set_to_none = false, PyTorch 1.x's
   /// default) instead of freeing them (LibTorch's default): the gradient shards then stay from one
@@ -147,7 +160,7 @@ struct PlanSetup {
 struct MemoryBreakdown {
   int64_t sharded_params = 0;     ///< this rank's shards (padding included)
   int64_t sharded_grads = 0;      ///< its gradient shards
-  int64_t optimizer_state = 0;    ///< AdamW's two moments of its pieces (and step counters)
+  int64_t optimizer_state = 0;    ///< the optimizer's state tensors of its pieces (AdamW: two moments)
   int64_t unsharded_params = 0;   ///< units all-gathered at that moment (rate limiter, prefetch)
   int64_t unsharded_grads = 0;    ///< unsharded gradients accumulating or awaiting reduction
   int64_t activations = 0;        ///< kept for backward

@@ -9,6 +9,7 @@
 #include "io/checkpoint_pieces.h"
 #include "io/checkpoint_read.h"
 #include "io/param_groups.h"
+#include "optim/optimizer_kinds.h"
 #include "util/crc32.h"
 
 #include <ATen/ATen.h>
@@ -64,9 +65,10 @@ void check_moment_saved(const CheckpointMeta& meta, const ParamMeta& saved,
   const std::string& optimizer = meta.optimizer;
   const bool options_differ = std::none_of(meta.params.begin(), meta.params.end(),
                                            [&](const ParamMeta& p) { return lists_kind(p, kind); });
-  TORCH_CHECK(!options_differ || kind != "max_exp_avg_sq", folder, " has no '", kind, "' for '", saved.name,
-              "': it was saved by an ", optimizer, " without amsgrad");
-  TORCH_CHECK(!options_differ || (kind != "momentum_buffer" && kind != "grad_avg"), folder,
+  const optimizers::AddedBy added_by = optimizers::option_adding(kind);
+  TORCH_CHECK(!options_differ || added_by != optimizers::AddedBy::Amsgrad, folder, " has no '", kind, "' for '",
+              saved.name, "': it was saved by an ", optimizer, " without amsgrad");
+  TORCH_CHECK(!options_differ || added_by == optimizers::AddedBy::Always, folder,
               " has no '", kind, "' for '", saved.name, "': it was saved by an ", optimizer,
               " with other options (momentum, centered): build the optimizer as the saved run did");
   TORCH_CHECK(false, folder, "/", kMetadataFile, ": parameter '", saved.name, "' has ", optimizer,

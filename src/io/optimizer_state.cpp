@@ -1,5 +1,7 @@
 #include "io/optimizer_state.h"
 
+#include "optim/optimizer_kinds.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>
@@ -18,14 +20,12 @@ using torch::optim::OptimizerOptions;
 using torch::optim::OptimizerParamState;
 using Kinds = std::vector<std::string>;
 
-/// How one torch::optim class keeps its per-parameter state.
+/// How one torch::optim class keeps its per-parameter state: what it keeps is its description's
+/// ([Note: what an optimizer keeps, once]); here are only the typed accessors of its state.
 struct OptimizerFamily {
-  const char* name;
-  bool counts_steps;
-  bool state_from_start;  // builds every parameter's state at construction (Adagrad)
-  Kinds all_kinds;  // in the order they are saved
+  const optimizers::OptimizerKind& kind;
   bool (*is)(Optimizer&);
-  Kinds (*needed)(const OptimizerOptions&);
+  optimizers::StateOptions (*options)(const OptimizerOptions&);  // those that add state
   ParamOptimState (*read)(OptimizerParamState&);
   std::unique_ptr<OptimizerParamState> (*make)(const ParamOptimState&);
 };
@@ -58,14 +58,20 @@ S& as(OptimizerParamState& state) {
   return *typed;
 }
 
+const optimizers::OptimizerKind& described(const char* name) {
+  const optimizers::OptimizerKind* kind = optimizers::find_optimizer(name);
+  TORCH_INTERNAL_ASSERT(kind, "optim/optimizer_kinds.cpp does not describe ", name);
+  return *kind;
+}
+
 // Adam and AdamW keep the same state.
 template <class O, class Options, class S>
 OptimizerFamily adam_like(const char* name) {
-  return {name, true, false, {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}, is<O>,
+  return {described(name), is<O>,
           [](const OptimizerOptions& o) {
-            Kinds kinds{"exp_avg", "exp_avg_sq"};
-            if (static_cast<const Options&>(o).amsgrad()) kinds.push_back("max_exp_avg_sq");
-            return kinds;
+            optimizers::StateOptions kept;
+            kept.amsgrad = static_cast<const Options&>(o).amsgrad();
+            return kept;
           },
           [](OptimizerParamState& base) {
             auto& s = as<S>(base);
@@ -88,9 +94,11 @@ const std::vector<OptimizerFamily>& families() {
   static const std::vector<OptimizerFamily> known{
       adam_like<o::AdamW, o::AdamWOptions, o::AdamWParamState>("AdamW"),
       adam_like<o::Adam, o::AdamOptions, o::AdamParamState>("Adam"),
-      {"SGD", false, false, {"momentum_buffer"}, is<o::SGD>,
+      {described("SGD"), is<o::SGD>,
        [](const OptimizerOptions& opt) {
-         return static_cast<const o::SGDOptions&>(opt).momentum() != 0 ? Kinds{"momentum_buffer"} : Kinds{};
+         optimizers::StateOptions kept;
+         kept.momentum = static_cast<const o::SGDOptions&>(opt).momentum() != 0;
+         return kept;
        },
        [](OptimizerParamState& base) {
          return ParamOptimState{std::nullopt, defined({{"momentum_buffer", as<o::SGDParamState>(base).momentum_buffer()}})};
@@ -100,13 +108,13 @@ const std::vector<OptimizerFamily>& families() {
          s->momentum_buffer(kind_or_undefined(saved, "momentum_buffer"));
          return s;
        }},
-      {"RMSprop", true, false, {"square_avg", "momentum_buffer", "grad_avg"}, is<o::RMSprop>,
+      {described("RMSprop"), is<o::RMSprop>,
        [](const OptimizerOptions& opt) {
          const auto& r = static_cast<const o::RMSpropOptions&>(opt);
-         Kinds kinds{"square_avg"};
-         if (r.momentum() > 0) kinds.push_back("momentum_buffer");
-         if (r.centered()) kinds.push_back("grad_avg");
-         return kinds;
+         optimizers::StateOptions kept;
+         kept.momentum = r.momentum() > 0;
+         kept.centered = r.centered();
+         return kept;
        },
        [](OptimizerParamState& base) {
          auto& s = as<o::RMSpropParamState>(base);
@@ -122,7 +130,7 @@ const std::vector<OptimizerFamily>& families() {
          s->grad_avg(kind_or_undefined(saved, "grad_avg"));
          return s;
        }},
-      {"Adagrad", true, true, {"sum"}, is<o::Adagrad>, [](const OptimizerOptions&) { return Kinds{"sum"}; },
+      {described("Adagrad"), is<o::Adagrad>, [](const OptimizerOptions&) { return optimizers::StateOptions{}; },
        [](OptimizerParamState& base) {
          auto& s = as<o::AdagradParamState>(base);
          return ParamOptimState{s.step(), defined({{"sum", s.sum()}})};
@@ -142,9 +150,9 @@ const OptimizerFamily& family_of(Optimizer& optimizer, const std::string& what) 
     if (family.is(optimizer)) return family;
   }
   TORCH_CHECK(false, what, ": cannot checkpoint the optimizer ", c10::demangle(typeid(optimizer).name()),
-              ": sharded checkpoints hold the state of torch::optim's SGD, Adam, AdamW, RMSprop and "
-              "Adagrad (and fsdp::optim's AdamW and SGD); use one of them, or save the parameters "
-              "alone with fsdp::save_full_params");
+              ": sharded checkpoints hold the state of torch::optim's ", optimizers::known_optimizer_names(),
+              " (and fsdp::optim's AdamW and SGD); use one of them, or save the parameters alone with "
+              "fsdp::save_full_params");
 }
 
 // The index of the param group holding `param`, or nullopt.
@@ -162,15 +170,15 @@ std::optional<size_t> group_of(Optimizer& optimizer, const at::Tensor& param) {
 OptimizerState::OptimizerState(Optimizer& optimizer, const std::string& what)
     : optimizer_(&optimizer), family_(&family_of(optimizer, what)) {}
 
-std::string OptimizerState::name() const { return family_->name; }
+std::string OptimizerState::name() const { return family_->kind.name; }
 
 std::vector<std::string> OptimizerState::kinds_in_use() const {
   Kinds used;
-  for (const auto& kind : family_->all_kinds) {
+  for (const auto& tensor : family_->kind.tensors) {
     for (auto& group : optimizer_->param_groups()) {
-      const Kinds needed = family_->needed(group.options());
-      if (std::find(needed.begin(), needed.end(), kind) != needed.end()) {
-        used.push_back(kind);
+      const Kinds needed = kinds_kept(family_->kind, family_->options(group.options()));
+      if (std::find(needed.begin(), needed.end(), tensor.kind) != needed.end()) {
+        used.emplace_back(tensor.kind);
         break;
       }
     }
@@ -186,10 +194,11 @@ std::optional<std::vector<std::string>> OptimizerState::kinds_needed(
     const at::Tensor& param, const std::vector<std::unique_ptr<OptimizerOptions>>& options) const {
   const auto g = group_of(*optimizer_, param);
   if (!g) return std::nullopt;
-  return family_->needed(options.empty() ? optimizer_->param_groups()[*g].options() : *options.at(*g));
+  const OptimizerOptions& group = options.empty() ? optimizer_->param_groups()[*g].options() : *options.at(*g);
+  return kinds_kept(family_->kind, family_->options(group));
 }
 
-bool OptimizerState::counts_steps() const { return family_->counts_steps; }
+bool OptimizerState::counts_steps() const { return family_->kind.counts_steps; }
 
 std::optional<ParamOptimState> OptimizerState::read(const at::Tensor& param) const {
   auto it = optimizer_->state().find(param.unsafeGetTensorImpl());
@@ -201,7 +210,7 @@ void OptimizerState::write(const at::Tensor& param, const std::optional<ParamOpt
   void* key = param.unsafeGetTensorImpl();
   if (!state) {
     // Adagrad's step expects the state it built: a checkpoint without any keeps it fresh.
-    if (!family_->state_from_start) optimizer_->state().erase(key);
+    if (!family_->kind.state_from_start) optimizer_->state().erase(key);
     return;
   }
   optimizer_->state()[key] = family_->make(*state);

@@ -1,8 +1,9 @@
 #pragma once
 // What checkpoints read and write of a torch::optim optimizer: each parameter's step (where the
 // optimizer counts them) and state tensors (AdamW's exp_avg, SGD's momentum_buffer, ...), by the
-// names torch.distributed.checkpoint gives them. The optimizers whose state is known: SGD, Adam,
-// AdamW, RMSprop, Adagrad (and fsdp::optim's, which derive from them).
+// names torch.distributed.checkpoint gives them. The optimizers whose state is known, and what
+// each keeps: optim/optimizer_kinds.h's (SGD, Adam, AdamW, RMSprop, Adagrad, and fsdp::optim's,
+// which derive from them); here, how to read and write each one's state.
 
 #include <torch/optim/optimizer.h>
 

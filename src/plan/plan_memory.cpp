@@ -1,5 +1,6 @@
 #include "plan/plan_memory.h"
 
+#include "plan/plan_optimizer.h"
 #include "plan/planned_step.h"
 
 #include <string>
@@ -41,9 +42,9 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
   for (const auto& unit : layout.units) {
     for (const FlatGroupLayout& g : unit.flats) {
       start.sharded_params += g.shard_numel * g.shard_bytes;
-      if (!g.trainable) continue;
+      if (!g.trainable) continue;  // frozen: no gradient, no optimizer state
       grad_shards += g.shard_numel * g.shard_bytes;
-      start.optimizer_state += 2 * g.piece_numel * g.shard_bytes;  // AdamW's exp_avg, exp_avg_sq
+      start.optimizer_state += g.piece_numel * optimizer_bytes(setup.policy.optimizer, g.shard_bytes).state_per_element;
     }
     full_grads += unit.accumulating_grad;
   }

@@ -1,5 +1,6 @@
 #include "plan/plan_time.h"
 
+#include "plan/plan_optimizer.h"
 #include "plan/planned_step.h"
 
 #include <algorithm>
@@ -40,18 +41,19 @@ double fsdp_copy_seconds(const UnitLayout& unit, const RankLayout& layout, const
 
 // CPU offload ([Note: offloaded copies], fsdp::optim::StepInBackward): each gather brings the
 // fp32 shard up and each reduction takes the fp32 gradient shard down over the host link (on the
-// communication lane, with the unit's collectives); AdamW runs on the host, each unit as its
-// gradient lands, so it overlaps the backward of the units after it; the root, reduced last, is
-// stepped after backward.
+// communication lane, with the unit's collectives); the optimizer runs on the host, each unit as
+// its gradient lands, so it overlaps the backward of the units after it; the root, reduced last,
+// is stepped after backward.
 double offload_copy_seconds(const PlanSetup& setup, const RankLayout& layout, const UnitLayout& unit) {
   if (!setup.policy.fsdp.cpu_offload()) return 0;
   return seconds(static_cast<double>(unit.shard_numel * layout.precision.shard_bytes), setup.device.host_link_bandwidth);
 }
 
 double offload_optimizer_exposed(const PlanSetup& setup, const RankLayout& layout, double backward_compute) {
+  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, layout.precision.shard_bytes);
   double exposed = 0, overlapped = 0;
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    const double step = seconds(7.0 * layout.units[u].trainable_piece_numel * layout.precision.shard_bytes,
+    const double step = seconds(static_cast<double>(layout.units[u].trainable_piece_numel * optimizer.step_per_element),
                                 setup.device.host_memory_bandwidth);
     (u == 0 ? exposed : overlapped) += step;
   }
@@ -96,11 +98,14 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout, const Plann
     tensors += layout.units[u].param_tensors;
   }
   t.compute += passes;
-  // AdamW reads a parameter, its gradient and both moments and writes three of them back: on the
-  // device, or offloaded on the host (the part backward does not hide).
+  // The optimizer reads a parameter, its gradient and its state and writes all but the gradient
+  // back (AdamW: 7 elements' worth): on the device, or offloaded on the host (the part backward
+  // does not hide).
+  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, layout.precision.shard_bytes);
   t.compute += (setup.policy.fsdp.cpu_offload()
                     ? offload_optimizer_exposed(setup, layout, backward_compute)
-                    : seconds(7.0 * pieces * layout.precision.shard_bytes, setup.device.fp32.memory_bandwidth)) +
+                    : seconds(static_cast<double>(pieces * optimizer.step_per_element),
+                              setup.device.fp32.memory_bandwidth)) +
                tensors * setup.device.op_overhead_s;
 
   std::vector<double> done(step.transfers.size(), 0);
