@@ -8,7 +8,7 @@
 // that count bytes instead of moving them, so what it predicts a step holds and sends is the
 // engine's order by construction. A unit calls down into the conductor (backward_reached,
 // gradient_ready); the conductor calls the unit through ScheduledUnit and tells the model's other
-// parts (the published shards, autograd's end-of-backward callback) through StepListener.
+// parts (the collectives' shared board, autograd's end-of-backward callback) through StepListener.
 
 #include <fsdp/options.h>
 
