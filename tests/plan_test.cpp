@@ -199,6 +199,38 @@ TEST(Planner, FrozenParametersHaveNoGradientReductionOrOptimizerState) {
   EXPECT_EQ(fsdp::plan(s).peak_bytes, partly.peak_bytes);
 }
 
+// The step time replays the planned step's events on one communication lane: what compute
+// waits for is exposed. Contracts, not the replay's arithmetic: with links that take no time
+// nothing is exposed but the program's own all-reduce; one lane cannot beat its collectives back
+// to back; without prefetch every gather of the forward is exposed (each unit waits for its own,
+// issued as it starts), and prefetch hides some of them.
+TEST(Planner, StepTimeExposesWhatTheStepWaitsForOnOneLane) {
+  fsdp::PlanSetup s = small_setup();
+  s.world = {4, 4};  // one host: every ring at the intra-host bandwidth
+  s.links = {1e30, 1e30, 0};
+  const fsdp::Plan free_links = fsdp::plan(s);
+  EXPECT_NEAR(free_links.time.exposed_communication, 0, 1e-12);
+  EXPECT_NEAR(free_links.time.step, free_links.time.compute, 1e-12);
+
+  s.links = {1e6, 1e6, 1e-3};  // far slower than compute
+  const fsdp::Plan slow = fsdp::plan(s);
+  EXPECT_GE(slow.time.step, slow.time.communication) << "one lane: the collectives back to back";
+  EXPECT_LE(slow.time.exposed_communication, slow.time.communication);
+
+  s.links = {50e9, 50e9, 20e-6};
+  const fsdp::Plan prefetched = fsdp::plan(s);
+  s.policy.fsdp.forward_prefetch(false).backward_prefetch(fsdp::BackwardPrefetch::None);
+  const fsdp::Plan unprefetched = fsdp::plan(s);
+  // Forward gathers: the root's and each block's, 3 shards of ceil(Ψ_u / 4) fp32 elements each.
+  const int64_t C = 95, block = 12 * C * C + 13 * C, root = (256 + 64) * C + 2 * C;
+  double forward_gathers = 0;
+  for (int64_t numel : {root, block, block, block}) forward_gathers += 3 * 4 * ((numel + 3) / 4) / 50e9 + 3 * 20e-6;
+  EXPECT_GE(unprefetched.time.exposed_communication, forward_gathers * (1 - 1e-9));
+  EXPECT_LT(prefetched.time.exposed_communication, unprefetched.time.exposed_communication);
+  EXPECT_LT(prefetched.time.step, unprefetched.time.step);
+  EXPECT_DOUBLE_EQ(prefetched.time.compute, unprefetched.time.compute);
+}
+
 TEST(Planner, SearchReturnsTheFastestConfigurationUnderTheCapAndWhyTheOthersLose) {
   const fsdp::PlanSetup s = small_setup();
   fsdp::SearchSpace space;
