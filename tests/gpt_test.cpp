@@ -2,6 +2,7 @@
 // initialisation, the finiteness check.
 #include "data.h"
 #include "gpt.h"
+#include "gpt2/gpt2.h"
 #include "step.h"
 #include "step_summary.h"
 #include "trainer.h"
