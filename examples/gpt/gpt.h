@@ -108,7 +108,7 @@ struct GptLayers {
 };
 GptLayers gpt_layers(const GPTConfig& config, GptCode code = GptCode::ThisProject);
 
-/// A pre-norm residual block of either architecture: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+/// A pre-norm residual block of any family: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
