@@ -65,7 +65,7 @@ PLAN_MUTATIONS = [
          "TORCH_CHECK(bytes && *bytes <= kMaxPlanBytes,", "TORCH_CHECK(true,",
          ["--model-json sizes past 1 EiB at batch 2",
           "fsdp_plan config.json n_positions 2^40, n_embd 65536 (wpe 2^56 elements)"]),
-        ("gpt-sizes-unchecked", "examples/gpt/gpt_plan.cpp",
+        ("gpt-sizes-unchecked", "examples/gpt/plan_counting.h",
          "TORCH_CHECK(bytes, \"the GPT's sizes", "TORCH_CHECK(true, \"the GPT's sizes",
          ["fsdp_plan --mingpt, H*T^2 past int64 (n_positions 2^22, n_head 65536)"]),
         ("batches-unbounded", "examples/gpt/gpt_plan.cpp",

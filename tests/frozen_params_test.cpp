@@ -1,7 +1,7 @@
 // Frozen parameters inside units (not reduced, not updated, no gradient memory) and tied
 // parameters (shared within a unit: trained once; across units: rejected naming both).
 #include "dist_env.h"
-#include "parity_check.h"
+#include "param_compare.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -2,6 +2,7 @@
 // initialisation, the finiteness check.
 #include "data.h"
 #include "gpt.h"
+#include "gpt2/gpt2.h"
 #include "step.h"
 #include "step_summary.h"
 #include "trainer.h"
@@ -58,7 +59,7 @@ TEST(Gpt, HasGpt2ParameterNamesAndInitialisation) {
 // A Llama in the GPT's slots: RMSNorm weights (no biases), q/k/v/o projections with fewer key/value
 // heads, SwiGLU, an untied lm_head (none when tied), no wpe; causal.
 TEST(Llama, HasTheConfiguredLayersAndAnUntiedOrTiedHead) {
-  gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 16, gpt::Architecture::Llama);
+  gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 16, "llama");
   config.kv_heads = 2;
   config.ffn_dim = 48;
   auto model = gpt::make_gpt(config, 1);

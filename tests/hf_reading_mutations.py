@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 HF = "examples/gpt/hf_folder.cpp"
-LLAMA = "examples/gpt/hf_llama.cpp"
+LLAMA = "examples/gpt/llama/hf_llama.cpp"
 MUTATIONS = [
     [  # group 1: bad_input_table + bad_plan_table, and hf_llama_e2e's own-head case
         ("bool-untyped", HF, "  TORCH_CHECK(value.is_boolean(), path,", "  TORCH_CHECK(true, path,",
@@ -38,7 +38,7 @@ MUTATIONS = [
          "", ["--resume, other --rope-theta"]),
         ("tied-head-not-compared", "examples/gpt/model_settings.cpp", '          {"tied_head", config.head_is_wte()},\n',
          "", ["--resume, --tie-head added"]),
-        ("own-head-tied", HF, "  if (!HfWeights(dir, hf_naming(model)).holds_own_head()) return;", "  return;",
+        ("own-head-tied", HF, "  if (!HfWeights(dir, family.hf_naming(model)).holds_own_head()) return;", "  return;",
          ["hf_llama_e2e: tie_word_embeddings true beside the file's own lm_head"]),
     ],
     [  # group 2: hf_llama_e2e, one case each run

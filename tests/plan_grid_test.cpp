@@ -127,7 +127,7 @@ std::vector<GridCase> grid(int world) {
 gpt::TrainOptions grid_run(const GridCase& c) {
   auto o = tiny_gpt_run(/*layers=*/4, /*dim=*/128, /*heads=*/4, /*seq=*/64, c.batch, /*steps=*/3);
   if (c.llama) {
-    o.model.arch = gpt::Architecture::Llama;
+    o.model.family = "llama";
     o.model.kv_heads = 2;
   }
   return o;

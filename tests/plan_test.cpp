@@ -1,6 +1,7 @@
 // The planner on its own: the paper's GPT-175B runs (Zhao et al., section 5.4), the search, the
 // layout's padding, and bad setups. Its predictions against real runs: plan_grid_test.cpp.
 #include "gpt_plan.h"
+#include "model_family.h"
 
 #include <fsdp/memory.h>
 #include <fsdp/plan.h>
@@ -362,7 +363,7 @@ TEST(Planner, DescribedGptParametersAreTheBuiltModelsInOrder) {
 // when untied.
 TEST(Planner, DescribedLlamaParametersAreTheBuiltModelsInOrder) {
   for (const bool tied : {false, true}) {
-    gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 8, gpt::Architecture::Llama);
+    gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 8, "llama");
     config.kv_heads = 2;
     config.ffn_dim = 40;
     config.tied_head = tied;
@@ -373,11 +374,11 @@ TEST(Planner, DescribedLlamaParametersAreTheBuiltModelsInOrder) {
   }
 }
 
-// The analytic activation counts (gpt_plan.cpp, [Note: GPT activations] and [Note: Llama
-// activations]) against a measurement of one block on one sequence: what forward leaves for
+// The analytic activation counts (gpt2/gpt2_plan.cpp's [Note: GPT activations] and
+// llama/llama_plan.cpp's [Note: Llama activations]) against a measurement of one block on one sequence: what forward leaves for
 // backward and the block's output, exact in fp32, within 5% in bf16.
 gpt::GPTConfig llama_block_config() {
-  gpt::GPTConfig config = gpt::GPTConfig::sized(1, 128, 4, 64, gpt::Architecture::Llama);
+  gpt::GPTConfig config = gpt::GPTConfig::sized(1, 128, 4, 64, "llama");
   config.kv_heads = 2;
   config.ffn_dim = 344;
   return config;
@@ -394,9 +395,10 @@ TEST(Planner, AnalyticBlockActivationsMatchAMeasuredBlock) {
         fsdp::measure_activations([&](const at::Tensor& in) { return block(in); }, x);
     const fsdp::PlanActivations counted = gpt::describe_gpt(config, dtype, 0).units.at(0).activations;
     std::printf("%s %s: saved %lld measured / %lld counted; backward transient %lld / %lld\n",
-                config.is_llama() ? "Llama" : "GPT", c10::toString(dtype), (long long)measured.saved, (long long)counted.saved,
+                gpt::family_of(config).plan_kind().c_str(), c10::toString(dtype), (long long)measured.saved,
+                (long long)counted.saved,
                 (long long)measured.backward_transient, (long long)counted.backward_transient);
-    const std::string what = std::string(config.is_llama() ? "Llama " : "GPT ") + c10::toString(dtype);
+    const std::string what = gpt::family_of(config).plan_kind() + " " + c10::toString(dtype);
     if (dtype == at::kFloat) {
       EXPECT_EQ(measured.saved, counted.saved) << what;  // exact in fp32
     } else {

@@ -1,7 +1,7 @@
 // The Llama's RMSNorm (examples/gpt/rms_norm.cpp, [Note: RMSNorm in one pass]) against the
 // formula computed here in double: its values, both gradients, a second derivative, and the
 // rounding transformers does below fp32.
-#include "rms_norm.h"
+#include "llama/rms_norm.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The Llama's rotary rotation (examples/gpt/rotary.cpp, [Note: the rotation in one pass]) against
 // transformers' ops written here: the same bits forward and backward, on q's strided layout.
-#include "rotary.h"
+#include "llama/rotary.h"
 
 #include <gtest/gtest.h>
 

@@ -7,6 +7,7 @@
 #include "parity_check.h"
 
 #include "data.h"
+#include "gpt2/gpt2.h"
 #include "step.h"
 #include "trainer.h"
 

@@ -3,6 +3,7 @@
 #include "data.h"
 #include "gpt.h"
 #include "hf_folder.h"
+#include "model_family.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <cerrno>
@@ -91,32 +92,33 @@ CLI::Validator device_name() {
 
 namespace {
 
+// --model's help: each family's, then where --init-from-hf takes it from.
+std::string model_help() {
+  std::string help;
+  for (const ModelFamily* family : model_families()) {
+    help += (help.empty() ? "" : "; ") + family->name() + ": " + family->help();
+  }
+  return help + ". --init-from-hf takes config.json's";
+}
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const ModelFamily* family : model_families()) names.push_back(family->name());
+  return names;
+}
+
 // The model, its optimizer and the run's length.
 void add_model_options(CLI::App& app, CommandLine& cl) {
   TrainOptions& o = cl.train;
-  app.add_option("--model", cl.model,
-                 "gpt2: GPT-2's architecture (LayerNorm, learned positions, GELU, head tied to "
-                 "wte); llama: the Llama family's (RMSNorm, rotary positions, grouped-query "
-                 "attention, SwiGLU, an untied head). --init-from-hf takes config.json's")
-      ->check(CLI::IsMember({"gpt2", "llama"}))
+  app.add_option("--model", cl.model, model_help())
+      ->check(CLI::IsMember(family_names()))
       ->capture_default_str();
   app.add_option("--layers", o.model.layers, "transformer blocks (one FSDP unit each)")
       ->check(integer_in(1, kMaxLayers));
   app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, kMaxDim));
   app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, kMaxHeads));
   app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, kMaxSeq));
-  app.add_option("--kv-heads", o.model.kv_heads,
-                 "--model llama: key/value heads, dividing --heads (grouped-query attention; "
-                 "default: --heads)")
-      ->check(integer_in(1, kMaxHeads));
-  app.add_option("--ffn-dim", o.model.ffn_dim,
-                 "--model llama: SwiGLU's hidden width (default: 8·dim/3 rounded up to 32)")
-      ->check(integer_in(1, kMaxDim * 16));
-  app.add_option("--rope-theta", o.model.rope_theta, "--model llama: the rotary base")
-      ->check(real_at_least(0, /*strictly_above=*/true))
-      ->capture_default_str();
-  app.add_flag("--tie-head", o.model.tied_head,
-               "--model llama: the output head is wte (as Llama 3.2 1B's), not a matrix of its own");
+  for (const ModelFamily* family : model_families()) family->add_flags(app, o.model);
   app.add_option("--batch", o.batch, "sequences per rank per step")
       ->check(integer_in(1, kMaxBatch, "sequences per rank per step"));
   app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
@@ -277,7 +279,7 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
 // The flags whose text becomes options of another form.
 void convert_flag_values(const CLI::App& app, CommandLine& cl) {
   TrainOptions& o = cl.train;
-  o.model.arch = cl.model == "llama" ? Architecture::Llama : Architecture::Gpt2;
+  o.model.family = cl.model;
   o.max_data_bytes = cl.max_data_mb << 20;
   o.fused_optimizer = cl.optimizer == "fused";
   o.resume = app.count("--resume") > 0;
@@ -330,9 +332,10 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
 }
 
 std::string check_model_flags(const CLI::App& app, const GPTConfig& model) {
-  if (!model.is_llama()) {
-    for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta", "--tie-head"}) {
-      if (app.count(flag) > 0) return std::string(flag) + " applies to --model llama only";
+  for (const ModelFamily* family : model_families()) {
+    if (family->name() == model.family) continue;
+    for (const std::string& flag : family->flags()) {
+      if (app.count(flag) > 0) return flag + " applies to --model " + family->name() + " only";
     }
   }
   if (model.dim % model.heads != 0) {
@@ -502,13 +505,15 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
 
 std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
   if (o.init_from_hf.empty()) return "";
-  for (const char* flag : {"--kv-heads", "--ffn-dim", "--rope-theta", "--tie-head"}) {
-    if (app.count(flag) > 0) {
-      return std::string(flag) + " contradicts --init-from-hf, whose config.json sets the "
-             "model's sizes; omit " + flag;
+  for (const ModelFamily* family : model_families()) {
+    for (const std::string& flag : family->flags()) {
+      if (app.count(flag) > 0) {
+        return flag + " contradicts --init-from-hf, whose config.json sets the model's sizes; "
+               "omit " + flag;
+      }
     }
   }
-  const Architecture asked = o.model.arch;
+  const std::string asked = o.model.family;
   try {
     const GivenSizes given{app.count("--layers") > 0, app.count("--dim") > 0,
                            app.count("--heads") > 0, app.count("--seq") > 0,
@@ -517,11 +522,10 @@ std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
   } catch (const c10::Error& e) {
     return e.msg();
   }
-  if (app.count("--model") > 0 && asked != o.model.arch) {
-    return "--model " + std::string(asked == Architecture::Llama ? "llama" : "gpt2") +
-           " contradicts --init-from-hf " + o.init_from_hf + ", whose config.json holds a " +
-           (o.model.is_llama() ? "Llama-family model (--model llama)" : "GPT-2 (--model gpt2)") +
-           "; omit --model";
+  if (app.count("--model") > 0 && asked != o.model.family) {
+    return "--model " + asked + " contradicts --init-from-hf " + o.init_from_hf +
+           ", whose config.json holds a " + family_of(o.model).model_text() + " (--model " +
+           o.model.family + "); omit --model";
   }
   return "";
 }

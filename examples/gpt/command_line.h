@@ -39,7 +39,7 @@ struct CommandLine {
   bool cpu_offload = false;
 
   // Flags whose values `train` holds in another form (finish_options converts them).
-  std::string model = "gpt2";  // --model: gpt2 | llama
+  std::string model = "gpt2";  // --model: a family's name (model_family.h), gpt2 | llama
   std::string data_tokens;
   std::string optimizer = "fused";
   std::string resume;  // "always" or "auto"; whether --resume was given is the app's count
@@ -92,8 +92,8 @@ std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o);
 
 std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, bool reference);
 
-/// The model's flags: Llama's only with --model llama, --dim a multiple of --heads, --kv-heads
-/// dividing --heads, an even head size.
+/// The model's flags: a family's own (ModelFamily::flags) only with its --model, --dim a multiple
+/// of --heads, and the family's checks (a Llama's --kv-heads dividing --heads, an even head size).
 std::string check_model_flags(const CLI::App& app, const GPTConfig& model);
 
 /// --device and --cpu-offload: a GPU run needs a CUDA LibTorch and a GPU.

@@ -1,6 +1,6 @@
 #include "gpt.h"
 
-#include "llama.h"
+#include "model_family.h"
 
 #include <fsdp/fused_adamw.h>
 
@@ -18,35 +18,15 @@ void GPTConfig::validate() const {
   TORCH_CHECK(max_seq >= 2, "--seq must be >= 2, got ", max_seq);
   TORCH_CHECK(positions == 0 || positions >= max_seq, "--seq ", max_seq,
               " is longer than the model's context of ", positions, " positions");
-  if (!is_llama()) return;
-  TORCH_CHECK(key_value_heads() >= 1 && heads % key_value_heads() == 0, "--kv-heads (",
-              key_value_heads(), ") must divide --heads (", heads, "): each key/value head serves ",
-              "a whole group of query heads");
-  TORCH_CHECK(head_size() >= 2 && head_size() % 2 == 0, "a Llama's head size (", head_size(),
-              ") must be even: rotary embeddings rotate pairs of channels");
-  TORCH_CHECK(mlp_dim() >= 1, "--ffn-dim must be >= 1, got ", mlp_dim());
-  TORCH_CHECK(norm_eps > 0 && rope_theta > 0, "a Llama's rms_norm_eps and rope_theta must be "
-              "positive, got ", norm_eps, " and ", rope_theta);
+  family_of(*this).validate(*this);
 }
 
+int64_t GPTConfig::mlp_dim() const { return family_of(*this).mlp_dim(*this); }
+
+bool GPTConfig::head_is_wte() const { return family_of(*this).head_is_wte(*this); }
+
 GptLayers gpt_layers(const GPTConfig& config, GptCode code) {
-  if (config.is_llama()) return llama_layers(config);
-  const int64_t C = config.dim, V = config.vocab_size;
-  GptLayers layers;
-  layers.before_blocks = {{"wte", LayerKind::Embedding, V, C},
-                          {"wpe", LayerKind::Embedding, config.context(), C}};
-  layers.block = {{"ln_1", LayerKind::LayerNorm, C, C},
-                  {"attn.c_attn", LayerKind::Linear, C, 3 * C},  // q, k, v
-                  {"attn.c_proj", LayerKind::Linear, C, C},      // residual projection
-                  {"ln_2", LayerKind::LayerNorm, C, C},
-                  {"mlp.c_fc", LayerKind::Linear, C, 4 * C},
-                  {"mlp.c_proj", LayerKind::Linear, 4 * C, C}};  // residual projection
-  layers.after_blocks = {{"ln_f", LayerKind::LayerNorm, C, C}};
-  // This project's head is wte itself; minGPT's is a matrix of its own.
-  if (code == GptCode::MinGpt) {
-    layers.after_blocks.push_back({"lm_head", LayerKind::Linear, C, V, /*bias=*/false});
-  }
-  return layers;
+  return family_of(config).layers(config, code);
 }
 
 std::vector<Layer> GptLayers::root() const {
@@ -55,59 +35,21 @@ std::vector<Layer> GptLayers::root() const {
   return root;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : heads(config.heads) {
-  register_layers(*this, gpt_layers(config).block, "attn.");
-  c_attn = child<UninitializedLinear>(*this, "c_attn");
-  c_proj = child<UninitializedLinear>(*this, "c_proj");
-}
-
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto qkv = c_attn(x).split(C, /*dim=*/2);
-  auto heads_first = [&](const torch::Tensor& t) {
-    return t.view({B, T, heads, C / heads}).transpose(1, 2);  // [B, heads, T, head_dim]
-  };
-  auto y = at::scaled_dot_product_attention(heads_first(qkv[0]), heads_first(qkv[1]),
-                                            heads_first(qkv[2]), /*attn_mask=*/{},
-                                            /*dropout_p=*/0.0, /*is_causal=*/true);
-  return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
-}
-
-MLPImpl::MLPImpl(const GPTConfig& config) {
-  register_layers(*this, gpt_layers(config).block, "mlp.");
-  c_fc = child<UninitializedLinear>(*this, "c_fc");
-  c_proj = child<UninitializedLinear>(*this, "c_proj");
-}
-
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
-  return c_proj(torch::gelu(c_fc(x), "tanh"));
-}
-
-namespace {
-
-// The norm `name` of `module` as registered from the table: a LayerNorm (GPT-2) or an RMSNorm.
-torch::nn::AnyModule norm_child(torch::nn::Module& module, const std::string& name,
-                                const GPTConfig& config) {
-  if (config.is_llama()) return torch::nn::AnyModule(child<RMSNorm>(module, name));
-  return torch::nn::AnyModule(child<torch::nn::LayerNorm>(module, name));
-}
-
-}  // namespace
-
 BlockImpl::BlockImpl(const GPTConfig& config) {
+  const ModelFamily& family = family_of(config);
   const auto make_group = [&](const std::string& group) -> std::shared_ptr<torch::nn::Module> {
     if (group == "attn") {
-      attn = config.is_llama() ? torch::nn::AnyModule(LlamaAttention(config))
-                               : torch::nn::AnyModule(CausalSelfAttention(config));
+      attn = family.attention(config);
       return attn.ptr();
     }
     TORCH_CHECK(group == "mlp", "a block has no ", group);
-    mlp = config.is_llama() ? torch::nn::AnyModule(SwiGLU(config)) : torch::nn::AnyModule(MLP(config));
+    mlp = family.mlp(config);
     return mlp.ptr();
   };
-  register_layers(*this, gpt_layers(config).block, "", make_group);
-  ln_1 = norm_child(*this, "ln_1", config);
-  ln_2 = norm_child(*this, "ln_2", config);
+  const std::vector<Layer> table = gpt_layers(config).block;
+  register_layers(*this, table, "", make_group);
+  ln_1 = norm_child(*this, table, "ln_1");
+  ln_2 = norm_child(*this, table, "ln_2");
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
@@ -131,8 +73,8 @@ GPTImpl::GPTImpl(const GPTConfig& cfg) : config(cfg) {
   register_module("h", blocks);
   register_layers(*this, layers.after_blocks, "");
   wte = child<torch::nn::Embedding>(*this, "wte");
-  if (!config.is_llama()) wpe = child<torch::nn::Embedding>(*this, "wpe");
-  ln_f = norm_child(*this, "ln_f", config);
+  if (find_layer(layers.before_blocks, "wpe")) wpe = child<torch::nn::Embedding>(*this, "wpe");
+  ln_f = norm_child(*this, layers.after_blocks, "ln_f");
   if (!config.head_is_wte()) lm_head = child<UninitializedLinear>(*this, "lm_head");
 }
 

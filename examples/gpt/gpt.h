@@ -1,13 +1,16 @@
 #pragma once
-// gpt_train's decoder, of one of two architectures (GPTConfig::arch), each block one FSDP unit:
-// - GPT-2 (the default): a byte-level GPT with GPT-2's layout and parameter names (wte, wpe,
-//   h.{i}.ln_1, h.{i}.attn.c_attn, h.{i}.attn.c_proj, h.{i}.ln_2, h.{i}.mlp.c_fc, h.{i}.mlp.c_proj,
-//   ln_f; the output head is tied to wte). Pre-LayerNorm, causal attention, tanh-GELU, no dropout.
-// - Llama (llama.h): RMSNorm, rotary positions, grouped-query attention, a SwiGLU MLP, an untied
+// gpt_train's decoder, of one model family (GPTConfig::family, model_family.h), each block one
+// FSDP unit:
+// - GPT-2 (the default, gpt2/): a byte-level GPT with GPT-2's layout and parameter names (wte,
+//   wpe, h.{i}.ln_1, h.{i}.attn.c_attn, h.{i}.attn.c_proj, h.{i}.ln_2, h.{i}.mlp.c_fc,
+//   h.{i}.mlp.c_proj, ln_f; the output head is tied to wte). Pre-LayerNorm, causal attention,
+//   tanh-GELU, no dropout.
+// - Llama (llama/): RMSNorm, rotary positions, grouped-query attention, a SwiGLU MLP, an untied
 //   head (lm_head) or a tied one; the same slots (wte, h.{i}.ln_1, h.{i}.attn.*, h.{i}.ln_2,
 //   h.{i}.mlp.*, ln_f), so that the trainer, the planner and --freeze treat both alike.
 // Both are pre-norm residual blocks, x + attn(ln_1(x)), then + mlp(ln_2(.)). Their layers and
-// sizes are one table, gpt_layers, which the modules below register and the planner describes.
+// sizes are one table, gpt_layers (the family's), which the modules below register and the
+// planner describes.
 
 #include "layer_table.h"
 
@@ -16,6 +19,8 @@
 #include <torch/torch.h>
 
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace gpt {
@@ -35,8 +40,6 @@ constexpr int64_t kMaxPositions = int64_t{1} << 40;
 constexpr int64_t kMaxVocab = int64_t{1} << 20;
 constexpr int64_t kMaxBatch = int64_t{1} << 20;  // --batch, each of --batches
 
-enum class Architecture { Gpt2, Llama };
-
 /// Llama 3's scaling of the rotary frequencies (transformers' rope_type "llama3"): wavelengths
 /// longer than original_context / low_freq_factor are divided by `factor`, those shorter than
 /// original_context / high_freq_factor kept, those between blended.
@@ -46,7 +49,7 @@ struct Llama3RopeScaling {
 };
 
 struct GPTConfig {
-  Architecture arch = Architecture::Gpt2;
+  std::string family = "gpt2";  // the model family (model_family.h), as --model names it
   int64_t vocab_size = 256;  // bytes
   int64_t layers = 4;
   int64_t dim = 128;
@@ -65,23 +68,21 @@ struct GPTConfig {
   bool tied_head = false;  // the head is wte (else a matrix of its own, lm_head)
   bool qkv_bias = false;   // Qwen2's biases on q, k and v
 
-  bool is_llama() const { return arch == Architecture::Llama; }
   int64_t context() const { return positions > 0 ? positions : max_seq; }
   int64_t key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
-  /// Llama's hidden width when not given: 8·dim/3 (SwiGLU's three matrices cost what GPT-2's two
-  /// of 4·dim do), rounded up to a multiple of 32.
-  int64_t default_ffn_dim() const { return (8 * dim / 3 + 31) / 32 * 32; }
-  int64_t mlp_dim() const { return is_llama() ? (ffn_dim > 0 ? ffn_dim : default_ffn_dim()) : 4 * dim; }
-  bool head_is_wte() const { return !is_llama() || tied_head; }
+  /// The MLP's hidden width (the family's).
+  int64_t mlp_dim() const;
+  /// Whether the output head is wte (the family's rule), else lm_head.
+  bool head_is_wte() const;
 
   /// Throws naming the bad value (e.g. dim not divisible by heads).
   void validate() const;
   /// A configuration of the given size (byte vocabulary).
   static GPTConfig sized(int64_t layers, int64_t dim, int64_t heads, int64_t max_seq,
-                         Architecture arch = Architecture::Gpt2) {
+                         std::string family = "gpt2") {
     GPTConfig config;
-    config.arch = arch;
+    config.family = std::move(family);
     config.layers = layers;
     config.dim = dim;
     config.heads = heads;
@@ -95,7 +96,7 @@ struct GPTConfig {
 /// ops, an untied head), which only the planner describes.
 enum class GptCode { ThisProject, MinGpt };
 
-/// The model's layers, the one table that gpt.cpp's and llama.cpp's modules register and the
+/// The model's layers, the one table that gpt.cpp's and the family's modules register and the
 /// planner describes (gpt_plan.cpp), each in registration order.
 struct GptLayers {
   std::vector<Layer> before_blocks;  // the root's layers registered before the blocks, "h"
@@ -107,29 +108,13 @@ struct GptLayers {
 };
 GptLayers gpt_layers(const GPTConfig& config, GptCode code = GptCode::ThisProject);
 
-struct CausalSelfAttentionImpl : torch::nn::Module {
-  explicit CausalSelfAttentionImpl(const GPTConfig& config);
-  torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
-
-  int64_t heads;
-  UninitializedLinear c_attn{nullptr}, c_proj{nullptr};
-};
-TORCH_MODULE(CausalSelfAttention);
-
-struct MLPImpl : torch::nn::Module {
-  explicit MLPImpl(const GPTConfig& config);
-  torch::Tensor forward(const torch::Tensor& x);
-
-  UninitializedLinear c_fc{nullptr}, c_proj{nullptr};
-};
-TORCH_MODULE(MLP);
-
-/// A pre-norm residual block of either architecture: x + attn(ln_1(x)), then + mlp(ln_2(.)).
+/// A pre-norm residual block of any family: x + attn(ln_1(x)), then + mlp(ln_2(.)).
 struct BlockImpl : torch::nn::Module {
   explicit BlockImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  // LayerNorm or RMSNorm; CausalSelfAttention or LlamaAttention; MLP or SwiGLU (llama.h).
+  // The norms the table names (LayerNorm or RMSNorm); the family's attention and MLP
+  // (gpt2/gpt2.h, llama/llama.h).
   torch::nn::AnyModule ln_1, attn, ln_2, mlp;
 };
 TORCH_MODULE(Block);
@@ -140,10 +125,10 @@ struct GPTImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& idx);
 
   GPTConfig config;
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: GPT-2 only
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: learned positions (GPT-2's) only
   std::vector<fsdp::Unit<Block>> h;  // one FSDP unit per block; modules registered as "h.{i}"
-  torch::nn::AnyModule ln_f;         // LayerNorm or RMSNorm
-  UninitializedLinear lm_head{nullptr};  // an untied Llama head only
+  torch::nn::AnyModule ln_f;         // the norm the table names
+  UninitializedLinear lm_head{nullptr};  // an untied head only
 };
 TORCH_MODULE(GPT);
 

@@ -3,10 +3,11 @@
 #include "command_line.h"
 #include "data.h"
 #include "gpt.h"
+#include "model_family.h"
 #include "options.h"
+#include "plan_counting.h"
 #include "trainer.h"
 
-#include <fsdp/checked_math.h>
 #include <fsdp/distributed.h>
 
 #include <algorithm>
@@ -26,99 +27,6 @@ namespace gpt {
 
 namespace {
 
-// Bytes counted from the GPT's sizes, checked: minGPT's attention scores alone are H·T² per
-// sequence, beyond int64 at the largest --heads and --seq.
-int64_t must_fit(std::optional<int64_t> bytes) {
-  TORCH_CHECK(bytes, "the GPT's sizes (--layers, --dim, --heads, --seq, --vocab) count more bytes "
-              "than int64 holds; choose a smaller model");
-  return *bytes;
-}
-
-int64_t product(std::initializer_list<int64_t> factors) {
-  return must_fit(fsdp::checked_product(std::vector<int64_t>(factors)));
-}
-
-int64_t sum(std::initializer_list<int64_t> terms) { return must_fit(fsdp::checked_sum(terms)); }
-
-// [Note: GPT activations]
-// What autograd keeps per sequence of T tokens (width C, H heads, vocabulary V, e bytes per
-// element of the compute dtype; LayerNorm's statistics and attention's log-sum-exp in fp32):
-// - a block (gpt.cpp BlockImpl::forward): ln_1's mean and rstd (2T·4) and output (TC·e, saved by
-//   c_attn), c_attn's output q,k,v (3TC·e, saved by attention), attention's output (TC·e, saved
-//   by c_proj; ATen's CPU flash kernel lays it out [B,T,H,d], so .contiguous() copies nothing) and
-//   log-sum-exp (TH·4), the residual sum (TC·e, saved by ln_2), ln_2's statistics and output, c_fc's
-//   output (4TC·e, saved by GELU), GELU's output (4TC·e, saved by c_proj) and the block's output
-//   (TC·e, the next block's input): 16TC·e + 16T + 4TH. Under activation checkpointing only the
-//   output stays.
-// - its backward, at its highest (GELU's backward): the incoming gradient (TC·e), GELU's output's
-//   gradient and its input's (4TC·e each), less GELU's output, released by c_proj's backward:
-//   5TC·e; and a weight gradient of the largest matrix (4C²·e) before it is copied into the
-//   unsharded gradient.
-// - the root before the blocks: the embeddings' sum (TC·e), while wte's output (TC·e) exists.
-// - the head: ln_f's statistics and output (TC·e), log_softmax's output (TV·4, fp32: lm_loss
-//   computes the loss in fp32); while it runs, the logits (TV·e) and, below fp32, their fp32 copy
-//   (TV·4). Its backward holds the loss's gradient and log_softmax's input gradient (2·TV·4) and
-//   wte's gradient from the head (VC·e).
-//
-// minGPT's block (the paper's model) keeps more: attention's scores after softmax (HT²·e), the
-// dropout mask on them (HT², bool) and dropout's output (HT²·e); dropout masks of both residual
-// branches (TC each, bool); its GELU, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) in separate
-// ops, keeps tanh's output, 0.5·x and 1 + tanh (4TC·e each) besides c_fc's output: 28TC·e + 2TC +
-// HT²·(2e + 1) + 16T. While attention runs, the raw and masked scores exist at once (2·HT²·e);
-// its backward holds two score-sized gradients (2·HT²·e) besides the 5TC·e above.
-fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H, int64_t e) {
-  const int64_t scores = product({H, T, T});
-  fsdp::PlanActivations a;
-  a.saved = sum({product({28, T, C, e}), product({2, T, C}), product({scores, 2 * e + 1}), 16 * T});
-  a.checkpointed = product({T, C, e});
-  a.forward_transient = product({2, scores, e});
-  a.backward_transient = sum({product({2, scores, e}), product({5, T, C, e})});
-  return a;
-}
-
-// [Note: Llama activations]
-// A Llama block (llama.cpp; width C, H query and KV key/value heads of d channels, SwiGLU width I)
-// keeps per sequence of T tokens:
-// - each RMSNorm (rms_norm.cpp): its inverse RMS per token (T·4) and its output (TC·e, saved by
-//   the next matmuls); its input is the residual stream, counted below. Below fp32, op by op as
-//   transformers computes it, also the normalised input cast back (TC·e, saved by the weight's
-//   product) and the fp32 copy of its input (TC·4, saved by pow and the product).
-// - attention: the rotated q (THd·e) and k (T·KV·d·e), v (T·KV·d·e: the projection's output,
-//   viewed), all saved by the fused kernel (GQA in the kernel: no repeated copies), its output
-//   (THd·e, saved by o_proj; laid out [B,T,H,d] as the GPT's) and log-sum-exp (TH·4). The
-//   rotation saves only its cos and sin tables (2Td·e), made by the first forward and kept by
-//   the attention between steps.
-// - the residual sum (TC·e, saved by ln_2 in fp32; below fp32 ln_2 saves its fp32 copy instead)
-//   and the block's output (TC·e, the next block's input).
-// - SwiGLU: gate's output (saved by SiLU), SiLU's output and up's output (saved by their
-//   product), the product (saved by down_proj): 4TI·e.
-// fp32: 4TC·e + 2THd·e + 2T·KV·d·e + 4TI·e + 2Td·e + 8T + 4TH; below fp32 5TC·e + 2TC·4 in place
-// of 4TC·e. Its backward peaks in SwiGLU's: the incoming gradient (TC·e) and two gradients of
-// width I (2TI·e: each step of it releases a saved tensor of width I as it makes a gradient of
-// that width, and mul's backward holds both of its gradients at once).
-fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e) {
-  const int64_t T = config.max_seq, C = config.dim, H = config.heads, KV = config.key_value_heads();
-  const int64_t d = config.head_size(), I = config.mlp_dim();
-  fsdp::PlanActivations a;
-  const int64_t norms_and_residuals = e < 4 ? sum({product({5, T, C, e}), product({2, T, C, 4})})
-                                            : product({4, T, C, e});
-  a.saved = sum({norms_and_residuals, product({2, T, H, d, e}), product({2, T, KV, d, e}),
-                 product({4, T, I, e}), product({2, T, d, e}), 8 * T, product({4, T, H})});
-  a.checkpointed = product({T, C, e});
-  a.forward_transient = product({T, C, e});  // o_proj's (down_proj's) output before the residual sum
-  a.backward_transient = sum({product({T, C, e}), product({2, T, I, e})});
-  return a;
-}
-
-fsdp::PlanActivations block_activations(int64_t T, int64_t C, int64_t H, int64_t e) {
-  fsdp::PlanActivations a;
-  a.saved = sum({product({16, T, C, e}), 16 * T, product({4, T, H})});
-  a.checkpointed = product({T, C, e});
-  a.forward_transient = product({T, C, e});  // c_proj's output before the residual sum
-  a.backward_transient = product({5, T, C, e});
-  return a;
-}
-
 std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const std::string& prefix) {
   std::vector<fsdp::PlanParam> params;
   for (const Layer& layer : layers) {
@@ -127,56 +35,24 @@ std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const s
   return params;
 }
 
-// What a Llama block computes: its products (2 flops per multiply-add) and other ops' traffic.
-void describe_llama_block(const GPTConfig& config, int64_t e, fsdp::PlanUnit& unit) {
-  const double T = static_cast<double>(config.max_seq), C = static_cast<double>(config.dim);
-  const double q = static_cast<double>(config.heads * config.head_size());
-  const double kv = static_cast<double>(config.key_value_heads() * config.head_size());
-  const double I = static_cast<double>(config.mlp_dim());
-  unit.activations = llama_block_activations(config, e);
-  // The largest weight gradient: a SwiGLU matrix or q_proj / o_proj.
-  unit.backward_workspace = product({std::max(config.mlp_dim(), config.heads * config.head_size()), config.dim, e});
-  unit.forward_flops = 2.0 * T * (C * q + 2 * C * kv + q * C + 3 * C * I);
-  unit.forward_attention_flops = 2.0 * T * T * q;  // causal: half of QKᵀ and of PV
-  unit.forward_transcendentals = T * I;           // SiLU's exp
-  // Two RMSNorms and the rotations of q and k (in fp32 one pass each, read and write: rms_norm.cpp,
-  // rotary.cpp; on a GPU the fp32 rotation stays op by op, which this host-side count leaves out;
-  // below fp32 ~4 passes of TC in fp32 and six ops per norm, ~6 passes and five ops per rotation),
-  // two residual sums (3TC), SwiGLU's SiLU and product (5TI).
-  const bool one_pass = e == 4;
-  unit.forward_memory_bytes = (one_pass ? 16.0 : 32.0) * T * C +
-                              (6.0 * T * C + (one_pass ? 2.0 : 6.0) * T * (q + kv) + 5.0 * T * I) * e;
-  unit.forward_ops = one_pass ? 12 : 30;
-}
-
-// Block i: its layers' parameters below "h.i.", and what it computes and keeps.
+// Block i: its layers' parameters below "h.i.", and what it computes and keeps (the family's).
 fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int64_t i, int64_t e,
                           GptCode code) {
-  const int64_t T = config.max_seq, C = config.dim;
   fsdp::PlanUnit unit;
   unit.name = "h." + std::to_string(i);
   unit.params = params_of(layers.block, unit.name + ".");
-  if (config.is_llama()) {
-    describe_llama_block(config, e, unit);
-    return unit;
-  }
-  unit.activations = code == GptCode::MinGpt ? min_gpt_block_activations(T, C, config.heads, e)
-                                             : block_activations(T, C, config.heads, e);
-  unit.backward_workspace = product({4, C, C, e});
-  // Products: 2·T·(3C² + C² + 4C² + 4C²); causal fused attention, half of QKᵀ and of PV: 2·T²·C
-  // (minGPT computes all of both: 4·T²·C).
-  unit.forward_flops = 24.0 * T * C * C;
-  if (code == GptCode::MinGpt) {
-    unit.forward_flops += 4.0 * T * T * C;  // scores and their product with V as plain matmuls
-  } else {
-    unit.forward_attention_flops = 2.0 * T * T * C;
-  }
-  unit.forward_transcendentals = 4.0 * T * C;  // GELU of the MLP's hidden layer
-  // Other ops' traffic: two LayerNorms (2TC each), two residual sums (3TC each), the copy of
-  // q, k, v for attention and of its output (4TC).
-  unit.forward_memory_bytes = 14.0 * T * C * e;
-  unit.forward_ops = 16;
+  family_of(config).describe_block(config, e, code, unit);
   return unit;
+}
+
+// What the final norm keeps for backward, by its kind in the table: LayerNorm's mean and rstd
+// (8T) and output; RMSNorm's inverse RMS (4T) and output (below fp32 also its normalised input
+// and its input's fp32 copy; [Note: Llama activations] in llama/llama_plan.cpp).
+int64_t final_norm_saved(LayerKind kind, int64_t T, int64_t C, int64_t e) {
+  if (kind == LayerKind::RMSNorm) {
+    return sum({product({T, C, e}), 4 * T, e < 4 ? sum({product({T, C, e}), product({T, C, 4})}) : 0});
+  }
+  return sum({product({T, C, e}), 8 * T});
 }
 
 // The root: the layers before and after the blocks (the embeddings, ln_f, minGPT's head).
@@ -196,12 +72,10 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64
     root.activations.backward_transient = product({2, T, V, e});
     return root;
   }
-  // ln_f: LayerNorm's mean and rstd (8T) and output; RMSNorm's inverse RMS (4T) and output
-  // (below fp32 also its normalised input and its input's fp32 copy). Then log_softmax's output.
-  const int64_t ln_f = config.is_llama()
-                           ? sum({product({T, C, e}), 4 * T, e < 4 ? sum({product({T, C, e}), product({T, C, 4})}) : 0})
-                           : sum({product({T, C, e}), 8 * T});
-  root.activations.saved = sum({ln_f, product({T, V, 4})});
+  // ln_f's, then log_softmax's output.
+  const Layer* ln_f = find_layer(layers.after_blocks, "ln_f");
+  TORCH_CHECK(ln_f, "the layer table has no ln_f");
+  root.activations.saved = sum({final_norm_saved(ln_f->kind, T, C, e), product({T, V, 4})});
   root.activations.forward_transient = sum({product({T, V, e}), e < 4 ? product({T, V, 4}) : 0});
   root.activations.backward_transient = product({2, T, V, 4});
   return root;
@@ -217,8 +91,8 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
   TORCH_CHECK(config.layers >= 1 && config.layers <= kMaxLayers, "the GPT has ", config.layers,
               " blocks; gpt_train builds 1 to ", kMaxLayers, " (--layers' bound)");
   fsdp::PlanModel model;
-  const std::string kind = code == GptCode::MinGpt ? "minGPT " : config.is_llama() ? "Llama " : "GPT ";
-  const std::string kv_heads = config.is_llama() && config.key_value_heads() != config.heads
+  const std::string kind = code == GptCode::MinGpt ? "minGPT " : family_of(config).plan_kind() + " ";
+  const std::string kv_heads = config.key_value_heads() != config.heads
                                    ? " (" + std::to_string(config.key_value_heads()) + " kv)"
                                    : "";
   model.name = kind + std::to_string(config.layers) + "x" + std::to_string(C) + ", " +
@@ -226,10 +100,10 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
                ", vocab " + std::to_string(config.vocab_size);
   const GptLayers layers = gpt_layers(config, code);
   model.root = root_unit(config, layers, e, code);
-  // The first block's input: the embeddings' sum (a Llama's: wte's output alone); minGPT adds
-  // a dropout mask.
+  // The first block's input: the embeddings' sum, while wte's output exists beside it (a single
+  // embedding, a Llama's wte, is the input itself); minGPT adds a dropout mask.
   model.root_pre.saved = sum({product({T, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});
-  model.root_pre.forward_transient = config.is_llama() ? 0 : product({T, C, e});
+  model.root_pre.forward_transient = layers.before_blocks.size() > 1 ? product({T, C, e}) : 0;
   model.root_pre.backward_transient = product({T, C, e});
   for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, layers, i, e, code));
   model.sequence_tokens = T;

@@ -1,5 +1,7 @@
 #include "hf_folder.h"
 
+#include "model_family.h"
+
 #include <fsdp/bounded_json.h>
 #include <fsdp/file_checks.h>
 #include <fsdp/safetensors.h>
@@ -142,15 +144,45 @@ json HfConfig::read_json(const std::string& dir) {
 namespace {
 
 // A config that ties the head beside files that hold a head of their own, with other values:
-// transformers loads that head untied (and warns), which a Llama can be and GPT-2 cannot.
+// transformers loads that head untied (and warns), which the family does or refuses.
 void untie_a_head_of_its_own(const std::string& dir, const std::string& where, GPTConfig& model) {
   if (!model.tied_head) return;
   if (!fs::exists(fs::path(dir) / kSingleFile) && !fs::exists(fs::path(dir) / kIndexFile)) return;
-  if (!HfWeights(dir, hf_naming(model)).holds_own_head()) return;
-  TORCH_CHECK(model.is_llama(), where, " ties the head (\"tie_word_embeddings\"), but the weights "
-              "hold an lm_head.weight that differs from the embedding; transformers loads it "
-              "untied, which gpt_train's GPT-2 cannot represent (save the model tied, or as a Llama)");
-  model.tied_head = false;
+  const ModelFamily& family = family_of(model);
+  if (!HfWeights(dir, family.hf_naming(model)).holds_own_head()) return;
+  family.untie_head(model, where);
+}
+
+// The family whose folders have model_type `type`, or nullptr.
+const ModelFamily* hf_family(const std::string& type) {
+  for (const ModelFamily* family : model_families()) {
+    const std::vector<std::string> types = family->hf_model_types();
+    if (std::find(types.begin(), types.end(), type) != types.end()) return family;
+  }
+  return nullptr;
+}
+
+// Every family's model_type, quoted, for the message of a config.json without one:
+// "gpt2", "llama", "mistral" or "qwen2".
+std::string every_model_type() {
+  std::vector<std::string> types;
+  for (const ModelFamily* family : model_families()) {
+    for (const std::string& type : family->hf_model_types()) types.push_back("\"" + type + "\"");
+  }
+  std::string text;
+  for (size_t i = 0; i < types.size(); ++i) {
+    text += (i == 0 ? "" : i + 1 == types.size() ? " or " : ", ") + types[i];
+  }
+  return text;
+}
+
+// What gpt_train loads, family by family: "gpt2" and the Llama family's "llama", ...
+std::string loaded_model_types() {
+  std::string text;
+  for (const ModelFamily* family : model_families()) {
+    text += (text.empty() ? "" : " and ") + family->hf_types_text();
+  }
+  return text;
 }
 
 }  // namespace
@@ -161,63 +193,36 @@ HfConfig HfConfig::read(const std::string& dir) {
   c.json = read_json(dir);
   // transformers' AutoConfig picks the class by model_type too: without it, nothing says which model.
   TORCH_CHECK(c.json.contains("model_type"), where, " has no \"model_type\" (transformers needs it "
-              "to pick the model's class): add \"model_type\": \"gpt2\", \"llama\", \"mistral\" or \"qwen2\"");
+              "to pick the model's class): add \"model_type\": ", every_model_type());
   const std::string type = hf::text(c.json, "model_type", "", where);
-  if (type == "gpt2") {
-    c.model = hf::gpt2_config(c.json, where);
-  } else if (type == "llama" || type == "mistral" || type == "qwen2") {
-    c.model = hf::llama_config(c.json, where);
-  } else {
-    TORCH_CHECK(false, where, ": \"model_type\" is \"", type, "\"; gpt_train "
-                "loads \"gpt2\" and the Llama family's \"llama\", \"mistral\" and \"qwen2\"");
-  }
+  const ModelFamily* family = hf_family(type);
+  TORCH_CHECK(family, where, ": \"model_type\" is \"", type, "\"; gpt_train loads ",
+              loaded_model_types());
+  c.model = family->hf_config(c.json, where);
   untie_a_head_of_its_own(dir, where, c.model);
   return c;
 }
 
-namespace {
-
-// The key that bounds the sequence a loaded model trains on, and what it is, for messages: a
-// Mistral's attention window when it is shorter than the context (gpt_train attends to every
-// earlier position, which is the window's attention only up to its length).
-std::pair<std::string, std::string> context_limit(const HfConfig& hf, const std::string& where) {
-  if (!hf.model.is_llama()) return {"n_positions", "the model's context"};
-  const int64_t window = hf::sliding_window(hf.json, where);
-  if (window > 0 && window == hf.model.context() &&
-      hf.json.value("max_position_embeddings", nlohmann::json()) != window) {
-    return {"sliding_window", "its attention window: gpt_train's attention has none, so it trains on "
-                              "sequences within the window"};
-  }
-  return {"max_position_embeddings", "the model's context"};
-}
-
-}  // namespace
-
 void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSizes& given,
                      GPTConfig& model) {
   const std::string where = (fs::path(dir) / "config.json").string();
-  const bool llama = hf.model.is_llama();
-  auto agree = [&](bool is_given, int64_t value, const char* flag, int64_t wanted,
-                   const char* gpt2_key, const char* llama_key) {
-    const char* key = llama ? llama_key : gpt2_key;
+  const ModelFamily& family = family_of(hf.model);
+  const HfSizeKeys keys = family.hf_size_keys();
+  auto agree = [&](bool is_given, int64_t value, const char* flag, int64_t wanted, const char* key) {
     TORCH_CHECK(!is_given || value == wanted, flag, " ", value, " contradicts ", where, "'s ", key,
                 " ", wanted, " (omit ", flag, ": --init-from-hf takes it from the config)");
   };
-  agree(given.layers, model.layers, "--layers", hf.model.layers, "n_layer", "num_hidden_layers");
-  agree(given.dim, model.dim, "--dim", hf.model.dim, "n_embd", "hidden_size");
-  agree(given.heads, model.heads, "--heads", hf.model.heads, "n_head", "num_attention_heads");
-  agree(given.vocab, model.vocab_size, "--vocab", hf.model.vocab_size, "vocab_size", "vocab_size");
-  const auto [limit_key, limit_meaning] = context_limit(hf, where);
+  agree(given.layers, model.layers, "--layers", hf.model.layers, keys.layers);
+  agree(given.dim, model.dim, "--dim", hf.model.dim, keys.dim);
+  agree(given.heads, model.heads, "--heads", hf.model.heads, keys.heads);
+  agree(given.vocab, model.vocab_size, "--vocab", hf.model.vocab_size, keys.vocab);
+  const auto [limit_key, limit_meaning] = family.hf_context_limit(hf.json, hf.model, where);
   TORCH_CHECK(!given.seq || model.max_seq <= hf.model.context(), "--seq ", model.max_seq,
               " is longer than ", where, "'s ", limit_key, " ", hf.model.context(), " (", limit_meaning,
               "); pass --seq ", hf.model.context(), " or less");
   const int64_t seq = given.seq ? model.max_seq : hf.model.context();
   model = hf.model;
   model.max_seq = seq;
-}
-
-HfNaming hf_naming(const GPTConfig& config) {
-  return config.is_llama() ? hf::llama_naming(config) : hf::gpt2_naming();
 }
 
 // Where one parameter's values lie: a tensor of one of the files, maybe transposed.
@@ -342,7 +347,7 @@ at::Tensor HfWeights::read_range(const std::string& name, int64_t begin, int64_t
 }
 
 void load_hf(fsdp::Unit<GPT>& model, const std::string& dir) {
-  HfWeights weights(dir, hf_naming(model->config));
+  HfWeights weights(dir, family_of(model->config).hf_naming(model->config));
   weights.check(fsdp::param_shapes(model));
   fsdp::load_params_from(model, [&](const std::string& name, int64_t begin, int64_t end) {
     return weights.read_range(name, begin, end);
@@ -376,13 +381,14 @@ void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& con
                const std::string& dir) {
   fs::create_directories(dir);
   const std::vector<fs::path> stale = stale_shards(dir);
-  const HfNaming naming = hf_naming(config);
+  const ModelFamily& family = family_of(config);
+  const HfNaming naming = family.hf_naming(config);
   fsdp::NamedTensors tensors;
   for (const auto& [name, value] : full_params) {
     tensors.emplace_back(naming.file_name(name), naming.transposed(name) ? value.t().contiguous() : value);
   }
   fsdp::save_safetensors((fs::path(dir) / kSingleFile).string(), tensors, {{"format", "pt"}});
-  json out = config.is_llama() ? hf::llama_config_json(config, base) : hf::gpt2_config_json(config, base);
+  json out = family.hf_config_json(config, base);
   out["dtype"] = "float32";
   out.erase("quantization_config");  // the weights written are fp32, not a quantized model's
   const std::string text = out.dump(2) + "\n";

@@ -3,8 +3,9 @@
 // (config.json, and model.safetensors or model.safetensors.index.json with its files), each rank
 // reading only the bytes of its own shard; --export-hf DIR writes one that transformers'
 // from_pretrained(DIR) loads with no missing or unexpected keys. config.json's model_type picks
-// the architecture: "gpt2" (GPT2LMHeadModel, hf_gpt2.cpp) or the Llama family's "llama",
-// "mistral", "qwen2" (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; hf_llama.cpp).
+// the model family (model_family.h) whose hf_model_types() hold it: "gpt2" (GPT2LMHeadModel,
+// gpt2/hf_gpt2.cpp) or the Llama family's "llama", "mistral", "qwen2" (LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM; llama/hf_llama.cpp).
 // What the model cannot represent is refused by name, naming the key and what can be loaded.
 
 #include "gpt.h"
@@ -25,7 +26,7 @@ namespace gpt {
 
 /// A folder's config.json, checked, as gpt_train's model configuration.
 struct HfConfig {
-  GPTConfig model;      // architecture and sizes; max_seq is the context (--seq may shorten it)
+  GPTConfig model;      // family and sizes; max_seq is the context (--seq may shorten it)
   nlohmann::json json;  // the whole file, to write back the keys this model does not use
 
   /// `dir`/config.json: every size present and bounded, and nothing the model cannot represent.
@@ -41,13 +42,13 @@ struct GivenSizes {
   bool layers = false, dim = false, heads = false, seq = false, vocab = false;
 };
 
-/// Sizes `model` from `hf` (architecture, vocabulary, layers, width, heads, ...); --seq (the
+/// Sizes `model` from `hf` (family, vocabulary, layers, width, heads, ...); --seq (the
 /// training length) defaults to the context and may be shorter. Throws when a flag in `given`
 /// contradicts the config, naming both.
 void apply_hf_config(const HfConfig& hf, const std::string& dir, const GivenSizes& given,
                      GPTConfig& model);
 
-/// How an architecture's parameters are named and laid out in the files.
+/// How a family's parameters are named and laid out in the files.
 struct HfNaming {
   /// The model's name of the file's tensor `file_name`; "" for a tensor that is not a parameter
   /// (a causal-mask buffer, an old checkpoint's rotary frequencies).
@@ -60,7 +61,6 @@ struct HfNaming {
   bool tied_head = true;
   std::string kind;  // "GPT-2", "Llama": for messages
 };
-HfNaming hf_naming(const GPTConfig& config);
 
 /// The tensors of a folder, by the model's parameter names, read in the model's layout.
 class HfWeights {
@@ -96,23 +96,14 @@ class HfWeights {
 void load_hf(fsdp::Unit<GPT>& model, const std::string& dir);
 
 /// Writes `dir`/config.json and `dir`/model.safetensors (atomically) from the full parameters, in
-/// the architecture's names and layouts. `base`, when the run started from a folder, keeps that
+/// the family's names and layouts. `base`, when the run started from a folder, keeps that
 /// config's other keys (token ids, task settings).
 void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& config,
                const nlohmann::json& base, const std::string& dir);
 
-// What each architecture adds (hf_gpt2.cpp, hf_llama.cpp), and the checks of config.json they share.
+// The checks of config.json that the families' readers share (gpt2/hf_gpt2.cpp,
+// llama/hf_llama.cpp).
 namespace hf {
-
-GPTConfig gpt2_config(const nlohmann::json& config, const std::string& where);
-HfNaming gpt2_naming();
-nlohmann::json gpt2_config_json(const GPTConfig& config, const nlohmann::json& base);
-
-GPTConfig llama_config(const nlohmann::json& config, const std::string& where);
-HfNaming llama_naming(const GPTConfig& config);
-/// The attention window transformers applies to this Llama-family config, or 0 for none.
-int64_t sliding_window(const nlohmann::json& config, const std::string& where);
-nlohmann::json llama_config_json(const GPTConfig& config, const nlohmann::json& base);
 
 /// config[key]: a positive whole number at most `max` (`bound` says whose: training and
 /// planning refuse the same model).

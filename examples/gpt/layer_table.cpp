@@ -1,6 +1,6 @@
 #include "layer_table.h"
 
-#include "rms_norm.h"
+#include "llama/rms_norm.h"
 
 #include <set>
 
@@ -57,6 +57,22 @@ std::shared_ptr<torch::nn::Module> build_layer(const Layer& layer) {
 }
 
 }  // namespace
+
+const Layer* find_layer(const std::vector<Layer>& table, const std::string& name) {
+  for (const Layer& layer : table) {
+    if (layer.name == name) return &layer;
+  }
+  return nullptr;
+}
+
+torch::nn::AnyModule norm_child(torch::nn::Module& module, const std::vector<Layer>& table,
+                                const std::string& name) {
+  const Layer* layer = find_layer(table, name);
+  TORCH_CHECK(layer, "the layer table has no ", name);
+  if (layer->kind == LayerKind::RMSNorm) return torch::nn::AnyModule(child<RMSNorm>(module, name));
+  TORCH_CHECK(layer->kind == LayerKind::LayerNorm, name, " is not a norm in the layer table");
+  return torch::nn::AnyModule(child<torch::nn::LayerNorm>(module, name));
+}
 
 void register_layers(
     torch::nn::Module& module, const std::vector<Layer>& table, const std::string& prefix,

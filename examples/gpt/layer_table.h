@@ -42,7 +42,7 @@ TORCH_MODULE(UninitializedLinear);
 
 /// Llama's RMSNorm as transformers computes it: in fp32 whatever the input's dtype,
 /// weight · (x / sqrt(mean(x²) + eps)), the normalised x cast back to the input's dtype before the
-/// weight multiplies it (rms_norm.h: one autograd node in fp32).
+/// weight multiplies it (llama/rms_norm.h: one autograd node in fp32).
 struct RMSNormImpl : torch::nn::Module {
   RMSNormImpl(int64_t size, double eps);
   torch::Tensor forward(const torch::Tensor& x);
@@ -71,5 +71,13 @@ Holder child(torch::nn::Module& module, const std::string& name) {
   TORCH_CHECK(impl, "the model has no ", name, " of the layer table's kind");
   return Holder(impl);
 }
+
+/// The row of `table` named `name`, or nullptr.
+const Layer* find_layer(const std::vector<Layer>& table, const std::string& name);
+
+/// The norm `name` of `module` as register_layers built it from `table`'s row: a LayerNorm or an
+/// RMSNorm, as the row's kind says.
+torch::nn::AnyModule norm_child(torch::nn::Module& module, const std::vector<Layer>& table,
+                                const std::string& name);
 
 }  // namespace gpt

@@ -12,7 +12,7 @@ nlohmann::json model_settings(const GPTConfig& config) {
                     {"high_freq_factor", s.high_freq_factor},
                     {"original_max_position_embeddings", s.original_context}};
   }
-  return {{"model", config.is_llama() ? "llama" : "gpt2"},
+  return {{"model", config.family},
           {"layers", config.layers},
           {"dim", config.dim},
           {"heads", config.heads},

@@ -11,7 +11,7 @@
 
 namespace gpt {
 
-/// Every setting of `config` that the forward depends on, by name (shapes, the architecture,
+/// Every setting of `config` that the forward depends on, by name (shapes, the family,
 /// RoPE and its scaling, the norm's epsilon, a tied head, biases).
 nlohmann::json model_settings(const GPTConfig& config);
 

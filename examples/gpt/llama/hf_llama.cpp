@@ -1,5 +1,6 @@
 // Llama-family folders (transformers' LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM) for
-// hf_folder.h. The model's slots hold the same tensors under gpt.h's names:
+// hf_folder.h: LlamaFamily's hf_ methods. The model's slots hold the same tensors under gpt.h's
+// names:
 //   model.embed_tokens                       wte
 //   model.layers.N.input_layernorm           h.N.ln_1
 //   model.layers.N.self_attn.{q,k,v,o}_proj  h.N.attn.{q,k,v,o}_proj
@@ -9,15 +10,16 @@
 //   lm_head                                  lm_head (absent when tied to the embedding)
 // all in Linear's [out, in] layout, as the files hold them. Rotary frequencies are computed, not
 // read (an old checkpoint's rotary_emb.inv_freq is skipped).
-#include "hf_folder.h"
+#include "llama/llama_family.h"
 
 #include <fsdp/bounded_json.h>
 
 #include <map>
 #include <regex>
 
-namespace gpt::hf {
+namespace gpt {
 
+namespace hf {
 namespace {
 
 using nlohmann::json;
@@ -116,8 +118,6 @@ void read_rope(const json& config, const std::string& where, GPTConfig& c) {
   c.rope_scaling = s;
 }
 
-}  // namespace
-
 // A Mistral's sliding_window always (transformers' Mistral has no use_sliding_window; 4096 when
 // absent, none when null); a Qwen2's only with use_sliding_window.
 int64_t sliding_window(const json& config, const std::string& where) {
@@ -129,55 +129,76 @@ int64_t sliding_window(const json& config, const std::string& where) {
   return positive_size(config, "sliding_window", where, kMaxPositions, "a context no model has");
 }
 
-GPTConfig llama_config(const json& config, const std::string& where) {
+}  // namespace
+}  // namespace hf
+
+using nlohmann::json;
+
+std::string LlamaFamily::hf_types_text() const {
+  return "the Llama family's \"llama\", \"mistral\" and \"qwen2\"";
+}
+
+std::pair<std::string, std::string> LlamaFamily::hf_context_limit(const json& config,
+                                                                  const GPTConfig& model,
+                                                                  const std::string& where) const {
+  const int64_t window = hf::sliding_window(config, where);
+  if (window > 0 && window == model.context() &&
+      config.value("max_position_embeddings", json()) != window) {
+    return {"sliding_window", "its attention window: gpt_train's attention has none, so it trains on "
+                              "sequences within the window"};
+  }
+  return {"max_position_embeddings", "the model's context"};
+}
+
+GPTConfig LlamaFamily::hf_config(const json& config, const std::string& where) const {
   GPTConfig c;
-  c.arch = Architecture::Llama;
-  const std::string type = text(config, "model_type", "", where);
+  c.family = name();
+  const std::string type = hf::text(config, "model_type", "", where);
   const bool qwen2 = type == "qwen2";
-  c.vocab_size = positive_size(config, "vocab_size", where, kMaxVocab, "the bound of --vocab");
-  c.layers = positive_size(config, "num_hidden_layers", where, kMaxLayers, "the bound of --layers");
-  c.dim = positive_size(config, "hidden_size", where, kMaxDim, "the bound of --dim");
-  c.heads = positive_size(config, "num_attention_heads", where, kMaxHeads, "the bound of --heads");
+  c.vocab_size = hf::positive_size(config, "vocab_size", where, kMaxVocab, "the bound of --vocab");
+  c.layers = hf::positive_size(config, "num_hidden_layers", where, kMaxLayers, "the bound of --layers");
+  c.dim = hf::positive_size(config, "hidden_size", where, kMaxDim, "the bound of --dim");
+  c.heads = hf::positive_size(config, "num_attention_heads", where, kMaxHeads, "the bound of --heads");
   c.kv_heads = config.contains("num_key_value_heads") && !config["num_key_value_heads"].is_null()
-                   ? positive_size(config, "num_key_value_heads", where, kMaxHeads, "the bound of --heads")
+                   ? hf::positive_size(config, "num_key_value_heads", where, kMaxHeads, "the bound of --heads")
                    : c.heads;
   c.head_dim = config.contains("head_dim") && !config["head_dim"].is_null()
-                   ? positive_size(config, "head_dim", where, kMaxDim, "the bound of --dim")
+                   ? hf::positive_size(config, "head_dim", where, kMaxDim, "the bound of --dim")
                    : c.dim / c.heads;
-  c.ffn_dim = positive_size(config, "intermediate_size", where, kMaxDim * 16, "16x the bound of --dim");
-  c.positions = positive_size(config, "max_position_embeddings", where, kMaxPositions,
-                              "a context no model has; --seq's bound is the run's");
+  c.ffn_dim = hf::positive_size(config, "intermediate_size", where, kMaxDim * 16, "16x the bound of --dim");
+  c.positions = hf::positive_size(config, "max_position_embeddings", where, kMaxPositions,
+                                  "a context no model has; --seq's bound is the run's");
   // Attention within a window of the last sliding_window tokens is full attention up to it.
-  if (const int64_t window = sliding_window(config, where)) c.positions = std::min(c.positions, window);
+  if (const int64_t window = hf::sliding_window(config, where)) c.positions = std::min(c.positions, window);
   c.max_seq = c.positions;
-  c.norm_eps = positive_number(config, "rms_norm_eps", 1e-6, where);
-  c.tied_head = boolean(config, "tie_word_embeddings", false, where);
+  c.norm_eps = hf::positive_number(config, "rms_norm_eps", 1e-6, where);
+  c.tied_head = hf::boolean(config, "tie_word_embeddings", false, where);
   c.qkv_bias = qwen2;
   TORCH_CHECK(c.heads % c.kv_heads == 0, where, ": num_key_value_heads ", c.kv_heads,
               " does not divide num_attention_heads ", c.heads);
   TORCH_CHECK(c.head_dim % 2 == 0, where, ": head_dim ", c.head_dim, " is odd; rotary "
               "embeddings rotate pairs of channels");
-  require(config, "hidden_act", "silu", where, "gates its MLP with SiLU (SwiGLU)");
-  require(config, "attention_bias", false, where, "has no attention biases (but Qwen2's q/k/v)");
-  require(config, "mlp_bias", false, where, "has no MLP biases");
-  require(config, "attention_dropout", 0.0, where, "trains without attention dropout");
-  require(config, "pretraining_tp", 1, where, "computes its projections whole");
-  read_rope(config, where, c);
+  hf::require(config, "hidden_act", "silu", where, "gates its MLP with SiLU (SwiGLU)");
+  hf::require(config, "attention_bias", false, where, "has no attention biases (but Qwen2's q/k/v)");
+  hf::require(config, "mlp_bias", false, where, "has no MLP biases");
+  hf::require(config, "attention_dropout", 0.0, where, "trains without attention dropout");
+  hf::require(config, "pretraining_tp", 1, where, "computes its projections whole");
+  hf::read_rope(config, where, c);
   c.validate();
   return c;
 }
 
-HfNaming llama_naming(const GPTConfig& config) {
+HfNaming LlamaFamily::hf_naming(const GPTConfig& config) const {
   HfNaming naming;
   naming.kind = "Llama";
   naming.tied_head = config.tied_head;
-  naming.model_name = model_name;
-  naming.file_name = file_name;
+  naming.model_name = hf::model_name;
+  naming.file_name = hf::file_name;
   naming.transposed = [](const std::string&) { return false; };
   return naming;
 }
 
-json llama_config_json(const GPTConfig& config, const json& base) {
+json LlamaFamily::hf_config_json(const GPTConfig& config, const json& base) const {
   json out = base.is_object() ? base : json::object();
   if (!base.is_object() || !out.contains("model_type")) {
     out["architectures"] = {"LlamaForCausalLM"};
@@ -216,4 +237,4 @@ json llama_config_json(const GPTConfig& config, const json& base) {
   return out;
 }
 
-}  // namespace gpt::hf
+}  // namespace gpt

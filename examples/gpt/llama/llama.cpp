@@ -1,4 +1,4 @@
-#include "llama.h"
+#include "llama/llama.h"
 
 #include <cmath>
 

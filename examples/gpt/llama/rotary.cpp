@@ -1,4 +1,4 @@
-#include "rotary.h"
+#include "llama/rotary.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,17 +1,18 @@
-// GPT-2 folders (transformers' GPT2LMHeadModel) for hf_folder.h. The model already uses GPT-2's
-// names (wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), which the files hold with or without the
-// "transformer." prefix; GPT-2's four Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc,
+// GPT-2 folders (transformers' GPT2LMHeadModel) for hf_folder.h: Gpt2Family's hf_ methods. The
+// model already uses GPT-2's names (wte, wpe, h.N.ln_1, h.N.attn.c_attn, ...), which the files
+// hold with or without the "transformer." prefix; GPT-2's four Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc,
 // mlp.c_proj) are [in, out] where the model's Linear ones are [out, in], so they are transposed
 // both ways; lm_head.weight is tied to wte (skipped when read, left out when written, as
 // save_pretrained does); attn.bias / attn.masked_bias are causal-mask buffers, not parameters.
-#include "hf_folder.h"
+#include "gpt2/gpt2_family.h"
 
 #include <fsdp/bounded_json.h>
 
 #include <cmath>
 
-namespace gpt::hf {
+namespace gpt {
 
+namespace hf {
 namespace {
 
 using nlohmann::json;
@@ -33,15 +34,18 @@ bool is_mask_buffer(const std::string& name) {
 }
 
 }  // namespace
+}  // namespace hf
 
-GPTConfig gpt2_config(const json& config, const std::string& where) {
+using nlohmann::json;
+
+GPTConfig Gpt2Family::hf_config(const json& config, const std::string& where) const {
   GPTConfig c;
-  c.vocab_size = positive_size(config, "vocab_size", where, kMaxVocab, "the bound of --vocab");
-  c.positions = positive_size(config, "n_positions", where, kMaxPositions,
-                              "a context no model has; --seq's bound is the run's");
-  c.layers = positive_size(config, "n_layer", where, kMaxLayers, "the bound of --layers");
-  c.dim = positive_size(config, "n_embd", where, kMaxDim, "the bound of --dim");
-  c.heads = positive_size(config, "n_head", where, kMaxHeads, "the bound of --heads");
+  c.vocab_size = hf::positive_size(config, "vocab_size", where, kMaxVocab, "the bound of --vocab");
+  c.positions = hf::positive_size(config, "n_positions", where, kMaxPositions,
+                                  "a context no model has; --seq's bound is the run's");
+  c.layers = hf::positive_size(config, "n_layer", where, kMaxLayers, "the bound of --layers");
+  c.dim = hf::positive_size(config, "n_embd", where, kMaxDim, "the bound of --dim");
+  c.heads = hf::positive_size(config, "n_head", where, kMaxHeads, "the bound of --heads");
   c.max_seq = c.positions;
   TORCH_CHECK(c.dim % c.heads == 0, where, ": n_embd ", c.dim, " is not a multiple of n_head ", c.heads);
   const json activation = config.value("activation_function", json("gelu_new"));
@@ -54,30 +58,41 @@ GPTConfig gpt2_config(const json& config, const std::string& where) {
                 ": \"layer_norm_epsilon\" is ", fsdp::json_excerpt(eps), ", but gpt_train's GPT uses "
                 "LayerNorm's 1e-5; only 1e-5 can be loaded");
   }
-  TORCH_CHECK(boolean(config, "tie_word_embeddings", true, where), where, ": \"tie_word_embeddings\" "
+  TORCH_CHECK(hf::boolean(config, "tie_word_embeddings", true, where), where, ": \"tie_word_embeddings\" "
               "is false, but gpt_train's GPT ties GPT-2's output head to wte; only true can be loaded");
-  require(config, "n_inner", 4 * c.dim, where, "has an MLP of 4·n_embd");
-  require(config, "scale_attn_weights", true, where, "scales attention by 1/sqrt(head_dim)");
-  require(config, "scale_attn_by_inverse_layer_idx", false, where,
-          "does not scale attention by layer");
-  require(config, "add_cross_attention", false, where, "has no cross-attention");
+  hf::require(config, "n_inner", 4 * c.dim, where, "has an MLP of 4·n_embd");
+  hf::require(config, "scale_attn_weights", true, where, "scales attention by 1/sqrt(head_dim)");
+  hf::require(config, "scale_attn_by_inverse_layer_idx", false, where,
+              "does not scale attention by layer");
+  hf::require(config, "add_cross_attention", false, where, "has no cross-attention");
   return c;
 }
 
-HfNaming gpt2_naming() {
+std::pair<std::string, std::string> Gpt2Family::hf_context_limit(const json&, const GPTConfig&,
+                                                                 const std::string&) const {
+  return {"n_positions", "the model's context"};
+}
+
+void Gpt2Family::untie_head(GPTConfig&, const std::string& where) const {
+  TORCH_CHECK(false, where, " ties the head (\"tie_word_embeddings\"), but the weights "
+              "hold an lm_head.weight that differs from the embedding; transformers loads it "
+              "untied, which gpt_train's GPT-2 cannot represent (save the model tied, or as a Llama)");
+}
+
+HfNaming Gpt2Family::hf_naming(const GPTConfig&) const {
   HfNaming naming;
   naming.kind = "GPT-2";
   naming.tied_head = true;
   naming.model_name = [](const std::string& file_name) -> std::string {
-    if (is_mask_buffer(file_name)) return "";
-    return file_name.rfind(kPrefix, 0) == 0 ? file_name.substr(std::string(kPrefix).size()) : file_name;
+    if (hf::is_mask_buffer(file_name)) return "";
+    return file_name.rfind(hf::kPrefix, 0) == 0 ? file_name.substr(std::string(hf::kPrefix).size()) : file_name;
   };
-  naming.file_name = [](const std::string& name) { return kPrefix + name; };
-  naming.transposed = is_conv1d_weight;
+  naming.file_name = [](const std::string& name) { return hf::kPrefix + name; };
+  naming.transposed = hf::is_conv1d_weight;
   return naming;
 }
 
-json gpt2_config_json(const GPTConfig& config, const json& base) {
+json Gpt2Family::hf_config_json(const GPTConfig& config, const json& base) const {
   json out = base.is_object() ? base : json::object();
   out["architectures"] = {"GPT2LMHeadModel"};
   out["model_type"] = "gpt2";
@@ -98,4 +113,4 @@ json gpt2_config_json(const GPTConfig& config, const json& base) {
   return out;
 }
 
-}  // namespace gpt::hf
+}  // namespace gpt

@@ -6,7 +6,7 @@
 
 #include "gpt.h"
 #include "layer_table.h"
-#include "rotary.h"
+#include "llama/rotary.h"
 
 #include <torch/torch.h>
 
@@ -14,7 +14,7 @@
 
 namespace gpt {
 
-/// The Llama's layers (GptLayers' slots), for gpt_layers.
+/// The Llama's layers (GptLayers' slots), for LlamaFamily::layers.
 GptLayers llama_layers(const GPTConfig& config);
 
 /// The inverse frequencies of the rotary embedding, [head_size / 2] fp32: 1 / theta^(2i/d), with

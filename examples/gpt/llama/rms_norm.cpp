@@ -1,4 +1,4 @@
-#include "rms_norm.h"
+#include "llama/rms_norm.h"
 
 #include <ATen/Parallel.h>
 

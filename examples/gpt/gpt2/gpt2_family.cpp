@@ -1,0 +1,32 @@
+#include "gpt2/gpt2_family.h"
+
+#include "gpt2/gpt2.h"
+
+namespace gpt {
+
+std::string Gpt2Family::help() const {
+  return "GPT-2's architecture (LayerNorm, learned positions, GELU, head tied to wte)";
+}
+
+void Gpt2Family::add_flags(CLI::App&, GPTConfig&) const {}  // its sizes are the shared flags'
+
+void Gpt2Family::validate(const GPTConfig&) const {}  // as many key/value heads as heads, 4·dim
+
+GptLayers Gpt2Family::layers(const GPTConfig& config, GptCode code) const {
+  return gpt2_layers(config, code);
+}
+
+torch::nn::AnyModule Gpt2Family::attention(const GPTConfig& config) const {
+  return torch::nn::AnyModule(CausalSelfAttention(config));
+}
+
+torch::nn::AnyModule Gpt2Family::mlp(const GPTConfig& config) const {
+  return torch::nn::AnyModule(MLP(config));
+}
+
+const ModelFamily& gpt2_family() {
+  static const Gpt2Family family{};
+  return family;
+}
+
+}  // namespace gpt
