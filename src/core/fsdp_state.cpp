@@ -84,7 +84,7 @@ void FsdpState::step_begins() {
 
 // Until a backward starts the shards may be written (an edit, a load, an optimizer step after
 // an evaluation): a unit called meanwhile gathers in rounds.
-void FsdpState::forward_ends() { unit_collectives_->forward_ended(); }
+void FsdpState::forward_ends() { unit_collectives_->forward_ends(); }
 
 // [Note: the root is not skipped]
 // A program reaches its model's forward through the root unit fully_shard returned. A helper that
@@ -159,7 +159,7 @@ void FsdpState::finish_backward() {
 }
 
 void FsdpState::backward_ends() {
-  unit_collectives_->backward_finished();  // the optimizer may write the shards next
+  unit_collectives_->backward_ends();  // the optimizer may write the shards next
   order_checked_ = true;
 }
 

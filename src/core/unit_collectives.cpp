@@ -91,12 +91,6 @@ class PlainCollectives : public UnitCollectives {
   }
   std::shared_ptr<UnitReduce> reduce(const FlatParam&) override { return plain_reduce_; }
 
-  void step_begins() override {}
-  void forward_ended() override {}
-  void backward_begins() override {}
-  void shards_may_change() override {}
-  void backward_finished() override {}
-
  protected:
   std::shared_ptr<PlainGather> plain_gather_;
   std::shared_ptr<PlainReduce> plain_reduce_;
@@ -277,10 +271,10 @@ class BoardCollectives final : public PlainCollectives {
     for (auto& gather : board_gathers_) gather->take_place(shards);
     publication_.publish(shards);
   }
-  void forward_ended() override { publication_.set_window(false); }
+  void forward_ends() override { publication_.set_window(false); }
   void backward_begins() override { publication_.set_window(true); }
   void shards_may_change() override { publication_.outdate(); }
-  void backward_finished() override {
+  void backward_ends() override {
     publication_.outdate();
     publication_.set_window(false);
     board_.complete_posted();

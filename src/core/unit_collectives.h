@@ -8,12 +8,14 @@
 //    shm_collectives.cpp): a gather that lends (or copies) the unit's unsharded buffer from the
 //    shards published at the step's start ([Note: gathering from the board]), and a reduction
 //    posted, its sum completed when the unit waits for it.
-// The model's UnitCollectives chooses them and hears the step's events, named as the step has
-// them; only the board's variant does anything on them.
+// The model's UnitCollectives chooses them and hears the step's model-wide events (the
+// conductor's StepListener: [Note: one schedule, two kinds of units]); only the board's variant
+// does anything on them.
 
 #include "comm/comm_thread.h"
 #include "core/flat_param.h"
 #include "core/rate_limiter.h"
+#include "core/step_conductor.h"
 #include "core/unit_comm.h"
 
 #include <functional>
@@ -47,9 +49,8 @@ class UnitReduce {
 
 /// The collectives of a model's units: chooses each flat group's gather and reduction, and hears
 /// the step's events (every rank's in the same order).
-class UnitCollectives {
+class UnitCollectives : public StepListener {
  public:
-  virtual ~UnitCollectives() = default;
 
   /// The gather of `flat`, one of a unit's flat groups, which outlives it. `pass_only`: whether
   /// only a forward or backward pass sees the unit's unsharded parameters (it reshards after
@@ -59,18 +60,6 @@ class UnitCollectives {
                                              std::function<void()> give_back) = 0;
   /// The reduction of `flat`'s gradient.
   virtual std::shared_ptr<UnitReduce> reduce(const FlatParam& flat) = 0;
-
-  /// The root's forward starts (the rebound parameters taken in): the step's gathers begin.
-  virtual void step_begins() = 0;
-  /// The root's forward ended: until a backward starts, the shards may be written.
-  virtual void forward_ended() = 0;
-  /// The root's backward starts.
-  virtual void backward_begins() = 0;
-  /// A between-steps entry point (a state dict, a checkpoint, summoning) is about to read or
-  /// write some unit's shards.
-  virtual void shards_may_change() = 0;
-  /// The backward finished, every unit's reduction waited for: the optimizer steps next.
-  virtual void backward_finished() = 0;
 };
 
 /// The board's variants where `shard_group` publishes (shared memory) and the shards are on the
