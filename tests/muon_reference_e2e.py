@@ -4,7 +4,10 @@ unsharded (W = 1) and sharded at W = 1, 2 and 3 (full shard), W = 2 (grad-op, no
 W = 4 (hybrid, shard groups of 2), with nesterov on and off and both adjust_lr_fn values. Matrices
 tall, wide, square and one whose pieces are empty on some ranks. Also the sanity of the
 reference itself: a rank orthogonalizing only its own piece (PyTorch FSDP2's behaviour) is not
-what torch.optim.Muon gives."""
+what torch.optim.Muon gives. Where the world is one shard group, the bytes each rank's all-to-alls
+sent in the last step equal the formula (2 bytes per element: its pieces of the matrices others
+own, and the others' pieces of the matrices it owns), and the busiest owner's Newton-Schulz flops
+stay within list scheduling's bound (the balanced share plus one matrix)."""
 import subprocess
 import sys
 import tempfile
@@ -60,6 +63,45 @@ def own_rows_only(cases, nesterov, adjust, world):
     return params
 
 
+def ns_flops(shape, steps=5):
+    m, n = min(shape), max(shape)
+    return steps * (4 * m * m * n + 2 * m * m * m)
+
+
+def check_exchange(stdout, world):
+    """The all-to-all bytes and the owners' balance of each case, from the tool's per-rank lines."""
+    pieces, cases, problems = {}, {}, []
+    for line in stdout.splitlines():
+        rank_text, _, text = line.partition("]: ")
+        if not rank_text.startswith("[rank"):
+            continue
+        rank, words = int(rank_text[5:]), text.split()
+        if words[:1] == ["piece"]:
+            pieces[(rank, words[1])] = int(words[3]) - int(words[2])
+        elif words[:1] == ["case"]:
+            owned = [] if words[3] == "-" else words[3].split(",")
+            cases.setdefault(words[1].rstrip(":"), {})[rank] = (owned, float(words[5]), int(words[7]))
+    numel = {name: torch.Size(shape).numel() for name, shape in SHAPES.items()}
+    if len(cases) != 4 or any(len(ranks) != world for ranks in cases.values()):
+        problems.append(f"the tool's lines name {len(cases)} cases, not 4 with {world} ranks each")
+    for case, ranks in cases.items():
+        owner = {m: r for r, (owned, _, _) in ranks.items() for m in owned}
+        if sorted(owner) != sorted(SHAPES):
+            problems.append(f"{case}: owners {owner} do not cover every matrix once")
+            continue
+        for me, (_, _, sent) in ranks.items():
+            want = sum(2 * pieces[(me, m)] for m in SHAPES if owner[m] != me)
+            want += sum(2 * (numel[m] - pieces[(me, m)]) for m in SHAPES if owner[m] == me)
+            if sent != want:
+                problems.append(f"{case}: rank {me} sent {sent} all-to-all bytes, the formula says {want}")
+        total = sum(ns_flops(shape) for shape in SHAPES.values())
+        busiest = max(flops for _, flops, _ in ranks.values())
+        bound = total / world + max(ns_flops(shape) for shape in SHAPES.values()) * (1 - 1 / world)
+        if busiest > bound + 1:
+            problems.append(f"{case}: the busiest owner's {busiest:.0f} flops exceed {bound:.0f}")
+    return problems
+
+
 def main(bin_dir):
     torch.set_num_threads(1)
     failures = []
@@ -84,6 +126,8 @@ def main(bin_dir):
             if done.returncode != 0:
                 failures.append(f"W={world} {options}: exit {done.returncode}\n{done.stdout}\n{done.stderr}")
                 continue
+            if world > 1 and options in ([], ["--strategy", "grad_op"]):
+                failures += [f"W={world} {options}: {p}" for p in check_exchange(done.stdout, world)]
             for name, want in expected.items():
                 got = load_file(str(out / f"{name}.safetensors"))
                 for k in SHAPES:

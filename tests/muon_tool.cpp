@@ -58,11 +58,16 @@ fsdp::NamedTensors train(MuonNet& model, fsdp::optim::Muon& muon, const fsdp::Sa
 // The same on the sharded model: each rank's piece of each gradient.
 fsdp::NamedTensors train(fsdp::Unit<MuonNet>& model, fsdp::optim::Muon& muon, const fsdp::SafetensorsReader& file,
                          int steps) {
+  for (const auto& piece : fsdp::detail::ShardedView(model.sharded_model()).params()) {
+    std::printf("piece %s %lld %lld\n", piece.name().c_str(), static_cast<long long>(piece.begin()),
+                static_cast<long long>(piece.end()));
+  }
   for (int step = 0; step < steps; ++step) {
     for (const auto& piece : fsdp::detail::ShardedView(model.sharded_model()).params()) {
       at::Tensor param = piece.param();
       param.mutable_grad() = piece.piece_of(file.read(gradient_name(step, piece.name()))).view(param.sizes()).clone();
     }
+    fsdp::reset_comm_stats();  // the last step's bytes are printed
     muon.step();
   }
   return fsdp::gather_full_params(model.sharded_model());
@@ -108,8 +113,10 @@ int main(int argc, char** argv) {
       }
       const std::string name = std::string(nesterov ? "nesterov" : "plain") + "-" + adjust;
       if (dist->rank() == 0) fsdp::save_safetensors(out + "/" + name + ".safetensors", params);
-      std::printf("case %s: %lld matrices orthogonalized here, %.0f flops\n", name.c_str(),
-                  static_cast<long long>(work.matrices), work.flops);
+      std::string owned;
+      for (const auto& matrix : work.names) owned += (owned.empty() ? "" : ",") + matrix;
+      std::printf("case %s: owned %s flops %.0f all_to_all_bytes %lld\n", name.c_str(), owned.empty() ? "-" : owned.c_str(),
+                  work.flops, static_cast<long long>(fsdp::comm_stats().all_to_all_bytes));
     }
   }
   return 0;

@@ -79,6 +79,7 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
 struct MuonWork {
   int64_t matrices = 0;  ///< orthogonalized here
   double flops = 0;      ///< of their iterations
+  std::vector<std::string> names;  ///< of those matrices ("#i" for a parameter outside a sharded model)
 };
 
 class Muon : public torch::optim::Optimizer, public StepsInBackward {

@@ -182,6 +182,7 @@ void Muon::Impl::step(Muon& self, const std::vector<Stepped>& stepped, MuonWork&
     apply_update(s, orthogonal, s.param.sizes().vec());
     work.matrices += 1;
     work.flops += muon::iteration_flops(s.param.sizes().vec(), s.options->ns_steps());
+    work.names.push_back("#" + std::to_string(i));
   }
   for (size_t m = 0; m < models.size(); ++m) step_model(self, models[m], by_model[m], work);
 }
@@ -235,6 +236,7 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
     results.push_back(orthogonalize(wholes.at(k++), o));
     work.matrices += 1;
     work.flops += muon::iteration_flops(exchanged[e].shape, o.ns_steps());
+    work.names.push_back(matrices[which[e]]->param.name());
   }
   const std::vector<at::Tensor> mine =
       muon::scatter_from_owners(group, exchanged, results, pieces.front().options());
