@@ -78,10 +78,11 @@ namespace {
 struct MuonRun {
   std::vector<torch::Tensor> shards;  // every parameter's shard after the last step
   int64_t matrices_in_backward = 0;   // Muon's matrices with elements here, stepped before step()
+  int64_t others_in_backward = 0;     // SGD's parameters likewise
 };
 
 // Three steps of Muon on OddNet's hidden matrices (split_for_muon: first and second; the head is
-// AdamW's) and SGD on the rest; `during`: Muon steps each unit's matrices in backward.
+// AdamW's) and SGD on the rest; `during`: both step each unit's parameters in backward.
 MuonRun train_odd_net_with_muon(fsdp::ShardingStrategy strategy, bool during) {
   constexpr int64_t kRows = 3;
   const int world = dist().world_size(), rank = dist().rank();
@@ -98,15 +99,21 @@ MuonRun train_odd_net_with_muon(fsdp::ShardingStrategy strategy, bool during) {
     std::vector<torch::Tensor> before;
     for (const auto& p : split.matrices) before.push_back(p.detach().clone());
     const auto loss = torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows));
+    std::vector<torch::Tensor> others;
+    for (const auto& p : split.others) others.push_back(p.detach().clone());
     if (during) {
-      fsdp::optim::StepInBackward overlap(model, muon);
+      fsdp::optim::StepInBackward overlap(model, {&muon, &sgd});  // both, each its own parameters
       loss.backward();
     } else {
       loss.backward();
     }
     muon.wait_queued_steps();
+    sgd.wait_queued_steps();
     for (size_t i = 0; i < before.size(); ++i) {
       run.matrices_in_backward += before[i].numel() > 0 && !torch::equal(split.matrices[i], before[i]);
+    }
+    for (size_t i = 0; i < others.size(); ++i) {
+      run.others_in_backward += others[i].numel() > 0 && !torch::equal(split.others[i], others[i]);
     }
     muon.step();
     sgd.step();
@@ -115,14 +122,15 @@ MuonRun train_odd_net_with_muon(fsdp::ShardingStrategy strategy, bool during) {
   return run;
 }
 
-TEST(StepInBackward, MuonEqualsSteppingAfterBackwardBitwise) {
+TEST(StepInBackward, MuonAndSgdEqualSteppingAfterBackwardBitwise) {
   using S = fsdp::ShardingStrategy;
   for (S strategy : {S::FullShard, S::ShardGradOp, S::NoShard}) {
     SCOPED_TRACE(fsdp::to_string(strategy));
     const MuonRun after = train_odd_net_with_muon(strategy, /*during=*/false);
     const MuonRun during = train_odd_net_with_muon(strategy, /*during=*/true);
-    EXPECT_EQ(after.matrices_in_backward, 0);
+    EXPECT_EQ(after.matrices_in_backward + after.others_in_backward, 0);
     EXPECT_GT(during.matrices_in_backward, 0);
+    EXPECT_GT(during.others_in_backward, 0);
     ASSERT_EQ(during.shards.size(), after.shards.size());
     for (size_t i = 0; i < after.shards.size(); ++i) {
       EXPECT_TRUE(torch::equal(during.shards[i], after.shards[i])) << "parameter " << i;
