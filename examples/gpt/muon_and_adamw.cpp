@@ -25,22 +25,11 @@ MuonAndAdamW::MuonAndAdamW(fsdp::optim::Muon& muon, fsdp::optim::AdamW& adamw)
       muon_(muon),
       adamw_(adamw) {}
 
-MuonAndAdamW::~MuonAndAdamW() { finish_queued_steps(); }
-
 torch::Tensor MuonAndAdamW::step(LossClosure closure) {
   TORCH_CHECK(!closure, "gpt::MuonAndAdamW::step takes no closure (neither gpt_train's step does)");
-  wait_queued_steps();  // the units queued by StepInBackward were queued here, not on either
   adamw_.step();
   muon_.step();
   return {};
-}
-
-void MuonAndAdamW::step_parameters(const std::vector<at::Tensor>& params,
-                                   const std::vector<at::Tensor>& grads) {
-  // Each optimizer steps the parameters of its own groups among these and marks all of them
-  // stepped, so that its step() skips them.
-  adamw_.step_parameters(params, grads);
-  muon_.step_parameters(params, grads);
 }
 
 }  // namespace gpt

@@ -178,16 +178,16 @@ void NonFiniteGuard::check_finished(GPT& gpt, fsdp::Distributed* dist) const {
 
 namespace {
 
-// The optimizer that steps units during the last backward (--step-in-backward, --cpu-offload):
-// the fused AdamW (with Muon: both, MuonAndAdamW), sharded, and only when nothing needs every
+// The optimizers that step units during the last backward (--step-in-backward, --cpu-offload):
+// the fused AdamW (and Muon, with --optimizer muon), sharded, and only when nothing needs every
 // gradient before a step (clipping, fp16's scaler); else none.
-fsdp::optim::StepsInBackward* steps_in_backward(const StepContext& ctx) {
+std::vector<fsdp::optim::StepsInBackward*> steps_in_backward(const StepContext& ctx) {
   const TrainOptions& o = ctx.options;
   if (!ctx.sharded() || !(o.step_in_backward || o.fsdp.cpu_offload()) || o.clip > 0 ||
       ctx.precision.loss_scale() > 0) {
-    return nullptr;
+    return {};
   }
-  return dynamic_cast<fsdp::optim::StepsInBackward*>(&ctx.optimizers.stepped());
+  return ctx.optimizers.in_backward();
 }
 
 // Backward of one micro-batch's loss; with --no-sync, all but the last keep their unsharded
@@ -196,8 +196,10 @@ void backward(const StepContext& ctx, const torch::Tensor& scaled_loss, bool las
   if (ctx.sharded() && ctx.options.no_sync && !last_micro_batch) {
     fsdp::NoSyncGuard no_sync(ctx.model);
     scaled_loss.backward();
-  } else if (fsdp::optim::StepsInBackward* optimizer = last_micro_batch ? steps_in_backward(ctx) : nullptr) {
-    fsdp::optim::StepInBackward overlap(ctx.model, *optimizer);
+  } else if (const auto optimizers = last_micro_batch ? steps_in_backward(ctx)
+                                                      : std::vector<fsdp::optim::StepsInBackward*>();
+             !optimizers.empty()) {
+    fsdp::optim::StepInBackward overlap(ctx.model, optimizers);
     scaled_loss.backward();
   } else {
     scaled_loss.backward();

@@ -40,6 +40,13 @@ std::vector<torch::optim::Optimizer*> TrainOptimizers::saved() const {
   return optimizers;
 }
 
+std::vector<fsdp::optim::StepsInBackward*> TrainOptimizers::in_backward() const {
+  std::vector<fsdp::optim::StepsInBackward*> optimizers;
+  if (auto* fused = dynamic_cast<fsdp::optim::AdamW*>(adamw.get())) optimizers.push_back(fused);
+  if (muon && !optimizers.empty()) optimizers.push_back(muon.get());
+  return optimizers;
+}
+
 void TrainOptimizers::set_learning_rates(const TrainOptions& o, int64_t step) {
   set_learning_rate(*adamw, learning_rate(o, step));
   if (muon) set_learning_rate(*muon, o.muon_lr * schedule_factor(o, step));

@@ -34,6 +34,9 @@ struct TrainOptimizers {
   torch::optim::Optimizer& stepped() const;
   /// What a checkpoint holds: AdamW, then Muon when there is one.
   std::vector<torch::optim::Optimizer*> saved() const;
+  /// What steps units during backward (fsdp::optim::StepInBackward): the fused AdamW and Muon;
+  /// empty with LibTorch's AdamW, which cannot.
+  std::vector<fsdp::optim::StepsInBackward*> in_backward() const;
   /// Sets every param group's learning rate for step `step`: AdamW's --lr and Muon's --muon-lr,
   /// each times schedule_factor.
   void set_learning_rates(const TrainOptions& o, int64_t step);
