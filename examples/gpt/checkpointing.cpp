@@ -416,15 +416,17 @@ std::vector<std::string> saved_optimizers(const nlohmann::json& meta) {
 }
 
 // A run resumes the optimizers it saved with: --optimizer muon's AdamW and Muon, or AdamW alone
-// (fused and torch keep the same state). Each parameter's state belongs to one of them.
+// (fused and torch keep the same state). Each parameter's state belongs to one of them. A
+// checkpoint of another program's optimizers (Adam, SGD...) is left to load_sharded's message.
 void check_same_optimizers(const nlohmann::json& meta, const std::string& path, const TrainOptions& o) {
   const std::vector<std::string> saved = saved_optimizers(meta);
-  const std::vector<std::string> mine =
-      o.muon ? std::vector<std::string>{"AdamW", "Muon"} : std::vector<std::string>{"AdamW"};
-  if (saved == mine) return;
+  const bool gpt_train_saved = std::all_of(saved.begin(), saved.end(), [](const std::string& name) {
+    return name == "AdamW" || name == "Muon";
+  });
+  const bool saved_by_muon = std::find(saved.begin(), saved.end(), "Muon") != saved.end();
+  if (!gpt_train_saved || saved_by_muon == o.muon) return;
   std::string names;
   for (const std::string& name : saved) names += (names.empty() ? "" : " and ") + name;
-  const bool saved_by_muon = std::find(saved.begin(), saved.end(), "Muon") != saved.end();
   TORCH_CHECK(false, "--resume: ", fsdp::printable(path), " holds the state of ", names,
               ", and this run trains with ", o.muon ? "Muon and AdamW (--optimizer muon)" : "AdamW",
               ": pass --optimizer ", saved_by_muon ? "muon" : "fused (or torch)",
