@@ -66,23 +66,32 @@ std::map<std::string, torch::Tensor> params_of(Model& model) {
   return out;
 }
 
-// The same steps on the unsharded model, with every rank's rows: the reference.
-std::map<std::string, torch::Tensor> train_unsharded(int world, int steps) {
-  MuonModel model = make_muon_model();
-  const auto split = fsdp::optim::split_for_muon(*model);
-  fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
-  torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
+// `steps` steps of Muon on the matrices and AdamW on the rest, each of `kMicroBatches` micro-batches
+// of `rows` of the global batch (`rows(x)`: the rows this model sees), clipped by `clip`.
+template <class Forward, class Rows, class Clip>
+void train_steps(Forward forward, Rows rows, Clip clip, fsdp::optim::Muon& muon, torch::optim::AdamW& adamw,
+                 int steps) {
   for (int step = 0; step < steps; ++step) {
     muon.zero_grad();
     adamw.zero_grad();
     for (int micro = 0; micro < kMicroBatches; ++micro) {
-      auto [x, y] = muon_batch(step * kMicroBatches + micro, kRows * world);
-      (torch::mse_loss(model->forward(x), y) / kMicroBatches).backward();
+      auto [x, y] = muon_batch(step * kMicroBatches + micro, kRows * dist().world_size());
+      (torch::mse_loss(forward(rows(x)), rows(y)) / kMicroBatches).backward();
     }
-    torch::nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm);
+    clip();
     muon.step();
     adamw.step();
   }
+}
+
+// The same steps on the unsharded model, with every rank's rows: the reference.
+std::map<std::string, torch::Tensor> train_unsharded(int steps) {
+  MuonModel model = make_muon_model();
+  const auto split = fsdp::optim::split_for_muon(*model);
+  fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
+  torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
+  train_steps([&](const torch::Tensor& x) { return model->forward(x); }, [](const torch::Tensor& t) { return t; },
+              [&] { torch::nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm); }, muon, adamw, steps);
   return params_of(*model);
 }
 
@@ -93,25 +102,16 @@ struct ShardedRun {
 };
 
 ShardedRun train_sharded(fsdp::FullyShardOptions options, int steps) {
-  const int world = dist().world_size(), rank = dist().rank();
   auto model = fsdp::fully_shard(make_muon_model(), *dist().world, options);
   const auto split = fsdp::optim::split_for_muon(*model);
   EXPECT_EQ(split.matrix_names, (std::vector<std::string>{"first.up.weight", "first.down.weight",
                                                           "second.up.weight", "second.down.weight"}));
   fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
   torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
-  for (int step = 0; step < steps; ++step) {
-    muon.zero_grad();
-    adamw.zero_grad();
-    for (int micro = 0; micro < kMicroBatches; ++micro) {
-      auto [x, y] = muon_batch(step * kMicroBatches + micro, kRows * world);
-      auto loss = torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows));
-      (loss / kMicroBatches).backward();
-    }
-    fsdp::clip_grad_norm_(model->parameters(), kMaxNorm);
-    muon.step();
-    adamw.step();
-  }
+  const int rank = dist().rank();
+  train_steps([&](const torch::Tensor& x) { return model(x); },
+              [&](const torch::Tensor& t) { return t.narrow(0, kRows * rank, kRows); },
+              [&] { fsdp::clip_grad_norm_(model->parameters(), kMaxNorm); }, muon, adamw, steps);
   ShardedRun run;
   for (const auto& [name, t] : fsdp::gather_full_params(model)) run.params[name] = t;
   for (const auto& p : split.matrices) {
@@ -140,7 +140,7 @@ void expect_close(const std::map<std::string, torch::Tensor>& got, const std::ma
 
 TEST(Muon, ShardedTrainingFollowsTheUnshardedModelUnderEveryFeature) {
   constexpr int kSteps = 4;
-  const auto reference = train_unsharded(dist().world_size(), kSteps);
+  const auto reference = train_unsharded(kSteps);
   const auto initial = params_of(*make_muon_model());
   for (const auto& [name, want] : reference) {
     EXPECT_EQ(torch::equal(want, initial.at(name)), name.rfind("frozen", 0) == 0) << name;
