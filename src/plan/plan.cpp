@@ -3,6 +3,7 @@
 #include "plan/plan_bounds.h"
 #include "plan/plan_layout.h"
 #include "plan/plan_memory.h"
+#include "plan/plan_muon.h"
 #include "plan/plan_time.h"
 #include "plan/plan_traffic.h"
 #include "plan/planned_step.h"
@@ -56,6 +57,28 @@ std::string Plan::label() const {
   return s.str();
 }
 
+namespace {
+
+// Rank 0's Muon costs, for the report (each is in the plan's totals already).
+void summarize_muon(const PlanSetup& setup, const planning::MuonRankWork& work,
+                    const std::vector<planning::PlannedCollective>& exchange, double newton_schulz, PlanMuon& muon) {
+  for (const auto& m : work.matrices) {
+    ++muon.matrices;
+    muon.matrix_elements += m.rows * m.cols;
+    muon.largest_matrix_workspace = std::max(muon.largest_matrix_workspace, planning::owner_workspace_bytes(m.rows, m.cols));
+    muon.total_flops += m.flops;
+  }
+  muon.momentum_bytes = work.momentum_bytes;
+  muon.busiest_flops = work.busiest_flops();
+  muon.newton_schulz_s = newton_schulz;
+  for (const auto& c : exchange) {
+    muon.all_to_all_bytes += c.bytes;
+    muon.all_to_all_s += planning::collective_seconds(c, setup.links);
+  }
+}
+
+}  // namespace
+
 Plan plan(const PlanSetup& setup) {
   planning::validate_setup(setup);
   planning::check_plan_bounds(setup);
@@ -66,16 +89,26 @@ Plan plan(const PlanSetup& setup) {
     RankMemory memory = planning::replay_step_memory(setup, layout);
     result.peak_bytes = std::max(result.peak_bytes, memory.peak.total());
     result.ranks.push_back(std::move(memory));
+    const planning::MuonRankWork muon = planning::muon_rank_work(setup, layout);
+    if (muon.workspace > result.muon.owner_workspace) {
+      result.muon.owner_workspace = muon.workspace;
+      result.muon.owner_workspace_of = muon.workspace_of;
+    }
     if (rank == 0) {
       result.shard_group_size = layout.shard_group_size;
       result.replicas = layout.replicas;
-      // One micro-batch as the conductor runs it: its collectives and their overlap.
+      // One micro-batch as the conductor runs it: its collectives and their overlap; then the
+      // collectives waited for at the step's end (the program's own, Muon's exchange).
       const planning::PlannedStep step = planning::run_planned_step(setup, layout, planning::MicroBatch{}, {}, "");
-      const auto program = planning::program_collectives(setup);
+      auto at_the_end = planning::program_collectives(setup);
+      const auto exchange = planning::muon_collectives(setup, layout, muon);
+      at_the_end.insert(at_the_end.end(), exchange.begin(), exchange.end());
       std::vector<planning::PlannedCollective> collectives = step.collectives;
-      collectives.insert(collectives.end(), program.begin(), program.end());
+      collectives.insert(collectives.end(), at_the_end.begin(), at_the_end.end());
       result.traffic = planning::total_traffic(setup, collectives);
-      result.time = planning::step_time(setup, layout, step, program);
+      const double newton_schulz = planning::newton_schulz_seconds(setup, muon);
+      result.time = planning::step_time(setup, layout, step, at_the_end, newton_schulz);
+      summarize_muon(setup, muon, exchange, newton_schulz, result.muon);
     }
   }
   const double memory = setup.device.memory_bytes;
