@@ -1,15 +1,19 @@
 // The planner's Muon ([Note: Muon in the plan], src/plan/plan_muon.h): a plan with optimizer
-// "Muon" keeps Muon's momentum for the blocks' matrices and AdamW's moments for the rest, holds an
-// owner's whole matrix and iteration at the optimizer step, and adds the Newton-Schulz flops and
-// the two all-to-alls to the step. The references are the formulas, counted here from the shapes.
+// "Muon" keeps Muon's momentum for the blocks' matrices and AdamW's moments for the rest, holds
+// the exchange's buffers, the owners' whole matrices and the iteration at the optimizer step, and
+// adds the Newton-Schulz flops and the two all-to-alls to the step. The references are the
+// formulas, counted here from the shapes.
 #include "error_of.h"
+#include "gpt.h"
 #include "gpt_plan.h"
 
+#include <fsdp/muon.h>
 #include <fsdp/plan.h>
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -71,14 +75,10 @@ int64_t total_optimizer_state(const fsdp::Plan& p) {
   return sum;
 }
 
-// The iteration's flops and an owner's transient bytes, as [Note: Muon in the plan] counts them.
+// The iteration's flops, as [Note: Muon in the plan] counts them.
 double ns_flops(double rows, double cols, double steps = 5) {
   const double m = std::min(rows, cols), n = std::max(rows, cols);
   return steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n);
-}
-int64_t owner_bytes(int64_t rows, int64_t cols) {
-  const int64_t m = std::min(rows, cols);
-  return 4 * rows * cols + 2 * 2 * rows * cols + 2 * 2 * m * m;
 }
 
 // fp32 parameters: Muon keeps one momentum element (4 bytes) per matrix element, AdamW two
@@ -104,34 +104,43 @@ TEST(PlannerMuon, StateIsMomentumForTheMatricesAndAdamWMomentsForTheRest) {
   }
 }
 
-// Two blocks of one matrix each (96x32, 64x48) at W = 2: one rank owns each, and at the optimizer
-// step it holds the whole fp32 update and the iteration's bf16 tensors of it (8mn + 4m²: 28672
-// and 33792 bytes). Computing in bf16 without prefetch, nothing else the step holds comes near
-// (a block's unsharded parameters and gradient and the last one's in flight: 6mn, 18432), so
-// that is each rank's peak.
-TEST(PlannerMuon, AnOwnersWholeMatrixAndIterationAreInThePeakBoundedByTheLargestMatrix) {
+// Two blocks of one matrix each, 96x32 (tall) and 48x64 (wide), at W = 2: one rank owns each.
+// Muon::step exchanges every matrix at once, in bf16; beside its pieces of both (P = 1536 + 1536
+// elements, 2P bytes) a rank holds in turn (O = 3072: the elements it owns):
+// - the owner of 96x32: at the second all-to-all, the whole (2O), its result (2O), the result's
+//   contiguous copy (a tall result is a transposed view: 2O), the send buffer (2O) and its pieces
+//   back (2P): 2P + 8O + 2P = 36864 bytes, above the iteration's 2P + 2O + 2·2·3072 + 2·2·32² = 28672;
+// - the owner of 48x64: while orthogonalizing it, the whole (2O), the iterate and the next one
+//   (2·2·3072) and the gram A and B (2·2·48²): 2P + 2O + 12288 + 9216 = 33792 bytes, above its
+//   second all-to-all's 2P + 6O + 2P = 30720.
+// Computing in bf16 without prefetch, nothing else the step holds comes near (a block's unsharded
+// parameters and gradient and the last one's in flight: 6 x 3072 = 18432), so that is each
+// rank's peak.
+TEST(PlannerMuon, TheExchangeAndTheOwnersIterationAreInThePeakAtTheOptimizerStep) {
   fsdp::PlanModel m;
   m.name = "two matrices";
   m.root = unit_of("", {{"wte.weight", {8, 32}}});
-  m.units = {unit_of("h.0", {{"h.0.mlp.c_fc.weight", {96, 32}}}), unit_of("h.1", {{"h.1.attn.c_attn.weight", {64, 48}}})};
+  m.units = {unit_of("h.0", {{"h.0.mlp.c_fc.weight", {96, 32}}}), unit_of("h.1", {{"h.1.attn.c_attn.weight", {48, 64}}})};
   m.compute_dtype = at::kBFloat16;
   fsdp::PlanSetup s = with_optimizer(setup_of(m, 2), "Muon");
   s.policy.fsdp.forward_prefetch(false).backward_prefetch(fsdp::BackwardPrefetch::None).mixed_precision(
       fsdp::MixedPrecision().param_dtype(at::kBFloat16));
   const fsdp::Plan p = fsdp::plan(s);
   ASSERT_EQ(p.ranks.size(), 2u);
-  EXPECT_EQ(owner_bytes(96, 32), 28672);
-  EXPECT_EQ(owner_bytes(64, 48), 33792);
-  std::multiset<int64_t> workspaces;
+  const int64_t P = 3072, O = 3072;
+  const int64_t tall_owner = 2 * P + 8 * O + 2 * P, wide_owner = 2 * P + 2 * O + 2 * 2 * O + 2 * 2 * 48 * 48;
+  EXPECT_EQ(tall_owner, 36864);
+  EXPECT_EQ(wide_owner, 33792);
+  std::set<std::pair<int64_t, std::string>> seen;
   for (const auto& rank : p.ranks) {
-    EXPECT_NE(rank.peak_at.find("the optimizer step (Muon orthogonalizing h."), std::string::npos) << rank.peak_at;
-    workspaces.insert(rank.peak.workspace);
-    EXPECT_LE(rank.peak.workspace, owner_bytes(64, 48)) << "at most the model's largest matrix's";
+    const std::string prefix = "the optimizer step (Muon: ";
+    ASSERT_EQ(rank.peak_at.rfind(prefix, 0), 0u) << rank.peak_at;
+    seen.insert({rank.peak.workspace, rank.peak_at.substr(prefix.size(), rank.peak_at.size() - prefix.size() - 1)});
   }
-  EXPECT_EQ(workspaces, (std::multiset<int64_t>{owner_bytes(96, 32), owner_bytes(64, 48)}));
-  EXPECT_EQ(p.muon.owner_workspace, owner_bytes(64, 48));
-  EXPECT_EQ(p.muon.largest_matrix_workspace, owner_bytes(64, 48));
-  EXPECT_EQ(p.muon.owner_workspace_of, "h.1.attn.c_attn.weight");
+  EXPECT_EQ(seen, (std::set<std::pair<int64_t, std::string>>{
+                      {tall_owner, "the second all-to-all"}, {wide_owner, "orthogonalizing h.1.attn.c_attn.weight"}}));
+  EXPECT_EQ(p.muon.workspace, tall_owner);
+  EXPECT_EQ(p.muon.workspace_at, "the second all-to-all");
   // The same run with AdamW holds none of it.
   const fsdp::Plan adamw = fsdp::plan(with_optimizer(s, "AdamW"));
   for (const auto& rank : adamw.ranks) EXPECT_EQ(rank.peak.workspace, 0) << rank.peak_at;
@@ -155,16 +164,15 @@ TEST(PlannerMuon, FrozenMatricesKeepNothingAndCostNothing) {
   const fsdp::Plan all_frozen = fsdp::plan(s);
   EXPECT_EQ(all_frozen.muon.matrices, 0);
   EXPECT_EQ(all_frozen.muon.momentum_bytes, 0);
-  EXPECT_EQ(all_frozen.muon.owner_workspace, 0);
+  EXPECT_EQ(all_frozen.muon.workspace, 0);
   EXPECT_EQ(all_frozen.muon.total_flops, 0);
   EXPECT_EQ(all_frozen.traffic.all_to_all, 0);
   EXPECT_EQ(all_frozen.muon.newton_schulz_s, 0);
 }
 
 // Four blocks of one 64x24 matrix each (their elements divisible by 2, 3 and 4: each rank holds
-// an equal piece). The flops: ns_steps x (gram + A·A + B·X) per matrix. The exchange: a rank
-// sends its fp32 piece of each matrix it does not own and, of each it owns, the others' pieces
-// in bf16. The step: the iteration of the busiest rank and both all-to-alls, besides a lighter
+// an equal piece). The flops: ns_steps x (gram + A·A + B·X) per matrix. The exchange, in bf16: a
+// rank sends its piece of each matrix it does not own and, of each it owns, the others' pieces. The step: the iteration of the busiest rank and both all-to-alls, besides a lighter
 // element-wise step (Muon's one state tensor against AdamW's two).
 TEST(PlannerMuon, NewtonSchulzFlopsTimeAndAllToAllBytesFollowTheFormulas) {
   constexpr int64_t R = 64, C = 24, N = 4 * R * C;
@@ -189,15 +197,15 @@ TEST(PlannerMuon, NewtonSchulzFlopsTimeAndAllToAllBytesFollowTheFormulas) {
     EXPECT_DOUBLE_EQ(muon.muon.busiest_flops, busiest * ns_flops(R, C));
     EXPECT_LE(muon.muon.busiest_flops, total / f + ns_flops(R, C));
     EXPECT_DOUBLE_EQ(muon.muon.newton_schulz_s, muon.muon.busiest_flops / s.device.low_precision.matmul_flops);
-    // Rank 0 owns `busiest` matrices (ties go to the lower rank): fp32 pieces of the others out,
-    // the other ranks' bf16 pieces of its own back.
+    // Rank 0 owns `busiest` matrices (ties go to the lower rank): its pieces of the others out,
+    // the other ranks' pieces of its own back.
     const int64_t piece = R * C / f;
-    const int64_t expected = (4 - busiest) * piece * 4 + busiest * (R * C - piece) * 2;
+    const int64_t expected = (4 - busiest) * piece * 2 + busiest * (R * C - piece) * 2;
     EXPECT_EQ(muon.muon.all_to_all_bytes, expected);
     EXPECT_EQ(muon.traffic.all_to_all, expected);
     EXPECT_EQ(adamw.traffic.all_to_all, 0);
-    if (f != 3) {  // balanced: (F-1)/F x N_muon/F elements each way, 4 + 2 bytes
-      EXPECT_EQ(expected, (f - 1) * N / f / f * 6);
+    if (f != 3) {  // balanced: (F-1)/F x N_muon/F elements each way, 2 + 2 bytes
+      EXPECT_EQ(expected, (f - 1) * N / f / f * 4);
     }
     const double exchange = static_cast<double>(expected) / s.links.intra_host_bandwidth + 2 * (f - 1) * s.links.latency_s;
     EXPECT_NEAR(muon.muon.all_to_all_s, exchange, 1e-12);
@@ -214,7 +222,7 @@ TEST(PlannerMuon, NewtonSchulzFlopsTimeAndAllToAllBytesFollowTheFormulas) {
   hybrid.policy.fsdp.strategy(fsdp::ShardingStrategy::HybridShard);
   const fsdp::Plan h = fsdp::plan(hybrid);
   EXPECT_EQ(h.shard_group_size, 2);
-  EXPECT_EQ(h.muon.all_to_all_bytes, (2 - 1) * N / 2 / 2 * 6);
+  EXPECT_EQ(h.muon.all_to_all_bytes, (2 - 1) * N / 2 / 2 * 4);
   EXPECT_DOUBLE_EQ(h.muon.busiest_flops, total / 2);
   // NO_SHARD: every rank orthogonalizes every matrix, nothing moves.
   fsdp::PlanSetup unsharded = with_optimizer(setup_of(m, 2), "Muon");
@@ -226,7 +234,17 @@ TEST(PlannerMuon, NewtonSchulzFlopsTimeAndAllToAllBytesFollowTheFormulas) {
 }
 
 // The GPT and Llama descriptions: Muon steps each block's Linear weights, AdamW the embeddings,
-// the head, the norms and the biases; the report says so.
+// the head, the norms and the biases, as fsdp::optim::split_for_muon splits the built model; the
+// report says so.
+void expect_the_runs_split(const fsdp::Plan& plan, const gpt::GPTConfig& config) {
+  gpt::GPT model(config);
+  const fsdp::optim::MuonSplit split = fsdp::optim::split_for_muon(*model);
+  int64_t elements = 0;
+  for (const auto& m : split.matrices) elements += m.numel();
+  EXPECT_EQ(plan.muon.matrices, static_cast<int64_t>(split.matrices.size()));
+  EXPECT_EQ(plan.muon.matrix_elements, elements);
+}
+
 fsdp::Plan muon_plan_of(const gpt::GPTConfig& config) {
   fsdp::PlanSetup s;
   s.model = gpt::describe_gpt(config, at::kFloat, 0);
@@ -238,9 +256,11 @@ fsdp::Plan muon_plan_of(const gpt::GPTConfig& config) {
 }
 
 TEST(PlannerMuon, GptAndLlamaDescriptionsPlanTheBlocksMatricesWithMuon) {
-  const fsdp::Plan gpt2 = muon_plan_of(gpt::GPTConfig::sized(3, 64, 4, 32));
+  const gpt::GPTConfig gpt2_config = gpt::GPTConfig::sized(3, 64, 4, 32);
+  const fsdp::Plan gpt2 = muon_plan_of(gpt2_config);
   EXPECT_EQ(gpt2.muon.matrices, 3 * 4) << "c_attn, attn.c_proj, c_fc, mlp.c_proj";
   EXPECT_EQ(gpt2.muon.matrix_elements, 3 * 12 * 64 * 64);
+  expect_the_runs_split(gpt2, gpt2_config);
   for (const bool tied : {false, true}) {
     gpt::GPTConfig config = gpt::GPTConfig::sized(2, 32, 4, 8, "llama");
     config.kv_heads = 2;  // k and v: 16 x 32
@@ -249,10 +269,12 @@ TEST(PlannerMuon, GptAndLlamaDescriptionsPlanTheBlocksMatricesWithMuon) {
     const fsdp::Plan llama = muon_plan_of(config);
     EXPECT_EQ(llama.muon.matrices, 2 * 7) << "q, k, v, o, gate, up, down";
     EXPECT_EQ(llama.muon.matrix_elements, 2 * (2 * 32 * 32 + 2 * 16 * 32 + 3 * 40 * 32)) << "tied " << tied;
+    expect_the_runs_split(llama, config);
   }
   const std::string text = fsdp::plan_text(gpt2);
+  std::printf("%s", text.c_str());
   EXPECT_NE(text.find("optimizer: Muon on 12 matrices"), std::string::npos) << text;
-  EXPECT_NE(text.find("owner's workspace at the optimizer step"), std::string::npos) << text;
+  EXPECT_NE(text.find("workspace at the optimizer step"), std::string::npos) << text;
   EXPECT_NE(text.find("Newton-Schulz per step"), std::string::npos) << text;
   EXPECT_NE(text.find("all-to-all per step"), std::string::npos) << text;
   const nlohmann::json json = fsdp::plan_json(gpt2);

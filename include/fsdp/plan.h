@@ -209,13 +209,15 @@ struct PlanMuon {
   int64_t matrices = 0;          ///< stepped by Muon: the blocks' trainable 2-D parameters
   int64_t matrix_elements = 0;   ///< N_muon: their elements (the rest is AdamW's)
   int64_t momentum_bytes = 0;    ///< rank 0's pieces of their momentum_buffer
-  int64_t largest_matrix_workspace = 0;  ///< an owner's transient for the model's largest matrix
-  int64_t owner_workspace = 0;   ///< the largest over the ranks, for the largest matrix each owns
-  std::string owner_workspace_of;  ///< that matrix's name
+  /// The exchange's and the iteration's transient at the optimizer step (the pieces, the whole
+  /// matrices a rank owns, their results, the iteration's tensors): the largest over the ranks.
+  int64_t workspace = 0;
+  int workspace_rank = 0;
+  std::string workspace_at;      ///< when, e.g. "the second all-to-all"
   double total_flops = 0;        ///< Newton-Schulz flops of every matrix, per shard group and step
   double busiest_flops = 0;      ///< the busiest rank's share (owners balanced over the shard group)
   double newton_schulz_s = 0;    ///< the busiest rank's share at the device's bf16 matmul rate
-  int64_t all_to_all_bytes = 0;  ///< rank 0 sends per step: its pieces to owners, owned results back
+  int64_t all_to_all_bytes = 0;  ///< rank 0 sends per step: its pieces to owners, its results back
   double all_to_all_s = 0;       ///< those two all-to-alls on their link (not hidden)
 };
 

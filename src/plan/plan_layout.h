@@ -75,6 +75,10 @@ struct RankLayout {
   int replicas = 1;
   Precision precision;
   std::vector<UnitLayout> units;
+  /// What the optimizer step holds beyond the model states (Muon's exchange and iteration:
+  /// plan_muon.h), and when; set by the plan, 0 for an element-wise optimizer.
+  int64_t optimizer_workspace = 0;
+  std::string optimizer_workspace_at;
 };
 
 /// Throws naming the bad value (a shard group that does not divide the world, a batch < 1, ...).

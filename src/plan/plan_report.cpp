@@ -38,8 +38,8 @@ void breakdown_lines(std::ostringstream& s, const MemoryBreakdown& m) {
 
 nlohmann::json muon_json(const PlanMuon& m) {
   return {{"matrices", m.matrices}, {"matrix_elements", m.matrix_elements}, {"momentum_bytes", m.momentum_bytes},
-          {"owner_workspace_bytes", m.owner_workspace}, {"owner_workspace_of", m.owner_workspace_of},
-          {"largest_matrix_workspace_bytes", m.largest_matrix_workspace}, {"newton_schulz_flops", m.total_flops},
+          {"workspace_bytes", m.workspace}, {"workspace_rank", m.workspace_rank}, {"workspace_at", m.workspace_at},
+          {"newton_schulz_flops", m.total_flops},
           {"busiest_rank_flops", m.busiest_flops}, {"newton_schulz_s", m.newton_schulz_s},
           {"all_to_all_bytes", m.all_to_all_bytes}, {"all_to_all_s", m.all_to_all_s}};
 }
@@ -54,16 +54,15 @@ void muon_lines(std::ostringstream& s, const Plan& plan) {
                 static_cast<long long>(m.matrix_elements), bytes_text(static_cast<double>(m.momentum_bytes)).c_str());
   s << text;
   if (m.matrices == 0) return;
-  s << "    owner's workspace at the optimizer step: " << bytes_text(static_cast<double>(m.owner_workspace))
-    << " (orthogonalizing " << m.owner_workspace_of << "; the model's largest matrix needs "
-    << bytes_text(static_cast<double>(m.largest_matrix_workspace)) << ")\n";
+  s << "    workspace at the optimizer step (pieces, owned matrices whole, results, iteration): "
+    << bytes_text(static_cast<double>(m.workspace)) << " (rank " << m.workspace_rank << ", " << m.workspace_at << ")\n";
   std::snprintf(text, sizeof(text), "    Newton-Schulz per step: %.3g GFLOP on the busiest of %d rank(s) (balanced "
                 "share %.3g), %.1f ms in compute\n", m.busiest_flops / 1e9, f, m.total_flops / f / 1e9,
                 m.newton_schulz_s * 1000);
   s << text;
   if (f > 1) {
-    std::snprintf(text, sizeof(text), "    all-to-all per step: %lld bytes sent by rank 0 (updates to owners in "
-                  "fp32, results back in bf16), %.1f ms, not hidden; the reduce-scatter sends %lld\n",
+    std::snprintf(text, sizeof(text), "    all-to-all per step: %lld bytes sent by rank 0 (updates to owners, "
+                  "results back, in bf16), %.1f ms, not hidden; the reduce-scatter sends %lld\n",
                   static_cast<long long>(m.all_to_all_bytes), m.all_to_all_s * 1000,
                   static_cast<long long>(plan.traffic.reduce_scatter));
     s << text;

@@ -2,7 +2,6 @@
 
 #include "core/step_conductor.h"
 #include "core/unit_rules.h"
-#include "plan/plan_muon.h"
 
 #include <algorithm>
 #include <deque>
@@ -42,9 +41,6 @@ struct StepCounts {
   std::vector<PlannedTransfer> transfers;
   std::vector<PlannedEvent> events;
   bool in_backward = false;
-  // At the optimizer step: Muon's owner orthogonalizing its largest matrix ([Note: Muon in the plan]).
-  int64_t optimizer_workspace = 0;
-  std::string optimizer_workspace_of;
 
   /// Issues a transfer of `collectives` (none at F = 1; offloaded, the host link still copies).
   /// Returns its index, or -1 when it moves nothing.
@@ -309,10 +305,10 @@ void PlannedAutograd::backward() {
   // Every gradient shard, until zero_grad frees them.
   if (!step_.micro.last) {
     t().check(0, "the end of backward");
-  } else if (step_.optimizer_workspace == 0) {
+  } else if (step_.layout.optimizer_workspace == 0) {
     t().check(0, "the optimizer step");
-  } else {
-    t().check(step_.optimizer_workspace, "the optimizer step (Muon orthogonalizing " + step_.optimizer_workspace_of + ")");
+  } else {  // Muon's exchange and iteration ([Note: Muon in the plan])
+    t().check(step_.layout.optimizer_workspace, "the optimizer step (Muon: " + step_.layout.optimizer_workspace_at + ")");
   }
   conductor_.finish_backward(scheduled());
 }
@@ -322,9 +318,6 @@ void PlannedAutograd::backward() {
 PlannedStep run_planned_step(const PlanSetup& setup, const RankLayout& layout, const MicroBatch& micro,
                              const MemoryBreakdown& start, const std::string& suffix) {
   StepCounts step{setup, layout, micro, Timeline(start, suffix)};
-  const MuonRankWork muon = muon_rank_work(setup, layout);
-  step.optimizer_workspace = muon.workspace;
-  step.optimizer_workspace_of = muon.workspace_of;
   StepListener model_wide;  // the published shards and autograd's callback: nothing to count
   StepConductor conductor(setup.policy.fsdp, model_wide);
   conductor.set_no_sync(!micro.reduces);
