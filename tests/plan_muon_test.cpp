@@ -94,7 +94,9 @@ TEST(PlannerMuon, StateIsMomentumForTheMatricesAndAdamWMomentsForTheRest) {
     EXPECT_EQ(total_optimizer_state(adamw), 8 * (kMixedMatrices + kMixedOthers));
     EXPECT_EQ(muon.muon.matrices, 6);
     EXPECT_EQ(muon.muon.matrix_elements, kMixedMatrices);
-    if (w == 1) EXPECT_EQ(muon.muon.momentum_bytes, 4 * kMixedMatrices);
+    if (w == 1) {
+      EXPECT_EQ(muon.muon.momentum_bytes, 4 * kMixedMatrices);
+    }
     EXPECT_LE(muon.muon.momentum_bytes, muon.ranks[0].peak.optimizer_state);
     for (size_t r = 0; r < muon.ranks.size(); ++r) {
       EXPECT_EQ(adamw.ranks[r].model_states - muon.ranks[r].model_states,
