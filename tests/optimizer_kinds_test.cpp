@@ -137,7 +137,7 @@ TEST(OptimizerKinds, PlanningAnUnknownOptimizerOrAnOptionItLacksIsAnError) {
   lbfgs.name = "LBFGS";
   const std::string unknown = error_of([&] { plan_with(lbfgs); });
   EXPECT_NE(unknown.find("unknown optimizer 'LBFGS'"), std::string::npos) << unknown;
-  EXPECT_NE(unknown.find("SGD, Adam, AdamW, RMSprop and Adagrad"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("SGD, Adam, AdamW, RMSprop, Adagrad and Muon"), std::string::npos) << unknown;
   fsdp::PlanOptimizer sgd_amsgrad;
   sgd_amsgrad.name = "SGD";
   sgd_amsgrad.amsgrad = true;

@@ -122,11 +122,15 @@ struct PlanLinks {
 /// its step reads and writes. `name` is torch::optim's class: "SGD", "Adam", "AdamW", "RMSprop" or
 /// "Adagrad" (fsdp::optim's fused AdamW and SGD keep the state of torch::optim's); the options are
 /// those that add state, and only for the optimizers that have them. Anything else is an error.
+/// "Muon" plans fsdp::optim::Muon for the hidden matrices and AdamW for the rest (Keller Jordan's
+/// split, fsdp::optim::split_for_muon): the momentum, the owners' whole matrices and iteration,
+/// and the exchange of updates ([Note: Muon in the plan], src/plan/plan_muon.h).
 struct PlanOptimizer {
   std::string name = "AdamW";
   bool amsgrad = false;   ///< Adam, AdamW: max_exp_avg_sq
   bool momentum = false;  ///< SGD, RMSprop (momentum != 0): momentum_buffer
   bool centered = false;  ///< RMSprop: grad_avg
+  int64_t ns_steps = 5;   ///< Muon: Newton-Schulz iterations per matrix per step (MuonOptions::ns_steps)
 };
 
 /// What the run does: FullyShardOptions (strategy, shard group, mixed precision, offload,
@@ -183,6 +187,7 @@ struct PlanTraffic {
   int64_t all_gather = 0;
   int64_t reduce_scatter = 0;
   int64_t all_reduce = 0;
+  int64_t all_to_all = 0;  ///< Muon's exchange of updates with the matrices' owners
   int64_t intra_host = 0;
   int64_t cross_host = 0;
   int64_t collectives = 0;  ///< calls per step
@@ -197,6 +202,25 @@ struct PlanTime {
   double tokens_per_s = 0;   ///< over the world
 };
 
+/// What Muon adds to a plan with optimizer "Muon" ([Note: Muon in the plan]); zeros otherwise.
+/// Each is also inside the plan's totals: the momentum in optimizer_state, the workspace in the
+/// peak at the optimizer step, the exchange in traffic.all_to_all, the iteration in time.compute.
+struct PlanMuon {
+  int64_t matrices = 0;          ///< stepped by Muon: the blocks' trainable 2-D parameters
+  int64_t matrix_elements = 0;   ///< N_muon: their elements (the rest is AdamW's)
+  int64_t momentum_bytes = 0;    ///< rank 0's pieces of their momentum_buffer
+  /// The exchange's and the iteration's transient at the optimizer step (the pieces, the whole
+  /// matrices a rank owns, their results, the iteration's tensors): the largest over the ranks.
+  int64_t workspace = 0;
+  int workspace_rank = 0;
+  std::string workspace_at;      ///< when, e.g. "the second all-to-all"
+  double total_flops = 0;        ///< Newton-Schulz flops of every matrix, per shard group and step
+  double busiest_flops = 0;      ///< the busiest rank's share (owners balanced over the shard group)
+  double newton_schulz_s = 0;    ///< the busiest rank's share at the device's bf16 matmul rate
+  int64_t all_to_all_bytes = 0;  ///< rank 0 sends per step: its pieces to owners, its results back
+  double all_to_all_s = 0;       ///< those two all-to-alls on their link (not hidden)
+};
+
 struct Plan {
   PlanSetup setup;
   int shard_group_size = 1;
@@ -205,6 +229,7 @@ struct Plan {
   int64_t peak_bytes = 0;          ///< the largest over the ranks
   PlanTraffic traffic;             ///< of rank 0
   PlanTime time;
+  PlanMuon muon;                   ///< with optimizer "Muon"
   double headroom = 0;             ///< 1 - peak / device memory (0 if the memory is unknown)
   bool fits = true;                ///< peak <= device memory, and what is offloaded <= host memory
   bool host_fits = true;           ///< what is offloaded <= host memory (when known)

@@ -3,6 +3,7 @@
 #include "plan/plan_bounds.h"
 #include "plan/plan_layout.h"
 #include "plan/plan_memory.h"
+#include "plan/plan_muon.h"
 #include "plan/plan_time.h"
 #include "plan/plan_traffic.h"
 #include "plan/planned_step.h"
@@ -56,26 +57,62 @@ std::string Plan::label() const {
   return s.str();
 }
 
+namespace {
+
+// Rank 0's Muon costs, for the report (each is in the plan's totals already).
+void summarize_muon(const PlanSetup& setup, const planning::MuonOwners& owners, const planning::MuonRankWork& work,
+                    const std::vector<planning::PlannedCollective>& exchange, PlanMuon& muon) {
+  for (const auto& m : owners.matrices) {
+    ++muon.matrices;
+    muon.matrix_elements += m.rows * m.cols;
+    muon.total_flops += m.flops;
+  }
+  muon.momentum_bytes = work.momentum_bytes;
+  muon.busiest_flops = owners.busiest_flops();
+  muon.newton_schulz_s = planning::newton_schulz_seconds(setup, owners);
+  for (const auto& c : exchange) {
+    muon.all_to_all_bytes += c.bytes;
+    muon.all_to_all_s += planning::collective_seconds(c, setup.links);
+  }
+}
+
+}  // namespace
+
 Plan plan(const PlanSetup& setup) {
   planning::validate_setup(setup);
   planning::check_plan_bounds(setup);
   Plan result;
   result.setup = setup;
+  // Muon's owners: the same in every shard group, chosen once.
+  const int shard_group = setup.policy.fsdp.shard_group_size_for(setup.world.world_size, setup.world.ranks_per_host);
+  const planning::MuonOwners owners = planning::muon_owners(setup, shard_group);
   for (int rank = 0; rank < setup.world.world_size; ++rank) {
-    const planning::RankLayout layout = planning::layout_for_rank(setup, rank);
+    planning::RankLayout layout = planning::layout_for_rank(setup, rank);
+    const planning::MuonRankWork muon = planning::muon_rank_work(setup, layout, owners);
+    layout.optimizer_workspace = muon.workspace;
+    layout.optimizer_workspace_at = muon.workspace_at;
+    if (muon.workspace > result.muon.workspace) {
+      result.muon.workspace = muon.workspace;
+      result.muon.workspace_rank = rank;
+      result.muon.workspace_at = muon.workspace_at;
+    }
     RankMemory memory = planning::replay_step_memory(setup, layout);
     result.peak_bytes = std::max(result.peak_bytes, memory.peak.total());
     result.ranks.push_back(std::move(memory));
     if (rank == 0) {
       result.shard_group_size = layout.shard_group_size;
       result.replicas = layout.replicas;
-      // One micro-batch as the conductor runs it: its collectives and their overlap.
+      // One micro-batch as the conductor runs it: its collectives and their overlap; then the
+      // collectives waited for at the step's end (the program's own, Muon's exchange).
       const planning::PlannedStep step = planning::run_planned_step(setup, layout, planning::MicroBatch{}, {}, "");
-      const auto program = planning::program_collectives(setup);
+      auto at_the_end = planning::program_collectives(setup);
+      const auto exchange = planning::muon_collectives(setup, layout, muon);
+      at_the_end.insert(at_the_end.end(), exchange.begin(), exchange.end());
       std::vector<planning::PlannedCollective> collectives = step.collectives;
-      collectives.insert(collectives.end(), program.begin(), program.end());
+      collectives.insert(collectives.end(), at_the_end.begin(), at_the_end.end());
       result.traffic = planning::total_traffic(setup, collectives);
-      result.time = planning::step_time(setup, layout, step, program);
+      result.time = planning::step_time(setup, layout, step, at_the_end, planning::newton_schulz_seconds(setup, owners));
+      summarize_muon(setup, owners, muon, exchange, result.muon);
     }
   }
   const double memory = setup.device.memory_bytes;

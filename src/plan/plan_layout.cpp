@@ -2,6 +2,7 @@
 
 #include "core/flat_layout.h"
 #include "core/unit_rules.h"
+#include "plan/plan_muon.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,13 +12,22 @@ namespace {
 
 int64_t element_size(c10::ScalarType dtype) { return static_cast<int64_t>(c10::elementSize(dtype)); }
 
-// The flat group of `unit`'s parameters `group` (indexes into unit.params).
-FlatGroupLayout group_layout(const PlanUnit& unit, const std::vector<size_t>& group, const PlanSetup& setup,
-                             int position, int f, int w, const Precision& precision) {
+// The flat group of `unit`'s parameters `group` (indexes into unit.params); each parameter's
+// piece of this rank's shard goes into `pieces` (indexed like unit.params).
+FlatGroupLayout group_layout(const PlanUnit& unit, bool is_root, const std::vector<size_t>& group,
+                             const PlanSetup& setup, int position, int f, int w, const Precision& precision,
+                             std::vector<int64_t>& pieces) {
   std::vector<int64_t> numels;
   for (size_t i : group) numels.push_back(unit.params[i].numel());
   const PlanParam& kind = unit.params[group.front()];
   const FlatLayout flat = lay_out_flat(numels, position, f);
+  const bool muon = plans_muon(setup.policy.optimizer);
+  int64_t muon_pieces = 0;
+  for (size_t k = 0; k < group.size(); ++k) {
+    const EntryLayout& e = flat.entries[k];
+    pieces[group[k]] = e.shard_end - e.shard_begin;
+    if (muon && steps_with_muon(unit.params[group[k]], is_root)) muon_pieces += pieces[group[k]];
+  }
   const bool offload = setup.policy.fsdp.cpu_offload();
   // Mixed precision leaves a full-precision group in its own dtype, gathered and reduced in it.
   const bool mixed = precision.mixed() && !kind.full_precision;
@@ -27,6 +37,7 @@ FlatGroupLayout group_layout(const PlanUnit& unit, const std::vector<size_t>& gr
   g.numel = flat.numel;
   g.shard_numel = flat.shard_numel;
   g.piece_numel = flat.held_numel();
+  g.muon_piece_numel = muon_pieces;
   g.shard_bytes = own_bytes;
   g.gather_bytes = mixed ? precision.compute_bytes : own_bytes;
   g.reduce_bytes = mixed ? precision.reduce_bytes : own_bytes;
@@ -56,18 +67,21 @@ std::vector<std::vector<size_t>> groups_of(const PlanUnit& unit) {
   return rules::group_by_kind(kinds);
 }
 
-UnitLayout unit_layout(const PlanUnit& unit, const PlanSetup& setup, int position, int f, int w,
+UnitLayout unit_layout(const PlanUnit& unit, bool is_root, const PlanSetup& setup, int position, int f, int w,
                        const Precision& precision) {
   UnitLayout layout;
   layout.name = unit.name;
   layout.param_tensors = static_cast<int64_t>(unit.params.size());
+  layout.param_pieces.assign(unit.params.size(), 0);
   layout.reshard_after_forward = setup.policy.fsdp.unit_reshards_after_forward(unit.name);
   for (const auto& group : groups_of(unit)) {
-    const FlatGroupLayout g = group_layout(unit, group, setup, position, f, w, precision);
+    const FlatGroupLayout g =
+        group_layout(unit, is_root, group, setup, position, f, w, precision, layout.param_pieces);
     layout.flats.push_back(g);
     layout.numel += g.numel;
     layout.shard_numel += g.shard_numel;
     layout.piece_numel += g.piece_numel;
+    layout.muon_piece_numel += g.muon_piece_numel;
     if (g.trainable) layout.trainable_piece_numel += g.piece_numel;
     layout.trainable = layout.trainable || g.trainable;
     layout.unsharded_params += g.unsharded_params;
@@ -124,11 +138,12 @@ RankLayout layout_for_rank(const PlanSetup& setup, int rank) {
   layout.replicas = w / layout.shard_group_size;
   layout.precision = precision_of(setup.model, setup.policy.fsdp);
   const int position = rank % layout.shard_group_size;  // shard groups: consecutive ranks
-  layout.units.push_back(unit_layout(setup.model.root, setup, position, layout.shard_group_size, w,
-                                     layout.precision));
+  layout.units.push_back(unit_layout(setup.model.root, /*is_root=*/true, setup, position, layout.shard_group_size,
+                                     w, layout.precision));
   layout.units.front().reshard_after_forward = false;  // the root keeps its parameters for backward
   for (const auto& unit : setup.model.units) {
-    layout.units.push_back(unit_layout(unit, setup, position, layout.shard_group_size, w, layout.precision));
+    layout.units.push_back(
+        unit_layout(unit, /*is_root=*/false, setup, position, layout.shard_group_size, w, layout.precision));
   }
   return layout;
 }

@@ -32,6 +32,7 @@ struct FlatGroupLayout {
   int64_t numel = 0;         ///< of its parameters
   int64_t shard_numel = 0;   ///< ceil(numel / F)
   int64_t piece_numel = 0;   ///< of this rank's shard, held by parameters (padding excluded)
+  int64_t muon_piece_numel = 0;  ///< of those, held by the matrices a Muon plan steps with Muon
   int64_t shard_bytes = 0;   ///< per element of its shard, gradient shard, optimizer state (its dtype)
   int64_t gather_bytes = 0;  ///< per element its all-gather moves (compute dtype, or its own)
   int64_t reduce_bytes = 0;  ///< per element its reductions move
@@ -57,6 +58,8 @@ struct UnitLayout {
   int64_t shard_numel = 0;   ///< Σ ceil(Ψ_g / F) over its flat groups
   int64_t piece_numel = 0;   ///< of this rank's shards, held by parameters (padding excluded)
   int64_t trainable_piece_numel = 0;  ///< of those, the trainable ones' (the optimizer's state)
+  int64_t muon_piece_numel = 0;  ///< of those, Muon's matrices' (a Muon plan; the rest: AdamW's)
+  std::vector<int64_t> param_pieces;  ///< this rank's elements of each parameter, in PlanUnit::params' order
   int64_t param_tensors = 0;
   bool trainable = false;    ///< it has a trainable parameter
   bool reshard_after_forward = true;
@@ -72,6 +75,10 @@ struct RankLayout {
   int replicas = 1;
   Precision precision;
   std::vector<UnitLayout> units;
+  /// What the optimizer step holds beyond the model states (Muon's exchange and iteration:
+  /// plan_muon.h), and when; set by the plan, 0 for an element-wise optimizer.
+  int64_t optimizer_workspace = 0;
+  std::string optimizer_workspace_at;
 };
 
 /// Throws naming the bad value (a shard group that does not divide the world, a batch < 1, ...).

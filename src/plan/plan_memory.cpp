@@ -44,7 +44,8 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
       start.sharded_params += g.shard_numel * g.shard_bytes;
       if (!g.trainable) continue;  // frozen: no gradient, no optimizer state
       grad_shards += g.shard_numel * g.shard_bytes;
-      start.optimizer_state += g.piece_numel * optimizer_bytes(setup.policy.optimizer, g.shard_bytes).state_per_element;
+      start.optimizer_state +=
+          optimizer_totals(setup.policy.optimizer, g.piece_numel, g.muon_piece_numel, g.shard_bytes).state;
     }
     full_grads += unit.accumulating_grad;
   }

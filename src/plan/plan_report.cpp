@@ -36,6 +36,39 @@ void breakdown_lines(std::ostringstream& s, const MemoryBreakdown& m) {
   for (const auto& [what, bytes] : rows) s << "    " << what << ": " << bytes_text(static_cast<double>(bytes)) << "\n";
 }
 
+nlohmann::json muon_json(const PlanMuon& m) {
+  return {{"matrices", m.matrices}, {"matrix_elements", m.matrix_elements}, {"momentum_bytes", m.momentum_bytes},
+          {"workspace_bytes", m.workspace}, {"workspace_rank", m.workspace_rank}, {"workspace_at", m.workspace_at},
+          {"newton_schulz_flops", m.total_flops},
+          {"busiest_rank_flops", m.busiest_flops}, {"newton_schulz_s", m.newton_schulz_s},
+          {"all_to_all_bytes", m.all_to_all_bytes}, {"all_to_all_s", m.all_to_all_s}};
+}
+
+// Muon's lines ([Note: Muon in the plan]): what it keeps, what its owners hold, compute and send.
+void muon_lines(std::ostringstream& s, const Plan& plan) {
+  const PlanMuon& m = plan.muon;
+  const int f = plan.shard_group_size;
+  char text[320];
+  std::snprintf(text, sizeof(text), "  optimizer: Muon on %lld matrices (%lld elements), AdamW on the rest; "
+                "Muon's momentum: %s on rank 0 (in optimizer state)\n", static_cast<long long>(m.matrices),
+                static_cast<long long>(m.matrix_elements), bytes_text(static_cast<double>(m.momentum_bytes)).c_str());
+  s << text;
+  if (m.matrices == 0) return;
+  s << "    workspace at the optimizer step (pieces, owned matrices whole, results, iteration): "
+    << bytes_text(static_cast<double>(m.workspace)) << " (rank " << m.workspace_rank << ", " << m.workspace_at << ")\n";
+  std::snprintf(text, sizeof(text), "    Newton-Schulz per step: %.3g GFLOP on the busiest of %d rank(s) (balanced "
+                "share %.3g), %.1f ms in compute\n", m.busiest_flops / 1e9, f, m.total_flops / f / 1e9,
+                m.newton_schulz_s * 1000);
+  s << text;
+  if (f > 1) {
+    std::snprintf(text, sizeof(text), "    all-to-all per step: %lld bytes sent by rank 0 (updates to owners, "
+                  "results back, in bf16), %.1f ms, not hidden; the reduce-scatter sends %lld\n",
+                  static_cast<long long>(m.all_to_all_bytes), m.all_to_all_s * 1000,
+                  static_cast<long long>(plan.traffic.reduce_scatter));
+    s << text;
+  }
+}
+
 }  // namespace
 
 nlohmann::json plan_json(const Plan& plan) {
@@ -47,7 +80,7 @@ nlohmann::json plan_json(const Plan& plan) {
                      {"offloaded_bytes", r.offloaded_bytes}});
   }
   const FullyShardOptions& o = setup.policy.fsdp;
-  return {{"model", setup.model.name}, {"parameters", setup.model.numel()},
+  nlohmann::json json = {{"model", setup.model.name}, {"parameters", setup.model.numel()},
           {"world_size", setup.world.world_size}, {"ranks_per_host", setup.world.ranks_per_host},
           {"strategy", to_string(o.strategy())}, {"shard_group_size", plan.shard_group_size},
           {"replicas", plan.replicas}, {"batch_per_rank", setup.policy.batch},
@@ -58,12 +91,16 @@ nlohmann::json plan_json(const Plan& plan) {
           {"peak_bytes", plan.peak_bytes}, {"device_memory_bytes", setup.device.memory_bytes},
           {"fits", plan.fits}, {"host_fits", plan.host_fits}, {"at_risk", plan.at_risk}, {"headroom", plan.headroom},
           {"ranks", ranks},
+          {"optimizer", setup.policy.optimizer.name},
           {"traffic", {{"all_gather_bytes", plan.traffic.all_gather}, {"reduce_scatter_bytes", plan.traffic.reduce_scatter},
-                       {"all_reduce_bytes", plan.traffic.all_reduce}, {"intra_host_bytes", plan.traffic.intra_host},
+                       {"all_reduce_bytes", plan.traffic.all_reduce}, {"all_to_all_bytes", plan.traffic.all_to_all},
+                       {"intra_host_bytes", plan.traffic.intra_host},
                        {"cross_host_bytes", plan.traffic.cross_host}, {"collectives", plan.traffic.collectives}}},
           {"time", {{"compute_s", plan.time.compute}, {"communication_s", plan.time.communication},
                     {"exposed_communication_s", plan.time.exposed_communication},
                     {"step_s", plan.time.step}, {"tokens_per_s", plan.time.tokens_per_s}}}};
+  if (setup.policy.optimizer.name == "Muon") json["muon"] = muon_json(plan.muon);
+  return json;
 }
 
 std::string plan_text(const Plan& plan) {
@@ -99,8 +136,11 @@ std::string plan_text(const Plan& plan) {
     s << "  other ranks: " << bytes_text(static_cast<double>(low)) << " to " << bytes_text(static_cast<double>(plan.peak_bytes)) << "\n";
   }
   const PlanTraffic& t = plan.traffic;
+  if (setup.policy.optimizer.name == "Muon") muon_lines(s, plan);
   s << "  bytes sent per step per rank: all-gather " << t.all_gather << ", reduce-scatter " << t.reduce_scatter
-    << ", all-reduce " << t.all_reduce << "; on links within a host " << t.intra_host << ", across hosts "
+    << ", all-reduce " << t.all_reduce;
+  if (t.all_to_all > 0) s << ", all-to-all " << t.all_to_all;
+  s << "; on links within a host " << t.intra_host << ", across hosts "
     << t.cross_host << " (mean over the ranks); " << t.collectives << " collectives\n";
   char text[256];
   std::snprintf(text, sizeof(text), "  step time: %.1f ms (compute %.1f ms, communication %.1f ms of which %.1f ms "

@@ -49,20 +49,21 @@ double offload_copy_seconds(const PlanSetup& setup, const RankLayout& layout, co
   return seconds(static_cast<double>(unit.shard_numel * layout.precision.shard_bytes), setup.device.host_link_bandwidth);
 }
 
+// What the optimizer's element-wise pass over `unit`'s trainable pieces reads and writes.
+int64_t optimizer_step_bytes(const PlanSetup& setup, const RankLayout& layout, const UnitLayout& unit) {
+  return optimizer_totals(setup.policy.optimizer, unit.trainable_piece_numel, unit.muon_piece_numel,
+                          layout.precision.shard_bytes)
+      .step;
+}
+
 double offload_optimizer_exposed(const PlanSetup& setup, const RankLayout& layout, double backward_compute) {
-  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, layout.precision.shard_bytes);
   double exposed = 0, overlapped = 0;
   for (size_t u = 0; u < layout.units.size(); ++u) {
-    const double step = seconds(static_cast<double>(layout.units[u].trainable_piece_numel * optimizer.step_per_element),
+    const double step = seconds(static_cast<double>(optimizer_step_bytes(setup, layout, layout.units[u])),
                                 setup.device.host_memory_bandwidth);
     (u == 0 ? exposed : overlapped) += step;
   }
   return exposed + std::max(0.0, overlapped - backward_compute);
-}
-
-double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
-  const double bandwidth = c.spans_hosts() ? links.cross_host_bandwidth : links.intra_host_bandwidth;
-  return seconds(static_cast<double>(c.bytes), bandwidth) + c.steps * links.latency_s;
 }
 
 double transfer_seconds(const PlannedTransfer& transfer, const PlannedStep& step, const PlanSetup& setup,
@@ -74,12 +75,17 @@ double transfer_seconds(const PlannedTransfer& transfer, const PlannedStep& step
 
 }  // namespace
 
+double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
+  const double bandwidth = c.spans_hosts() ? links.cross_host_bandwidth : links.intra_host_bandwidth;
+  return seconds(static_cast<double>(c.bytes), bandwidth) + c.steps * links.latency_s;
+}
+
 // The planned step's events replayed on two clocks: compute runs its units' forward and backward
 // in order and waits where the step waited; the communication lane runs each transfer from when
 // it is issued (or the lane is free) for its time. What compute waited is the exposed
 // communication: prefetch hides exactly what the conductor issued early.
 PlanTime step_time(const PlanSetup& setup, const RankLayout& layout, const PlannedStep& step,
-                   const std::vector<PlannedCollective>& program) {
+                   const std::vector<PlannedCollective>& program, double newton_schulz) {
   const PlanModel& model = setup.model;
   const KernelRates& rates = layout.precision.compute_bytes < 4 ? setup.device.low_precision : setup.device.fp32;
   const size_t n = layout.units.size();
@@ -89,24 +95,22 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout, const Plann
 
   PlanTime t;
   double passes = 0, backward_compute = 0;
-  int64_t pieces = 0, tensors = 0;
+  int64_t step_bytes = 0, tensors = 0;
   for (size_t u = 0; u < n; ++u) {
     passes += unit[u].forward + unit[u].backward;
     backward_compute += unit[u].backward;
     t.compute += fsdp_copy_seconds(layout.units[u], layout, rates);
-    pieces += layout.units[u].trainable_piece_numel;
+    step_bytes += optimizer_step_bytes(setup, layout, layout.units[u]);
     tensors += layout.units[u].param_tensors;
   }
   t.compute += passes;
   // The optimizer reads a parameter, its gradient and its state and writes all but the gradient
   // back (AdamW: 7 elements' worth): on the device, or offloaded on the host (the part backward
-  // does not hide).
-  const OptimizerBytes optimizer = optimizer_bytes(setup.policy.optimizer, layout.precision.shard_bytes);
+  // does not hide). Muon's owners orthogonalize their matrices besides ([Note: Muon in the plan]).
   t.compute += (setup.policy.fsdp.cpu_offload()
                     ? offload_optimizer_exposed(setup, layout, backward_compute)
-                    : seconds(static_cast<double>(pieces * optimizer.step_per_element),
-                              setup.device.fp32.memory_bandwidth)) +
-               tensors * setup.device.op_overhead_s;
+                    : seconds(static_cast<double>(step_bytes), setup.device.fp32.memory_bandwidth)) +
+               tensors * setup.device.op_overhead_s + newton_schulz;
 
   std::vector<double> done(step.transfers.size(), 0);
   double compute = 0, lane = 0;
@@ -124,7 +128,7 @@ PlanTime step_time(const PlanSetup& setup, const RankLayout& layout, const Plann
     }
   }
   t.exposed_communication = compute - passes;
-  for (const auto& c : program) {  // the program's own (the loss) waits at the end of the step
+  for (const auto& c : program) {  // the program's own (the loss), Muon's exchange: at the step's end
     const double s = collective_seconds(c, setup.links);
     t.communication += s;
     t.exposed_communication += s;

@@ -10,9 +10,13 @@ namespace fsdp::planning {
 
 struct PlannedStep;
 
-/// `step`: a micro-batch as the conductor ran it; `program`: the program's own collectives,
-/// waited for at the end of the step.
+/// One collective on its link: its bytes at the link's bandwidth, a latency per ring step.
+double collective_seconds(const PlannedCollective& c, const PlanLinks& links);
+
+/// `step`: a micro-batch as the conductor ran it; `program`: the collectives waited for at the
+/// end of the step (the program's own, Muon's exchange); `newton_schulz`: the seconds Muon's
+/// busiest owner orthogonalizes (0 without Muon).
 PlanTime step_time(const PlanSetup& setup, const RankLayout& layout, const PlannedStep& step,
-                   const std::vector<PlannedCollective>& program);
+                   const std::vector<PlannedCollective>& program, double newton_schulz = 0);
 
 }  // namespace fsdp::planning

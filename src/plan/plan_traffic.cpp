@@ -70,6 +70,7 @@ PlanTraffic total_traffic(const PlanSetup& setup, const std::vector<PlannedColle
     const int64_t bytes = c.bytes * times;
     (c.kind == PlannedCollective::AllGather       ? t.all_gather
      : c.kind == PlannedCollective::ReduceScatter ? t.reduce_scatter
+     : c.kind == PlannedCollective::AllToAll      ? t.all_to_all
                                                   : t.all_reduce) += bytes;
     const auto crossing = static_cast<int64_t>(std::llround(c.bytes * c.cross_host_share)) * times;
     t.cross_host += crossing;

@@ -12,7 +12,7 @@ namespace fsdp::planning {
 
 /// One collective of the step, in issue order.
 struct PlannedCollective {
-  enum Kind { AllGather, ReduceScatter, AllReduce } kind;
+  enum Kind { AllGather, ReduceScatter, AllReduce, AllToAll } kind;
   size_t unit = 0;          ///< index in RankLayout::units (0: the root); the program's own: 0
   bool backward = false;    ///< issued during backward
   int64_t bytes = 0;        ///< sent by this rank

@@ -303,7 +303,13 @@ void PlannedAutograd::backward() {
             "backward of the root (after the units)");
   root.post_backward();
   // Every gradient shard, until zero_grad frees them.
-  t().check(0, step_.micro.last ? "the optimizer step" : "the end of backward");
+  if (!step_.micro.last) {
+    t().check(0, "the end of backward");
+  } else if (step_.layout.optimizer_workspace == 0) {
+    t().check(0, "the optimizer step");
+  } else {  // Muon's exchange and iteration ([Note: Muon in the plan])
+    t().check(step_.layout.optimizer_workspace, "the optimizer step (Muon: " + step_.layout.optimizer_workspace_at + ")");
+  }
   conductor_.finish_backward(scheduled());
 }
 
