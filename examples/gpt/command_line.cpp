@@ -340,17 +340,8 @@ void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags) {
       ->group("Planner");
 }
 
-// [Note: planning Muon] The planner learns Muon's memory and time in issue 51 (PlanOptimizer
-// "Muon"); until gpt_train passes it, a plan of --optimizer muon would be AdamW's: refused.
-static std::string check_plan_optimizer(const TrainOptions& o) {
-  if (!o.muon) return "";
-  return "--optimizer muon: the planner does not plan Muon's memory and time yet (issue 51); plan "
-         "with --optimizer fused for AdamW's, or train without --plan/--auto";
-}
-
 std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   convert_flag_values(app, cl);
-  if (std::string error = check_plan_optimizer(cl.train); !error.empty()) return error;
   cl.train.data_is_tokens = !cl.data_tokens.empty();
   if (!cl.data_tokens.empty()) cl.train.data = cl.data_tokens;
   if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
@@ -394,9 +385,6 @@ std::string finish_options(const CLI::App& app, CommandLine& cl) {
   }
   if (cl.autoplan && cl.reference) return "--auto plans the sharded run, not --reference";
   if (cl.autoplan) cl.replaced_by_auto = flags_auto_replaces(app, cl);
-  if (cl.autoplan) {
-    if (std::string error = check_plan_optimizer(cl.train); !error.empty()) return error;
-  }
   std::string error = apply_data_and_hf_flags(app, cl.data_tokens, cl.train);
   if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);
   if (error.empty()) error = check_device_flags(cl.device, cl.cpu_offload, cl.reference);

@@ -180,7 +180,9 @@ fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
   setup.device = device;
   setup.links = links;
   setup.policy.fsdp = o.fsdp;
-  setup.policy.optimizer.name = "AdamW";  // make_optimizer's (gpt.h), fused or not: no amsgrad
+  // make_optimizer's AdamW (gpt.h), fused or not: no amsgrad; or --optimizer muon's Muon for the
+  // blocks' matrices and AdamW for the rest (the planner splits as split_for_muon does).
+  setup.policy.optimizer.name = o.muon ? "Muon" : "AdamW";
   setup.policy.batch = o.batch;
   setup.policy.micro_batches = o.grad_accum;
   setup.policy.no_sync = o.no_sync && o.grad_accum > 1;
