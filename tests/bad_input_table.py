@@ -694,6 +694,16 @@ def cases(t):
             ("--cpu-offload with --device cpu", ["--cpu-offload"], ("--cpu-offload", "--device cuda")),
             ("--cpu-offload with --reference", ["--reference", "--cpu-offload"],
              ("--cpu-offload", "not --reference")),
+            ("--optimizer adam", ["--optimizer", "adam"], "--optimizer:"),
+            ("--muon-lr nan", ["--optimizer", "muon", "--muon-lr", "nan"], "--muon-lr:"),
+            ("--adjust-lr bogus", ["--optimizer", "muon", "--adjust-lr", "bogus"], "--adjust-lr:"),
+            ("--muon-lr without --optimizer muon", ["--muon-lr", "0.02"],
+             ("--muon-lr", "--optimizer muon only")),
+            ("--adjust-lr without --optimizer muon", ["--adjust-lr", "original"],
+             ("--adjust-lr", "--optimizer muon only")),
+            ("--optimizer muon --save-every", ["--optimizer", "muon", "--save-every", "1",
+                                               "--checkpoint-dir", str(tmp / "muon-ckpt")],
+             ("--optimizer muon cannot save or resume", "--optimizer fused")),
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)

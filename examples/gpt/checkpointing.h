@@ -5,6 +5,7 @@
 
 #include "gpt.h"
 #include "options.h"
+#include "train_optimizers.h"
 
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
@@ -15,7 +16,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <torch/optim/adamw.h>
 
 namespace gpt {
 
@@ -73,22 +73,28 @@ void prepare_checkpoint_dir(const TrainOptions& o, int rank);
 /// True when step `step` (0-based) ends with a checkpoint (every N steps and after the last).
 bool checkpoint_due(const TrainOptions& o, int64_t step);
 
-/// Loads the newest checkpoint in `dir` into the model and optimizer and returns the step to
+/// Why --optimizer muon refuses --save-every and --resume for now ([Note: Muon's checkpoints]).
+inline constexpr const char* kMuonCheckpointsMissing =
+    "--optimizer muon cannot save or resume checkpoints yet: a checkpoint holds one optimizer's "
+    "state, and this run needs Muon's and AdamW's in one (issue 51); drop --save-every and "
+    "--resume, or train with --optimizer fused";
+
+/// Loads the newest checkpoint in `dir` into the model and optimizers and returns the step to
 /// continue from; 0 when `dir` holds none yet and o.resume_if_none (prints so). Throws if the checkpoint was trained
 /// with another seed (other batches) and names both. `rank` 0 prints what it loaded.
 ///
 /// Example:
-///   const int64_t first_step = o.resume ? resume_from_checkpoint(model, *optimizer, dir, o, rank)
+///   const int64_t first_step = o.resume ? resume_from_checkpoint(model, optimizers, dir, o, rank)
 ///                                    : 0;
-int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, torch::optim::AdamW& optimizer,
+int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                                const std::string& dir, const TrainOptions& o, int rank);
 
 /// After step `step` (0-based) has been trained: every `every` steps, and after the last step,
 /// saves a checkpoint that resumes at step + 1 (keeping the newest two). No-op when every <= 0.
 ///
 /// Example:
-///   save_checkpoint_if_due(model, *optimizer, dir, o.save_every, step, o);
-void save_checkpoint_if_due(fsdp::Unit<GPT>& model, torch::optim::AdamW& optimizer,
+///   save_checkpoint_if_due(model, optimizers, dir, o.save_every, step, o);
+void save_checkpoint_if_due(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                             const std::string& dir, int64_t every, int64_t step,
                             const TrainOptions& o);
 

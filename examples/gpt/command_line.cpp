@@ -1,5 +1,6 @@
 #include "command_line.h"
 
+#include "checkpointing.h"
 #include "data.h"
 #include "gpt.h"
 #include "hf_folder.h"
@@ -123,17 +124,34 @@ void add_model_options(CLI::App& app, CommandLine& cl) {
       ->check(integer_in(1, kMaxBatch, "sequences per rank per step"));
   app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
       ->check(integer_in(0, kMaxCount));
-  app.add_option("--lr", o.lr, "AdamW peak learning rate")->check(real_at_least(0));
+  app.add_option("--lr", o.lr,
+                 "AdamW's peak learning rate (--optimizer muon: of the parameters AdamW steps)")
+      ->check(real_at_least(0));
   app.add_option("--warmup-steps", o.warmup_steps,
                  "linear warm-up steps, then cosine decay to lr/10 (0: constant lr)")
       ->check(integer_in(0, kMaxCount));
-  app.add_option("--weight-decay", o.weight_decay, "AdamW weight decay on matrices")
+  app.add_option("--weight-decay", o.weight_decay,
+                 "decoupled weight decay on matrices and embeddings (AdamW's; with --optimizer "
+                 "muon Muon's too)")
       ->check(real_at_least(0));
   app.add_option("--optimizer", cl.optimizer,
                  "fused: AdamW in ATen's fused kernel (fsdp::optim::AdamW); torch: LibTorch's "
                  "torch::optim::AdamW (a loop of kernels per parameter); checkpoints of either "
-                 "resume with the other")
-      ->check(CLI::IsMember({"fused", "torch"}))
+                 "resume with the other. muon: fsdp::optim::Muon for the blocks' matrices (each "
+                 "orthogonalized whole on one rank), the fused AdamW for embeddings, the head, "
+                 "norms and biases")
+      ->check(CLI::IsMember({"fused", "torch", "muon"}))
+      ->capture_default_str();
+  app.add_option("--muon-lr", o.muon_lr,
+                 "--optimizer muon: Muon's peak learning rate (--lr stays AdamW's; the schedule "
+                 "scales both)")
+      ->check(real_at_least(0))
+      ->capture_default_str();
+  app.add_option("--adjust-lr", o.muon_adjust_lr,
+                 "--optimizer muon: torch.optim.Muon's adjust_lr_fn; original: lr x sqrt(max(1, "
+                 "rows/cols)) (Keller Jordan's); match_rms_adamw: lr x 0.2 sqrt(max(rows, cols)) "
+                 "(Moonshot's, an update of AdamW's RMS)")
+      ->check(CLI::IsMember({"original", "match_rms_adamw"}))
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of the initial weights and of the batches")
       ->check(integer_in(0, std::numeric_limits<int64_t>::max()));
@@ -281,7 +299,8 @@ void convert_flag_values(const CLI::App& app, CommandLine& cl) {
   TrainOptions& o = cl.train;
   o.model.family = cl.model;
   o.max_data_bytes = cl.max_data_mb << 20;
-  o.fused_optimizer = cl.optimizer == "fused";
+  o.fused_optimizer = cl.optimizer != "torch";  // muon's AdamW is the fused one
+  o.muon = cl.optimizer == "muon";
   o.resume = app.count("--resume") > 0;
   o.resume_if_none = cl.resume == "auto";
   o.fsdp.strategy(fsdp::parse_sharding_strategy(cl.strategy))
@@ -404,6 +423,7 @@ std::string check_model_fits_memory(const TrainOptions& o, bool reference) {
 }
 
 std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
+  if (o.muon && (o.save_every > 0 || o.resume)) return kMuonCheckpointsMissing;
   if (reference && (o.save_every > 0 || o.resume || !o.checkpoint_dir.empty())) {
     return "--save-every, --checkpoint-dir and --resume need the sharded run, not --reference";
   }
@@ -418,6 +438,15 @@ std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
   }
   if (!o.checkpoint_dir.empty() && o.save_every == 0 && !o.resume) {
     return "--checkpoint-dir does nothing without --save-every N (to save) or --resume (to load)";
+  }
+  return "";
+}
+
+// Muon's own flags without --optimizer muon would change nothing: refused, not ignored.
+std::string check_muon_flags(const CLI::App& app, const TrainOptions& o) {
+  if (o.muon) return "";
+  for (const char* flag : {"--muon-lr", "--adjust-lr"}) {
+    if (app.count(flag) > 0) return std::string(flag) + " applies to --optimizer muon only";
   }
   return "";
 }
@@ -466,8 +495,9 @@ std::string check_step_in_backward(const TrainOptions& o, bool reference) {
                     : o.clip > 0 ? "--clip needs the global norm of every gradient before any step"
                     : o.fsdp.mixed_precision().param_dtype() == torch::kHalf
                         ? "fp16's gradient scaler checks every gradient for inf/nan before any step"
-                    : !o.fused_optimizer ? "only the fused AdamW (--optimizer fused) steps units during backward"
-                                         : nullptr;
+                    : !o.fused_optimizer
+                        ? "only --optimizer fused or muon (not torch) steps units during backward"
+                        : nullptr;
   if (!why) return "";
   return std::string("--step-in-backward cannot apply: ") + why + "; drop --step-in-backward (or the flag "
          "that conflicts with it)";
@@ -538,6 +568,7 @@ std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, 
            "launcher)";
   }
   if (std::string error = check_checkpoint_flags(o, reference); !error.empty()) return error;
+  if (std::string error = check_muon_flags(app, o); !error.empty()) return error;
   if (std::string error = check_step_in_backward(o, reference); !error.empty()) return error;
   return check_sharding_flags(app, o);
 }

@@ -140,11 +140,25 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
 
 std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay,
                                                     bool fused) {
-  std::vector<torch::Tensor> decay, no_decay;
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
   for (auto& item : model->named_parameters()) {
-    const bool is_matrix = item.key().find("ln_") == std::string::npos &&
-                           item.key().find("bias") == std::string::npos;
-    (is_matrix ? decay : no_decay).push_back(item.value());
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  return make_optimizer(names, params, lr, weight_decay, fused);
+}
+
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<std::string>& names,
+                                                    const std::vector<torch::Tensor>& params,
+                                                    double lr, double weight_decay, bool fused) {
+  TORCH_CHECK(names.size() == params.size(), "make_optimizer: ", names.size(), " names for ",
+              params.size(), " parameters");
+  std::vector<torch::Tensor> decay, no_decay;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const bool is_matrix = names[i].find("ln_") == std::string::npos &&
+                           names[i].find("bias") == std::string::npos;
+    (is_matrix ? decay : no_decay).push_back(params[i]);
   }
   auto options = torch::optim::AdamWOptions(lr).betas({0.9, 0.95}).weight_decay(weight_decay);
   auto no_decay_options = options;

@@ -153,5 +153,10 @@ torch::Tensor lm_loss(const torch::Tensor& logits, const torch::Tensor& targets)
 /// state either way, so a checkpoint of one resumes with the other.
 std::unique_ptr<torch::optim::AdamW> make_optimizer(GPT& model, double lr, double weight_decay,
                                                     bool fused = true);
+/// The same over some of the model's parameters (`params`, named `names`: full names, e.g.
+/// split_for_muon's others).
+std::unique_ptr<torch::optim::AdamW> make_optimizer(const std::vector<std::string>& names,
+                                                    const std::vector<torch::Tensor>& params,
+                                                    double lr, double weight_decay, bool fused = true);
 
 }  // namespace gpt

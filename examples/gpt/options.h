@@ -25,10 +25,15 @@ struct TrainOptions {
   fsdp::FullyShardOptions fsdp;
   int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
   int64_t steps = 100;
-  double lr = 1e-3;          // peak learning rate
-  int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to lr/10 (0: constant lr)
-  double weight_decay = 0.1;
+  double lr = 1e-3;          // AdamW's peak learning rate
+  int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to a tenth (0: constant lr)
+  double weight_decay = 0.1;  // decoupled, on matrices and embeddings (AdamW's; Muon's too)
   bool fused_optimizer = true;  // fsdp::optim::AdamW (ATen's fused kernel), else LibTorch's AdamW
+  // --optimizer muon: fsdp::optim::Muon steps the blocks' matrices (fsdp::optim::split_for_muon),
+  // the fused AdamW (lr, weight_decay) the rest: embeddings, the head, norms, biases.
+  bool muon = false;
+  double muon_lr = 0.02;  // Muon's peak learning rate (Keller Jordan's recipe); lr stays AdamW's
+  std::string muon_adjust_lr = "original";  // torch.optim.Muon's adjust_lr_fn: or match_rms_adamw
   // Step each unit as its gradient lands, during the last micro-batch's backward
   // (fsdp::optim::StepInBackward); on by default with --cpu-offload (train_step.cpp says when it
   // applies).

@@ -11,20 +11,6 @@
 
 namespace gpt {
 
-double learning_rate(const TrainOptions& o, int64_t step) {
-  if (o.warmup_steps <= 0) return o.lr;
-  if (step < o.warmup_steps) return o.lr * (step + 1) / o.warmup_steps;
-  const double progress =
-      double(step - o.warmup_steps) / double(std::max<int64_t>(1, o.steps - o.warmup_steps));
-  return o.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, progress))));
-}
-
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) {
-    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-  }
-}
-
 ReferencePrecision::ReferencePrecision(torch::nn::Module& model, const fsdp::MixedPrecision& policy)
     : params_(model.parameters()), policy_(policy) {}
 
@@ -193,15 +179,15 @@ void NonFiniteGuard::check_finished(GPT& gpt, fsdp::Distributed* dist) const {
 namespace {
 
 // The optimizer that steps units during the last backward (--step-in-backward, --cpu-offload):
-// the fused AdamW, sharded, and only when nothing needs every gradient before a step (clipping,
-// fp16's scaler); else none.
-fsdp::optim::AdamW* steps_in_backward(const StepContext& ctx) {
+// the fused AdamW (with Muon: both, MuonAndAdamW), sharded, and only when nothing needs every
+// gradient before a step (clipping, fp16's scaler); else none.
+fsdp::optim::StepsInBackward* steps_in_backward(const StepContext& ctx) {
   const TrainOptions& o = ctx.options;
   if (!ctx.sharded() || !(o.step_in_backward || o.fsdp.cpu_offload()) || o.clip > 0 ||
       ctx.precision.loss_scale() > 0) {
     return nullptr;
   }
-  return dynamic_cast<fsdp::optim::AdamW*>(&ctx.optimizer);
+  return dynamic_cast<fsdp::optim::StepsInBackward*>(&ctx.optimizers.stepped());
 }
 
 // Backward of one micro-batch's loss; with --no-sync, all but the last keep their unsharded
@@ -210,7 +196,7 @@ void backward(const StepContext& ctx, const torch::Tensor& scaled_loss, bool las
   if (ctx.sharded() && ctx.options.no_sync && !last_micro_batch) {
     fsdp::NoSyncGuard no_sync(ctx.model);
     scaled_loss.backward();
-  } else if (fsdp::optim::AdamW* optimizer = last_micro_batch ? steps_in_backward(ctx) : nullptr) {
+  } else if (fsdp::optim::StepsInBackward* optimizer = last_micro_batch ? steps_in_backward(ctx) : nullptr) {
     fsdp::optim::StepInBackward overlap(ctx.model, *optimizer);
     scaled_loss.backward();
   } else {
@@ -249,15 +235,16 @@ void clip_gradients(const StepContext& ctx) {
 }  // namespace
 
 StepResult train_step(const StepContext& ctx, int64_t step) {
-  ctx.optimizer.zero_grad();
+  torch::optim::Optimizer& optimizer = ctx.optimizers.stepped();
+  optimizer.zero_grad();
   StepResult result;
   result.loss = accumulate_gradients(ctx, step);
   if (ctx.options.clip > 0) {
     // Clipping reads unscaled gradients; else the optimizer's kernel divides them as it steps.
-    ctx.precision.unscale(ctx.optimizer);
+    ctx.precision.unscale(optimizer);
     clip_gradients(ctx);
   }
-  result.skipped = !ctx.precision.step(ctx.optimizer);
+  result.skipped = !ctx.precision.step(optimizer);
   return result;
 }
 

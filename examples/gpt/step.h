@@ -1,11 +1,12 @@
 #pragma once
 // One optimizer step of gpt_train over --grad-accum micro-batches, sharded or as the reference:
-// the learning-rate schedule, the mixed-precision side (the reference's own casts and loss
+// the mixed-precision side (the reference's own casts and loss
 // scaling, the sharded run's fsdp::ShardedGradScaler), and the guard against a NaN/inf loss.
 
 #include "data.h"
 #include "gpt.h"
 #include "options.h"
+#include "train_optimizers.h"
 
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
@@ -15,18 +16,10 @@
 #include <cstdint>
 #include <memory>
 #include <torch/nn/module.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
 #include <vector>
 
 namespace gpt {
-
-// gpt_train's learning-rate schedule: --lr with --warmup-steps.
-/// Linear warm-up to the peak, then cosine decay to a tenth of it; constant without warm-up.
-double learning_rate(const TrainOptions& o, int64_t step);
-
-/// Sets the learning rate of every parameter group (AdamW's).
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 
 // Mixed precision for the unsharded reference run, done the way FSDP does it but without
 // sharding: forward and backward run on parameters cast to param_dtype; each backward's gradient
@@ -131,7 +124,7 @@ struct StepContext {
   const TrainOptions& options;
   const Corpus& corpus;
   fsdp::Unit<GPT>& model;
-  torch::optim::AdamW& optimizer;
+  TrainOptimizers& optimizers;  // a step steps optimizers.stepped()
   StepPrecision& precision;
   fsdp::Distributed* dist;  // nullptr: the unsharded reference
   int world;                // the reference: the world size whose global batch it trains on

@@ -308,7 +308,7 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
   wait_for(ctx.device);  // the previous step's work is not this step's
   const auto start = Clock::now();
 
-  set_learning_rate(ctx.optimizer, learning_rate(o, step));
+  ctx.optimizers.set_learning_rates(o, step);
   const StepResult trained = train_step(ctx, step);
   if (traced) {
     const std::string trace = for_rank(o.trace, ctx.rank);
@@ -335,7 +335,7 @@ void save_checkpoint_if_finite(const StepContext& ctx, int64_t step, double loss
   GPT gpt = ctx.model.module();
   if (std::isfinite(loss) && parameters_finite(gpt, ctx.dist)) {
     const TrainOptions& o = ctx.options;
-    save_checkpoint_if_due(ctx.model, ctx.optimizer, o.checkpoint_dir, o.save_every, step, o);
+    save_checkpoint_if_due(ctx.model, ctx.optimizers, o.checkpoint_dir, o.save_every, step, o);
   } else if (ctx.rank == 0) {
     std::printf("step %lld: the loss or the parameters are not finite; not saving a checkpoint\n",
                 static_cast<long long>(step + 1));
@@ -411,7 +411,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
 
   SetupMemory setup_memory(device);
   fsdp::Unit<GPT> model = build_model(o, dist);
-  auto optimizer = make_optimizer(model.module(), o.lr, o.weight_decay, o.fused_optimizer);
+  TrainOptimizers optimizers = make_train_optimizers(model.module(), o);
   setup_memory.end_build();
   load_initial_weights(o, model);
   const nlohmann::json setup = setup_memory.record(model);
@@ -424,9 +424,9 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
 
   check_step_options(o, dist);
   const int64_t first_step =
-      o.resume ? resume_from_checkpoint(model, *optimizer, o.checkpoint_dir, o, rank) : 0;
+      o.resume ? resume_from_checkpoint(model, optimizers, o.checkpoint_dir, o, rank) : 0;
   StepPrecision precision(o, dist, model.module());
-  const StepContext ctx{o, corpus, model, *optimizer, precision, dist, world, rank, device};
+  const StepContext ctx{o, corpus, model, optimizers, precision, dist, world, rank, device};
   std::optional<EvalResult> eval_initial;
   if (eval_batch) eval_initial = evaluate(model, *eval_batch, device);
 
