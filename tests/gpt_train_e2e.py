@@ -12,7 +12,8 @@ import tempfile
 from pathlib import Path
 
 KEYS = {"step", "loss", "step_ms", "tokens_per_s", "mem_current_bytes", "mem_peak_bytes",
-        "mem_reserved_bytes", "bytes_all_gather", "bytes_reduce_scatter", "bytes_all_reduce"}
+        "mem_reserved_bytes", "bytes_all_gather", "bytes_reduce_scatter", "bytes_all_reduce",
+        "bytes_all_to_all"}
 
 
 def read(path):

@@ -14,6 +14,7 @@ the head and the norms and biases (weight decay on the 2-D ones only). The sched
 warm-up, then cosine decay) scales both optimizers' learning rates alike.
 
     muon_train_e2e.py BIN_DIR"""
+import json
 import math
 import os
 import sys
@@ -120,6 +121,10 @@ def train(world, tmp, name, model_flags, muon_lr, adjust_lr_fn):
     run([FSDPRUN, "--nproc-per-node", world, GPT, *model_flags, "--seq", SEQ, "--batch", BATCH,
          "--steps", STEPS, "--lr", ADAMW_LR, "--warmup-steps", WARMUP, "--weight-decay", WEIGHT_DECAY,
          "--seed", 5, "--optimizer", "muon", *muon_flags, "--dump-batches", batches, "--metrics", ours])
+    metrics = [json.loads(line) for line in Path(str(ours).replace("{rank}", "0")).read_text().splitlines()]
+    # Each step sends matrices' momentum pieces to their owners and updates back: Muon ran sharded.
+    assert all(m["bytes_all_to_all"] > 0 for m in metrics if "loss" in m), \
+        f"{name}, W = {world}: a step without Muon's exchanges: {metrics}"
     return losses(str(ours).replace("{rank}", "0")), batches
 
 

@@ -12,6 +12,7 @@
 #include <fsdp/run_lock.h>
 
 #include <c10/util/Exception.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -238,12 +239,25 @@ int64_t folder_step(const std::string& folder) {
   return std::regex_match(name, m, step_re) ? std::stoll(m[1]) : -1;
 }
 
-// The AdamW state of one saved parameter (metadata.json "params"), against the run's step.
+// The name of a saved parameter (metadata.json "params"), for a message.
+std::string saved_name(const nlohmann::json& param) {
+  const nlohmann::json named = param.contains("name") ? param["name"] : nlohmann::json();
+  return named.is_string() && named.get<std::string>().size() <= 200 ? named.get<std::string>()
+                                                                       : shown(named);
+}
+
+// The class of the optimizer that held a saved parameter: its own "optimizer" where several
+// optimizers saved (--optimizer muon: "Muon" or "AdamW"; null: none held it), else AdamW, the
+// only one of a gpt_train run with one optimizer.
+std::string saved_optimizer_of(const nlohmann::json& param) {
+  if (!param.contains("optimizer")) return "AdamW";
+  return param["optimizer"].is_string() ? param["optimizer"].get<std::string>() : "";
+}
+
+// The AdamW state of one saved parameter, against the run's step.
 void check_adamw_step(const nlohmann::json& param, int64_t step, bool optimizer_stepped,
                       const std::string& metadata, const TrainOptions& o) {
-  const nlohmann::json named = param.contains("name") ? param["name"] : nlohmann::json();
-  const std::string name =
-      named.is_string() && named.get<std::string>().size() <= 200 ? named.get<std::string>() : shown(named);
+  const std::string name = saved_name(param);
   const nlohmann::json adamw =
       param.contains("optimizer_step") ? param["optimizer_step"] : nlohmann::json();
   if (adamw.is_null()) {
@@ -258,6 +272,22 @@ void check_adamw_step(const nlohmann::json& param, int64_t step, bool optimizer_
               metadata, ": parameter '", name, "' has AdamW step ", shown(adamw),
               " (optimizer_step), which a run at extra.step ", step, " cannot have (1 to ", step,
               "): the file was edited; resume from an intact checkpoint or pass --reset-optimizer");
+}
+
+// Muon's state of one saved parameter: its momentum. Muon counts no steps (torch.optim.Muon
+// neither): there is no step to check against the run's.
+void check_muon_state(const nlohmann::json& param, bool optimizer_stepped,
+                      const std::string& metadata, const TrainOptions& o) {
+  const std::string name = saved_name(param);
+  const nlohmann::json moments =
+      param.contains("optimizer_moments") ? param["optimizer_moments"] : nlohmann::json();
+  const bool has_momentum = moments.is_array() && std::find(moments.begin(), moments.end(),
+                                                            "momentum_buffer") != moments.end();
+  TORCH_CHECK(has_momentum || !optimizer_stepped || is_frozen(o, name), metadata, ": parameter '",
+              name, "' trains but has no Muon state (no momentum_buffer in optimizer_moments): "
+              "the checkpoint was saved without it or edited, and Muon's momentum would restart "
+              "silently; pass --reset-optimizer to restart both optimizers from these parameters "
+              "on purpose, or resume from a complete checkpoint");
 }
 
 }  // namespace
@@ -284,13 +314,18 @@ void check_saved_state(const nlohmann::json& meta, const std::string& folder, co
               std::filesystem::path(folder).filename().string(), ": the file was edited or "
               "moved; resume from an intact checkpoint");
   if (o.reset_optimizer || !meta.contains("params") || !meta["params"].is_array()) return;
-  // Saved before AdamW took any step (fp16's scaler skipped them all): no state to restore.
+  // Saved before the optimizers took any step (fp16's scaler skipped them all): no state to restore.
   // Checkpoints of earlier versions do not say, and are taken to have stepped.
   const nlohmann::json stepped = extra.is_object() ? extra.value("optimizer_stepped", nlohmann::json(true))
                                                    : nlohmann::json(true);
   const bool optimizer_stepped = !stepped.is_boolean() || stepped.get<bool>();
   for (const auto& param : meta["params"]) {
-    if (param.is_object()) check_adamw_step(param, step, optimizer_stepped, metadata, o);
+    if (!param.is_object()) continue;
+    if (saved_optimizer_of(param) == "Muon") {
+      check_muon_state(param, optimizer_stepped, metadata, o);
+    } else {
+      check_adamw_step(param, step, optimizer_stepped, metadata, o);
+    }
   }
 }
 
@@ -368,12 +403,41 @@ void check_same_run(const nlohmann::json& saved, const std::string& path, const 
   }
 }
 
-// The checkpoint `path` is one this run can continue: the same model and seed, and what its
-// metadata says makes sense (saved_run.h).
+// The optimizers whose state a checkpoint holds, by class: metadata.json's "optimizers" where
+// several saved, else its "optimizer" (AdamW in checkpoints older than the field).
+std::vector<std::string> saved_optimizers(const nlohmann::json& meta) {
+  if (meta.contains("optimizers") && meta["optimizers"].is_array()) {
+    std::vector<std::string> names;
+    for (const auto& name : meta["optimizers"]) names.push_back(name.is_string() ? name.get<std::string>() : shown(name));
+    return names;
+  }
+  const nlohmann::json name = meta.value("optimizer", nlohmann::json("AdamW"));
+  return {name.is_string() ? name.get<std::string>() : shown(name)};
+}
+
+// A run resumes the optimizers it saved with: --optimizer muon's AdamW and Muon, or AdamW alone
+// (fused and torch keep the same state). Each parameter's state belongs to one of them.
+void check_same_optimizers(const nlohmann::json& meta, const std::string& path, const TrainOptions& o) {
+  const std::vector<std::string> saved = saved_optimizers(meta);
+  const std::vector<std::string> mine =
+      o.muon ? std::vector<std::string>{"AdamW", "Muon"} : std::vector<std::string>{"AdamW"};
+  if (saved == mine) return;
+  std::string names;
+  for (const std::string& name : saved) names += (names.empty() ? "" : " and ") + name;
+  const bool saved_by_muon = std::find(saved.begin(), saved.end(), "Muon") != saved.end();
+  TORCH_CHECK(false, "--resume: ", fsdp::printable(path), " holds the state of ", names,
+              ", and this run trains with ", o.muon ? "Muon and AdamW (--optimizer muon)" : "AdamW",
+              ": pass --optimizer ", saved_by_muon ? "muon" : "fused (or torch)",
+              " to continue it, or start a fresh run in another --checkpoint-dir");
+}
+
+// The checkpoint `path` is one this run can continue: the same model, seed and optimizers, and
+// what its metadata says makes sense (saved_run.h).
 void check_resumable(const std::string& path, const TrainOptions& o) {
   const nlohmann::json meta = saved_metadata(path);
   if (meta.is_null()) return;
   check_same_run(meta.value("extra", nlohmann::json()), path, o);
+  check_same_optimizers(meta, path, o);
   check_saved_state(meta, path, o);
 }
 

@@ -34,7 +34,8 @@ void check_paths(const TrainOptions& o, int rank, int world_size);
 // step to continue from, the seed) and each parameter's AdamW step. An edited checkpoint whose
 // CRC-32s were recomputed passes every checksum, so what it says must also make sense: a field
 // missing, mistyped or out of range, a step that disagrees with its folder's name or with AdamW's,
-// a trained parameter without AdamW state are refused, naming the file, the field and the fix.
+// a trained parameter without its optimizer's state are refused, naming the file, the field and
+// the fix.
 /// extra.step of `metadata` (the path of a metadata.json, for the message): an integer >= 0.
 int64_t saved_step(const nlohmann::json& extra, const std::string& metadata);
 
@@ -42,9 +43,10 @@ int64_t saved_step(const nlohmann::json& extra, const std::string& metadata);
 uint64_t saved_seed(const nlohmann::json& extra, const std::string& metadata);
 
 /// Before loading the checkpoint `folder` (its parsed metadata.json `meta`): extra.step is the
-/// folder's number (step-NNNNNNNN), and every parameter this run trains (not --freeze) has AdamW
-/// state whose step is 1 to extra.step; unless o.reset_optimizer, which asks for the parameters
-/// alone. Throws naming metadata.json, the parameter or field, and the fix.
+/// folder's number (step-NNNNNNNN), and every parameter this run trains (not --freeze) has its
+/// optimizer's state: AdamW's with a step from 1 to extra.step, Muon's (its "optimizer" in
+/// metadata.json, --optimizer muon) its momentum; unless o.reset_optimizer, which asks for the
+/// parameters alone. Throws naming metadata.json, the parameter or field, and the fix.
 void check_saved_state(const nlohmann::json& meta, const std::string& folder, const TrainOptions& o);
 
 // gpt_train's checkpoints: --save-every N --checkpoint-dir DIR --resume. Sharded checkpoints

@@ -174,6 +174,7 @@ nlohmann::json to_json(const StepRecord& r) {
           {"bytes_all_gather", r.comm.all_gather_bytes},
           {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
           {"bytes_all_reduce", r.comm.all_reduce_bytes},
+          {"bytes_all_to_all", r.comm.all_to_all_bytes},  // Muon's exchanges
           {"loss_scale", r.loss_scale},
           {"skipped", r.skipped}};
 }
@@ -281,7 +282,8 @@ using Clock = std::chrono::steady_clock;
 
 fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
   return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
-          a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes};
+          a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes,
+          a.all_to_all_bytes - b.all_to_all_bytes};
 }
 
 // A GPU runs the work queued on it after the host has moved on: wait for it before reading the
