@@ -10,6 +10,12 @@ Launch (from the repository root):
 With `--model llama` the model is transformers' own LlamaForCausalLM, read from the Hugging Face
 folder gpt_train reads with --init-from-hf (one unit per decoder layer, then the root).
 
+With `--optimizer muon` the optimizer is `torch.optim.Muon` on the blocks' matrices and the fused
+AdamW on the rest (gpt_train --optimizer muon's split and options, `--muon-lr`, `--adjust-lr`).
+FSDP2 hands Muon row-sharded DTensors: it runs, but its weights are not those of Muon on the
+unsharded model (issue 51); bench/muon_bench.py reports it with that caveat. Every step's metrics
+also carry `optimizer_ms`, the time of its `optimizer.step()`.
+
 The GPT model mirrors examples/gpt/gpt.cpp exactly (names, pre-LN blocks, tanh-GELU, causal SDPA, head
 tied to wte, LayerNorm eps 1e-5); the training step mirrors examples/gpt/step.cpp (zero_grad,
 forward, cross-entropy, backward, AdamW step) and trainer.cpp (all-reduce of the loss for the
@@ -132,13 +138,46 @@ def make_optimizer(model, lr, weight_decay, fused=False):
     """gpt_train's AdamW: weight decay on matrices and embeddings, none on norms and biases (the
     1-D parameters); fused=True: PyTorch's fused kernel (gpt_train --optimizer fused), else its
     default, the foreach implementation."""
+    return make_optimizer_of(model.parameters(), lr, weight_decay, fused)
+
+
+def make_optimizer_of(params, lr, weight_decay, fused=False):
     decay, no_decay = [], []
-    for p in model.parameters():
+    for p in params:
         (no_decay if p.dim() < 2 else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay,
                              fused=fused or None)
+
+
+def split_for_muon(model, blocks):
+    """gpt_train --optimizer muon's split (Keller Jordan's recipe, fsdp::optim::split_for_muon):
+    the blocks' matrices for Muon; embeddings, an untied head, norms and biases for AdamW."""
+    matrices = [p for block in blocks for p in block.parameters() if p.dim() == 2]
+    chosen = {id(p) for p in matrices}
+    return matrices, [p for p in model.parameters() if id(p) not in chosen]
+
+
+class MuonAndAdamW:
+    """torch.optim.Muon on the blocks' matrices and the fused AdamW on the rest, stepped as one
+    (gpt_train --optimizer muon: AdamW first, then Muon). Under FSDP2 each Muon parameter is a
+    DTensor sharded by rows: torch.optim.Muon runs as it is, without a word, but its weights are
+    not those of Muon on the unsharded model (issue 51; tests/muon_reference_e2e.py)."""
+
+    def __init__(self, model, blocks, lr, muon_lr, weight_decay, adjust_lr_fn):
+        matrices, others = split_for_muon(model, blocks)
+        self.adamw = make_optimizer_of(others, lr, weight_decay, fused=True)
+        self.muon = torch.optim.Muon(matrices, lr=muon_lr, weight_decay=weight_decay,
+                                     adjust_lr_fn=adjust_lr_fn)
+
+    def zero_grad(self):
+        self.adamw.zero_grad()
+        self.muon.zero_grad()
+
+    def step(self):
+        self.adamw.step()
+        self.muon.step()
 
 
 class CommCounter:
@@ -241,6 +280,13 @@ def main():
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--fused", action="store_true",
                     help="AdamW(fused=True), as gpt_train --optimizer fused (default: foreach)")
+    ap.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                    help="muon: torch.optim.Muon on the blocks' matrices and the fused AdamW on the "
+                         "rest, as gpt_train --optimizer muon (FSDP2's weights then differ from "
+                         "unsharded Muon's: each rank orthogonalizes its own rows)")
+    ap.add_argument("--muon-lr", type=float, default=0.02, help="gpt_train's --muon-lr")
+    ap.add_argument("--adjust-lr", choices=["original", "match_rms_adamw"], default="original",
+                    help="torch.optim.Muon's adjust_lr_fn (gpt_train's --adjust-lr)")
     args = ap.parse_args()
 
     device = setup_device(args.device)
@@ -268,7 +314,10 @@ def main():
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    optimizer = make_optimizer(model, args.lr, args.weight_decay, fused=args.fused)
+    if args.optimizer == "muon":
+        optimizer = MuonAndAdamW(model, blocks, args.lr, args.muon_lr, args.weight_decay, args.adjust_lr)
+    else:
+        optimizer = make_optimizer(model, args.lr, args.weight_decay, fused=args.fused)
 
     metrics = None
     if args.metrics:
@@ -286,7 +335,9 @@ def main():
         optimizer.zero_grad()
         loss = lm_loss(logits_of(model, inputs), targets)
         loss.backward()
+        optimizer_start = time.perf_counter()
         optimizer.step()
+        optimizer_ms = (time.perf_counter() - optimizer_start) * 1000.0
 
         global_loss = loss.detach().clone()
         dist.all_reduce(global_loss)
@@ -298,7 +349,8 @@ def main():
                   "tokens_per_s": global_tokens / (step_ms / 1000.0),
                   "rss_peak_bytes": rss_peak_bytes(),
                   "rss_peak_growth_bytes": rss_peak_bytes() - rss_before,
-                  "bytes_all_gather": ag, "bytes_reduce_scatter": rs, "bytes_all_reduce": ar}
+                  "bytes_all_gather": ag, "bytes_reduce_scatter": rs, "bytes_all_reduce": ar,
+                  "optimizer_ms": optimizer_ms}
         if device.type == "cuda":
             record.update(cuda_memory())
         if metrics:

@@ -4,6 +4,7 @@
 #include <fsdp/fused_adamw.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <torch/optim/adamw.h>
 #include <torch/torch.h>
@@ -246,7 +247,11 @@ StepResult train_step(const StepContext& ctx, int64_t step) {
     ctx.precision.unscale(optimizer);
     clip_gradients(ctx);
   }
+  // Host time: on a GPU, what the step queued (the step's own time waits for the device).
+  const auto optimizer_start = std::chrono::steady_clock::now();
   result.skipped = !ctx.precision.step(optimizer);
+  result.optimizer_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - optimizer_start).count();
   return result;
 }
 

@@ -137,6 +137,7 @@ struct StepContext {
 struct StepResult {
   torch::Tensor loss;    // this rank's mean loss over its rows (a scalar on the device)
   bool skipped = false;  // fp16: some rank's gradients overflowed, so the optimizer did not step
+  double optimizer_ms = 0;  // the optimizer's step (bench/: Muon's against AdamW's), host time
 };
 
 /// Trains step `step`. Micro-batch m covers global rows [m·W·B, (m+1)·W·B): rank r trains on its

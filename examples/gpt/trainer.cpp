@@ -179,6 +179,15 @@ nlohmann::json to_json(const StepRecord& r) {
           {"skipped", r.skipped}};
 }
 
+// The optimizer's share of the step; with Muon, this rank's Newton-Schulz work (bench/ compares
+// the ranks' shares of the orthogonalization).
+void add_optimizer_work(nlohmann::json& line, const StepRecord& r) {
+  line["optimizer_ms"] = r.optimizer_ms;
+  if (!r.muon) return;
+  line["muon_ns_matrices"] = r.muon->matrices;
+  line["muon_ns_flops"] = r.muon->flops;
+}
+
 // Rank 0 prints one line with every rank's memory (a small all-reduce gathers it).
 void print_progress(const StepRecord& r, int64_t steps, fsdp::Distributed* dist) {
   const int world = dist ? dist->world_size() : 1;
@@ -210,7 +219,9 @@ StepLog::StepLog(const TrainOptions& o, fsdp::Distributed* dist, int rank)
 void StepLog::write_setup(const nlohmann::json& setup) { write_line(setup); }
 
 void StepLog::write(const StepRecord& record) {
-  write_line(to_json(record));
+  nlohmann::json line = to_json(record);
+  add_optimizer_work(line, record);
+  write_line(line);
   const int64_t done = record.step + 1;
   if (options_.log_every > 0 && (done % options_.log_every == 0 || done == options_.steps)) {
     print_progress(record, options_.steps, dist_);
@@ -329,6 +340,8 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
   record.comm = minus(fsdp::comm_stats(), comm_before);
   record.loss_scale = ctx.precision.loss_scale();
   record.skipped = trained.skipped;
+  record.optimizer_ms = trained.optimizer_ms;
+  if (ctx.optimizers.muon) record.muon = ctx.optimizers.muon->last_step_work();
   return record;
 }
 

@@ -12,10 +12,12 @@
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/memory.h>
+#include <fsdp/muon.h>
 
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +77,8 @@ struct StepRecord {
   fsdp::CommStats comm;  // bytes of this step
   double loss_scale = 0;  // fp16: the gradient scaler's scale after the step (0: no scaler)
   bool skipped = false;   // fp16: the step was skipped because some rank's gradients overflowed
+  double optimizer_ms = 0;  // the optimizer's step within step_ms
+  std::optional<fsdp::optim::MuonWork> muon;  // --optimizer muon: this rank's Newton-Schulz work
 };
 
 class StepLog {
