@@ -13,7 +13,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include <atomic>
+#include <map>
+#include <mutex>
 #include <numeric>
 #include <unordered_map>
 
@@ -156,10 +157,18 @@ ProcessGroup& Muon::Impl::exchange_group(const ModelParams& model) {
   for (const auto& [known, group] : groups_) {
     if (known == model.model) return *group;
   }
-  static std::atomic<int> made{0};  // the same sequence on every rank: groups are made in step order
+  // Named by how many the shard group has had: the same sequence on each of its members, whatever
+  // other groups some of them belong to (a process-wide count would differ between them).
+  static std::mutex made_mutex;
+  static std::map<std::string, int> made;  // by the shard group's name
+  int serial = 0;
+  {
+    std::lock_guard<std::mutex> lock(made_mutex);
+    serial = made[view.shard_group().name()]++;
+  }
   std::vector<int> members(view.shard_group().size());
   std::iota(members.begin(), members.end(), 0);
-  auto group = view.shard_group().subgroup(members, "muon" + std::to_string(made++));
+  auto group = view.shard_group().subgroup(members, "muon" + std::to_string(serial));
   groups_.emplace_back(model.model, group);
   return *group;
 }
