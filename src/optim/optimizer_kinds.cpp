@@ -15,6 +15,7 @@ const std::vector<OptimizerKind>& known_optimizers() {
       {"RMSprop", true, false,
        {{"square_avg", AddedBy::Always}, {"momentum_buffer", AddedBy::Momentum}, {"grad_avg", AddedBy::Centered}}},
       {"Adagrad", true, true, {{"sum", AddedBy::Always}}},
+      {"Muon", false, false, {{"momentum_buffer", AddedBy::Always}}},
   };
   return known;
 }

@@ -43,7 +43,7 @@ struct OptimizerKind {
   std::vector<StateTensor> tensors;  ///< every kind it may keep, in a fixed order (the same on every rank)
 };
 
-/// Every optimizer known: SGD, Adam, AdamW, RMSprop, Adagrad.
+/// Every optimizer known: SGD, Adam, AdamW, RMSprop, Adagrad, Muon.
 const std::vector<OptimizerKind>& known_optimizers();
 /// "SGD, Adam, AdamW, RMSprop and Adagrad": for error messages.
 std::string known_optimizer_names();
