@@ -115,12 +115,12 @@ void check_same_optimizers(const CheckpointMeta& meta, const ShardedView& model,
     if (!s.has_state() || !k) continue;  // no holder: stage_optimizer_state names it
     const std::string& mine = optimizers.state(*k).name();
     TORCH_CHECK(s.optimizer == mine, folder, "/", kMetadataFile, ": parameter '", p.name(),
-                "' holds ", s.optimizer, " state (saved by ", listed(meta.optimizers),
-                ") but the program's optimizer ", *k, ", which holds it now, is ", mine, ": ",
-                s.optimizer, "'s state does not resume ", mine, "; build the optimizers as the saved "
-                "run did (this parameter in a ", s.optimizer, ") to resume, or, to change its optimizer, "
-                "reset the optimizer state: load with the saved run's optimizers, then build the new ",
-                "ones over the parameters (they start afresh)");
+                "' holds ", s.optimizer, " state (the checkpoint is of ", listed(meta.optimizers),
+                ") but the program's optimizer ", *k, ", which holds it now, is ", a_class(mine), ": ",
+                s.optimizer, "'s state does not resume ", a_class(mine), ". To resume, build the "
+                "optimizers as the saved run did (this parameter in its ", s.optimizer, "); to change "
+                "its optimizer, reset the optimizer state: load with the saved run's optimizers, then "
+                "build the new ones over the parameters (they start afresh)");
   }
   // Every state in the right class, yet the param groups in another order would lose the options.
   TORCH_CHECK(!any_state || !meta.param_groups || meta.optimizers == optimizers.names(), folder, "/",

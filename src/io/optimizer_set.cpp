@@ -13,8 +13,7 @@ using torch::optim::Optimizer;
 
 // "optimizer 1 (an AdamW)": how errors name one of several.
 std::string describe(size_t k, const std::string& name) {
-  const bool vowel = !name.empty() && std::string("AEIOU").find(name[0]) != std::string::npos;
-  return "optimizer " + std::to_string(k) + " (a" + (vowel ? "n " : " ") + name + ")";
+  return "optimizer " + std::to_string(k) + " (" + a_class(name) + ")";
 }
 
 // How errors name a tensor: the model's name for it, else its shape.
@@ -27,6 +26,11 @@ std::string tensor_name(const std::map<const void*, std::string>& names, const a
 }
 
 }  // namespace
+
+std::string a_class(const std::string& name) {
+  const bool vowel = !name.empty() && std::string("AEIOU").find(name[0]) != std::string::npos;
+  return (vowel ? "an " : "a ") + name;
+}
 
 OptimizerSet::OptimizerSet(const std::vector<Optimizer*>& optimizers, const ShardedView& model,
                            const std::string& what)

@@ -31,6 +31,9 @@ namespace fsdp::detail {
 /// empty: none staged).
 using StagedOptions = std::vector<std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>>;
 
+/// "an AdamW", "a Muon": how messages name one optimizer of a class.
+std::string a_class(const std::string& name);
+
 /// The optimizers of one model as the checkpoints see them.
 class OptimizerSet {
  public:
