@@ -71,3 +71,72 @@ TEST(StepInBackward, SgdEqualsSteppingAfterBackwardBitwise) {
 
 }  // namespace
 }  // namespace fsdp_test
+
+namespace fsdp_test {
+namespace {
+
+struct MuonRun {
+  std::vector<torch::Tensor> shards;  // every parameter's shard after the last step
+  int64_t matrices_in_backward = 0;   // Muon's matrices with elements here, stepped before step()
+  int64_t others_in_backward = 0;     // SGD's parameters likewise
+};
+
+// Three steps of Muon on OddNet's hidden matrices (split_for_muon: first and second; the head is
+// AdamW's) and SGD on the rest; `during`: both step each unit's parameters in backward.
+MuonRun train_odd_net_with_muon(fsdp::ShardingStrategy strategy, bool during) {
+  constexpr int64_t kRows = 3;
+  const int world = dist().world_size(), rank = dist().rank();
+  auto model = fsdp::fully_shard(make_odd_net(8), *dist().world, fsdp::FullyShardOptions().strategy(strategy));
+  const auto split = fsdp::optim::split_for_muon(*model);
+  EXPECT_EQ(split.matrix_names, (std::vector<std::string>{"first.weight", "second.weight"}));
+  fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
+  fsdp::optim::SGD sgd(split.others, torch::optim::SGDOptions(0.05).momentum(0.9));
+  MuonRun run;
+  for (int64_t step = 0; step < 3; ++step) {
+    auto [x, y] = odd_batch(step, kRows * world);
+    muon.zero_grad();
+    sgd.zero_grad();
+    std::vector<torch::Tensor> before;
+    for (const auto& p : split.matrices) before.push_back(p.detach().clone());
+    const auto loss = torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows));
+    std::vector<torch::Tensor> others;
+    for (const auto& p : split.others) others.push_back(p.detach().clone());
+    if (during) {
+      fsdp::optim::StepInBackward overlap(model, {&muon, &sgd});  // both, each its own parameters
+      loss.backward();
+    } else {
+      loss.backward();
+    }
+    muon.wait_queued_steps();
+    sgd.wait_queued_steps();
+    for (size_t i = 0; i < before.size(); ++i) {
+      run.matrices_in_backward += before[i].numel() > 0 && !torch::equal(split.matrices[i], before[i]);
+    }
+    for (size_t i = 0; i < others.size(); ++i) {
+      run.others_in_backward += others[i].numel() > 0 && !torch::equal(split.others[i], others[i]);
+    }
+    muon.step();
+    sgd.step();
+  }
+  for (const auto& p : model->parameters()) run.shards.push_back(p.detach().clone());
+  return run;
+}
+
+TEST(StepInBackward, MuonAndSgdEqualSteppingAfterBackwardBitwise) {
+  using S = fsdp::ShardingStrategy;
+  for (S strategy : {S::FullShard, S::ShardGradOp, S::NoShard}) {
+    SCOPED_TRACE(fsdp::to_string(strategy));
+    const MuonRun after = train_odd_net_with_muon(strategy, /*during=*/false);
+    const MuonRun during = train_odd_net_with_muon(strategy, /*during=*/true);
+    EXPECT_EQ(after.matrices_in_backward + after.others_in_backward, 0);
+    EXPECT_GT(during.matrices_in_backward, 0);
+    EXPECT_GT(during.others_in_backward, 0);
+    ASSERT_EQ(during.shards.size(), after.shards.size());
+    for (size_t i = 0; i < after.shards.size(); ++i) {
+      EXPECT_TRUE(torch::equal(during.shards[i], after.shards[i])) << "parameter " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp_test

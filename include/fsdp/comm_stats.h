@@ -12,6 +12,8 @@ struct CommStats {
   int64_t reduce_scatter_bytes = 0;
   int64_t all_reduce_bytes = 0;
   int64_t broadcast_bytes = 0;
+  /// Muon's exchanges (fsdp::optim::Muon): what went to other ranks, not the rank's own part.
+  int64_t all_to_all_bytes = 0;
 };
 
 CommStats comm_stats();

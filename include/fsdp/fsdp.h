@@ -11,6 +11,7 @@
 #include <fsdp/fused_sgd.h>
 #include <fsdp/grad_scaler.h>
 #include <fsdp/memory.h>
+#include <fsdp/muon.h>
 #include <fsdp/options.h>
 #include <fsdp/plan.h>
 #include <fsdp/state_dict.h>

@@ -38,6 +38,10 @@
 
 namespace fsdp::optim {
 
+/// (a, b, c) of the quintic Newton-Schulz polynomial; torch's defaults are Keller Jordan's.
+using NsCoefficients = std::tuple<double, double, double>;
+inline NsCoefficients default_ns_coefficients() { return {3.4445, -4.7750, 2.0315}; }
+
 /// torch.optim.Muon's options, with its defaults.
 struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions> {
   MuonOptions(double lr = 1e-3);
@@ -45,8 +49,7 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   TORCH_ARG(double, weight_decay) = 0.1;
   TORCH_ARG(double, momentum) = 0.95;
   TORCH_ARG(bool, nesterov) = true;
-  /// (a, b, c) of the quintic Newton-Schulz polynomial.
-  TORCH_ARG(std::tuple<double, double, double>, ns_coefficients) = std::make_tuple(3.4445, -4.7750, 2.0315);
+  TORCH_ARG(NsCoefficients, ns_coefficients) = default_ns_coefficients();
   TORCH_ARG(double, eps) = 1e-7;
   TORCH_ARG(int64_t, ns_steps) = 5;
   /// "original" (lr x sqrt(max(1, rows / cols)), Keller Jordan's) or "match_rms_adamw"
@@ -76,6 +79,7 @@ struct MuonParamState : public torch::optim::OptimizerCloneableParamState<MuonPa
 struct MuonWork {
   int64_t matrices = 0;  ///< orthogonalized here
   double flops = 0;      ///< of their iterations
+  std::vector<std::string> names;  ///< of those matrices ("#i" for a parameter outside a sharded model)
 };
 
 class Muon : public torch::optim::Optimizer, public StepsInBackward {

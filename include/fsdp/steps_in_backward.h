@@ -70,15 +70,19 @@ class StepsInBackward {
 /// gradient clipping or a gradient scaler (both need every gradient before any step). The
 /// learning rate must be set before that backward.
 ///
+/// Several optimizers over one model (Muon for the matrices, AdamW for the rest) are each given
+/// every unit's gradients and step their own parameters, each on its own worker thread.
+///
 /// Example:
 ///   {
-///     fsdp::optim::StepInBackward overlap(model, optimizer);  // fsdp::optim::AdamW, SGD, ...
+///     fsdp::optim::StepInBackward overlap(model, optimizer);  // fsdp::optim::AdamW, SGD, Muon, ...
 ///     loss.backward();
 ///   }
 ///   optimizer.step();
 class StepInBackward {
  public:
   StepInBackward(const ShardedModel& model, StepsInBackward& optimizer);
+  StepInBackward(const ShardedModel& model, const std::vector<StepsInBackward*>& optimizers);
   ~StepInBackward();
   StepInBackward(const StepInBackward&) = delete;
   StepInBackward& operator=(const StepInBackward&) = delete;

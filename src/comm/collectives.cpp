@@ -99,6 +99,31 @@ void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
   }
 }
 
+at::Tensor backend_all_to_all(ProcessGroup& group, const at::Tensor& send, std::vector<int64_t> send_numels,
+                              std::vector<int64_t> receive_numels) {
+  TORCH_CHECK(static_cast<int>(send_numels.size()) == group.size() &&
+                  static_cast<int>(receive_numels.size()) == group.size(),
+              "all_to_all: a count per member of the group is needed");
+  int64_t received = 0;
+  for (int64_t n : receive_numels) received += n;
+  at::Tensor host_send = send.is_cpu() ? send.contiguous() : send.to(at::kCPU);
+  at::Tensor host_received = at::empty({received}, host_send.options());
+  if (group.size() == 1) {
+    host_received.copy_(host_send);
+  } else {
+    run_guarded(group, "all_to_all", PeersWaitedOn::AllMembers, [&] {
+      // Gloo takes the counts (it moves them into its work): it gets copies.
+      std::vector<int64_t> receive_counts = receive_numels, send_counts = send_numels;
+      wait_and_release(group.backend().alltoall_base(host_received, host_send, receive_counts, send_counts),
+                       group.timeout());
+    });
+  }
+  int64_t to_others = 0;
+  for (int r = 0; r < group.size(); ++r) to_others += r == group.rank() ? 0 : send_numels[r];
+  count_sent_bytes(CollectiveKind::AllToAll, to_others * static_cast<int64_t>(send.element_size()));
+  return send.is_cpu() ? host_received : host_received.to(send.device());
+}
+
 namespace {
 
 // A smaller segment than the units' (kShmChunkBytes): what goes through it is mostly a few bytes

@@ -46,7 +46,7 @@ std::unique_ptr<Collectives> make_staged_collectives(std::unique_ptr<Collectives
 at::Tensor host_staging_buffer(const at::Tensor& t);
 
 /// What one rank sent, for comm_stats(): every Collectives implementation counts here.
-enum class CollectiveKind { AllGather, ReduceScatter, AllReduce, Broadcast };
+enum class CollectiveKind { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll };
 void count_sent_bytes(CollectiveKind kind, int64_t bytes);
 
 /// Whom a collective waits on: this rank's ring neighbours, or every other member of the group.
@@ -60,5 +60,11 @@ void run_guarded(const ProcessGroup& group, const char* what, PeersWaitedOn peer
 void backend_all_reduce_sum(ProcessGroup& group, const at::Tensor& t);
 /// t <- rank `root`'s t, by the backend's own broadcast; t is a host tensor.
 void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root);
+/// What the members of `group` sent this rank, by the backend's own all-to-all: `send` (1-D)
+/// holds send_numels[r] elements for member r, one after another; the result holds
+/// receive_numels[r] from member r, in member order. Counted in comm_stats().all_to_all_bytes
+/// (what leaves for other members). A device tensor goes through a host copy.
+at::Tensor backend_all_to_all(ProcessGroup& group, const at::Tensor& send, std::vector<int64_t> send_numels,
+                              std::vector<int64_t> receive_numels);
 
 }  // namespace fsdp

@@ -15,6 +15,7 @@ struct Counters {
   std::atomic<int64_t> reduce_scatter{0};
   std::atomic<int64_t> all_reduce{0};
   std::atomic<int64_t> broadcast{0};
+  std::atomic<int64_t> all_to_all{0};
 };
 
 Counters& counters() {
@@ -30,6 +31,8 @@ std::atomic<int64_t>& counter_of(CollectiveKind kind) {
       return counters().reduce_scatter;
     case CollectiveKind::AllReduce:
       return counters().all_reduce;
+    case CollectiveKind::AllToAll:
+      return counters().all_to_all;
     case CollectiveKind::Broadcast:
       break;
   }
@@ -46,6 +49,7 @@ CommStats comm_stats() {
   s.reduce_scatter_bytes = counters().reduce_scatter.load();
   s.all_reduce_bytes = counters().all_reduce.load();
   s.broadcast_bytes = counters().broadcast.load();
+  s.all_to_all_bytes = counters().all_to_all.load();
   return s;
 }
 
@@ -54,6 +58,7 @@ void reset_comm_stats() {
   counters().reduce_scatter = 0;
   counters().all_reduce = 0;
   counters().broadcast = 0;
+  counters().all_to_all = 0;
 }
 
 }  // namespace fsdp

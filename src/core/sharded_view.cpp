@@ -4,6 +4,8 @@
 #include "core/model_collectives.h"
 #include "core/sharded_model.h"
 
+#include <algorithm>
+
 namespace fsdp::detail {
 
 const std::string& ShardedParam::name() const { return entry_->name; }
@@ -24,6 +26,18 @@ at::Tensor ShardedParam::in_whole(const at::Tensor& gathered) const {
 
 at::Tensor ShardedParam::piece_of(const at::Tensor& whole) const {
   return flat_->local_piece(*entry_, whole);
+}
+
+std::vector<int64_t> ShardedParam::piece_numels() const {
+  const int positions = flat_->shard_group_size();
+  const int64_t shard = flat_->shard_numel();
+  std::vector<int64_t> numels(positions, 0);
+  for (int r = 0; r < positions; ++r) {
+    const int64_t begin = std::clamp(entry_->offset, r * shard, (r + 1) * shard);
+    const int64_t end = std::clamp(entry_->offset + entry_->numel, r * shard, (r + 1) * shard);
+    numels[r] = end - begin;
+  }
+  return numels;
 }
 
 ShardedBuffer::ShardedBuffer(FsdpState& state, ParamGroup& unit, FlatParam& flat)
@@ -59,6 +73,7 @@ std::vector<ShardedParam> ShardedView::params() const {
 }
 
 ProcessGroup& ShardedView::world() const { return state_->world(); }
+ProcessGroup& ShardedView::shard_group() const { return state_->shard_group(); }
 int ShardedView::shard_rank() const { return state_->collectives().rank(); }
 int ShardedView::shard_group_size() const { return state_->collectives().size(); }
 

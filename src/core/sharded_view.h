@@ -46,6 +46,9 @@ class ShardedParam {
   at::Tensor in_whole(const at::Tensor& gathered) const;
   /// This rank's piece of `whole` (the whole parameter in any shape), flattened.
   at::Tensor piece_of(const at::Tensor& whole) const;
+  /// The elements of the flattened parameter each position of the shard group holds: the
+  /// pieces, in position order, make the whole.
+  std::vector<int64_t> piece_numels() const;
 
  private:
   friend class ShardedBuffer;
@@ -92,6 +95,8 @@ class ShardedView {
   std::vector<ShardedParam> params() const;
 
   ProcessGroup& world() const;
+  /// The ranks that together hold one copy of the shards (the world unless hybrid or no-shard).
+  ProcessGroup& shard_group() const;
   /// This rank's place in its shard group, and the group's size.
   int shard_rank() const;
   int shard_group_size() const;

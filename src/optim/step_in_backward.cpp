@@ -55,10 +55,17 @@ bool StepsInBackward::stepped_in_backward(const at::Tensor& param) const {
 
 void StepsInBackward::forget_stepped() { stepped_.clear(); }
 
-StepInBackward::StepInBackward(const ShardedModel& model, StepsInBackward& optimizer) : model_(model) {
+StepInBackward::StepInBackward(const ShardedModel& model, StepsInBackward& optimizer)
+    : StepInBackward(model, std::vector<StepsInBackward*>{&optimizer}) {}
+
+StepInBackward::StepInBackward(const ShardedModel& model, const std::vector<StepsInBackward*>& optimizers)
+    : model_(model) {
+  for (size_t i = 0; i < optimizers.size(); ++i) {
+    TORCH_CHECK(optimizers[i], "StepInBackward: optimizer #", i, " is null");
+  }
   detail::ShardedView(model_).set_gradients_reduced_hook(
-      [&optimizer](std::vector<at::Tensor> params, std::vector<at::Tensor> grads, std::function<void()> wait) {
-        optimizer.step_when_ready(std::move(params), std::move(grads), std::move(wait));
+      [optimizers](std::vector<at::Tensor> params, std::vector<at::Tensor> grads, std::function<void()> wait) {
+        for (StepsInBackward* optimizer : optimizers) optimizer->step_when_ready(params, grads, wait);
       });
 }
 

@@ -23,7 +23,7 @@ PUBLIC = {
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
     "output_tensors.h": "core", "sharded_model.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
-    "fused_sgd.h": "optim", "steps_in_backward.h": "optim",
+    "fused_sgd.h": "optim", "steps_in_backward.h": "optim", "muon.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
     "plan.h": "plan",

@@ -1,0 +1,185 @@
+// fsdp::optim::Muon on a sharded model as a training loop uses it: beside AdamW, under every
+// strategy, mixed precision, gradient accumulation, clipping and frozen layers, following the
+// same model trained unsharded; its momentum sharded; what it refuses, by name.
+// (Bitwise equality with torch.optim.Muon itself: tests/muon_reference_e2e.py.)
+#include "dist_env.h"
+#include "error_of.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+
+namespace fsdp_test {
+namespace {
+
+struct MuonBlockImpl : torch::nn::Module {
+  MuonBlockImpl() {
+    up = register_module("up", torch::nn::Linear(8, 12));
+    down = register_module("down", torch::nn::Linear(12, 8));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + down(torch::tanh(up(x))); }
+  torch::nn::Linear up{nullptr}, down{nullptr};
+};
+TORCH_MODULE(MuonBlock);
+
+// Two blocks and a frozen layer as units, a head in the root.
+struct MuonModelImpl : torch::nn::Module {
+  MuonModelImpl() {
+    first = register_module("first", MuonBlock());
+    frozen = register_module("frozen", torch::nn::Linear(8, 8));
+    second = register_module("second", MuonBlock());
+    head = register_module("head", torch::nn::Linear(8, 3));
+    for (auto& p : frozen->parameters()) p.set_requires_grad(false);
+    first_unit = first;
+    frozen_unit = frozen;
+    second_unit = second;
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head(second_unit(torch::tanh(frozen_unit(first_unit(x)))));
+  }
+  MuonBlock first{nullptr}, second{nullptr};
+  torch::nn::Linear frozen{nullptr}, head{nullptr};
+  fsdp::Unit<MuonBlock> first_unit, second_unit;
+  fsdp::Unit<torch::nn::Linear> frozen_unit;
+};
+TORCH_MODULE(MuonModel);
+
+MuonModel make_muon_model() {
+  torch::manual_seed(51);
+  return MuonModel();
+}
+
+std::pair<torch::Tensor, torch::Tensor> muon_batch(int64_t step, int64_t rows) {
+  auto gen = at::detail::createCPUGenerator(5100 + step);
+  return {torch::randn({rows, 8}, gen), torch::randn({rows, 3}, gen)};
+}
+
+constexpr int64_t kRows = 4;      // per rank and micro-batch
+constexpr int kMicroBatches = 2;  // gradient accumulation
+constexpr double kMaxNorm = 0.5;  // clipping that clips (the first steps' norms are above it)
+
+template <class Model>
+std::map<std::string, torch::Tensor> params_of(Model& model) {
+  std::map<std::string, torch::Tensor> out;
+  for (auto& item : model.named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// The same steps on the unsharded model, with every rank's rows: the reference.
+std::map<std::string, torch::Tensor> train_unsharded(int world, int steps) {
+  MuonModel model = make_muon_model();
+  const auto split = fsdp::optim::split_for_muon(*model);
+  fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
+  torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
+  for (int step = 0; step < steps; ++step) {
+    muon.zero_grad();
+    adamw.zero_grad();
+    for (int micro = 0; micro < kMicroBatches; ++micro) {
+      auto [x, y] = muon_batch(step * kMicroBatches + micro, kRows * world);
+      (torch::mse_loss(model->forward(x), y) / kMicroBatches).backward();
+    }
+    torch::nn::utils::clip_grad_norm_(model->parameters(), kMaxNorm);
+    muon.step();
+    adamw.step();
+  }
+  return params_of(*model);
+}
+
+struct ShardedRun {
+  std::map<std::string, torch::Tensor> params;  // whole, gathered
+  int64_t momentum_elements = 0;                // Muon's state held by this rank
+  int64_t muon_elements = 0;                    // of the matrices Muon steps, whole
+};
+
+ShardedRun train_sharded(fsdp::FullyShardOptions options, int steps) {
+  const int world = dist().world_size(), rank = dist().rank();
+  auto model = fsdp::fully_shard(make_muon_model(), *dist().world, options);
+  const auto split = fsdp::optim::split_for_muon(*model);
+  EXPECT_EQ(split.matrix_names, (std::vector<std::string>{"first.up.weight", "first.down.weight",
+                                                          "second.up.weight", "second.down.weight"}));
+  fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
+  torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
+  for (int step = 0; step < steps; ++step) {
+    muon.zero_grad();
+    adamw.zero_grad();
+    for (int micro = 0; micro < kMicroBatches; ++micro) {
+      auto [x, y] = muon_batch(step * kMicroBatches + micro, kRows * world);
+      auto loss = torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows));
+      (loss / kMicroBatches).backward();
+    }
+    fsdp::clip_grad_norm_(model->parameters(), kMaxNorm);
+    muon.step();
+    adamw.step();
+  }
+  ShardedRun run;
+  for (const auto& [name, t] : fsdp::gather_full_params(model)) run.params[name] = t;
+  for (const auto& p : split.matrices) {
+    const auto& state = static_cast<fsdp::optim::MuonParamState&>(*muon.state().at(p.unsafeGetTensorImpl()));
+    run.momentum_elements += state.momentum_buffer().numel();
+  }
+  for (const auto& name : split.matrix_names) run.muon_elements += run.params.at(name).numel();
+  return run;
+}
+
+// Momentum is sharded: the ranks' momentum buffers hold each element of Muon's matrices once
+// (no-shard: every rank the whole).
+void expect_momentum_sharded(const ShardedRun& run, fsdp::ShardingStrategy strategy) {
+  auto held = torch::tensor({run.momentum_elements}, torch::kLong);
+  fsdp::all_reduce_sum(*dist().world, held);
+  const int64_t copies = strategy == fsdp::ShardingStrategy::NoShard ? dist().world_size() : 1;
+  EXPECT_EQ(held.item<int64_t>(), copies * run.muon_elements);
+}
+
+void expect_close(const std::map<std::string, torch::Tensor>& got, const std::map<std::string, torch::Tensor>& want,
+                  double tolerance) {
+  for (const auto& [name, w] : want) {
+    EXPECT_LT((got.at(name) - w).abs().max().item<double>(), tolerance) << name;
+  }
+}
+
+TEST(Muon, ShardedTrainingFollowsTheUnshardedModelUnderEveryFeature) {
+  constexpr int kSteps = 4;
+  const auto reference = train_unsharded(dist().world_size(), kSteps);
+  const auto initial = params_of(*make_muon_model());
+  for (const auto& [name, want] : reference) {
+    EXPECT_EQ(torch::equal(want, initial.at(name)), name.rfind("frozen", 0) == 0) << name;
+  }
+  using S = fsdp::ShardingStrategy;
+  const auto bf16 = fsdp::MixedPrecision().param_dtype(at::kBFloat16).reduce_dtype(at::kFloat);
+  // Under bf16 the reference is the no-shard run (every rank steps whole matrices, no exchange):
+  // against fp32, Muon turns a bf16 backward's noise in a small gradient into a full-size step.
+  const ShardedRun bf16_whole = train_sharded(fsdp::FullyShardOptions().strategy(S::NoShard).mixed_precision(bf16), kSteps);
+  expect_close(bf16_whole.params, reference, 5e-2);
+  for (S strategy : {S::FullShard, S::ShardGradOp, S::NoShard}) {
+    SCOPED_TRACE(fsdp::to_string(strategy));
+    const ShardedRun fp32 = train_sharded(fsdp::FullyShardOptions().strategy(strategy), kSteps);
+    expect_close(fp32.params, reference, 1e-4);  // the sums of W ranks' gradients against one sum
+    EXPECT_TRUE(torch::equal(fp32.params.at("frozen.weight"), initial.at("frozen.weight")));
+    expect_momentum_sharded(fp32, strategy);
+    const ShardedRun mixed = train_sharded(fsdp::FullyShardOptions().strategy(strategy).mixed_precision(bf16), kSteps);
+    expect_close(mixed.params, bf16_whole.params, 1e-4);
+    expect_momentum_sharded(mixed, strategy);
+  }
+}
+
+TEST(Muon, RefusesWhatItCannotStepByName) {
+  auto model = fsdp::fully_shard(make_muon_model(), *dist().world);
+  // A sharded bias is 1-D between steps like everything else: refused by its original shape.
+  std::string error = error_of([&] { fsdp::optim::Muon muon({model->first->up->bias}); });
+  EXPECT_NE(error.find("'first.up.bias' has shape [12]"), std::string::npos) << error;
+  EXPECT_NE(error.find("split_for_muon"), std::string::npos) << error;
+  error = error_of([&] { fsdp::optim::Muon muon({model->first->up->weight}, fsdp::optim::MuonOptions().adjust_lr_fn("rms")); });
+  EXPECT_NE(error.find("adjust_lr_fn 'rms'"), std::string::npos) << error;
+  // A gradient on some ranks only would pair the wrong pieces: refused, naming the parameter.
+  if (dist().world_size() > 1) {
+    fsdp::optim::Muon muon({model->first->up->weight, model->second->down->weight});
+    model->first->up->weight.mutable_grad() = torch::zeros_like(model->first->up->weight);
+    if (dist().rank() == 0) model->second->down->weight.mutable_grad() = torch::zeros_like(model->second->down->weight);
+    error = error_of([&] { muon.step(); });
+    EXPECT_NE(error.find("'second.down.weight' has a gradient on 1 of the"), std::string::npos) << error;
+  }
+}
+
+}  // namespace
+}  // namespace fsdp_test

@@ -1,0 +1,123 @@
+// fsdp::optim::Muon given chosen gradients, for tests/muon_reference_e2e.py, which steps
+// torch.optim.Muon in Python on the unsharded matrices with the same gradients and compares
+// the parameters bit for bit. Reads the initial matrices ("<name>") and each step's gradients
+// ("step<k>.<name>") from a safetensors file; for each choice of nesterov and adjust_lr_fn trains
+// a fresh model `--steps` steps and writes its full parameters to <out>/<case>.safetensors
+// (rank 0). `--unsharded`: the same model without fully_shard (Muon's whole-matrix path).
+#include <fsdp/fsdp.h>
+#include <fsdp/safetensors.h>
+
+#include "core/sharded_view.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+// Three units of one matrix each (tall, wide, square) and two matrices in the root (a small one
+// whose pieces are empty on some ranks, and a bare parameter): the awkward cases of a placement.
+struct MuonNetImpl : torch::nn::Module {
+  MuonNetImpl() {
+    tall = register_module("tall", torch::nn::Linear(torch::nn::LinearOptions(20, 48).bias(false)));
+    wide = register_module("wide", torch::nn::Linear(torch::nn::LinearOptions(48, 20).bias(false)));
+    square = register_module("square", torch::nn::Linear(torch::nn::LinearOptions(20, 20).bias(false)));
+    small = register_module("small", torch::nn::Linear(torch::nn::LinearOptions(20, 5).bias(false)));
+    mix = register_parameter("mix", torch::zeros({7, 5}));
+    tall_unit = tall;
+    wide_unit = wide;
+    square_unit = square;
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::matmul(small(square_unit(wide_unit(tall_unit(x)))), mix.t());
+  }
+  torch::nn::Linear tall{nullptr}, wide{nullptr}, square{nullptr}, small{nullptr};
+  torch::Tensor mix;
+  fsdp::Unit<torch::nn::Linear> tall_unit, wide_unit, square_unit;
+};
+TORCH_MODULE(MuonNet);
+
+void load_initial(MuonNet& model, const fsdp::SafetensorsReader& file) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model->named_parameters()) p.value().copy_(file.read(p.key()));
+}
+
+std::string gradient_name(int step, const std::string& param) { return "step" + std::to_string(step) + "." + param; }
+
+// `steps` steps of `muon` on the unsharded model: each parameter's gradient whole.
+fsdp::NamedTensors train(MuonNet& model, fsdp::optim::Muon& muon, const fsdp::SafetensorsReader& file, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    for (auto& p : model->named_parameters()) p.value().mutable_grad() = file.read(gradient_name(step, p.key()));
+    muon.step();
+  }
+  return model->named_parameters().pairs();
+}
+
+// The same on the sharded model: each rank's piece of each gradient.
+fsdp::NamedTensors train(fsdp::Unit<MuonNet>& model, fsdp::optim::Muon& muon, const fsdp::SafetensorsReader& file,
+                         int steps) {
+  for (const auto& piece : fsdp::detail::ShardedView(model.sharded_model()).params()) {
+    std::printf("piece %s %lld %lld\n", piece.name().c_str(), static_cast<long long>(piece.begin()),
+                static_cast<long long>(piece.end()));
+  }
+  for (int step = 0; step < steps; ++step) {
+    for (const auto& piece : fsdp::detail::ShardedView(model.sharded_model()).params()) {
+      at::Tensor param = piece.param();
+      param.mutable_grad() = piece.piece_of(file.read(gradient_name(step, piece.name()))).view(param.sizes()).clone();
+    }
+    fsdp::reset_comm_stats();  // the last step's bytes are printed
+    muon.step();
+  }
+  return fsdp::gather_full_params(model.sharded_model());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Muon given chosen gradients (tests/muon_reference_e2e.py)"};
+  std::string cases, out, strategy = "full";
+  int steps = 3, shard_group_size = 0;
+  bool unsharded = false;
+  app.add_option("--cases", cases, "safetensors file of initial matrices and gradients")->required();
+  app.add_option("--out", out, "folder for <case>.safetensors")->required();
+  app.add_option("--steps", steps);
+  app.add_option("--strategy", strategy);
+  app.add_option("--shard-group-size", shard_group_size);
+  app.add_flag("--unsharded", unsharded);
+  CLI11_PARSE(app, argc, argv);
+
+  auto dist = fsdp::init_distributed();
+  const fsdp::SafetensorsReader file(cases);
+  for (bool nesterov : {true, false}) {
+    for (std::string adjust : {"original", "match_rms_adamw"}) {
+      const auto options =
+          fsdp::optim::MuonOptions(0.02).weight_decay(0.1).momentum(0.95).nesterov(nesterov).adjust_lr_fn(adjust);
+      MuonNet model;
+      load_initial(model, file);
+      fsdp::NamedTensors params;
+      fsdp::optim::MuonWork work;
+      if (unsharded) {
+        fsdp::optim::Muon muon(model->parameters(), options);
+        params = train(model, muon, file, steps);
+        work = muon.last_step_work();
+      } else {
+        auto sharded = fsdp::fully_shard(model, *dist->world,
+                                         fsdp::FullyShardOptions()
+                                             .strategy(fsdp::parse_sharding_strategy(strategy))
+                                             .shard_group_size(shard_group_size));
+        fsdp::optim::Muon muon(sharded->parameters(), options);
+        params = train(sharded, muon, file, steps);
+        work = muon.last_step_work();
+      }
+      const std::string name = std::string(nesterov ? "nesterov" : "plain") + "-" + adjust;
+      if (dist->rank() == 0) fsdp::save_safetensors(out + "/" + name + ".safetensors", params);
+      std::string owned;
+      for (const auto& matrix : work.names) owned += (owned.empty() ? "" : ",") + matrix;
+      std::printf("case %s: owned %s flops %.0f all_to_all_bytes %lld\n", name.c_str(), owned.empty() ? "-" : owned.c_str(),
+                  work.flops, static_cast<long long>(fsdp::comm_stats().all_to_all_bytes));
+    }
+  }
+  return 0;
+}
