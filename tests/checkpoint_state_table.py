@@ -19,7 +19,8 @@ def run(bin_dir, world):
     cmd = [str(bin_dir / "fsdprun"), "--nproc-per-node", str(world), str(bin_dir / "fsdp_dist_tests"),
            "--gtest_filter=CheckpointState.*:CheckpointOptions.*:CheckpointTwoOptimizers.*"]
     result = subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=600)
-    return result.returncode, result.stdout + result.stderr
+    # gtest's colours (fsdprun's ranks may write to a terminal) would hide "[  FAILED  ] Name".
+    return result.returncode, re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
 
 
 def main():
