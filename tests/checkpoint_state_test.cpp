@@ -178,6 +178,7 @@ TEST(CheckpointState, EverySavedOptimizerStateHoldsExactlyTheDescribedKinds) {
   const std::vector<OptimizerCase> cases = optimizer_cases();
   for (size_t i = 0; i < cases.size(); ++i) {
     const OptimizerCase& c = cases[i];
+    if (c.matrices_only) continue;  // Muon, over the matrices beside an AdamW: checkpoint_two_optimizers_test.cpp
     SCOPED_TRACE(c.label);
     const auto& kind = *fsdp::optimizers::find_optimizer(c.described_as);
     const std::vector<std::string> described = fsdp::optimizers::kinds_kept(kind, c.options);

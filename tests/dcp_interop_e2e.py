@@ -6,6 +6,10 @@ saves a sharded checkpoint; then, in Python:
   (gpt_train --save-full: gathered by fsdp-cpp's collectives, not read from the files), and full
   AdamW state bitwise equal to fsdp::gather_full_optimizer_state (checkpoint_tool
   --dump-full-state);
+- a checkpoint of two optimizers over one model (checkpoint_state_tool --optimizer muon+adamw:
+  fsdp::optim::Muon's momentum_buffer for the matrices beside AdamW's exp_avg, exp_avg_sq and
+  step for the rest) reads the same way, bitwise equal to fsdp::gather_full_optimizer_state, and
+  the tool resumes it at W = 3;
 - a PyTorch FSDP2 model (bench/peer_fsdp2.py's GPT, the same architecture) at W = 3 loads the
   parameters and the AdamW state from the same folder, and its losses on the next two batches
   (the second after one AdamW step on the loaded state) equal gpt_train's resumed at W = 3.
@@ -70,6 +74,21 @@ def check_dcp_full_load(folder, full):
     return len(wanted)
 
 
+def check_two_optimizers(bin_dir, tmp):
+    """Muon + AdamW at W = 2, saved; dcp.load reads every parameter, buffer and state tensor of
+    both optimizers bitwise as fsdp gathers them; the tool resumes the checkpoint at W = 3."""
+    launch(bin_dir, 2, "checkpoint_state_tool", "--optimizer", "muon+adamw", "--steps", 2,
+           "--save", tmp / "two", "--dump-full-state", tmp / "two-full.pt")
+    full = torch.load(tmp / "two-full.pt")
+    kinds = {k.rsplit(".", 1)[1] for k in full if k.startswith("state.")}
+    assert kinds == {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"}, f"state kinds {kinds}"
+    count = check_dcp_full_load(tmp / "two" / "step-00000002", full)
+    out = launch(bin_dir, 3, "checkpoint_state_tool", "--optimizer", "muon+adamw", "--steps", 1,
+                 "--load", tmp / "two")
+    assert "resumed_step 2" in out, out
+    return count
+
+
 def fsdp2_worker(folder, batches_path, out_path):
     """Under torchrun at W = 3: FSDP2 loads the checkpoint, then the losses of two steps."""
     import torch.distributed as dist
@@ -129,6 +148,7 @@ def main(bin_dir, corpus):
         full_state = torch.load(tmp / "tool-full.pt")
         assert any(k.endswith(".exp_avg") for k in full_state), "no optimizer state to compare"
         state = check_dcp_full_load(tmp / "tool" / "step-00000003", full_state)
+        two = check_two_optimizers(bin_dir, tmp)
 
         resumed = gpt_train(bin_dir, corpus, 3, SAVED_STEP + 2, "--checkpoint-dir", tmp / "ckpt",
                             "--resume", "--dump-batches", tmp / "batches.pt")
@@ -147,7 +167,8 @@ def main(bin_dir, corpus):
             worst = max(worst, relative)
     print(f"dcp interop: safe_open read {files} shard files; dcp.load(no_dist) gave {params} "
           f"parameters bitwise equal to gpt_train's full state dict and {state} parameters + AdamW "
-          f"tensors bitwise equal to fsdp's gathered ones; FSDP2 at W=3 from gpt_train's W=2 "
+          f"tensors bitwise equal to fsdp's gathered ones, and {two} tensors of a Muon+AdamW "
+          f"checkpoint likewise; FSDP2 at W=3 from gpt_train's W=2 "
           f"checkpoint: losses of steps {SAVED_STEP} and {SAVED_STEP + 1} within {worst:.2g} "
           "relative of gpt_train resumed at W=3")
 

@@ -7,6 +7,7 @@
 
 #include <fsdp/fused_adamw.h>
 #include <fsdp/fused_sgd.h>
+#include <fsdp/muon.h>
 
 #include <torch/optim.h>
 
@@ -27,6 +28,7 @@ struct OptimizerCase {
   std::string described_as;
   StateOptions options;
   MakeOptimizer make;
+  bool matrices_only = false;  // steps 2-D parameters only (Muon)
 };
 
 inline StateOptions with(bool amsgrad, bool momentum, bool centered) {
@@ -65,6 +67,7 @@ inline std::vector<OptimizerCase> optimizer_cases() {
       {"centered RMSprop with momentum", "RMSprop", with(false, true, true),
        maker<o::RMSprop>(o::RMSpropOptions(0.01).momentum(0.5).centered(true))},
       {"Adagrad", "Adagrad", none, maker<o::Adagrad>(o::AdagradOptions(0.1))},
+      {"fsdp::optim::Muon", "Muon", none, maker<fsdp::optim::Muon>(fsdp::optim::MuonOptions(0.02)), true},
   };
 }
 

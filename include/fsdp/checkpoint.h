@@ -1,7 +1,7 @@
 #pragma once
 /// Sharded checkpoints: every rank writes its own pieces of the parameters and of the optimizer's
-/// state (any of torch::optim's SGD, Adam, AdamW, RMSprop, Adagrad, and fsdp::optim's AdamW and
-/// SGD: each state tensor in pieces, each step count as a scalar), and rank 0 the model's buffers
+/// state (any of torch::optim's SGD, Adam, AdamW, RMSprop, Adagrad, and fsdp::optim's AdamW, SGD
+/// and Muon: each state tensor in pieces, each step count as a scalar), and rank 0 the model's buffers
 /// whole (BatchNorm's running statistics: rank 0's values, as sync_buffers gives every rank);
 /// rank 0 writes one metadata file that describes every piece as (parameter name, global shape,
 /// element range [begin, end) of the flattened parameter). The description names no rank and no
@@ -63,6 +63,22 @@
 /// name at the first save. A checkpoint saved before buffers were saved (no "buffers" in
 /// metadata.json) still loads: the model's buffers then keep their values.
 ///
+/// Several optimizers over one model (Muon for the hidden matrices, AdamW for the rest) save into
+/// one checkpoint with the overloads taking `const std::vector<torch::optim::Optimizer*>&`: the
+/// union of their per-parameter state under DCP's names, as torchtitan's OptimizersContainer
+/// saves it, each parameter recorded with the class of the optimizer that held it, and every
+/// optimizer's param groups (with their options: lr...). Every parameter may be in one optimizer
+/// at most (one in two is refused, naming it). Loading gives each parameter's state to the
+/// optimizer that holds it now; a parameter whose saved state is of another class (Muon's
+/// momentum into an AdamW, or the reverse) is refused, naming the parameter and both classes. Pass
+/// the optimizers in the order the saved run did ([Note: several optimizers, one checkpoint] in
+/// src/io/optimizer_set.h).
+///   auto split = fsdp::optim::split_for_muon(*model);
+///   fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
+///   fsdp::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(3e-4));
+///   fsdp::save_checkpoint(model, {&muon, &adamw}, "ckpt", step);
+///   ... fsdp::load_sharded(model, {&muon, &adamw}, fsdp::latest_checkpoint("ckpt"));
+///
 /// Example:
 ///   auto model = fsdp::fully_shard(Net(), *dist->world);
 ///   torch::optim::AdamW optim(model->parameters(), torch::optim::AdamWOptions(1e-3));
@@ -87,6 +103,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -110,6 +127,10 @@ struct SaveHooks {
 ///   fsdp::save_sharded(model, optim, "ckpt/final", {{"step", 1000}});
 void save_sharded(const ShardedModel& model, torch::optim::Optimizer& optimizer, const std::string& folder,
                   const nlohmann::json& extra = nlohmann::json::object(), const SaveHooks& hooks = {});
+/// The same for several optimizers over one model (Muon and AdamW), each parameter in one of them.
+void save_sharded(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
+                  const std::string& folder, const nlohmann::json& extra = nlohmann::json::object(),
+                  const SaveHooks& hooks = {});
 
 /// Loads the checkpoint in `folder` (saved by any number of ranks, any strategy) into the model
 /// and `optimizer` (built over model->parameters(), of the class that saved it, with the same
@@ -120,6 +141,11 @@ void save_sharded(const ShardedModel& model, torch::optim::Optimizer& optimizer,
 /// Example:
 ///   int64_t step = fsdp::load_sharded(model, optim, "ckpt/final").at("step");
 nlohmann::json load_sharded(const ShardedModel& model, torch::optim::Optimizer& optimizer,
+                            const std::string& folder);
+/// The same for several optimizers: each parameter's state goes to the optimizer holding it now,
+/// which must be of the class that saved it; pass the optimizers as the saved run did (the same
+/// classes in the same order, the same param groups).
+nlohmann::json load_sharded(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
                             const std::string& folder);
 
 /// Saves into `dir`/step-NNNNNNNN (save_sharded), `extra` (a JSON object) with "step": `step`
@@ -133,6 +159,11 @@ nlohmann::json load_sharded(const ShardedModel& model, torch::optim::Optimizer& 
 /// Example:
 ///   fsdp::save_checkpoint(model, optim, "ckpt", step, {{"seed", seed}}, /*keep_last=*/2);
 std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& optimizer,
+                            const std::string& dir, int64_t step,
+                            const nlohmann::json& extra = nlohmann::json::object(),
+                            int keep_last = 0, const SaveHooks& hooks = {});
+/// The same for several optimizers over one model (save_sharded's).
+std::string save_checkpoint(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
                             const std::string& dir, int64_t step,
                             const nlohmann::json& extra = nlohmann::json::object(),
                             int keep_last = 0, const SaveHooks& hooks = {});
@@ -168,5 +199,9 @@ void check_checkpoint_dir_alone(const std::string& dir);
 /// Example:
 ///   for (auto& [key, tensor] : fsdp::gather_full_optimizer_state(model, optim)) ...
 NamedTensors gather_full_optimizer_state(const ShardedModel& model, torch::optim::Optimizer& optimizer);
+/// The same for several optimizers over one model: the union of their state (Muon's
+/// "state.NAME.momentum_buffer" beside AdamW's "state.NAME.exp_avg"...).
+NamedTensors gather_full_optimizer_state(const ShardedModel& model,
+                                         const std::vector<torch::optim::Optimizer*>& optimizers);
 
 }  // namespace fsdp

@@ -198,6 +198,13 @@ nlohmann::json extra_with_step(const nlohmann::json& extra, int64_t step) {
 std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& optimizer,
                             const std::string& dir, int64_t step, const nlohmann::json& extra,
                             int keep_last, const SaveHooks& hooks) {
+  return save_checkpoint(model, std::vector<torch::optim::Optimizer*>{&optimizer}, dir, step, extra, keep_last,
+                         hooks);
+}
+
+std::string save_checkpoint(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
+                            const std::string& dir, int64_t step, const nlohmann::json& extra,
+                            int keep_last, const SaveHooks& hooks) {
   using namespace detail;
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
   const nlohmann::json extra_and_step = extra_with_step(extra, step);
@@ -211,7 +218,7 @@ std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& 
   throw_if_any_failed(world, error, "save_checkpoint");
 
   const std::string folder = dir + "/" + name;
-  save_sharded(model, optimizer, folder, extra_and_step, hooks);
+  save_sharded(model, optimizers, folder, extra_and_step, hooks);
   // Publishing: `latest` names the new folder only now that it is complete.
   error = try_local([&] {
     if (world.rank() != 0) return;

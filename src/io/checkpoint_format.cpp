@@ -19,15 +19,26 @@ constexpr const char* kOtherModel = ": it was saved from another model; build th
 constexpr const char* kFormat = "fsdp-cpp sharded checkpoint";
 constexpr int kVersion = 2;  // 1: torch.save shard files (fsdp-cpp 0.x); 2: safetensors
 
-nlohmann::json to_json(const ParamMeta& p) {
+// `several`: saved by several optimizers, each parameter names its own.
+nlohmann::json to_json(const ParamMeta& p, bool several) {
   nlohmann::json j = {{"name", p.name}, {"shape", p.shape}, {"dtype", p.dtype}};
   j["optimizer_step"] = p.step ? nlohmann::json(*p.step) : nlohmann::json(nullptr);
   j["optimizer_moments"] = p.moments;
+  if (several) j["optimizer"] = p.optimizer.empty() ? nlohmann::json(nullptr) : nlohmann::json(p.optimizer);
   return j;
 }
 
-ParamMeta param_from_json(const nlohmann::json& j) {
+// The class of the optimizer that held an entry: its own "optimizer" when several saved, the
+// file's otherwise.
+std::string optimizer_of(const nlohmann::json& j, const CheckpointMeta& meta) {
+  if (meta.optimizers.size() == 1) return meta.optimizer;
+  const auto& name = j.at("optimizer");
+  return name.is_null() ? "" : name.get<std::string>();
+}
+
+ParamMeta param_from_json(const nlohmann::json& j, const CheckpointMeta& meta) {
   ParamMeta p;
+  p.optimizer = optimizer_of(j, meta);
   p.name = j.at("name").get<std::string>();
   p.shape = j.at("shape").get<std::vector<int64_t>>();
   p.dtype = j.at("dtype").get<std::string>();
@@ -46,15 +57,17 @@ BufferMeta buffer_from_json(const nlohmann::json& j) {
                     j.at("crc32").get<uint32_t>()};
 }
 
-nlohmann::json to_json(const ParamGroupMeta& g) {
+nlohmann::json to_json(const ParamGroupMeta& g, bool several) {
   nlohmann::json j = g.options;
   j["params"] = g.params;
+  if (several) j["optimizer"] = g.optimizer;
   return j;
 }
 
-ParamGroupMeta param_group_from_json(const nlohmann::json& j) {
-  ParamGroupMeta g{j.at("params").get<std::vector<std::string>>(), j};
+ParamGroupMeta param_group_from_json(const nlohmann::json& j, const CheckpointMeta& meta) {
+  ParamGroupMeta g{j.at("params").get<std::vector<std::string>>(), j, optimizer_of(j, meta)};
   g.options.erase("params");
+  g.options.erase("optimizer");
   return g;
 }
 
@@ -89,7 +102,7 @@ void check_coverage(const CheckpointMeta& meta, const std::string& source) {
 void check_optimizer_steps(const CheckpointMeta& meta, const std::string& source) {
   for (const auto& param : meta.params) {
     TORCH_CHECK(!param.step || *param.step >= 0, source, ": parameter '", param.name,
-                "' has ", meta.optimizer, " step ", *param.step, " (optimizer_step), but a step count is never "
+                "' has ", param.optimizer, " step ", *param.step, " (optimizer_step), but a step count is never "
                 "negative: the file was edited; resume from an intact checkpoint");
   }
 }
@@ -107,7 +120,8 @@ void check_stateless_pieces(const CheckpointMeta& meta, const std::string& sourc
       if (param.has_state()) continue;
       for (const auto& [kind, crc] : piece.crc32) {
         TORCH_CHECK(kind == "param", source, ": parameter '", param.name, "' lists no ",
-                    meta.optimizer, " state (no optimizer_moments, no optimizer_step) but ",
+                    param.optimizer.empty() ? meta.optimizer : param.optimizer,
+                    " state (no optimizer_moments, no optimizer_step) but ",
                     file.name, " holds its '", kind, "' (piece [", piece.begin, ", ", piece.end,
                     ")): the file was edited; resume from an intact copy of the checkpoint (or an "
                     "earlier one)");
@@ -160,7 +174,8 @@ FileMeta parse_file_meta(const nlohmann::json& j) {
 
 nlohmann::json to_json(const CheckpointMeta& meta) {
   nlohmann::json params = nlohmann::json::array(), files = nlohmann::json::array();
-  for (const auto& p : meta.params) params.push_back(to_json(p));
+  const bool several = meta.optimizers.size() > 1;
+  for (const auto& p : meta.params) params.push_back(to_json(p, several));
   for (const auto& f : meta.files) files.push_back(to_json(f));
   nlohmann::json j = {{"format", kFormat},         {"version", kVersion},
                       {"world_size", meta.world_size}, {"shard_group_size", meta.shard_group_size},
@@ -173,8 +188,9 @@ nlohmann::json to_json(const CheckpointMeta& meta) {
   }
   if (meta.param_groups) {
     j["param_groups"] = nlohmann::json::array();
-    for (const auto& g : *meta.param_groups) j["param_groups"].push_back(to_json(g));
+    for (const auto& g : *meta.param_groups) j["param_groups"].push_back(to_json(g, several));
   }
+  if (several) j["optimizers"] = meta.optimizers;
   return j;
 }
 
@@ -192,14 +208,17 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
     meta.shard_group_size = j.at("shard_group_size").get<int>();
     meta.strategy = j.at("strategy").get<std::string>();
     meta.optimizer = j.value("optimizer", std::string("AdamW"));
-    for (const auto& p : j.at("params")) meta.params.push_back(param_from_json(p));
+    meta.optimizers = j.contains("optimizers") ? j.at("optimizers").get<std::vector<std::string>>()
+                                               : std::vector<std::string>{meta.optimizer};
+    TORCH_CHECK(!meta.optimizers.empty(), source, " lists no optimizers: the file was edited");
+    for (const auto& p : j.at("params")) meta.params.push_back(param_from_json(p, meta));
     if (j.contains("buffers")) {
       meta.buffers.emplace();
       for (const auto& b : j.at("buffers")) meta.buffers->push_back(buffer_from_json(b));
     }
     if (j.contains("param_groups")) {
       meta.param_groups.emplace();
-      for (const auto& g : j.at("param_groups")) meta.param_groups->push_back(param_group_from_json(g));
+      for (const auto& g : j.at("param_groups")) meta.param_groups->push_back(param_group_from_json(g, meta));
     }
     for (const auto& f : j.at("files")) meta.files.push_back(parse_file_meta(f));
     meta.extra = j.at("extra");

@@ -21,6 +21,10 @@ struct ParamMeta {
   std::string dtype;                 // e.g. "float"
   std::optional<int64_t> step;       // the optimizer's step; empty when it counts none (SGD)
   std::vector<std::string> moments;  // its state tensors, saved per piece: "exp_avg", ...
+  /// The class of the optimizer that held it ("Muon"); "" when none did. In metadata.json only
+  /// when several optimizers saved ([Note: several optimizers, one checkpoint]); otherwise the
+  /// file's "optimizer".
+  std::string optimizer;
 
   int64_t numel() const;
   /// Whether the optimizer held state for it (an empty state: never stepped).
@@ -59,13 +63,16 @@ struct FileMeta {
 struct ParamGroupMeta {
   std::vector<std::string> params;
   nlohmann::json options = nlohmann::json::object();
+  std::string optimizer;  // its optimizer's class; in metadata.json only when several saved
 };
 
 struct CheckpointMeta {
   int world_size = 0;        // of the run that saved it (informative: loading needs no match)
   int shard_group_size = 0;  // likewise
   std::string strategy;      // likewise
-  std::string optimizer = "AdamW";  // whose state the params hold (absent before 0.9: AdamW)
+  std::string optimizer = "AdamW";  // whose state the params hold (absent before 0.9: AdamW); "Muon+AdamW"
+  /// Each optimizer's class, in the order the program passed them: {optimizer} for one.
+  std::vector<std::string> optimizers{"AdamW"};
   std::vector<ParamMeta> params;
   /// Empty when saved before buffers were saved: loading then keeps the model's own buffers.
   std::optional<std::vector<BufferMeta>> buffers;

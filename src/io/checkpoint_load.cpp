@@ -30,9 +30,6 @@ struct StagedPiece {
   std::optional<ParamOptimState> state;   // tensors 1-D [end - begin]; empty: the saved run had none
 };
 
-/// Each param group's saved options (none: the checkpoint predates them, or is of another class).
-using StagedOptions = std::vector<std::unique_ptr<torch::optim::OptimizerOptions>>;
-
 /// The model's buffers and the saved values they get.
 using StagedBuffers = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
@@ -62,9 +59,11 @@ bool lists_kind(const ParamMeta& saved, const std::string& kind) {
 void check_moment_saved(const CheckpointMeta& meta, const ParamMeta& saved,
                         const std::string& kind, const std::string& folder) {
   if (lists_kind(saved, kind)) return;
-  const std::string& optimizer = meta.optimizer;
-  const bool options_differ = std::none_of(meta.params.begin(), meta.params.end(),
-                                           [&](const ParamMeta& p) { return lists_kind(p, kind); });
+  const std::string& optimizer = saved.optimizer;
+  // Among the parameters of the same optimizer class (Muon's never list AdamW's kinds).
+  const bool options_differ = std::none_of(meta.params.begin(), meta.params.end(), [&](const ParamMeta& p) {
+    return p.optimizer == optimizer && lists_kind(p, kind);
+  });
   const optimizers::AddedBy added_by = optimizers::option_adding(kind);
   TORCH_CHECK(!options_differ || added_by != optimizers::AddedBy::Amsgrad, folder, " has no '", kind, "' for '",
               saved.name, "': it was saved by an ", optimizer, " without amsgrad");
@@ -85,47 +84,82 @@ void check_moment_finite(const at::Tensor& moment, const std::string& optimizer,
               "from an earlier checkpoint");
 }
 
-// The checkpoint's state must be of the optimizer the program built: another's kinds differ.
-void check_same_optimizer(const CheckpointMeta& meta, const OptimizerState& optimizer,
-                          const std::string& folder) {
+// "Muon, AdamW".
+std::string listed(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+// A saved parameter's state must be of the optimizer that holds the parameter now: another
+// class's kinds differ ([Note: several optimizers, one checkpoint]).
+void check_same_optimizers(const CheckpointMeta& meta, const ShardedView& model, const OptimizerSet& optimizers,
+                           const std::string& folder) {
   const bool any_state = std::any_of(meta.params.begin(), meta.params.end(),
                                      [](const ParamMeta& p) { return p.has_state(); });
   // The fix names a way that works: a load that throws leaves nothing to clear afterwards.
-  TORCH_CHECK(!any_state || meta.optimizer == optimizer.name(), folder, "/", kMetadataFile,
-              " holds ", meta.optimizer, " state but the program's optimizer is ", optimizer.name(),
-              ": build an ", meta.optimizer, " as the saved run did to resume it (to switch "
-              "optimizers, load with that ", meta.optimizer, ", then build the ", optimizer.name(),
-              " over model->parameters(): it starts afresh)");
+  if (meta.optimizers.size() == 1 && optimizers.size() == 1) {
+    const std::string mine = optimizers.name();
+    TORCH_CHECK(!any_state || meta.optimizer == mine, folder, "/", kMetadataFile,
+                " holds ", meta.optimizer, " state but the program's optimizer is ", mine,
+                ": build an ", meta.optimizer, " as the saved run did to resume it (to switch "
+                "optimizers, load with that ", meta.optimizer, ", then build the ", mine,
+                " over model->parameters(): it starts afresh)");
+    return;
+  }
+  std::map<std::string, const ParamMeta*> saved;
+  for (const auto& p : meta.params) saved[p.name] = &p;
+  for (const auto& p : model.params()) {
+    const ParamMeta& s = *saved.at(p.name());
+    const auto k = optimizers.holder(p.param());
+    if (!s.has_state() || !k) continue;  // no holder: stage_optimizer_state names it
+    const std::string& mine = optimizers.state(*k).name();
+    TORCH_CHECK(s.optimizer == mine, folder, "/", kMetadataFile, ": parameter '", p.name(),
+                "' holds ", s.optimizer, " state (the checkpoint is of ", listed(meta.optimizers),
+                ") but the program's optimizer ", *k, ", which holds it now, is ", a_class(mine), ": ",
+                s.optimizer, "'s state does not resume ", a_class(mine), ". To resume, build the "
+                "optimizers as the saved run did (this parameter in its ", s.optimizer, "); to change "
+                "its optimizer, reset the optimizer state: load with the saved run's optimizers, then "
+                "build the new ones over the parameters (they start afresh)");
+  }
+  // Every state in the right class, yet the param groups in another order would lose the options.
+  TORCH_CHECK(!any_state || !meta.param_groups || meta.optimizers == optimizers.names(), folder, "/",
+              kMetadataFile, " was saved by the optimizers ", listed(meta.optimizers),
+              " but the program passes ", listed(optimizers.names()), ": pass the optimizers of "
+              "the saved run, in its order, to resume its state and param groups");
 }
 
 std::optional<ParamOptimState> stage_optimizer_state(const ShardedParam& piece, const ParamMeta& saved,
                                                      const CheckpointMeta& meta,
-                                                     const OptimizerState& optimizer,
+                                                     const OptimizerSet& optimizers,
                                                      const StagedOptions& options,
                                                      const PieceIndex& index, const OpenFiles& files,
                                                      const std::string& folder) {
   if (!saved.has_state()) return std::nullopt;
   const std::string& name = piece.name();
   // The kinds of the options it resumes with: the saved ones (amsgrad, momentum...) when staged.
-  const auto kinds = optimizer.kinds_needed(piece.param(), options);
-  TORCH_CHECK(kinds, folder, " holds ", meta.optimizer, " state for '", name,
-              "' but the optimizer does not hold that parameter: build it over "
-              "model->parameters()");
-  ParamOptimState staged{optimizer.counts_steps() ? saved.step : std::nullopt, {}};
-  TORCH_CHECK(!optimizer.counts_steps() || saved.step, folder, "/", kMetadataFile, ": parameter '",
-              name, "' has ", meta.optimizer, " state without its step (optimizer_step): the "
+  const auto kinds = optimizers.kinds_needed(piece.param(), options);
+  TORCH_CHECK(kinds, folder, " holds ", saved.optimizer, " state for '", name, "' but ",
+              optimizers.size() == 1 ? "the optimizer does not hold that parameter: build it over "
+                                       "model->parameters()"
+                                     : "none of the optimizers holds that parameter: build them over "
+                                       "model->parameters(), each parameter in one");
+  const bool counts_steps = optimizers.state(*optimizers.holder(piece.param())).counts_steps();
+  ParamOptimState staged{counts_steps ? saved.step : std::nullopt, {}};
+  TORCH_CHECK(!counts_steps || saved.step, folder, "/", kMetadataFile, ": parameter '",
+              name, "' has ", saved.optimizer, " state without its step (optimizer_step): the "
               "file was edited; resume from an intact checkpoint");
   for (const auto& kind : *kinds) {
     check_moment_saved(meta, saved, kind, folder);
     at::Tensor t = at::empty({piece.end() - piece.begin()}, piece.data().options());
     assemble(t, piece.begin(), piece.end(), kind, name, index, files);
-    check_moment_finite(t, meta.optimizer, kind, name, folder);
+    check_moment_finite(t, saved.optimizer, kind, name, folder);
     staged.tensors.emplace(kind, t);
   }
   return staged;
 }
 
-std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerState& optimizer,
+std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerSet& optimizers,
                                const StagedOptions& options, const CheckpointMeta& meta,
                                const std::string& folder) {
   std::map<std::string, const ParamMeta*> params;
@@ -140,7 +174,7 @@ std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerState& o
     const ParamMeta& saved = *params.at(name);
     StagedPiece s{piece, at::empty({piece.end() - piece.begin()}, piece.data().options()), {}};
     assemble(s.param, piece.begin(), piece.end(), "param", name, index, files);
-    s.state = stage_optimizer_state(piece, saved, meta, optimizer, options, index, files, folder);
+    s.state = stage_optimizer_state(piece, saved, meta, optimizers, options, index, files, folder);
     staged.push_back(std::move(s));
   }
   return staged;
@@ -169,28 +203,27 @@ StagedBuffers stage_buffers(const NamedTensors& buffers, const CheckpointMeta& m
   return staged;
 }
 
-// The saved options of each param group, when the checkpoint holds them for this optimizer's
-// class (a checkpoint of another class without state loads its parameters only).
+// The saved options of each param group, when the checkpoint holds them for these optimizers'
+// classes (a checkpoint of other classes without state loads its parameters only).
 StagedOptions stage_options(const CheckpointMeta& meta, const ShardedView& model,
-                            const OptimizerState& optimizer, torch::optim::Optimizer& optimizer_in,
-                            const std::string& metadata) {
-  if (!meta.param_groups || meta.optimizer != optimizer.name()) return {};
-  return stage_param_group_options(*meta.param_groups, model, optimizer_in, metadata);
+                            const OptimizerSet& optimizers, const std::string& metadata) {
+  if (!meta.param_groups || meta.optimizers != optimizers.names()) return {};
+  return stage_param_group_options(*meta.param_groups, model, optimizers, metadata);
 }
 
 // Copies the staged pieces into the shards, the buffers into the model, and replaces the
 // optimizer's state and options. Cannot fail.
-void apply(OptimizerState& optimizer, torch::optim::Optimizer& optimizer_in, StagedOptions& options,
-           std::vector<StagedPiece>& staged, StagedBuffers& buffers) {
+void apply(OptimizerSet& optimizers, StagedOptions& options, std::vector<StagedPiece>& staged,
+           StagedBuffers& buffers) {
   torch::NoGradGuard no_grad;
-  apply_param_group_options(optimizer_in, options);
+  apply_param_group_options(optimizers, options);
   for (auto& s : staged) {
     s.piece.data().copy_(s.param);
     const at::Tensor& param = s.piece.param();
     if (s.state) {
       for (auto& item : s.state->tensors) item.second = item.second.view(param.sizes());
     }
-    optimizer.write(param, s.state);
+    optimizers.write(param, s.state);
   }
   for (auto& [buffer, value] : buffers) buffer.copy_(value);
 }
@@ -201,12 +234,18 @@ void apply(OptimizerState& optimizer, torch::optim::Optimizer& optimizer_in, Sta
 
 namespace fsdp {
 
-nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer_in,
+nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer,
+                            const std::string& folder) {
+  return load_sharded(sharded, std::vector<torch::optim::Optimizer*>{&optimizer}, folder);
+}
+
+nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
                             const std::string& folder) {
   using namespace detail;
-  OptimizerState optimizer(optimizer_in, "load_sharded");
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
+  // The same on every rank (the same optimizers): every rank throws, before any collective.
+  OptimizerSet optimizers(optimizers_in, model, "load_sharded");
   ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   CheckpointMeta meta;
@@ -222,11 +261,11 @@ nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer
     metadata_crc = crc32(text.data(), text.size());
     meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
     for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
-    check_matches_model(meta, describe_model(model, optimizer), metadata);
+    check_matches_model(meta, describe_model(model, optimizers), metadata);
     check_buffers_match(meta, describe_buffers(buffers), metadata);
-    check_same_optimizer(meta, optimizer, folder);
-    staged_options = stage_options(meta, model, optimizer, optimizer_in, metadata);
-    staged = stage(model, optimizer, staged_options, meta, folder);
+    check_same_optimizers(meta, model, optimizers, folder);
+    staged_options = stage_options(meta, model, optimizers, metadata);
+    staged = stage(model, optimizers, staged_options, meta, folder);
     staged_buffers = stage_buffers(buffers, meta, folder);
   });
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
@@ -240,7 +279,7 @@ nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer
               : metadata + " differs from rank 0's: every rank must read the same checkpoint";
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
 
-  apply(optimizer, optimizer_in, staged_options, staged, staged_buffers);
+  apply(optimizers, staged_options, staged, staged_buffers);
   return meta.extra;
 }
 

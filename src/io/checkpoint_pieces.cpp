@@ -15,11 +15,12 @@ std::vector<ShardedParam> local_pieces(const ShardedView& model) {
   return pieces;
 }
 
-std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerState& optimizer) {
+std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerSet& optimizers) {
   std::vector<ParamMeta> params;
   for (const auto& p : model.params()) {
-    ParamMeta meta{p.name(), p.shape(), std::string(c10::toString(p.param().scalar_type())), {}, {}};
-    if (const auto saved = optimizer.read(p.param())) {
+    ParamMeta meta{p.name(), p.shape(), std::string(c10::toString(p.param().scalar_type())), {}, {}, {}};
+    if (const auto k = optimizers.holder(p.param())) meta.optimizer = optimizers.state(*k).name();
+    if (const auto saved = optimizers.read(p.param())) {
       meta.step = saved->step;
       for (const auto& item : saved->tensors) meta.moments.push_back(item.first);
     }

@@ -3,7 +3,7 @@
 // what it loads), and the description of every parameter that metadata.json holds.
 
 #include "io/checkpoint_format.h"
-#include "io/optimizer_state.h"
+#include "io/optimizer_set.h"
 #include "core/sharded_view.h"
 
 #include <fsdp/named_tensors.h>
@@ -18,9 +18,9 @@ namespace fsdp::detail {
 /// under way.
 std::vector<ShardedParam> local_pieces(const ShardedView& model);
 
-/// The model's parameters as metadata: names, shapes, dtypes, and this rank's optimizer steps
-/// and kinds of state.
-std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerState& optimizer);
+/// The model's parameters as metadata: names, shapes, dtypes, and this rank's optimizer steps,
+/// kinds of state and the class of the optimizer holding each.
+std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerSet& optimizers);
 
 /// The model's buffers as metadata (names, shapes, dtypes; no file yet).
 std::vector<BufferMeta> describe_buffers(const NamedTensors& buffers);

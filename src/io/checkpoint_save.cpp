@@ -39,10 +39,10 @@ void add_box(ShardFileContents& contents, const std::string& key, const at::Tens
 // Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); shard file k holds the
 // k-th box of every piece. The optimizer's step goes, as a 0-d float ("state.NAME.step", as
 // PyTorch's optimizers keep it), with the box that starts the parameter.
-std::vector<ShardFileContents> shard_files_contents(const ShardedView& model, const OptimizerState& optimizer) {
+std::vector<ShardFileContents> shard_files_contents(const ShardedView& model, const OptimizerSet& optimizers) {
   std::vector<ShardFileContents> files;
   for (const auto& piece : local_pieces(model)) {
-    const auto saved = optimizer.read(piece.param());
+    const auto saved = optimizers.read(piece.param());
     const auto boxes = boxes_of_range(piece.shape(), piece.begin(), piece.end());
     if (files.size() < boxes.size()) files.resize(boxes.size());
     for (size_t k = 0; k < boxes.size(); ++k) {
@@ -76,16 +76,16 @@ void add_buffers(ShardFileContents& contents, const NamedTensors& buffers) {
 
 // Writes this rank's shard files; returns their descriptions for metadata.json, and (rank 0)
 // `buffers` described in `buffer_metas`.
-std::vector<FileMeta> write_shard_files(const ShardedView& model, const OptimizerState& optimizer,
+std::vector<FileMeta> write_shard_files(const ShardedView& model, const OptimizerSet& optimizers,
                                         const NamedTensors& buffers, const std::string& folder,
                                         std::vector<BufferMeta>& buffer_metas) {
-  auto contents_by_file = shard_files_contents(model, optimizer);
+  auto contents_by_file = shard_files_contents(model, optimizers);
   const bool holds_buffers = model.world().rank() == 0 && !buffers.empty();
   if (holds_buffers) {
     if (contents_by_file.empty()) contents_by_file.resize(1);
     add_buffers(contents_by_file[0], buffers);
   }
-  std::vector<std::string> kinds = optimizer.kinds_in_use();
+  std::vector<std::string> kinds = optimizers.kinds_in_use();
   kinds.insert(kinds.end(), {"param", "step"});
   std::vector<FileMeta> files;
   for (size_t k = 0; k < contents_by_file.size(); ++k) {
@@ -120,19 +120,20 @@ std::vector<FileMeta> write_shard_files(const ShardedView& model, const Optimize
   return files;
 }
 
-CheckpointMeta build_metadata(const ShardedView& model, const OptimizerState& optimizer,
+CheckpointMeta build_metadata(const ShardedView& model, const OptimizerSet& optimizers,
                               const std::vector<BufferMeta>& buffers,
                               const std::vector<ParamGroupMeta>& param_groups,
                               const std::vector<std::string>& descriptions,
                               const nlohmann::json& extra) {
   CheckpointMeta meta;
-  meta.optimizer = optimizer.name();
+  meta.optimizer = optimizers.name();
+  meta.optimizers = optimizers.names();
   meta.buffers = buffers;
   meta.param_groups = param_groups;
   meta.world_size = model.world().size();
   meta.shard_group_size = model.shard_group_size();
   meta.strategy = to_string(model.options().strategy());
-  meta.params = describe_model(model, optimizer);
+  meta.params = describe_model(model, optimizers);
   for (const auto& description : descriptions) {
     if (description.empty()) continue;  // a replica that wrote nothing
     for (const auto& file : nlohmann::json::parse(description)) {
@@ -149,18 +150,23 @@ CheckpointMeta build_metadata(const ShardedView& model, const OptimizerState& op
 
 namespace fsdp {
 
-void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer_in,
+void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer, const std::string& folder,
+                  const nlohmann::json& extra, const SaveHooks& hooks) {
+  save_sharded(sharded, std::vector<torch::optim::Optimizer*>{&optimizer}, folder, extra, hooks);
+}
+
+void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
                   const std::string& folder, const nlohmann::json& extra, const SaveHooks& hooks) {
   using namespace detail;
-  // The same on every rank (the same optimizer class): every rank throws, before any collective.
-  const OptimizerState optimizer(optimizer_in, "save_sharded");
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
+  // The same on every rank (the same optimizers): every rank throws, before any collective.
+  const OptimizerSet optimizers(optimizers_in, model, "save_sharded");
   ProcessGroup& world = model.world();
   const std::string metadata = folder + "/" + kMetadataFile;
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
   std::vector<ParamGroupMeta> param_groups;
-  std::string error = try_local([&] { param_groups = describe_param_groups(model, optimizer_in, "save_sharded"); });
+  std::string error = try_local([&] { param_groups = describe_param_groups(model, optimizers, "save_sharded"); });
   throw_if_any_failed(world, error, "save_sharded: cannot save " + folder);
   // An old metadata.json would make a half-rewritten folder look complete.
   error = try_local([&] {
@@ -177,7 +183,7 @@ void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimize
   error = try_local([&] {
     if (!writer) return;
     nlohmann::json files = nlohmann::json::array();
-    for (const auto& file : write_shard_files(model, optimizer, buffers, folder, buffer_metas)) {
+    for (const auto& file : write_shard_files(model, optimizers, buffers, folder, buffer_metas)) {
       files.push_back(to_json(file));
     }
     description = files.dump();
@@ -188,8 +194,8 @@ void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimize
   const auto descriptions = all_gather_strings(world, description);
   error = try_local([&] {
     if (world.rank() != 0) return;
-    const CheckpointMeta meta = build_metadata(model, optimizer, buffer_metas, param_groups, descriptions, extra);
-    check_matches_model(meta, describe_model(model, optimizer), metadata);  // a complete layout
+    const CheckpointMeta meta = build_metadata(model, optimizers, buffer_metas, param_groups, descriptions, extra);
+    check_matches_model(meta, describe_model(model, optimizers), metadata);  // a complete layout
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     const std::string text = to_json(meta).dump(1);
     write_file_atomically(metadata, std::vector<char>(text.begin(), text.end()));

@@ -1,6 +1,7 @@
 #include "io/optimizer_options.h"
 
 #include <fsdp/bounded_json.h>
+#include <fsdp/muon.h>
 
 #include <c10/util/Exception.h>
 #include <torch/optim/adagrad.h>
@@ -45,7 +46,14 @@ void each_option(o::AdagradOptions& x, V&& visit) {
   visit("initial_accumulator_value", x.initial_accumulator_value()), visit("eps", x.eps());
 }
 
-// each_option of `options`, whichever of the five classes it is.
+template <class V>
+void each_option(fsdp::optim::MuonOptions& x, V&& visit) {
+  visit("lr", x.lr()), visit("weight_decay", x.weight_decay()), visit("momentum", x.momentum());
+  visit("nesterov", x.nesterov()), visit("ns_coefficients", x.ns_coefficients()), visit("eps", x.eps());
+  visit("ns_steps", x.ns_steps()), visit("adjust_lr_fn", x.adjust_lr_fn());
+}
+
+// each_option of `options`, whichever of the six classes it is.
 template <class V>
 void visit_options(o::OptimizerOptions& options, V&& visit) {
   if (auto* x = dynamic_cast<o::AdamWOptions*>(&options)) return each_option(*x, visit);
@@ -53,6 +61,7 @@ void visit_options(o::OptimizerOptions& options, V&& visit) {
   if (auto* x = dynamic_cast<o::SGDOptions*>(&options)) return each_option(*x, visit);
   if (auto* x = dynamic_cast<o::RMSpropOptions*>(&options)) return each_option(*x, visit);
   if (auto* x = dynamic_cast<o::AdagradOptions*>(&options)) return each_option(*x, visit);
+  if (auto* x = dynamic_cast<fsdp::optim::MuonOptions*>(&options)) return each_option(*x, visit);
   TORCH_INTERNAL_ASSERT(false, "options of an optimizer whose state checkpoints do not know");
 }
 

@@ -12,7 +12,7 @@
 
 namespace fsdp::detail {
 
-/// Every option of `options` (of SGD, Adam, AdamW, RMSprop or Adagrad) as JSON:
+/// Every option of `options` (of SGD, Adam, AdamW, RMSprop, Adagrad or Muon) as JSON:
 /// {"lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-08, "weight_decay": 0.01, "amsgrad": false}.
 nlohmann::json options_to_json(const torch::optim::OptimizerOptions& options);
 

@@ -2,6 +2,8 @@
 
 #include "optim/optimizer_kinds.h"
 
+#include <fsdp/muon.h>
+
 #include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 #include <torch/optim/adagrad.h>
@@ -141,6 +143,17 @@ const std::vector<OptimizerFamily>& families() {
          s->sum(kind_or_undefined(saved, "sum"));
          return s;
        }},
+      // torch.optim.Muon's one tensor, whatever its options (momentum 0 keeps it too).
+      {described("Muon"), is<fsdp::optim::Muon>, [](const OptimizerOptions&) { return optimizers::StateOptions{}; },
+       [](OptimizerParamState& base) {
+         return ParamOptimState{std::nullopt,
+                                defined({{"momentum_buffer", as<fsdp::optim::MuonParamState>(base).momentum_buffer()}})};
+       },
+       [](const ParamOptimState& saved) -> std::unique_ptr<OptimizerParamState> {
+         auto s = std::make_unique<fsdp::optim::MuonParamState>();
+         s->momentum_buffer(kind_or_undefined(saved, "momentum_buffer"));
+         return s;
+       }},
   };
   return known;
 }
@@ -151,7 +164,7 @@ const OptimizerFamily& family_of(Optimizer& optimizer, const std::string& what) 
   }
   TORCH_CHECK(false, what, ": cannot checkpoint the optimizer ", c10::demangle(typeid(optimizer).name()),
               ": sharded checkpoints hold the state of torch::optim's ", optimizers::known_optimizer_names(),
-              " (and fsdp::optim's AdamW and SGD); use one of them, or save the parameters alone with "
+              " (and fsdp::optim's AdamW, SGD and Muon); use one of them, or save the parameters alone with "
               "fsdp::save_full_params");
 }
 

@@ -20,14 +20,19 @@ std::map<const void*, std::string> names_of_params(const ShardedView& model) {
   return names;
 }
 
-// The names of group `g`'s parameters; throws at a tensor that is not one of the model's.
-std::vector<std::string> group_names(const std::map<const void*, std::string>& names, Optimizer& optimizer,
-                                     size_t g, const std::string& what) {
+// The names of optimizer `k`'s group `g`'s parameters; throws at a tensor that is not one of
+// the model's.
+std::vector<std::string> group_names(const std::map<const void*, std::string>& names, const OptimizerSet& optimizers,
+                                     size_t k, size_t g, const std::string& what) {
   std::vector<std::string> out;
-  const auto& params = optimizer.param_groups()[g].params();
+  const auto& params = optimizers.optimizer(k).param_groups()[g].params();
+  const std::string group = optimizers.size() == 1 ? "the optimizer's param group " + std::to_string(g)
+                                                   : "optimizer " + std::to_string(k) + "'s (" +
+                                                         optimizers.state(k).name() + ") param group " +
+                                                         std::to_string(g);
   for (size_t i = 0; i < params.size(); ++i) {
     auto it = names.find(params[i].unsafeGetTensorImpl());
-    TORCH_CHECK(it != names.end(), what, ": the optimizer's param group ", g, " holds, at position ",
+    TORCH_CHECK(it != names.end(), what, ": ", group, " holds, at position ",
                 i, ", a tensor of shape ", params[i].sizes(), " that is not a parameter of the "
                 "model: a checkpoint holds the model's parameters (and their optimizer state) "
                 "only, so its values and state would be lost; make it a parameter of the model "
@@ -49,42 +54,58 @@ std::string first_missing(std::vector<std::string> a, std::vector<std::string> b
 
 }  // namespace
 
-std::vector<ParamGroupMeta> describe_param_groups(const ShardedView& model, Optimizer& optimizer,
+std::vector<ParamGroupMeta> describe_param_groups(const ShardedView& model, const OptimizerSet& optimizers,
                                                   const std::string& what) {
   const auto names = names_of_params(model);
   std::vector<ParamGroupMeta> groups;
-  for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
-    groups.push_back(ParamGroupMeta{group_names(names, optimizer, g, what),
-                                    options_to_json(optimizer.param_groups()[g].options())});
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    const auto& own = optimizers.optimizer(k).param_groups();
+    for (size_t g = 0; g < own.size(); ++g) {
+      groups.push_back(ParamGroupMeta{group_names(names, optimizers, k, g, what),
+                                      options_to_json(own[g].options()), optimizers.state(k).name()});
+    }
   }
   return groups;
 }
 
-std::vector<std::unique_ptr<OptimizerOptions>> stage_param_group_options(
-    const std::vector<ParamGroupMeta>& saved, const ShardedView& model, Optimizer& optimizer,
-    const std::string& source) {
-  const size_t count = optimizer.param_groups().size();
+StagedOptions stage_param_group_options(const std::vector<ParamGroupMeta>& saved, const ShardedView& model,
+                                        const OptimizerSet& optimizers, const std::string& source) {
+  const bool one = optimizers.size() == 1;
+  size_t count = 0;
+  for (size_t k = 0; k < optimizers.size(); ++k) count += optimizers.optimizer(k).param_groups().size();
   // Options restored into other groups would train their parameters at another group's rate.
-  TORCH_CHECK(saved.size() == count, source, ": the saved optimizer has ", saved.size(),
-              " param group(s) but the program's has ", count, ": build the optimizer with the "
-              "param groups of the saved run (the same parameters in each, in the same order)");
+  TORCH_CHECK(saved.size() == count, source, one ? ": the saved optimizer has " : ": the saved optimizers have ",
+              saved.size(), " param group(s)", one ? "" : " in all", " but the program's ",
+              one ? "has " : "have ", count, ": build the optimizer", one ? "" : "s",
+              " with the param groups of the saved run (the same parameters in each, in the same order)");
   const auto names = names_of_params(model);
-  std::vector<std::unique_ptr<OptimizerOptions>> staged;
-  for (size_t g = 0; g < count; ++g) {
-    const auto mine = group_names(names, optimizer, g, source);
-    const std::string only_saved = first_missing(saved[g].params, mine);
-    const std::string only_mine = first_missing(mine, saved[g].params);
-    TORCH_CHECK(only_saved.empty() && only_mine.empty(), source, ": param group ", g, " of the ",
-                only_saved.empty() ? "program's optimizer holds '" + only_mine + "', which the saved one's does not"
-                                   : "saved optimizer holds '" + only_saved + "', which the program's does not",
-                ": build the optimizer with the param groups of the saved run");
-    staged.push_back(options_from_json(optimizer.param_groups()[g].options(), saved[g].options, source));
+  StagedOptions staged(optimizers.size());
+  size_t i = 0;  // the saved group of optimizer k's group g
+  for (size_t k = 0; k < optimizers.size(); ++k) {
+    const std::string& name = optimizers.state(k).name();
+    for (size_t g = 0; g < optimizers.optimizer(k).param_groups().size(); ++g, ++i) {
+      TORCH_CHECK(saved[i].optimizer == name, source, ": param group ", i, " of the saved run is ",
+                  saved[i].optimizer, "'s but the program's is ", name, "'s: pass the optimizers in "
+                  "the saved run's order, each with the saved param groups");
+      const auto mine = group_names(names, optimizers, k, g, source);
+      const std::string only_saved = first_missing(saved[i].params, mine);
+      const std::string only_mine = first_missing(mine, saved[i].params);
+      TORCH_CHECK(only_saved.empty() && only_mine.empty(), source, ": param group ", i, " of the ",
+                  only_saved.empty() ? "program's optimizer holds '" + only_mine + "', which the saved one's does not"
+                                     : "saved optimizer holds '" + only_saved + "', which the program's does not",
+                  ": build the optimizer", one ? "" : "s", " with the param groups of the saved run");
+      staged[k].push_back(options_from_json(optimizers.optimizer(k).param_groups()[g].options(),
+                                            saved[i].options, source));
+    }
   }
   return staged;
 }
 
-void apply_param_group_options(Optimizer& optimizer, std::vector<std::unique_ptr<OptimizerOptions>>& staged) {
-  for (size_t g = 0; g < staged.size(); ++g) optimizer.param_groups()[g].set_options(std::move(staged[g]));
+void apply_param_group_options(const OptimizerSet& optimizers, StagedOptions& staged) {
+  for (size_t k = 0; k < staged.size(); ++k) {
+    auto& groups = optimizers.optimizer(k).param_groups();
+    for (size_t g = 0; g < staged[k].size(); ++g) groups[g].set_options(std::move(staged[k][g]));
+  }
 }
 
 }  // namespace fsdp::detail
