@@ -701,9 +701,6 @@ def cases(t):
              ("--muon-lr", "--optimizer muon only")),
             ("--adjust-lr without --optimizer muon", ["--adjust-lr", "original"],
              ("--adjust-lr", "--optimizer muon only")),
-            ("--optimizer muon --save-every", ["--optimizer", "muon", "--save-every", "1",
-                                               "--checkpoint-dir", str(tmp / "muon-ckpt")],
-             ("--optimizer muon cannot save or resume", "--optimizer fused")),
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)

@@ -8,7 +8,9 @@ FSDP2 parity tests (tests/llama_fsdp2_e2e.py; bench/run_bench.py's fp32 LOSS_TOL
   (gpt_train's Muon defaults, which must be lr 0.02 and adjust_lr_fn "original") and W = 3
   (--muon-lr 3e-3 --adjust-lr match_rms_adamw);
 - GPT-2 (bench/peer_fsdp2.py's copy of gpt_train's GPT: its head tied to wte, q, k and v one
-  matrix, biases) at W = 2.
+  matrix, biases) at W = 2;
+- and gpt_train's checkpoints of both optimizers: GPT-2 saved at W = 2, resumed at W = 3, against
+  the uninterrupted run (tests/checkpoint_e2e.py's bound); resumed by AdamW alone, refused.
 The split is Keller Jordan's: Muon for the decoder blocks' 2-D weights; AdamW for the embeddings,
 the head and the norms and biases (weight decay on the 2-D ones only). The schedule (linear
 warm-up, then cosine decay) scales both optimizers' learning rates alike.
@@ -17,6 +19,7 @@ warm-up, then cosine decay) scales both optimizers' learning rates alike.
 import json
 import math
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import peer_fsdp2 as peer  # noqa: E402  (gpt_train's GPT-2 in PyTorch, and its loss)
 # The FSDP2 parity test's model (GQA, untied head, Llama 3 rope, random norms), tokens, runner and
 # fp32 tolerance (first step, any step).
-from llama_fsdp2_e2e import TOLERANCE, losses, make_model, run, write_tokens  # noqa: E402
+from llama_fsdp2_e2e import ENV, TOLERANCE, losses, make_model, run, write_tokens  # noqa: E402
 
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
@@ -41,6 +44,7 @@ ADAMW_LR, WEIGHT_DECAY = 3e-3, 0.1
 MUON = {2: (None, None), 3: (3e-3, "match_rms_adamw")}
 MUON_DEFAULTS = (0.02, "original")  # Keller Jordan's recipe
 GPT2_LAYERS, GPT2_DIM, GPT2_HEADS = 2, 64, 4
+RESUME_TOLERANCE = 1e-4  # tests/checkpoint_e2e.py's LOSS_REL_TOL
 
 
 def schedule(step):
@@ -148,6 +152,35 @@ def compare_gpt2(world, tmp, text):
                  reference_losses(*gpt2(init), batches, *MUON_DEFAULTS))
 
 
+def resume_gpt2(tmp, text):
+    """Saved at W = 2 by --optimizer muon after 4 steps, resumed at W = 3 (the same global batch:
+    2 x 3 rows = 3 x 2 rows): the last 4 losses equal the uninterrupted run's within the
+    checkpoint tests' bound (tests/checkpoint_e2e.py's LOSS_REL_TOL: float reassociation after
+    resharding). Resumed with AdamW alone, the checkpoint is refused, naming --optimizer muon."""
+    common = ["--data", text, "--layers", GPT2_LAYERS, "--dim", GPT2_DIM, "--heads", GPT2_HEADS,
+              "--seq", SEQ, "--lr", ADAMW_LR, "--seed", 5, "--optimizer", "muon"]  # constant lr
+    whole, ckpt = tmp / "whole-{rank}.jsonl", tmp / "ckpt"
+    run([FSDPRUN, "--nproc-per-node", 2, GPT, *common, "--batch", 3, "--steps", 8, "--metrics", whole])
+    run([FSDPRUN, "--nproc-per-node", 2, GPT, *common, "--batch", 3, "--steps", 4, "--save-every", 4,
+         "--checkpoint-dir", ckpt])
+    resumed = tmp / "resumed-{rank}.jsonl"
+    run([FSDPRUN, "--nproc-per-node", 3, GPT, *common, "--batch", 2, "--steps", 8, "--resume",
+         "--checkpoint-dir", ckpt, "--metrics", resumed])
+    a = losses(str(whole).replace("{rank}", "0"))[4:]
+    b = losses(str(resumed).replace("{rank}", "0"))
+    assert len(a) == len(b) == 4, f"resumed {len(b)} steps, expected 4"
+    worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    assert worst <= RESUME_TOLERANCE, f"saved at W = 2, resumed at W = 3: losses {b} vs {a} ({worst:.2e})"
+    print(f"GPT-2 saved at W = 2 with Muon + AdamW, resumed at W = 3: worst relative difference "
+          f"{worst:.2e} to the uninterrupted run")
+    fused = [c if c != "muon" else "fused" for c in common]
+    r = subprocess.run([str(c) for c in [FSDPRUN, "--nproc-per-node", 2, GPT, *fused, "--batch", 3,
+                                         "--steps", 8, "--resume", "--checkpoint-dir", ckpt]],
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode != 0 and "pass --optimizer muon" in r.stdout + r.stderr, \
+        f"a Muon checkpoint resumed by AdamW alone: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+
+
 def main():
     hf_logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="llama_muon_") as tmp:
@@ -160,6 +193,7 @@ def main():
         text = tmp / "text.txt"
         text.write_text(Path(peer.__file__).read_text() * 4)  # bytes to train on
         compare_gpt2(2, tmp, text)
+        resume_gpt2(tmp, text)
     print("muon_train_e2e: ok")
 
 

@@ -443,19 +443,23 @@ void check_resumable(const std::string& path, const TrainOptions& o) {
   check_saved_state(meta, path, o);
 }
 
-// [Note: Muon's checkpoints] --optimizer muon saves and resumes through fsdp::save_checkpoint's
-// and load_sharded's overloads over a list of optimizers, which are not in the library yet:
-// until then the command line refuses --save-every and --resume with it (check_checkpoint_flags).
+// --optimizer muon saves both optimizers' state in one checkpoint (fsdp::save_checkpoint's
+// overload over a list of optimizers: each parameter's state under DCP's names, recorded with its
+// optimizer's class), in TrainOptimizers::saved()'s order, which the load passes again. A run with
+// AdamW alone saves as before: one optimizer, the same files.
 nlohmann::json load_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                                const std::string& path) {
-  TORCH_CHECK(!optimizers.muon, kMuonCheckpointsMissing);
+  if (optimizers.muon) return fsdp::load_sharded(model, optimizers.saved(), path);
   return fsdp::load_sharded(model, *optimizers.adamw, path);
 }
 
 void save_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers, const std::string& dir,
                      int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks& hooks) {
-  TORCH_CHECK(!optimizers.muon, kMuonCheckpointsMissing);
-  fsdp::save_checkpoint(model, *optimizers.adamw, dir, next_step, extra, kKeepLast, hooks);
+  if (optimizers.muon) {
+    fsdp::save_checkpoint(model, optimizers.saved(), dir, next_step, extra, kKeepLast, hooks);
+  } else {
+    fsdp::save_checkpoint(model, *optimizers.adamw, dir, next_step, extra, kKeepLast, hooks);
+  }
 }
 
 bool process_exists(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM; }

@@ -75,12 +75,6 @@ void prepare_checkpoint_dir(const TrainOptions& o, int rank);
 /// True when step `step` (0-based) ends with a checkpoint (every N steps and after the last).
 bool checkpoint_due(const TrainOptions& o, int64_t step);
 
-/// Why --optimizer muon refuses --save-every and --resume for now ([Note: Muon's checkpoints]).
-inline constexpr const char* kMuonCheckpointsMissing =
-    "--optimizer muon cannot save or resume checkpoints yet: a checkpoint holds one optimizer's "
-    "state, and this run needs Muon's and AdamW's in one (issue 51); drop --save-every and "
-    "--resume, or train with --optimizer fused";
-
 /// Loads the newest checkpoint in `dir` into the model and optimizers and returns the step to
 /// continue from; 0 when `dir` holds none yet and o.resume_if_none (prints so). Throws if the checkpoint was trained
 /// with another seed (other batches) and names both. `rank` 0 prints what it loaded.

@@ -1,6 +1,5 @@
 #include "command_line.h"
 
-#include "checkpointing.h"
 #include "data.h"
 #include "gpt.h"
 #include "hf_folder.h"
@@ -423,7 +422,6 @@ std::string check_model_fits_memory(const TrainOptions& o, bool reference) {
 }
 
 std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
-  if (o.muon && (o.save_every > 0 || o.resume)) return kMuonCheckpointsMissing;
   if (reference && (o.save_every > 0 || o.resume || !o.checkpoint_dir.empty())) {
     return "--save-every, --checkpoint-dir and --resume need the sharded run, not --reference";
   }
