@@ -67,7 +67,8 @@ def check_dcp_full_load(folder, full):
     from torch.distributed.checkpoint import HuggingFaceStorageReader
     # fsdp's names are DCP's; AdamW's step is saved as PyTorch's AdamW keeps it, a float.
     wanted = {k: t.float() if k.endswith(".step") else t for k, t in full.items()}
-    state = {k: torch.full_like(t, float("nan")) for k, t in wanted.items()}
+    # Filled with what no saved tensor holds: NaN, or -7 for an integer buffer (num_batches_tracked).
+    state = {k: torch.full_like(t, float("nan") if t.is_floating_point() else -7) for k, t in wanted.items()}
     dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
     for k, expected in wanted.items():
         assert torch.equal(state[k], expected), f"{k}: dcp.load differs from fsdp's gathered one"
