@@ -9,10 +9,11 @@ which must fail, and restores the file with git checkout.
 
 WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
 Prints a Markdown table: mutation -> each test red (its message), or SURVIVED (exit 1)."""
-import argparse
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "mutation"))
+import text_mutations  # noqa: E402
 
 HF, FSDP2 = "tests/hf_llama_e2e.py", "tests/llama_fsdp2_e2e.py"
 
@@ -39,46 +40,5 @@ MUTATIONS = [
 ]
 
 
-def sh(cmd, cwd, timeout=None):
-    return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout)
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("worktree")
-    ap.add_argument("--only", default="")
-    args = ap.parse_args()
-    wt = Path(args.worktree).resolve()
-    only = set(filter(None, args.only.split(",")))
-    rows, survived = [], 0
-    for mid, path, original, mutated, tests in MUTATIONS:
-        if only and mid not in only:
-            continue
-        text = (wt / path).read_text()
-        if text.count(original) != 1:
-            sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
-        try:
-            (wt / path).write_text(text.replace(original, mutated))
-            build = sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
-            if build.returncode != 0:
-                sys.exit(f"{mid}: the mutated build failed:\n{build.stdout[-3000:]}")
-            verdicts = []
-            for test in tests:
-                run = sh([sys.executable, test, str(wt / "build" / "bin")], wt, timeout=900)
-                if run.returncode == 0:
-                    verdicts.append(f"SURVIVED {Path(test).name}")
-                    continue
-                lines = [l for l in (run.stdout + run.stderr).splitlines() if "Error" in l or "assert" in l]
-                verdicts.append(f"red: {Path(test).name} ({(lines or ['exit ' + str(run.returncode)])[-1][:140]})")
-            survived += any(v.startswith("SURVIVED") for v in verdicts)
-            rows.append(f"| {mid} | `{path}` | {'; '.join(verdicts)} |")
-            print(rows[-1], flush=True)
-        finally:
-            sh(["git", "checkout", "--", path], wt)
-    sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
-    print("| mutation | file | result |\n|---|---|---|\n" + "\n".join(rows))
-    sys.exit(1 if survived else 0)
-
-
 if __name__ == "__main__":
-    main()
+    text_mutations.main(MUTATIONS, ["gpt_train", "fsdprun"])

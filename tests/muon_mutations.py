@@ -8,10 +8,11 @@ grad-op, no-shard and hybrid), which must fail, and restores the file with git c
 
 WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
 Prints a Markdown table: mutation -> red (the first failure it printed), or SURVIVED (exit 1)."""
-import argparse
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "mutation"))
+import text_mutations  # noqa: E402
 
 REFERENCE = "tests/muon_reference_e2e.py"
 
@@ -37,45 +38,5 @@ MUTATIONS = [
 ]
 
 
-def sh(cmd, cwd, timeout=None):
-    return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout)
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("worktree")
-    ap.add_argument("--only", default="")
-    args = ap.parse_args()
-    wt = Path(args.worktree).resolve()
-    only = set(filter(None, args.only.split(",")))
-    rows, survived = [], 0
-    build = ["cmake", "--build", "build", "-j2", "--target", "muon_tool", "fsdprun"]
-    for mid, path, original, mutated in MUTATIONS:
-        if only and mid not in only:
-            continue
-        text = (wt / path).read_text()
-        if text.count(original) != 1:
-            sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
-        try:
-            (wt / path).write_text(text.replace(original, mutated))
-            built = sh(build, wt)
-            if built.returncode != 0:
-                sys.exit(f"{mid}: the mutated build failed:\n{built.stdout[-3000:]}")
-            run = sh([sys.executable, REFERENCE, str(wt / "build" / "bin")], wt, timeout=900)
-            if run.returncode == 0:
-                verdict = "SURVIVED"
-                survived += 1
-            else:
-                lines = [l for l in run.stdout.splitlines() if "diff" in l or "exit" in l]
-                verdict = f"red ({(lines or ['exit ' + str(run.returncode)])[0][:140]})"
-            rows.append(f"| {mid} | `{path}` | {verdict} |")
-            print(rows[-1], flush=True)
-        finally:
-            sh(["git", "checkout", "--", path], wt)
-    sh(build, wt)
-    print("| mutation | file | result |\n|---|---|---|\n" + "\n".join(rows))
-    sys.exit(1 if survived else 0)
-
-
 if __name__ == "__main__":
-    main()
+    text_mutations.main([(*m, [REFERENCE]) for m in MUTATIONS], ["muon_tool", "fsdprun"], keywords=("diff", "exit"))

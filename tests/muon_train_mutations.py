@@ -9,10 +9,11 @@ restores the file with git checkout.
 
 WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
 Prints a Markdown table: mutation -> red (the test's message), or SURVIVED (exit 1)."""
-import argparse
-import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "mutation"))
+import text_mutations  # noqa: E402
 
 TEST = "tests/muon_train_e2e.py"
 
@@ -34,49 +35,6 @@ MUTATIONS = [
 ]
 
 
-def sh(cmd, cwd, timeout=None):
-    return subprocess.run(cmd, cwd=cwd, text=True, capture_output=True, timeout=timeout)
-
-
-def build(wt):
-    return sh(["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun"], wt)
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("worktree")
-    ap.add_argument("--only", default="")
-    args = ap.parse_args()
-    wt = Path(args.worktree).resolve()
-    only = set(filter(None, args.only.split(",")))
-    rows, survived = [], 0
-    for mid, path, original, mutated in MUTATIONS:
-        if only and mid not in only:
-            continue
-        text = (wt / path).read_text()
-        if text.count(original) != 1:
-            sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
-        try:
-            (wt / path).write_text(text.replace(original, mutated))
-            if path.startswith("examples/"):
-                built = build(wt)
-                if built.returncode != 0:
-                    sys.exit(f"{mid}: the mutated build failed:\n{built.stdout[-3000:]}")
-            run = sh([sys.executable, TEST, str(wt / "build" / "bin")], wt, timeout=900)
-            if run.returncode == 0:
-                verdict = "SURVIVED"
-                survived += 1
-            else:
-                lines = [l for l in (run.stdout + run.stderr).splitlines() if "Error" in l or "assert" in l]
-                verdict = f"red ({(lines or ['exit ' + str(run.returncode)])[-1][:160]})"
-            rows.append(f"| {mid} | `{path}` | {verdict} |")
-            print(rows[-1], flush=True)
-        finally:
-            sh(["git", "checkout", "--", path], wt)
-    build(wt)
-    print("| mutation | file | result |\n|---|---|---|\n" + "\n".join(rows))
-    sys.exit(1 if survived else 0)
-
-
 if __name__ == "__main__":
-    main()
+    text_mutations.main([(*m, [TEST]) for m in MUTATIONS], ["gpt_train", "fsdprun"],
+                        rebuilds=lambda path: path.startswith("examples/"))
