@@ -7,6 +7,7 @@
 // naming both counts; a tensor the optimizer holds outside the model is refused at save, before
 // anything is written.
 #include "dist_env.h"
+#include "shared_folder.h"
 #include "error_of.h"
 #include "test_models.h"
 
@@ -100,19 +101,6 @@ void train(Model& model, o::Optimizer& optimizer, int first, int last) {
   }
 }
 
-// A folder every rank names alike (rank 0's pid, the test); rank 0 removes it.
-std::string shared_folder(const std::string& what) {
-  auto pid = torch::full({1}, static_cast<int64_t>(::getpid()), torch::kLong);
-  fsdp::broadcast(*dist().world, pid, 0);
-  return "/tmp/fsdp-checkpoint-options-" + std::to_string(pid.item<int64_t>()) + "-w" +
-         std::to_string(dist().world_size()) + "-" + what;
-}
-
-void barrier() {
-  auto t = torch::zeros({1});
-  fsdp::all_reduce_sum(*dist().world, t);
-}
-
 void expect_bitwise_equal(const fsdp::NamedTensors& got, const fsdp::NamedTensors& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
@@ -129,7 +117,7 @@ TEST(CheckpointOptions, EveryOptimizerResumesWithItsScheduledOptionsBitwise) {
     train(straight, *straight_optimizer, 0, kSteps);
     const auto expected = fsdp::gather_full_params(straight);
 
-    const std::string dir = shared_folder(std::string("resume-") + c.name);
+    const std::string dir = shared_folder("checkpoint-options", std::string("resume-") + c.name);
     double lr_at_save = 0;
     {
       auto model = fsdp::fully_shard(fresh_net(), *dist().world);
@@ -151,7 +139,7 @@ TEST(CheckpointOptions, EveryOptimizerResumesWithItsScheduledOptionsBitwise) {
 }
 
 TEST(CheckpointOptions, AnOptimizerWithAnotherNumberOfParamGroupsIsRefusedNamingBoth) {
-  const std::string dir = shared_folder("groups");
+  const std::string dir = shared_folder("checkpoint-options", "groups");
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   auto optimizer = std::make_unique<o::AdamW>(two_groups(model->named_parameters(), o::AdamWOptions(0.01)), o::AdamWOptions(0.01));
   train(model, *optimizer, 0, 1);
@@ -171,7 +159,7 @@ TEST(CheckpointOptions, AnOptimizerWithAnotherNumberOfParamGroupsIsRefusedNaming
 }
 
 TEST(CheckpointOptions, AGroupHoldingOtherParametersIsRefusedNamingOne) {
-  const std::string dir = shared_folder("members");
+  const std::string dir = shared_folder("checkpoint-options", "members");
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   auto optimizer = std::make_unique<o::SGD>(two_groups(model->named_parameters(), o::SGDOptions(0.1)), o::SGDOptions(0.1));
   fsdp::save_checkpoint(model, *optimizer, dir, 1);
@@ -192,7 +180,7 @@ TEST(CheckpointOptions, AGroupHoldingOtherParametersIsRefusedNamingOne) {
 }
 
 TEST(CheckpointOptions, ATensorOutsideTheModelIsRefusedAtSaveBeforeAnythingIsWritten) {
-  const std::string dir = shared_folder("outside");
+  const std::string dir = shared_folder("checkpoint-options", "outside");
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   o::Adam optimizer(model->parameters(), o::AdamOptions(0.01));
   fsdp::save_checkpoint(model, optimizer, dir, 1);
@@ -214,7 +202,7 @@ TEST(CheckpointOptions, ATensorOutsideTheModelIsRefusedAtSaveBeforeAnythingIsWri
 }
 
 TEST(CheckpointOptions, SaveCheckpointsStepComesBackAndAnotherStepInExtraIsRefused) {
-  const std::string dir = shared_folder("step");
+  const std::string dir = shared_folder("checkpoint-options", "step");
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   o::SGD optimizer(model->parameters(), o::SGDOptions(0.1));
   fsdp::save_checkpoint(model, optimizer, dir, 4, {{"seed", 9}});

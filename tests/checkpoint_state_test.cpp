@@ -8,6 +8,7 @@
 // state is unknown is refused by name at the first save. What each optimizer saves is what
 // src/optim/optimizer_kinds.h describes, no more, no less.
 #include "dist_env.h"
+#include "shared_folder.h"
 #include "optimizer_cases.h"
 #include "test_models.h"
 
@@ -65,19 +66,6 @@ std::map<std::string, torch::Tensor> state_of(nn::Module& net) {
   return out;
 }
 
-// A folder every rank names alike (rank 0's pid, the optimizer); rank 0 removes it.
-std::string shared_folder(const std::string& what) {
-  auto pid = torch::full({1}, static_cast<int64_t>(::getpid()), torch::kLong);
-  fsdp::broadcast(*dist().world, pid, 0);
-  return "/tmp/fsdp-checkpoint-state-" + std::to_string(pid.item<int64_t>()) + "-w" +
-         std::to_string(dist().world_size()) + "-" + what;
-}
-
-void barrier() {
-  auto t = torch::zeros({1});
-  fsdp::all_reduce_sum(*dist().world, t);
-}
-
 // The unsharded program's final state, then: W - 1 ranks train to kSavedAt and save, all W load
 // and train to kStateSteps; the full state dict must match the unsharded one.
 void expect_resume_equals_uninterrupted(const std::string& name, const MakeOptimizer& make) {
@@ -88,7 +76,7 @@ void expect_resume_equals_uninterrupted(const std::string& name, const MakeOptim
   train([&](const torch::Tensor& x) { return reference->forward(x); }, *reference_optimizer, 0, kStateSteps);
   const auto expected = state_of(*reference);
 
-  const std::string folder = shared_folder(name);
+  const std::string folder = shared_folder("checkpoint-state", name);
   std::vector<int> savers(world - 1);
   for (int r = 0; r < world - 1; ++r) savers[r] = r;
   if (dist().rank() < world - 1) {
@@ -160,7 +148,7 @@ TEST(CheckpointState, AnUnknownOptimizerIsRefusedByNameAtTheFirstSave) {
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   torch::optim::LBFGS optimizer(model->parameters());
   try {
-    fsdp::save_sharded(model, optimizer, shared_folder("lbfgs"));
+    fsdp::save_sharded(model, optimizer, shared_folder("checkpoint-state", "lbfgs"));
     FAIL() << "saved an LBFGS";
   } catch (const c10::Error& e) {
     const std::string text = e.what_without_backtrace();
@@ -185,7 +173,7 @@ TEST(CheckpointState, EverySavedOptimizerStateHoldsExactlyTheDescribedKinds) {
     auto model = fsdp::fully_shard(fresh_net(), *dist().world);
     auto optimizer = c.make(model->parameters());
     train([&](const torch::Tensor& x) { return model(x); }, *optimizer, 0, 1);
-    const std::string folder = shared_folder("kinds-" + std::to_string(i));
+    const std::string folder = shared_folder("checkpoint-state", "kinds-" + std::to_string(i));
     fsdp::save_sharded(model, *optimizer, folder);
     std::map<std::string, torch::Tensor> full;
     for (auto& [key, tensor] : fsdp::gather_full_optimizer_state(model, *optimizer)) full.emplace(key, tensor);

@@ -8,6 +8,7 @@
 // saved run had reached. A parameter whose saved state is of the other optimizer is refused by
 // name, either way; a parameter in both optimizers is refused at the save.
 #include "dist_env.h"
+#include "shared_folder.h"
 #include "test_models.h"
 
 #include <fsdp/checkpoint.h>
@@ -93,24 +94,6 @@ void train(const std::function<torch::Tensor(const torch::Tensor&)>& forward,
   }
 }
 
-// A folder every rank names alike (rank 0's pid); rank 0 removes it.
-std::string shared_folder(const std::string& what) {
-  auto pid = torch::full({1}, static_cast<int64_t>(::getpid()), torch::kLong);
-  fsdp::broadcast(*dist().world, pid, 0);
-  return "/tmp/fsdp-two-optimizers-" + std::to_string(pid.item<int64_t>()) + "-w" +
-         std::to_string(dist().world_size()) + "-" + what;
-}
-
-void barrier() {
-  auto t = torch::zeros({1});
-  fsdp::all_reduce_sum(*dist().world, t);
-}
-
-void remove_shared(const std::string& folder) {
-  barrier();
-  if (dist().rank() == 0) fs::remove_all(folder);
-}
-
 // The largest difference between `got` and `want`, relative to want's largest element, over
 // every name; both must hold the same names.
 double worst_relative(const fsdp::NamedTensors& got, const fsdp::NamedTensors& want, const std::string& what) {
@@ -156,7 +139,7 @@ TEST(CheckpointTwoOptimizers, MuonAndAdamWSavedAtOneWorldSizeResumeAtAnotherAsIf
   const auto expected_params = fsdp::gather_full_params(reference);
   const auto expected_state = fsdp::gather_full_optimizer_state(reference, reference_two.both());
 
-  const std::string folder = shared_folder("resume");
+  const std::string folder = shared_folder("two-optimizers", "resume");
   save_muon_and_adamw(folder, world - 1);
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   auto two = two_optimizers(model->named_parameters(), /*as_saved=*/false);
@@ -193,7 +176,7 @@ TEST(CheckpointTwoOptimizers, EachParameterRecordsItsOptimizerAndExactlyItsState
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   auto two = two_optimizers(model->named_parameters(), /*as_saved=*/true);
   train([&](const torch::Tensor& x) { return model(x); }, two.both(), 0, 1);
-  const std::string folder = shared_folder("kinds");
+  const std::string folder = shared_folder("two-optimizers", "kinds");
   fsdp::save_sharded(model, two.both(), folder);
   nlohmann::json meta;
   std::ifstream(folder + "/metadata.json") >> meta;
@@ -242,7 +225,7 @@ void expect_names_a_matrix(const std::string& text) {
 }
 
 TEST(CheckpointTwoOptimizers, MuonStateLoadedIntoAnAdamWIsRefusedByName) {
-  const std::string folder = shared_folder("muon-into-adamw");
+  const std::string folder = shared_folder("two-optimizers", "muon-into-adamw");
   save_muon_and_adamw(folder, dist().world_size());
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   fsdp::optim::AdamW adamw(model->parameters(), o::AdamWOptions(0.01));
@@ -253,7 +236,7 @@ TEST(CheckpointTwoOptimizers, MuonStateLoadedIntoAnAdamWIsRefusedByName) {
 }
 
 TEST(CheckpointTwoOptimizers, AdamWStateLoadedIntoMuonIsRefusedByName) {
-  const std::string folder = shared_folder("adamw-into-muon");
+  const std::string folder = shared_folder("two-optimizers", "adamw-into-muon");
   {
     auto model = fsdp::fully_shard(fresh_net(), *dist().world);
     fsdp::optim::AdamW adamw(model->parameters(), o::AdamWOptions(0.01));
@@ -270,7 +253,7 @@ TEST(CheckpointTwoOptimizers, AdamWStateLoadedIntoMuonIsRefusedByName) {
 
 // Both in the right classes, but in the other order: the param groups would go astray.
 TEST(CheckpointTwoOptimizers, OptimizersPassedInAnotherOrderAreRefused) {
-  const std::string folder = shared_folder("order");
+  const std::string folder = shared_folder("two-optimizers", "order");
   save_muon_and_adamw(folder, dist().world_size());
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   auto two = two_optimizers(model->named_parameters(), /*as_saved=*/true);
@@ -283,7 +266,7 @@ TEST(CheckpointTwoOptimizers, AParameterInBothOptimizersIsRefusedByName) {
   auto model = fsdp::fully_shard(fresh_net(), *dist().world);
   auto two = two_optimizers(model->named_parameters(), /*as_saved=*/true);
   fsdp::optim::AdamW everything(model->parameters(), o::AdamWOptions(0.01));
-  const std::string folder = shared_folder("both");
+  const std::string folder = shared_folder("two-optimizers", "both");
   const std::string text = load_error([&] { fsdp::save_sharded(model, {two.muon.get(), &everything}, folder); });
   expect_names(text, {"parameter 'block.fc.weight' is in optimizer 0 (a Muon) and in optimizer 1 (an AdamW)",
                       "stepped by one optimizer"});
