@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <sstream>
 
 namespace fsdp_test {
 namespace {
@@ -161,6 +162,45 @@ TEST(Muon, ShardedTrainingFollowsTheUnshardedModelUnderEveryFeature) {
     expect_close(mixed.params, bf16_whole.params, 1e-4);
     expect_momentum_sharded(mixed, strategy);
   }
+}
+
+// A program's own loop: LibTorch's StepLR halving Muon's lr each step, and at step 2 the scheduler
+// made again (LibTorch's schedulers keep no state to save); with `through_torch_save`, Muon is
+// also saved there with torch::save (each rank its pieces) and loaded with torch::load into a
+// new Muon, which must go on as if uninterrupted: its momentum and its decayed lr restored.
+std::map<std::string, torch::Tensor> train_with_schedule(bool through_torch_save) {
+  constexpr int kSteps = 4, kRestart = 2;
+  auto model = fsdp::fully_shard(make_muon_model(), *dist().world);
+  const auto split = fsdp::optim::split_for_muon(*model);
+  auto muon = std::make_unique<fsdp::optim::Muon>(split.matrices, fsdp::optim::MuonOptions(0.02));
+  auto schedule = std::make_unique<torch::optim::StepLR>(*muon, /*step_size=*/1, /*gamma=*/0.5);
+  const int rank = dist().rank();
+  for (int step = 0; step < kSteps; ++step) {
+    if (step == kRestart) {
+      const double lr = muon->param_groups()[0].options().get_lr();
+      EXPECT_DOUBLE_EQ(lr, 0.01);  // StepLR's first step() leaves the lr, the second halves it
+      if (through_torch_save) {
+        std::stringstream saved;
+        torch::save(*muon, saved);
+        muon = std::make_unique<fsdp::optim::Muon>(split.matrices, fsdp::optim::MuonOptions(0.02));
+        torch::load(*muon, saved);
+        EXPECT_DOUBLE_EQ(muon->param_groups()[0].options().get_lr(), lr);
+      }
+      schedule = std::make_unique<torch::optim::StepLR>(*muon, 1, 0.5);
+    }
+    muon->zero_grad();
+    auto [x, y] = muon_batch(step, kRows * dist().world_size());
+    torch::mse_loss(model(x.narrow(0, kRows * rank, kRows)), y.narrow(0, kRows * rank, kRows)).backward();
+    muon->step();
+    schedule->step();
+  }
+  return params_of(*model);
+}
+
+TEST(Muon, TorchSaveAndLoadResumeAScheduledRun) {
+  const auto uninterrupted = train_with_schedule(/*through_torch_save=*/false);
+  const auto resumed = train_with_schedule(/*through_torch_save=*/true);
+  for (const auto& [name, want] : uninterrupted) EXPECT_TRUE(torch::equal(resumed.at(name), want)) << name;
 }
 
 TEST(Muon, RefusesWhatItCannotStepByName) {
