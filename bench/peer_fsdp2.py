@@ -160,7 +160,8 @@ def forward_backward(model, inputs, targets, tp):
     with loss_parallel():  # cross-entropy over Shard(-1) logits, and its backward, without a gather
         loss = lm_loss(sequence_parallel_logits(model, inputs), targets)
         loss.backward()
-    return loss.detach().full_tensor()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 def clip_gradients(model, max_norm):
