@@ -86,6 +86,11 @@ class ModelFamily {
   /// `element_bytes` per element of the compute dtype.
   virtual void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code,
                               fsdp::PlanUnit& unit) const = 0;
+
+  // Its tensor parallelism (tensor_parallel_plan.h).
+  /// How a block's attention and MLP layers split (paths below the block: "attn.q_proj"):
+  /// column-wise into the heads and the hidden width, row-wise out of them.
+  virtual fsdp::tp::ParallelizePlan block_parallel_plan(const GPTConfig& config) const = 0;
 };
 
 /// The families gpt_train knows, in --model's order.

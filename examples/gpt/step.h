@@ -127,8 +127,10 @@ struct StepContext {
   TrainOptimizers& optimizers;  // a step steps optimizers.stepped()
   StepPrecision& precision;
   fsdp::Distributed* dist;  // nullptr: the unsharded reference
-  int world;                // the reference: the world size whose global batch it trains on
+  int world;                // data-parallel ranks (the world / --tp); the reference: the world
+                            // size whose global batch it trains on
   int rank;
+  int data_rank;            // this rank's rows of the global batch: rank / --tp
   c10::Device device;
 
   bool sharded() const { return dist != nullptr; }
