@@ -1,12 +1,14 @@
 """2-D parallelism against PyTorch's own: the random Llama of llama_fsdp2_e2e.py (grouped-query
 attention: 4 heads, 2 key/value heads; an untied head; vocabulary 512) saved with save_pretrained,
 trained 10 steps with clipping on (--clip 1.0, checked to bind: the first step's norm is above 1) by
+  - gpt_train --model llama --init-from-hf --tp 2 at W = 4: (dp, tp) = (2, 2),
   - gpt_train --model llama --init-from-hf at W = 2 (1-D FSDP, dp = 2), and
   - bench/peer_fsdp2.py --tp 2 at W = 4: transformers' LlamaForCausalLM under torchtitan's plan
     (`parallelize_module`, sequence parallelism, loss_parallel) and `fully_shard` over the dp
     dimension, (dp, tp) = (2, 2), Gloo, torch.nn.utils.clip_grad_norm_,
-on the same global batches (gpt_train's --dump-batches) with the same AdamW: their losses agree
-within the FSDP2 parity tolerances (bench/run_bench.py's fp32 LOSS_TOLERANCE).
+on the same global batches (gpt_train's --dump-batches: the --tp run's equal the 1-D run's, rows by
+dp rank) with the same AdamW: both gpt_train runs' losses agree with the peer's within the FSDP2
+parity tolerances (bench/run_bench.py's fp32 LOSS_TOLERANCE).
 
 The peer itself can fail: a copy of it with the head's loss parallelism forgotten (the logits
 handed to the loss as each rank's local vocabulary shard) and the peer without clipping both leave
@@ -22,6 +24,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is made here: nothing to download
 
+import torch
 from transformers.utils import logging as hf_logging
 
 # The FSDP2 parity test's model (GQA, untied head, Llama 3 rope, random norms), tokens, runner and
@@ -42,12 +45,12 @@ LOSS_PARALLEL_FORGOTTEN = ("""output_layouts=Shard(-1),
                                    use_local_output=True)""")
 
 
-def train_ours(tmp, folder, tokens):
-    """gpt_train's losses (rank 0's metrics) and the batches it dumped."""
-    batches, metrics = tmp / "batches.pt", tmp / "ours-{rank}.jsonl"
-    run([FSDPRUN, "--nproc-per-node", DP, GPT, "--model", "llama", "--init-from-hf", folder,
-         "--data-tokens", tokens, *TRAINING, "--warmup-steps", 0, "--seed", 5, "--clip", CLIP,
-         "--dump-batches", batches, "--metrics", metrics])
+def train_ours(tmp, folder, tokens, tp):
+    """gpt_train's losses (rank 0's metrics) at (dp, tp) = (DP, tp), and the batches it dumped."""
+    batches, metrics = tmp / f"batches-tp{tp}.pt", tmp / f"ours-tp{tp}-{{rank}}.jsonl"
+    run([FSDPRUN, "--nproc-per-node", DP * tp, GPT, "--model", "llama", "--init-from-hf", folder,
+         "--tp", tp, "--data-tokens", tokens, *TRAINING, "--warmup-steps", 0, "--seed", 5,
+         "--clip", CLIP, "--dump-batches", batches, "--metrics", metrics])
     return losses(str(metrics).replace("{rank}", "0")), batches
 
 
@@ -99,6 +102,16 @@ def check_the_peer_can_fail(tmp, folder, batches, ours):
               f"{difference[2]:.0e})")
 
 
+def check_agreement(name, ours, peer):
+    difference = first_difference(ours, peer)
+    assert difference is None, (f"step {difference[0]}: {name}'s loss vs PyTorch's FSDP2 + TP at "
+                                f"({DP}, {TP}): relative {difference[1]:.2e} > {difference[2]:.0e}\n"
+                                f"ours {ours}\npeer {peer}")
+    assert ours[-1] < ours[0], f"{name}: the loss did not fall over {STEPS} steps: {ours}"
+    print(f"{name} vs PyTorch FSDP2 + TP at ({DP}, {TP}): {STEPS} steps, losses {ours[0]:.4f} -> "
+          f"{ours[-1]:.4f}, worst relative difference {worst_relative(ours, peer):.2e}")
+
+
 def main():
     hf_logging.set_verbosity_error()
     with tempfile.TemporaryDirectory(prefix="tp_fsdp2_") as tmp:
@@ -106,16 +119,15 @@ def main():
         folder, tokens = tmp / "llama", tmp / "tokens.bin"
         make_model(folder)
         write_tokens(tokens)
-        ours, batches = train_ours(tmp, folder, tokens)
+        ours, batches = train_ours(tmp, folder, tokens, TP)
+        ours_1d, batches_1d = train_ours(tmp, folder, tokens, 1)
+        dumped, dumped_1d = torch.load(batches), torch.load(batches_1d)
+        assert all(torch.equal(dumped[k], dumped_1d[k]) for k in ("inputs", "targets")), \
+            f"gpt_train --tp {TP} at W = {DP * TP} trains on other batches than at W = {DP} without it"
         peer, norms = train_peer(tmp, "peer", folder, batches)
         assert norms[0] > CLIP, f"--clip {CLIP} does not bind (first gradient norm {norms[0]}): raise the lr"
-        difference = first_difference(ours, peer)
-        assert difference is None, (f"step {difference[0]}: gpt_train's loss vs PyTorch's FSDP2 + TP at "
-                                    f"({DP}, {TP}): relative {difference[1]:.2e} > {difference[2]:.0e}\n"
-                                    f"ours {ours}\npeer {peer}")
-        assert ours[-1] < ours[0], f"the loss did not fall over {STEPS} steps: {ours}"
-        print(f"gpt_train at W = {DP} vs PyTorch FSDP2 + TP at ({DP}, {TP}): {STEPS} steps, losses "
-              f"{ours[0]:.4f} -> {ours[-1]:.4f}, worst relative difference {worst_relative(ours, peer):.2e}")
+        check_agreement(f"gpt_train --tp {TP} at W = {DP * TP}", ours, peer)
+        check_agreement(f"gpt_train at W = {DP} (1-D)", ours_1d, peer)
         check_the_peer_can_fail(tmp, folder, batches, ours)
     print("tp_fsdp2_e2e: ok")
 
