@@ -288,6 +288,17 @@ def cuda_memory():
             "mem_reserved_bytes": torch.cuda.memory_reserved()}
 
 
+def save_full(model, path):
+    """Rank 0 writes the trained parameters whole ({name: tensor}, torch.load), each gathered over
+    every mesh dimension (a collective: every rank calls it)."""
+    full = {}
+    for name, p in model.named_parameters():
+        whole = p.full_tensor() if isinstance(p, DTensor) else p
+        full[name] = whole.detach().cpu().clone()
+    if dist.get_rank() == 0:
+        torch.save(full, path)
+
+
 def make_meshes(device, world, tp):
     """(dp mesh, tp mesh or None): 1-D over the world, or ("dp_shard", "tp") = (W / tp, tp) with
     the ranks of one TP group consecutive (world rank = dp rank * tp + tp rank)."""
@@ -345,6 +356,8 @@ def main():
                     help="tensor-parallel size (Llama only): 2-D mesh (W / tp, tp), torchtitan's plan")
     ap.add_argument("--clip", type=float, default=0.0,
                     help="clip the global gradient norm to this (torch.nn.utils.clip_grad_norm_); 0: off")
+    ap.add_argument("--save-full", default="",
+                    help="rank 0 writes the trained parameters here, whole ({name: tensor}, torch.load)")
     args = ap.parse_args()
     if args.tp > 1 and (args.model != "llama" or args.optimizer != "adamw"):
         raise SystemExit("--tp needs --model llama and --optimizer adamw (the plan is the Llama's)")
@@ -428,6 +441,8 @@ def main():
 
     if metrics:
         metrics.close()
+    if args.save_full:
+        save_full(model, args.save_full)
     leave_together()
 
 

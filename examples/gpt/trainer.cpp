@@ -248,6 +248,7 @@ void StepLog::write_setup(const nlohmann::json& setup) { write_line(setup); }
 void StepLog::write(const StepRecord& record) {
   nlohmann::json line = to_json(record);
   add_optimizer_work(line, record);
+  if (record.grad_norm) line["grad_norm"] = *record.grad_norm;
   write_line(line);
   const int64_t done = record.step + 1;
   if (options_.log_every > 0 && (done % options_.log_every == 0 || done == options_.steps)) {
@@ -368,6 +369,7 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
   record.loss_scale = ctx.precision.loss_scale();
   record.skipped = trained.skipped;
   record.optimizer_ms = trained.optimizer_ms;
+  record.grad_norm = trained.grad_norm;
   if (ctx.optimizers.muon) record.muon = ctx.optimizers.muon->last_step_work();
   return record;
 }
