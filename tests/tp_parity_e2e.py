@@ -8,6 +8,8 @@ unsharded model on the same global batch. Checked each step, on every rank:
   over both dimensions counts every element once;
 - the bytes of every TP collective equal to docs/tensor-parallel.md's formulas, computed here from
   the model's sizes (one with activation checkpointing, which recomputes the blocks' forward).
+Also with SHARD_GRAD_OP, and with bf16 mixed precision, two micro-batches under --no-sync and a
+frozen replicated parameter (ln_f) on both runs (bf16's roundoff as the tolerance).
 
     tp_parity_e2e.py BIN_DIR [--only NAME,...]"""
 import json
@@ -25,12 +27,17 @@ COMMON = ["--layers", LAYERS, "--dim", DIM, "--heads", HEADS, "--seq", SEQ, "--b
           "--steps", STEPS, "--clip", 0.05, "--lr", 3e-3, "--seed", 11]
 FAMILIES = {"gpt2": ["--model", "gpt2"],
             "llama": ["--model", "llama", "--kv-heads", 2, "--ffn-dim", FFN]}
-# (name, world, tp, extra flags): dp = world / tp.
-LAYOUTS = [("2x2", 4, 2, []), ("1x2", 2, 2, []), ("3x2", 6, 2, []),
-           ("2x2x2", 8, 2, ["--strategy", "hybrid", "--shard-group-size", "2"]),
-           ("2x2-ac", 4, 2, ["--activation-checkpointing"])]
-TOLERANCE = (5e-5, 1e-4)  # (first step, any step), relative: the FSDP parity tolerances
-NORM_TOLERANCE = 1e-4
+# Mixed precision, two micro-batches without synchronisation, a frozen replicated parameter: on
+# both runs (the reference computes in bf16 too).
+FEATURES = ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--grad-accum", 2, "--freeze", "ln_f"]
+# (name, world, tp, flags of the 2-D run only, flags of both runs): dp = world / tp.
+LAYOUTS = [("2x2", 4, 2, [], []), ("1x2", 2, 2, [], []), ("3x2", 6, 2, [], []),
+           ("2x2x2", 8, 2, ["--strategy", "hybrid", "--shard-group-size", "2"], []),
+           ("2x2-ac", 4, 2, ["--activation-checkpointing", "--strategy", "grad_op"], []),
+           ("2x2-features", 4, 2, ["--no-sync"], FEATURES)]
+# (first step, any step), relative: the FSDP parity tolerances in fp32; bf16's unit roundoff.
+TOLERANCE, BF16_TOLERANCE = (5e-5, 1e-4), (2 ** -8, 2 ** -8)
+NORM_TOLERANCE, BF16_NORM_TOLERANCE = 1e-4, 2 ** -6
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "120"}
 for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
     ENV.pop(name, None)
@@ -45,19 +52,24 @@ def steps(path):
     return [line for line in map(json.loads, Path(path).read_text().splitlines()) if "step" in line]
 
 
-def tp_bytes(family, tp, ac):
-    """What one rank's TP collectives send per step (docs/tensor-parallel.md), fp32."""
-    e, n, c, f = 4, BATCH * SEQ, DIM, (tp - 1) / tp
+def tp_bytes(family, tp, ac, shared):
+    """What one rank's TP collectives send per step (docs/tensor-parallel.md): activations and the
+    replicated gradients in the compute dtype, the loss's statistics in fp32."""
+    e = 2 if "bf16" in shared else 4
+    micro = shared[shared.index("--grad-accum") + 1] if "--grad-accum" in shared else 1
+    frozen = 2 * DIM if "ln_f" in shared else 0  # ln_f's weight and bias (GPT-2), weight (Llama)
+    n, c, f = BATCH * SEQ, DIM, (tp - 1) / tp
     act = f * n * c * e  # one all-gather or reduce-scatter of a [batch, seq, dim] activation
     blocks = LAYERS * (6 if ac else 4) * act  # forward's 2 (+2 recomputed) and backward's 2
     gather = blocks + act + act + (tp - 1) * n * 4  # + embedding bwd, head fwd, loss's row maxima
     scatter = blocks + act + act  # + embedding fwd, head bwd
     if family == "llama":
-        replicated = (2 * LAYERS + 1) * c  # RMSNorm weights
+        replicated = (2 * LAYERS + 1) * c - frozen // 2  # RMSNorm weights
     else:  # LayerNorms (weight, bias), row-wise biases, the positions table
-        replicated = (2 * LAYERS + 1) * 2 * c + 2 * LAYERS * c + SEQ * c
+        replicated = (2 * LAYERS + 1) * 2 * c + 2 * LAYERS * c + SEQ * c - frozen
     reduce = 2 * f * (2 * n * 4 + replicated * e)  # the loss's sums, the replicated gradients
-    return {"bytes_tp_all_gather": gather, "bytes_tp_reduce_scatter": scatter, "bytes_tp_all_reduce": reduce}
+    return {"bytes_tp_all_gather": micro * gather, "bytes_tp_reduce_scatter": micro * scatter,
+            "bytes_tp_all_reduce": micro * reduce}
 
 
 def relative(a, b):
@@ -73,32 +85,34 @@ def main():
     failures, done = [], 0
     for family, flags in FAMILIES.items():
         references = {}
-        for name, world, tp, extra in LAYOUTS:
+        for name, world, tp, extra, shared in LAYOUTS:
             if ONLY and f"{family}-{name}" not in ONLY:
                 continue
             dp = world // tp
-            if dp not in references:
-                out = work / f"{family}-ref{dp}.jsonl"
-                run([GPT, "--reference", "--world-size", dp, "--data", data, *COMMON, *flags, "--metrics", out])
-                references[dp] = steps(out)
+            ref_key = (dp, tuple(shared))
+            if ref_key not in references:
+                out = work / f"{family}-ref{dp}{len(references)}.jsonl"
+                run([GPT, "--reference", "--world-size", dp, "--data", data, *COMMON, *flags, *shared, "--metrics", out])
+                references[ref_key] = steps(out)
             out = work / f"{family}-{name}-{{rank}}.jsonl"
             run([FSDPRUN, "--nproc-per-node", world, GPT, "--tp", tp, "--data", data, *COMMON, *flags,
-                 *extra, "--metrics", out])
-            expected_bytes = tp_bytes(family, tp, "--activation-checkpointing" in extra)
+                 *extra, *shared, "--metrics", out])
+            expected_bytes = tp_bytes(family, tp, "--activation-checkpointing" in extra, shared)
+            tolerance, norm_tolerance = (BF16_TOLERANCE, BF16_NORM_TOLERANCE) if shared else (TOLERANCE, NORM_TOLERANCE)
             for rank in range(world):
                 got = steps(str(out).replace("{rank}", str(rank)))
-                for s, (mine, ref) in enumerate(zip(got, references[dp], strict=True)):
+                for s, (mine, ref) in enumerate(zip(got, references[ref_key], strict=True)):
                     where = f"{family} {name} rank {rank} step {s + 1}"
                     loss_error = relative(mine["loss"], ref["loss"])
-                    if loss_error > TOLERANCE[s > 0]:
+                    if loss_error > tolerance[s > 0]:
                         failures.append(f"{where}: loss {mine['loss']} vs the reference's {ref['loss']} ({loss_error:.2e})")
                     norm_error = relative(mine["grad_norm"], ref["grad_norm"])
-                    if norm_error > NORM_TOLERANCE:
+                    if norm_error > norm_tolerance:
                         failures.append(f"{where}: gradient norm {mine['grad_norm']} vs {ref['grad_norm']} ({norm_error:.2e})")
                     for key, want in expected_bytes.items():
                         if mine[key] != round(want):
                             failures.append(f"{where}: {key} {mine[key]}, the formula gives {want:.0f}")
-            worst = max(relative(a["loss"], b["loss"]) for a, b in zip(steps(str(out).replace("{rank}", "0")), references[dp]))
+            worst = max(relative(a["loss"], b["loss"]) for a, b in zip(steps(str(out).replace("{rank}", "0")), references[ref_key]))
             print(f"{family} (dp, tp) = {name}: worst relative loss difference {worst:.2e}", flush=True)
             done += 1
     assert done, "no layout ran (--only names none)"
