@@ -9,11 +9,16 @@ unsharded model on the same global batch. Checked each step, on every rank:
 - the bytes of every TP collective equal to docs/tensor-parallel.md's formulas, computed here from
   the model's sizes (one with activation checkpointing, which recomputes the blocks' forward).
 Also with SHARD_GRAD_OP, and with bf16 mixed precision, two micro-batches under --no-sync and a
-frozen replicated parameter (ln_f) on both runs (bf16's roundoff as the tolerance).
+frozen replicated parameter (ln_f) on both runs (bf16's roundoff as the tolerance). At (2, 2) the
+trained model written by --save-full and --export-hf (each parameter gathered over the tp ranks)
+equals the reference's, name by name.
 
     tp_parity_e2e.py BIN_DIR [--only NAME,...]"""
 import json
 import os
+
+import torch
+from safetensors.torch import load_file
 import subprocess
 import sys
 import tempfile
@@ -72,6 +77,20 @@ def tp_bytes(family, tp, ac, shared):
             "bytes_tp_all_reduce": micro * reduce}
 
 
+def same_tensors(mine, reference, what):
+    """Every tensor of `reference` in `mine`, of the same shape, equal within the training's
+    roundoff: 10 AdamW steps apart in summation order only, where an element whose gradient is
+    near zero may move by up to lr a step either way: the tensor's relative difference
+    (||mine - reference|| / ||reference||) measured at 2e-5 at most, within 1e-3; a misplaced
+    part (a fused chunk out of order, a tp rank's rows twice) is of order 1."""
+    assert sorted(mine) == sorted(reference), f"{what}: names differ: {sorted(set(mine) ^ set(reference))}"
+    for name, want in reference.items():
+        got = mine[name]
+        assert got.shape == want.shape, f"{what} {name}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
+        difference = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30)).item()
+        assert difference <= 1e-3, f"{what} {name}: relative difference {difference:.3e}"
+
+
 def relative(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 
@@ -90,13 +109,22 @@ def main():
                 continue
             dp = world // tp
             ref_key = (dp, tuple(shared))
+            # The trained model as files, at (2, 2): its whole parameters, and a transformers folder.
+            outputs = lambda tag: (["--save-full", work / f"{family}-{tag}.pt", "--export-hf", work / f"{family}-{tag}-hf"]
+                                   if name == "2x2" else [])
             if ref_key not in references:
                 out = work / f"{family}-ref{dp}{len(references)}.jsonl"
-                run([GPT, "--reference", "--world-size", dp, "--data", data, *COMMON, *flags, *shared, "--metrics", out])
+                run([GPT, "--reference", "--world-size", dp, "--data", data, *COMMON, *flags, *shared, "--metrics", out,
+                     *outputs(f"ref{dp}")])
                 references[ref_key] = steps(out)
             out = work / f"{family}-{name}-{{rank}}.jsonl"
             run([FSDPRUN, "--nproc-per-node", world, GPT, "--tp", tp, "--data", data, *COMMON, *flags,
-                 *extra, *shared, "--metrics", out])
+                 *extra, *shared, "--metrics", out, *outputs(name)])
+            if name == "2x2":
+                same_tensors(torch.load(work / f"{family}-{name}.pt"), torch.load(work / f"{family}-ref{dp}.pt"),
+                             f"{family} --save-full")
+                same_tensors(load_file(work / f"{family}-{name}-hf" / "model.safetensors"),
+                             load_file(work / f"{family}-ref{dp}-hf" / "model.safetensors"), f"{family} --export-hf")
             expected_bytes = tp_bytes(family, tp, "--activation-checkpointing" in extra, shared)
             tolerance, norm_tolerance = (BF16_TOLERANCE, BF16_NORM_TOLERANCE) if shared else (TOLERANCE, NORM_TOLERANCE)
             for rank in range(world):
