@@ -9,7 +9,9 @@ unsharded model on the same global batch. Checked each step, on every rank:
 - the bytes of every TP collective equal to docs/tensor-parallel.md's formulas, computed here from
   the model's sizes (one with activation checkpointing, which recomputes the blocks' forward).
 Also with SHARD_GRAD_OP, and with bf16 mixed precision, two micro-batches under --no-sync and a
-frozen replicated parameter (ln_f) on both runs (bf16's roundoff as the tolerance). At (2, 2) the
+frozen replicated parameter (ln_f) on both runs (bf16's roundoff as the tolerance); and with
+--deferred-init (each block split, then sharded, as it is built) against FSDP alone at W = dp,
+deferred alike (its random order differs from the reference's eager build). At (2, 2) the
 trained model written by --save-full and --export-hf (each parameter gathered over the tp ranks)
 equals the reference's, name by name.
 
@@ -39,7 +41,8 @@ FEATURES = ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--grad-accum", 2
 LAYOUTS = [("2x2", 4, 2, [], []), ("1x2", 2, 2, [], []), ("3x2", 6, 2, [], []),
            ("2x2x2", 8, 2, ["--strategy", "hybrid", "--shard-group-size", "2"], []),
            ("2x2-ac", 4, 2, ["--activation-checkpointing", "--strategy", "grad_op"], []),
-           ("2x2-features", 4, 2, ["--no-sync"], FEATURES)]
+           ("2x2-features", 4, 2, ["--no-sync"], FEATURES),
+           ("2x2-deferred", 4, 2, [], ["--deferred-init"])]
 # (first step, any step), relative: the FSDP parity tolerances in fp32; bf16's unit roundoff.
 TOLERANCE, BF16_TOLERANCE = (5e-5, 1e-4), (2 ** -8, 2 ** -8)
 NORM_TOLERANCE, BF16_NORM_TOLERANCE = 1e-4, 2 ** -6
@@ -112,7 +115,13 @@ def main():
             # The trained model as files, at (2, 2): its whole parameters, and a transformers folder.
             outputs = lambda tag: (["--save-full", work / f"{family}-{tag}.pt", "--export-hf", work / f"{family}-{tag}-hf"]
                                    if name == "2x2" else [])
-            if ref_key not in references:
+            if ref_key not in references and "--deferred-init" in shared:
+                # Built block by block in another random order than the reference's eager model:
+                # the baseline is FSDP alone at W = dp, deferred alike.
+                out = work / f"{family}-deferred{dp}-{{rank}}.jsonl"
+                run([FSDPRUN, "--nproc-per-node", dp, GPT, "--data", data, *COMMON, *flags, *shared, "--metrics", out])
+                references[ref_key] = steps(str(out).replace("{rank}", "0"))
+            elif ref_key not in references:
                 out = work / f"{family}-ref{dp}{len(references)}.jsonl"
                 run([GPT, "--reference", "--world-size", dp, "--data", data, *COMMON, *flags, *shared, "--metrics", out,
                      *outputs(f"ref{dp}")])
@@ -126,7 +135,8 @@ def main():
                 same_tensors(load_file(work / f"{family}-{name}-hf" / "model.safetensors"),
                              load_file(work / f"{family}-ref{dp}-hf" / "model.safetensors"), f"{family} --export-hf")
             expected_bytes = tp_bytes(family, tp, "--activation-checkpointing" in extra, shared)
-            tolerance, norm_tolerance = (BF16_TOLERANCE, BF16_NORM_TOLERANCE) if shared else (TOLERANCE, NORM_TOLERANCE)
+            bf16 = "bf16" in shared
+            tolerance, norm_tolerance = (BF16_TOLERANCE, BF16_NORM_TOLERANCE) if bf16 else (TOLERANCE, NORM_TOLERANCE)
             for rank in range(world):
                 got = steps(str(out).replace("{rank}", str(rank)))
                 for s, (mine, ref) in enumerate(zip(got, references[ref_key], strict=True)):

@@ -82,9 +82,32 @@ std::shared_ptr<fsdp::DeviceMesh> make_mesh(const TrainOptions& o, fsdp::Distrib
 
 namespace {
 
+// --tp --deferred-init: each block built whole, initialised, split over the tp ranks, and its
+// part sharded over dp before the next is built; the root's layers last.
+fsdp::Unit<GPT> build_tensor_parallel_deferred(const TrainOptions& o, fsdp::DeviceMesh& mesh) {
+  auto tp = std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp"));
+  auto model = fsdp::fully_shard_deferred(
+      [&] {
+        torch::manual_seed(o.seed);
+        return GPT(o.model);
+      },
+      mesh.group("dp"), o.fsdp,
+      [&](const std::string& name, torch::Tensor& p) {
+        init_parameter(o.model, name, p);
+        if (is_frozen(o, name)) p.set_requires_grad(false);
+      },
+      [&](torch::nn::Module& unit, bool is_root) {
+        fsdp::tp::parallelize_module(unit, tp, is_root ? root_parallel_plan(o.model) : block_parallel_plan(o.model));
+      });
+  model->tp = tp;
+  return model;
+}
+
 // --tp: every rank builds (and loads) the whole model alike, keeps its tensor-parallel part,
 // then FSDP shards that over the data-parallel ranks.
 fsdp::Unit<GPT> build_tensor_parallel(const TrainOptions& o, fsdp::DeviceMesh& mesh) {
+  if (o.deferred_init) return build_tensor_parallel_deferred(o, mesh);
+  check_tensor_parallel(o.model, mesh.size("tp"));
   GPT gpt = make_gpt(o.model, o.seed);
   fsdp::Unit<GPT> whole(gpt);
   load_initial_weights(o, whole);
