@@ -48,14 +48,14 @@ void check_tensor_parallel(const GPTConfig& config, int tp) {
   TORCH_CHECK(tp >= 1, "--tp must be >= 1, got ", tp);
   if (tp == 1) return;
   const auto split = [&](int64_t size, const std::string& what) {
-    TORCH_CHECK(size % tp == 0, "--tp ", tp, ": ", what, " (", size, ") does not split over ", tp,
+    TORCH_CHECK(size % tp == 0, "--tp ", tp, ": ", what, " = ", size, " does not split over ", tp,
                 " ranks; choose a --tp that divides it");
   };
-  split(config.heads, "--heads, the query heads,");
-  split(config.key_value_heads(), "the key/value heads (--kv-heads)");
-  split(config.mlp_dim(), "the MLP's width (--ffn-dim)");
-  split(config.vocab_size, "the vocabulary (--vocab)");
-  split(config.max_seq, "the sequence (--seq), split along for sequence parallelism,");
+  split(config.heads, "--heads (the query heads)");
+  split(config.key_value_heads(), "--kv-heads (the key/value heads)");
+  split(config.mlp_dim(), "--ffn-dim (the MLP's width)");
+  split(config.vocab_size, "--vocab");
+  split(config.max_seq, "--seq (split for sequence parallelism)");
 }
 
 void parallelize_gpt(GPT& model, std::shared_ptr<fsdp::tp::TensorParallel> tp) {
