@@ -10,7 +10,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <map>
+
+#include <unistd.h>
 
 namespace fsdp_test {
 namespace {
@@ -148,6 +151,21 @@ TEST(TensorParallel, ALayerCalledAroundItsHolderIsNamedInBackward) {
   const std::string error = error_of([&] { loss.backward(); });
   EXPECT_NE(error.find("'fc' was called directly"), std::string::npos) << error;
   EXPECT_NE(error.find("fsdp::tp::Parallel"), std::string::npos) << error;
+}
+
+TEST(TensorParallel, TorchLoadOfTheUnsplitModelIsNamedNotSummedTwice) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "one rank's part is the whole";
+  const std::string file = "/tmp/fsdp_tp_whole_" + std::to_string(::getpid()) + ".pt";
+  TinyLm whole = seeded_model();
+  torch::save(whole, file);
+  TinyLm split = seeded_model();
+  split->tp = world_tp();
+  fsdp::tp::parallelize_module(*split, split->tp, tiny_plan());
+  torch::load(split, file);  // LibTorch's load sets every parameter to the file's whole tensor
+  std::remove(file.c_str());
+  const std::string error = error_of([&] { split->forward(batch().first); });
+  EXPECT_NE(error.find("'embed.weight' is [36, 12] but this rank's part of it is"), std::string::npos) << error;
+  EXPECT_NE(error.find("torch::load of an unsplit model"), std::string::npos) << error;
 }
 
 TEST(TensorParallel, APlanThatDoesNotFitTheModelIsRefusedByName) {

@@ -238,6 +238,7 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
       }
       record_placement(param, placement);
     }
+    split.layer->keep_shapes();
     auto all = module.named_parameters(/*recurse=*/true);
     for (const auto& which : split.summed) sum_gradient_over_ranks(*all.find(which), tp);
     auto& r = registry();
