@@ -227,7 +227,8 @@ torch::Tensor accumulate_gradients(const StepContext& ctx, int64_t step) {
   return loss_sum;
 }
 
-// The global norm before clipping (the metrics' grad_norm: tests compare it with PyTorch's).
+// The global norm before clipping (both dimensions under --tp: [Note: the norm over both
+// dimensions] in clip.cpp).
 double clip_gradients(const StepContext& ctx) {
   if (ctx.sharded()) return fsdp::clip_grad_norm_(ctx.model, ctx.options.clip);
   return torch::nn::utils::clip_grad_norm_(ctx.model->parameters(), ctx.options.clip);
