@@ -81,6 +81,41 @@ TEST(PlannerTp, TpOneIsThePlanBeforeTensorParallelism) {
   }
 }
 
+// The descriptions at T = 1 as `fsdp_plan --write-model-json` wrote them before TP (commit
+// 1213727): every count of the root, root_pre and a block, of a fp32 Llama and a bf16 GPT.
+void expect_activations(const fsdp::PlanActivations& a, std::vector<int64_t> want, const std::string& what) {
+  EXPECT_EQ((std::vector<int64_t>{a.saved, a.checkpointed, a.forward_transient, a.backward_transient}), want) << what;
+}
+
+TEST(PlannerTp, TpOneDescriptionsAreThoseBeforeTensorParallelism) {
+  gpt::TrainOptions llama = small_llama();
+  const fsdp::PlanModel l = gpt::describe_gpt(llama.model, at::kFloat, 0);
+  expect_activations(l.root_pre, {32768, 0, 0, 32768}, "Llama root_pre");
+  expect_activations(l.root.activations, {98560, 0, 65536, 131072}, "Llama root");
+  expect_activations(l.units[0].activations, {599552, 32768, 32768, 208896}, "Llama block");
+  EXPECT_EQ(l.root.backward_workspace, 131072);
+  EXPECT_EQ(l.units[0].backward_workspace, 176128);
+  EXPECT_EQ((std::vector<double>{l.root.forward_flops, l.root.forward_memory_bytes, l.units[0].forward_flops,
+                                 l.units[0].forward_attention_flops, l.units[0].forward_transcendentals,
+                                 l.units[0].forward_memory_bytes}),
+            (std::vector<double>{4194304, 360448, 23199744, 1048576, 22016, 866304}));
+  const fsdp::PlanModel g = gpt::describe_gpt(small_gpt().model, at::kBFloat16, 0);
+  expect_activations(g.root_pre, {12288, 0, 12288, 12288}, "GPT root_pre");
+  expect_activations(g.root.activations, {78336, 0, 98304, 131072}, "GPT root");
+  expect_activations(g.units[0].activations, {198656, 12288, 12288, 61440}, "GPT block");
+  EXPECT_EQ(g.root.backward_workspace, 49152);
+  EXPECT_EQ(g.units[0].backward_workspace, 73728);
+  EXPECT_EQ((std::vector<double>{g.root.forward_flops, g.root.forward_memory_bytes, g.units[0].forward_flops,
+                                 g.units[0].forward_attention_flops, g.units[0].forward_transcendentals,
+                                 g.units[0].forward_memory_bytes}),
+            (std::vector<double>{3145728, 258048, 14155776, 786432, 24576, 172032}));
+  for (const fsdp::PlanModel* m : {&l, &g}) {
+    EXPECT_EQ(m->tp_size, 1);
+    EXPECT_TRUE(m->root.tp_collectives.empty());
+    EXPECT_EQ(fsdp::plan_model_json(*m).count("tp_size"), 0u);
+  }
+}
+
 // The trainer's plan, written here from torchtitan's Llama plan (not from gpt_plan.cpp): which
 // dimension of each parameter TP splits; -1: replicated.
 int split_dim(const std::string& name) {
