@@ -1,5 +1,7 @@
 #include "command_line.h"
 
+#include "tensor_parallel_plan.h"
+
 #include "data.h"
 #include "gpt.h"
 #include "hf_folder.h"
@@ -208,6 +210,10 @@ void add_sharding_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--shard-group-size", cl.shard_group_size,
                  "hybrid strategies: ranks per shard group (default: LOCAL_WORLD_SIZE)")
       ->check(integer_in(0, 1 << 20));
+  app.add_option("--tp", cl.train.tp,
+                 "tensor parallelism: split each layer over N consecutive ranks (a host's) and "
+                 "shard with FSDP over the world / N others (docs/tensor-parallel.md)")
+      ->check(integer_in(1, 1 << 16));
   app.add_option("--backward-prefetch", cl.backward_prefetch, "pre | post | none")
       ->check(CLI::IsMember({"pre", "post", "none"}));
   app.add_flag("--forward-prefetch,!--no-forward-prefetch", cl.forward_prefetch,
@@ -449,6 +455,31 @@ std::string check_muon_flags(const CLI::App& app, const TrainOptions& o) {
   return "";
 }
 
+// --tp: the model's sizes must split; what does not yet run on a split model is refused by name.
+std::string check_tensor_parallel_flags(const CLI::App& app, const TrainOptions& o, bool reference) {
+  if (o.tp == 1) return "";
+  if (reference) {
+    return "--tp splits the sharded run's layers; --reference trains the unsharded model (give "
+           "it --world-size WORLD/tp to train on the same global batch)";
+  }
+  try {
+    check_tensor_parallel(o.model, o.tp);
+  } catch (const c10::Error& e) {
+    return e.msg();
+  }
+  const std::vector<std::pair<bool, const char*>> not_yet = {
+      {app.count("--deferred-init") > 0, "--deferred-init (each rank builds the model, then keeps its part)"},
+      {o.muon, "--optimizer muon"},
+      {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
+      {!o.eval_tokens.empty(), "--eval-tokens"},
+      {o.sample_bytes > 0, "--sample"},
+  };
+  for (const auto& [given, flag] : not_yet) {
+    if (given) return std::string("--tp does not run with ") + flag + " yet; drop one of them";
+  }
+  return "";
+}
+
 std::string check_sharding_flags(const CLI::App& app, const TrainOptions& o) {
   if (o.no_sync && o.grad_accum == 1) {
     return "--no-sync needs --grad-accum N with N >= 2 (it skips the reduction of all but the "
@@ -527,7 +558,8 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
   if (!o.init_from.empty()) return "--init-from and --init-from-hf both name initial weights; pass one";
   if (std::string error = apply_hf_sizes(app, o); !error.empty()) return error;
   // Built block by block and filled from the files shard by shard: never the whole model at once.
-  o.deferred_init = true;
+  // (--tp: built whole, filled, then split: tensor_parallel_plan.h.)
+  o.deferred_init = o.tp == 1;
   return "";
 }
 
@@ -567,6 +599,7 @@ std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, 
   }
   if (std::string error = check_checkpoint_flags(o, reference); !error.empty()) return error;
   if (std::string error = check_muon_flags(app, o); !error.empty()) return error;
+  if (std::string error = check_tensor_parallel_flags(app, o, reference); !error.empty()) return error;
   if (std::string error = check_step_in_backward(o, reference); !error.empty()) return error;
   return check_sharding_flags(app, o);
 }

@@ -82,11 +82,20 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= config.context(), "sequence of ", T, " tokens is longer than the model's ",
               config.context());
-  auto x = wte(idx);
-  if (wpe) x = x + wpe(torch::arange(T, idx.options().dtype(torch::kLong)));  // Llama: RoPE
+  auto x = wte(idx);  // under tensor parallelism, this rank's part of the sequence
+  if (wpe) {           // Llama: RoPE
+    const torch::Tensor positions = wpe(torch::arange(T, idx.options().dtype(torch::kLong)));
+    x = x + (tp ? tp->chunk_along(positions, 0) : positions);
+  }
   for (auto& block : h) x = block(x);
   x = ln_f.forward(x);
-  return lm_head ? lm_head(x) : torch::matmul(x, wte->weight.t());
+  if (lm_head) return lm_head(x);
+  // The tied head: the whole sequence against this rank's rows of wte.
+  return torch::matmul(tp ? tp->gather_sequence(x) : x, wte->weight.t());
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return tp ? tp->cross_entropy(logits, targets) : lm_loss(logits, targets);
 }
 
 void init_parameter(const GPTConfig& config, const std::string& name, torch::Tensor& p,

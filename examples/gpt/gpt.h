@@ -15,6 +15,7 @@
 #include "layer_table.h"
 
 #include <fsdp/fully_shard.h>
+#include <fsdp/parallelize.h>
 
 #include <torch/torch.h>
 
@@ -114,21 +115,29 @@ struct BlockImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   // The norms the table names (LayerNorm or RMSNorm); the family's attention and MLP
-  // (gpt2/gpt2.h, llama/llama.h).
-  torch::nn::AnyModule ln_1, attn, ln_2, mlp;
+  // (gpt2/gpt2.h, llama/llama.h). Held for tensor parallelism (tensor_parallel_plan.h): the
+  // norms run on the sequence shard, the attention and the MLP on the gathered sequence.
+  fsdp::tp::Parallel<torch::nn::AnyModule> ln_1, attn, ln_2, mlp;
 };
 TORCH_MODULE(Block);
 
 struct GPTImpl : torch::nn::Module {
   explicit GPTImpl(const GPTConfig& config);
-  /// idx: [B, T] int64 bytes -> logits [B, T, vocab].
+  /// idx: [B, T] int64 bytes -> logits [B, T, vocab] (under tensor parallelism, this rank's
+  /// chunk of the vocabulary: [B, T, vocab / tp]).
   torch::Tensor forward(const torch::Tensor& idx);
+  /// The mean cross-entropy of forward's logits (lm_loss; loss parallelism under tensor
+  /// parallelism).
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets);
 
   GPTConfig config;
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: learned positions (GPT-2's) only
+  fsdp::tp::Parallel<torch::nn::Embedding> wte{nullptr};  // vocabulary-parallel under TP
+  torch::nn::Embedding wpe{nullptr};  // learned positions (GPT-2's) only
   std::vector<fsdp::Unit<Block>> h;  // one FSDP unit per block; modules registered as "h.{i}"
-  torch::nn::AnyModule ln_f;         // the norm the table names
-  UninitializedLinear lm_head{nullptr};  // an untied head only
+  fsdp::tp::Parallel<torch::nn::AnyModule> ln_f;         // the norm the table names
+  fsdp::tp::Parallel<UninitializedLinear> lm_head{nullptr};  // an untied head only
+  /// Set by parallelize_gpt (tensor_parallel_plan.h): the group the model is split over.
+  std::shared_ptr<fsdp::tp::TensorParallel> tp;
 };
 TORCH_MODULE(GPT);
 

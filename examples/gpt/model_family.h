@@ -87,6 +87,11 @@ class ModelFamily {
   /// (sequence parallel: [Note: tensor parallelism in the plan], src/plan/plan_tensor_parallel.h).
   virtual void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code, int64_t tp,
                               fsdp::PlanUnit& unit) const = 0;
+
+  // Its tensor parallelism (tensor_parallel_plan.h).
+  /// How a block's attention and MLP layers split (paths below the block: "attn.q_proj"):
+  /// column-wise into the heads and the hidden width, row-wise out of them.
+  virtual fsdp::tp::ParallelizePlan block_parallel_plan(const GPTConfig& config) const = 0;
 };
 
 /// The families gpt_train knows, in --model's order.

@@ -23,7 +23,10 @@ struct TrainOptions {
   // Sharding strategy, prefetch, rate limiter; fsdp.device() is where the model computes, the
   // reference's too (unset: the CPU), and the batches go there.
   fsdp::FullyShardOptions fsdp;
-  int64_t batch = 8;  // sequences per rank; the global batch is world_size × batch
+  int64_t batch = 8;  // sequences per data-parallel rank; the global batch is (world_size / tp) × batch
+  // --tp: tensor-parallel ranks (consecutive ranks: one host's), the model split over them
+  // (tensor_parallel_plan.h); FSDP shards over the world_size / tp data-parallel ranks.
+  int tp = 1;
   int64_t steps = 100;
   double lr = 1e-3;          // AdamW's peak learning rate
   int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to a tenth (0: constant lr)

@@ -213,13 +213,13 @@ torch::Tensor accumulate_gradients(const StepContext& ctx, int64_t step) {
   auto loss_sum = torch::zeros({}, torch::TensorOptions().device(ctx.device));
   for (int64_t micro = 0; micro < o.grad_accum; ++micro) {
     const int64_t first_row =
-        micro * ctx.world * o.batch + (ctx.sharded() ? ctx.rank * o.batch : 0);
+        micro * ctx.world * o.batch + (ctx.sharded() ? ctx.data_rank * o.batch : 0);
     const int64_t rows = ctx.sharded() ? o.batch : ctx.world * o.batch;
     auto [inputs, targets] = ctx.corpus.batch(o.seed, step, first_row, rows, o.model.max_seq);
     inputs = inputs.to(ctx.device, /*non_blocking=*/true);
     targets = targets.to(ctx.device, /*non_blocking=*/true);
     ctx.precision.before_forward();
-    auto loss = lm_loss(ctx.model(inputs), targets) / static_cast<double>(o.grad_accum);
+    auto loss = ctx.model->loss(ctx.model(inputs), targets) / static_cast<double>(o.grad_accum);
     backward(ctx, ctx.precision.scale(loss), micro + 1 == o.grad_accum);
     ctx.precision.after_backward();
     loss_sum += loss.detach();
@@ -227,12 +227,11 @@ torch::Tensor accumulate_gradients(const StepContext& ctx, int64_t step) {
   return loss_sum;
 }
 
-void clip_gradients(const StepContext& ctx) {
-  if (ctx.sharded()) {
-    fsdp::clip_grad_norm_(ctx.model, ctx.options.clip);
-  } else {
-    torch::nn::utils::clip_grad_norm_(ctx.model->parameters(), ctx.options.clip);
-  }
+// The global norm before clipping (both dimensions under --tp: [Note: the norm over both
+// dimensions] in clip.cpp).
+double clip_gradients(const StepContext& ctx) {
+  if (ctx.sharded()) return fsdp::clip_grad_norm_(ctx.model, ctx.options.clip);
+  return torch::nn::utils::clip_grad_norm_(ctx.model->parameters(), ctx.options.clip);
 }
 
 }  // namespace
@@ -245,7 +244,7 @@ StepResult train_step(const StepContext& ctx, int64_t step) {
   if (ctx.options.clip > 0) {
     // Clipping reads unscaled gradients; else the optimizer's kernel divides them as it steps.
     ctx.precision.unscale(optimizer);
-    clip_gradients(ctx);
+    result.grad_norm = clip_gradients(ctx);
   }
   // Host time: on a GPU, what the step queued (the step's own time waits for the device).
   const auto optimizer_start = std::chrono::steady_clock::now();

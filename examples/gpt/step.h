@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <vector>
@@ -127,8 +128,10 @@ struct StepContext {
   TrainOptimizers& optimizers;  // a step steps optimizers.stepped()
   StepPrecision& precision;
   fsdp::Distributed* dist;  // nullptr: the unsharded reference
-  int world;                // the reference: the world size whose global batch it trains on
+  int world;                // data-parallel ranks (the world / --tp); the reference: the world
+                            // size whose global batch it trains on
   int rank;
+  int data_rank;            // this rank's rows of the global batch: rank / --tp
   c10::Device device;
 
   bool sharded() const { return dist != nullptr; }
@@ -138,6 +141,7 @@ struct StepResult {
   torch::Tensor loss;    // this rank's mean loss over its rows (a scalar on the device)
   bool skipped = false;  // fp16: some rank's gradients overflowed, so the optimizer did not step
   double optimizer_ms = 0;  // the optimizer's step (bench/: Muon's against AdamW's), host time
+  std::optional<double> grad_norm;  // --clip: the global norm before clipping
 };
 
 /// Trains step `step`. Micro-batch m covers global rows [m·W·B, (m+1)·W·B): rank r trains on its

@@ -5,6 +5,7 @@
 #include "hf_folder.h"
 #include "options.h"
 #include "step.h"
+#include "tensor_parallel_plan.h"
 
 #include <fsdp/memory.h>
 #include <fsdp/param_loader.h>
@@ -71,7 +72,33 @@ void check_freeze_patterns(const TrainOptions& o) {
   }
 }
 
-fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist) {
+std::shared_ptr<fsdp::DeviceMesh> make_mesh(const TrainOptions& o, fsdp::Distributed* dist) {
+  if (!dist || o.tp == 1) return nullptr;
+  TORCH_CHECK(dist->world_size() % o.tp == 0, "--tp ", o.tp, " does not divide the ", dist->world_size(),
+              " ranks; launch a multiple of --tp ranks");
+  return std::make_shared<fsdp::DeviceMesh>(
+      dist->world, std::vector<fsdp::MeshDim>{{"dp", dist->world_size() / o.tp}, {"tp", o.tp}});
+}
+
+namespace {
+
+// --tp: every rank builds (and loads) the whole model alike, keeps its tensor-parallel part,
+// then FSDP shards that over the data-parallel ranks.
+fsdp::Unit<GPT> build_tensor_parallel(const TrainOptions& o, fsdp::DeviceMesh& mesh) {
+  GPT gpt = make_gpt(o.model, o.seed);
+  fsdp::Unit<GPT> whole(gpt);
+  load_initial_weights(o, whole);
+  for (auto& item : gpt->named_parameters()) {
+    if (is_frozen(o, item.key())) item.value().set_requires_grad(false);
+  }
+  parallelize_gpt(gpt, std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp")));
+  return fsdp::fully_shard(gpt, mesh.group("dp"), o.fsdp);
+}
+
+}  // namespace
+
+fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist, fsdp::DeviceMesh* mesh) {
+  if (dist && mesh) return build_tensor_parallel(o, *mesh);
   if (dist && o.deferred_init) {
     return fsdp::fully_shard_deferred(
         [&] {
@@ -175,6 +202,9 @@ nlohmann::json to_json(const StepRecord& r) {
           {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
           {"bytes_all_reduce", r.comm.all_reduce_bytes},
           {"bytes_all_to_all", r.comm.all_to_all_bytes},  // Muon's exchanges
+          {"bytes_tp_all_gather", r.comm.tp_all_gather_bytes},  // tensor parallelism's (--tp)
+          {"bytes_tp_reduce_scatter", r.comm.tp_reduce_scatter_bytes},
+          {"bytes_tp_all_reduce", r.comm.tp_all_reduce_bytes},
           {"loss_scale", r.loss_scale},
           {"skipped", r.skipped}};
 }
@@ -183,6 +213,7 @@ nlohmann::json to_json(const StepRecord& r) {
 // the ranks' shares of the orthogonalization).
 void add_optimizer_work(nlohmann::json& line, const StepRecord& r) {
   line["optimizer_ms"] = r.optimizer_ms;
+  if (r.grad_norm) line["grad_norm"] = *r.grad_norm;
   if (!r.muon) return;
   line["muon_ns_matrices"] = r.muon->matrices;
   line["muon_ns_flops"] = r.muon->flops;
@@ -294,7 +325,9 @@ using Clock = std::chrono::steady_clock;
 fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
   return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
           a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes,
-          a.all_to_all_bytes - b.all_to_all_bytes};
+          a.all_to_all_bytes - b.all_to_all_bytes, a.tp_all_gather_bytes - b.tp_all_gather_bytes,
+          a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes,
+          a.tp_all_reduce_bytes - b.tp_all_reduce_bytes};
 }
 
 // A GPU runs the work queued on it after the host has moved on: wait for it before reading the
@@ -307,8 +340,8 @@ void wait_for(const c10::Device& device) {
 double global_loss(const StepContext& ctx, const torch::Tensor& rank_loss) {
   auto sum = rank_loss.detach().clone();
   if (!ctx.sharded()) return sum.item<double>();
-  fsdp::all_reduce_sum(*ctx.dist->world, sum);
-  return sum.item<double>() / ctx.world;
+  fsdp::all_reduce_sum(*ctx.dist->world, sum);  // --tp: the tp ranks' losses are one loss, alike
+  return sum.item<double>() / ctx.dist->world_size();
 }
 
 // Trains step `step` and measures it: the loss over the global batch, the time (and Chrome trace
@@ -341,6 +374,7 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
   record.loss_scale = ctx.precision.loss_scale();
   record.skipped = trained.skipped;
   record.optimizer_ms = trained.optimizer_ms;
+  record.grad_norm = trained.grad_norm;
   if (ctx.optimizers.muon) record.muon = ctx.optimizers.muon->last_step_work();
   return record;
 }
@@ -414,8 +448,9 @@ std::optional<c10::Device> current_gpu(const c10::Device& device) {
 }  // namespace
 
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
-  const int world = dist ? dist->world_size() : o.reference_world_size;
+  const int world = dist ? dist->world_size() / o.tp : o.reference_world_size;
   const int rank = dist ? dist->rank() : 0;
+  const std::shared_ptr<fsdp::DeviceMesh> mesh = make_mesh(o, dist);
   const c10::Device device = compute_device(o);
   c10::OptionalDeviceGuard gpu_guard(current_gpu(device));
   fsdp::install_memory_counter();
@@ -425,10 +460,10 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const std::optional<EvalBatch> eval_batch = load_eval_batch(o);
 
   SetupMemory setup_memory(device);
-  fsdp::Unit<GPT> model = build_model(o, dist);
+  fsdp::Unit<GPT> model = build_model(o, dist, mesh.get());
   TrainOptimizers optimizers = make_train_optimizers(model.module(), o);
   setup_memory.end_build();
-  load_initial_weights(o, model);
+  if (!mesh) load_initial_weights(o, model);  // --tp: loaded before the split
   const nlohmann::json setup = setup_memory.record(model);
   if (!o.dump_batches.empty() && rank == 0) {
     write_output("--dump-batches", o.dump_batches, [&] { dump_batches(o, corpus, world); });
@@ -441,7 +476,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   const int64_t first_step =
       o.resume ? resume_from_checkpoint(model, optimizers, o.checkpoint_dir, o, rank) : 0;
   StepPrecision precision(o, dist, model.module());
-  const StepContext ctx{o, corpus, model, optimizers, precision, dist, world, rank, device};
+  const StepContext ctx{o, corpus, model, optimizers, precision, dist, world, rank, rank / o.tp, device};
   std::optional<EvalResult> eval_initial;
   if (eval_batch) eval_initial = evaluate(model, *eval_batch, device);
 

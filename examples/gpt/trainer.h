@@ -8,6 +8,7 @@
 #include "step.h"
 #include "step_summary.h"
 
+#include <fsdp/device_mesh.h>
 #include <fsdp/comm_stats.h>
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
@@ -38,7 +39,12 @@ bool is_frozen(const TrainOptions& o, const std::string& name);
 /// fsdp.device()), or unsharded on the compute device when `dist` is null. Deferred: built and
 /// sharded block by block, each block initialised (and frozen) by its own parameter names just
 /// before it is sharded.
-fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist);
+fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist,
+                            fsdp::DeviceMesh* mesh = nullptr);
+/// --tp N: the world as a mesh dp x tp (dp = world / N), tensor parallelism over consecutive
+/// ranks; nullptr without --tp (or for the reference). FSDP's strategy applies over dp (hybrid:
+/// replicate x shard inside it, 3-D).
+std::shared_ptr<fsdp::DeviceMesh> make_mesh(const TrainOptions& o, fsdp::Distributed* dist);
 
 /// Loads --init-from or --init-from-hf into the model (each rank its shard); no-op without them.
 void load_initial_weights(const TrainOptions& o, fsdp::Unit<GPT>& model);
@@ -78,6 +84,7 @@ struct StepRecord {
   double loss_scale = 0;  // fp16: the gradient scaler's scale after the step (0: no scaler)
   bool skipped = false;   // fp16: the step was skipped because some rank's gradients overflowed
   double optimizer_ms = 0;  // the optimizer's step within step_ms
+  std::optional<double> grad_norm;  // --clip: the global gradient norm before clipping
   std::optional<fsdp::optim::MuonWork> muon;  // --optimizer muon: this rank's Newton-Schulz work
 };
 

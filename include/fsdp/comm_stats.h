@@ -14,6 +14,13 @@ struct CommStats {
   int64_t broadcast_bytes = 0;
   /// Muon's exchanges (fsdp::optim::Muon): what went to other ranks, not the rank's own part.
   int64_t all_to_all_bytes = 0;
+  /// Tensor parallelism's collectives (fsdp::tp): activations gathered and reduce-scattered along
+  /// the sequence, row-wise outputs and replicated gradients all-reduced, the loss's row
+  /// statistics. Counted here only, not in the FSDP kinds above; docs/tensor-parallel.md has
+  /// their formulas.
+  int64_t tp_all_gather_bytes = 0;
+  int64_t tp_reduce_scatter_bytes = 0;
+  int64_t tp_all_reduce_bytes = 0;
 };
 
 CommStats comm_stats();

@@ -73,6 +73,8 @@ class ProcessGroup {
   c10d::Backend& backend() const { return *backend_; }
   c10d::Store& store() const { return *store_; }
   const GroupSettings& settings() const { return settings_; }
+  /// A subgroup's own facts, e.g. how many of its members share a host (DeviceMesh).
+  void set_settings(GroupSettings settings) { settings_ = std::move(settings); }
   /// The host name of each rank of this group (gethostname(), exchanged at start-up).
   const std::vector<std::string>& hosts() const { return hosts_; }
   void set_hosts(std::vector<std::string> hosts) { hosts_ = std::move(hosts); }

@@ -5,6 +5,7 @@
 #include <fsdp/checkpoint.h>
 #include <fsdp/clip.h>
 #include <fsdp/comm_stats.h>
+#include <fsdp/device_mesh.h>
 #include <fsdp/distributed.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/fused_adamw.h>
@@ -13,6 +14,8 @@
 #include <fsdp/memory.h>
 #include <fsdp/muon.h>
 #include <fsdp/options.h>
+#include <fsdp/parallelize.h>
 #include <fsdp/plan.h>
 #include <fsdp/state_dict.h>
 #include <fsdp/summon_full_params.h>
+#include <fsdp/tensor_parallel.h>

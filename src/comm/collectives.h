@@ -48,6 +48,18 @@ at::Tensor host_staging_buffer(const at::Tensor& t);
 /// What one rank sent, for comm_stats(): every Collectives implementation counts here.
 enum class CollectiveKind { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll };
 void count_sent_bytes(CollectiveKind kind, int64_t bytes);
+/// While one lives, the collectives this thread runs count as tensor parallelism's
+/// (comm_stats().tp_*): TP's collectives run on the caller's thread, FSDP's own on theirs.
+class TensorParallelCounting {
+ public:
+  TensorParallelCounting();
+  ~TensorParallelCounting();
+  TensorParallelCounting(const TensorParallelCounting&) = delete;
+  TensorParallelCounting& operator=(const TensorParallelCounting&) = delete;
+
+ private:
+  bool outer_;
+};
 
 /// Whom a collective waits on: this rank's ring neighbours, or every other member of the group.
 enum class PeersWaitedOn { RingNeighbours, AllMembers };

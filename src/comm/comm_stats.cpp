@@ -16,7 +16,13 @@ struct Counters {
   std::atomic<int64_t> all_reduce{0};
   std::atomic<int64_t> broadcast{0};
   std::atomic<int64_t> all_to_all{0};
+  std::atomic<int64_t> tp_all_gather{0};
+  std::atomic<int64_t> tp_reduce_scatter{0};
+  std::atomic<int64_t> tp_all_reduce{0};
 };
+
+// Set while this thread runs a tensor-parallel collective (TensorParallelCounting).
+thread_local bool counting_tensor_parallel = false;
 
 Counters& counters() {
   static Counters instance;
@@ -24,6 +30,11 @@ Counters& counters() {
 }
 
 std::atomic<int64_t>& counter_of(CollectiveKind kind) {
+  if (counting_tensor_parallel) {
+    if (kind == CollectiveKind::AllGather) return counters().tp_all_gather;
+    if (kind == CollectiveKind::ReduceScatter) return counters().tp_reduce_scatter;
+    if (kind == CollectiveKind::AllReduce) return counters().tp_all_reduce;
+  }
   switch (kind) {
     case CollectiveKind::AllGather:
       return counters().all_gather;
@@ -43,6 +54,12 @@ std::atomic<int64_t>& counter_of(CollectiveKind kind) {
 
 void count_sent_bytes(CollectiveKind kind, int64_t bytes) { counter_of(kind) += bytes; }
 
+TensorParallelCounting::TensorParallelCounting() : outer_(counting_tensor_parallel) {
+  counting_tensor_parallel = true;
+}
+
+TensorParallelCounting::~TensorParallelCounting() { counting_tensor_parallel = outer_; }
+
 CommStats comm_stats() {
   CommStats s;
   s.all_gather_bytes = counters().all_gather.load();
@@ -50,6 +67,9 @@ CommStats comm_stats() {
   s.all_reduce_bytes = counters().all_reduce.load();
   s.broadcast_bytes = counters().broadcast.load();
   s.all_to_all_bytes = counters().all_to_all.load();
+  s.tp_all_gather_bytes = counters().tp_all_gather.load();
+  s.tp_reduce_scatter_bytes = counters().tp_reduce_scatter.load();
+  s.tp_all_reduce_bytes = counters().tp_all_reduce.load();
   return s;
 }
 
@@ -59,6 +79,9 @@ void reset_comm_stats() {
   counters().all_reduce = 0;
   counters().broadcast = 0;
   counters().all_to_all = 0;
+  counters().tp_all_gather = 0;
+  counters().tp_reduce_scatter = 0;
+  counters().tp_all_reduce = 0;
 }
 
 }  // namespace fsdp

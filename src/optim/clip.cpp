@@ -2,6 +2,8 @@
 
 #include "core/sharded_view.h"
 
+#include <fsdp/parallelize.h>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -27,22 +29,57 @@ at::Tensor sum_of_squares(const std::vector<at::Tensor>& grads, c10::Device devi
   return sum;
 }
 
+// [Note: the norm over both dimensions]
+// Under tensor parallelism a parameter is split over the tp ranks (each holds a different part)
+// or replicated (a norm's weight: each holds all of it, and after backward the same gradient).
+// Each element must count once: a split parameter's squares are summed over the tp ranks, a
+// replicated one's are taken from the group's first rank only. Then, as without it, the pieces
+// FSDP sharded are summed over the shard group (replicas hold equal pieces).
+struct NormTerms {
+  std::vector<at::Tensor> counted;  // the gradients this rank's squares count
+  std::shared_ptr<tp::TensorParallel> tp;  // the group split parameters are summed over, if any
+};
+
+NormTerms norm_terms(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& params) {
+  NormTerms terms;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto placement = tp::placement_of(params[i]);
+    if (placement) {
+      TORCH_CHECK(!terms.tp || &terms.tp->group() == &placement->tp->group(),
+                  "clip_grad_norm_: the parameters belong to two tensor-parallel groups; clip each model's on its own");
+      terms.tp = placement->tp;
+      if (placement->replicated() && placement->tp->rank() != 0) continue;
+    }
+    terms.counted.push_back(grads[i]);
+  }
+  return terms;
+}
+
+// The squares' sum over the tensor-parallel group, when there is one.
+void sum_over_tensor_parallel(const NormTerms& terms, at::Tensor& squares) {
+  if (terms.tp && terms.tp->size() > 1) all_reduce_sum(terms.tp->group(), squares);
+}
+
 }  // namespace
 
 double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
   const detail::ShardedView model(sharded);
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, params;
   for (const auto& p : model.params()) {
-    if (p.param().grad().defined()) grads.push_back(p.param().grad());
+    if (!p.param().grad().defined()) continue;
+    grads.push_back(p.param().grad());
+    params.push_back(p.param());
   }
   // Each rank squares only its own pieces (never the padding); replicas hold equal pieces, so
-  // the sum runs over the shard group alone.
+  // the sum runs over the shard group alone ([Note: the norm over both dimensions]).
   // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
   const c10::Device device = model.compute_device();
-  at::Tensor squares = sum_of_squares(grads, device);
+  const NormTerms terms = norm_terms(grads, params);
+  at::Tensor squares = sum_of_squares(terms.counted, device);
   model.all_reduce_over_shard_group(squares);
+  sum_over_tensor_parallel(terms, squares);
   const double norm = std::sqrt(squares.item<double>());
   const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula
   if (scale < 1.0) {
@@ -77,7 +114,7 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
     models.emplace_back(std::move(model), std::move(params));
   }
   const ShardedModel* sharded = nullptr;  // the one model the sharded parameters belong to
-  std::vector<at::Tensor> pieces, wholes;
+  std::vector<at::Tensor> pieces, wholes, piece_params, whole_params;
   for (size_t i = 0; i < parameters.size(); ++i) {
     auto owner = model_of(parameters[i], models);
     TORCH_CHECK(!owner || !sharded || *owner == *sharded, "fsdp::clip_grad_norm_: parameter #", i,
@@ -86,16 +123,23 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
     if (owner) sharded = owner;
     if (!parameters[i].grad().defined()) continue;
     (owner ? pieces : wholes).push_back(parameters[i].grad());
+    (owner ? piece_params : whole_params).push_back(parameters[i]);
   }
-  double squares = 0.0;
+  const NormTerms piece_terms = norm_terms(pieces, piece_params);
+  const NormTerms whole_terms = norm_terms(wholes, whole_params);
+  auto squares = at::zeros({1}, at::kDouble);
   if (sharded) {
     const detail::ShardedView model(*sharded);
-    at::Tensor sum = sum_of_squares(pieces, model.compute_device());
+    at::Tensor sum = sum_of_squares(piece_terms.counted, model.compute_device());
     model.all_reduce_over_shard_group(sum);
-    squares += sum.item<double>();
+    squares += sum.cpu();
   }
-  if (!wholes.empty()) squares += sum_of_squares(wholes, wholes.front().device()).item<double>();
-  const double norm = std::sqrt(squares);
+  if (!whole_terms.counted.empty()) {
+    squares += sum_of_squares(whole_terms.counted, whole_terms.counted.front().device()).cpu();
+  }
+  // Every rank of a tensor-parallel group calls with the same list: one of the two names it.
+  sum_over_tensor_parallel(piece_terms.tp ? piece_terms : whole_terms, squares);
+  const double norm = std::sqrt(squares.item<double>());
   const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula
   if (scale < 1.0) {
     for (auto& grad : pieces) grad.mul_(scale);

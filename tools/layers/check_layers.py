@@ -10,7 +10,7 @@ import re
 import sys
 
 # Lowest first: a layer may include from itself and the layers before it.
-LAYERS = ["util", "launch", "comm", "device", "core", "optim", "io", "plan"]
+LAYERS = ["util", "launch", "comm", "device", "tp", "core", "optim", "io", "plan"]
 
 # Public headers (include/fsdp/) by the layer whose sources implement them.
 PUBLIC = {
@@ -20,6 +20,7 @@ PUBLIC = {
     "checked_math.h": "util", "bounded_json.h": "util",
     "distributed.h": "launch", "peer_errors.h": "launch", "launch_env.h": "launch",
     "comm_stats.h": "comm",
+    "device_mesh.h": "tp", "tensor_parallel.h": "tp", "parallelize.h": "tp",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
     "output_tensors.h": "core", "sharded_model.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",

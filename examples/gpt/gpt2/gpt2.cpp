@@ -21,22 +21,22 @@ GptLayers gpt2_layers(const GPTConfig& config, GptCode code) {
   return layers;
 }
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : heads(config.heads) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config) : head_dim(config.dim / config.heads) {
   register_layers(*this, gpt2_layers(config, GptCode::ThisProject).block, "attn.");
   c_attn = child<UninitializedLinear>(*this, "c_attn");
   c_proj = child<UninitializedLinear>(*this, "c_proj");
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  const int64_t B = x.size(0), T = x.size(1);
+  auto qkv = c_attn(x).chunk(3, /*dim=*/2);
   auto heads_first = [&](const torch::Tensor& t) {
-    return t.view({B, T, heads, C / heads}).transpose(1, 2);  // [B, heads, T, head_dim]
+    return t.view({B, T, -1, head_dim}).transpose(1, 2);  // [B, heads here, T, head_dim]
   };
   auto y = at::scaled_dot_product_attention(heads_first(qkv[0]), heads_first(qkv[1]),
                                             heads_first(qkv[2]), /*attn_mask=*/{},
                                             /*dropout_p=*/0.0, /*is_causal=*/true);
-  return c_proj(y.transpose(1, 2).contiguous().view({B, T, C}));
+  return c_proj(y.transpose(1, 2).contiguous().view({B, T, -1}));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& config) {

@@ -17,8 +17,10 @@ struct CausalSelfAttentionImpl : torch::nn::Module {
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
 
-  int64_t heads;
-  UninitializedLinear c_attn{nullptr}, c_proj{nullptr};
+  int64_t head_dim;
+  // c_attn column-wise (q, k and v split alike), c_proj row-wise under tensor parallelism: each
+  // rank attends with its heads, their count read from the tensors.
+  fsdp::tp::Parallel<UninitializedLinear> c_attn{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
 
@@ -27,7 +29,7 @@ struct MLPImpl : torch::nn::Module {
   explicit MLPImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  UninitializedLinear c_fc{nullptr}, c_proj{nullptr};
+  fsdp::tp::Parallel<UninitializedLinear> c_fc{nullptr}, c_proj{nullptr};
 };
 TORCH_MODULE(MLP);
 

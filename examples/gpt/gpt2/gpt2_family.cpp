@@ -30,3 +30,16 @@ const ModelFamily& gpt2_family() {
 }
 
 }  // namespace gpt
+
+namespace gpt {
+
+fsdp::tp::ParallelizePlan Gpt2Family::block_parallel_plan(const GPTConfig&) const {
+  using namespace fsdp::tp;
+  const auto rowwise = RowwiseParallel().output_layout(Layout::ShardSequence);
+  return {{"attn.c_attn", ColwiseParallel().fused_chunks(3)},  // q, k and v side by side
+          {"attn.c_proj", rowwise},
+          {"mlp.c_fc", ColwiseParallel()},
+          {"mlp.c_proj", rowwise}};
+}
+
+}  // namespace gpt

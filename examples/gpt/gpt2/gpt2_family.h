@@ -39,6 +39,7 @@ class Gpt2Family final : public ModelFamily {
   // gpt2_plan.cpp
   void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code, int64_t tp,
                       fsdp::PlanUnit& unit) const override;
+  fsdp::tp::ParallelizePlan block_parallel_plan(const GPTConfig& config) const override;
 };
 
 const ModelFamily& gpt2_family();

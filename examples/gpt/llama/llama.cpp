@@ -45,7 +45,7 @@ torch::Tensor rope_inverse_frequencies(const GPTConfig& config) {
 }
 
 LlamaAttentionImpl::LlamaAttentionImpl(const GPTConfig& config)
-    : heads(config.heads), kv_heads(config.key_value_heads()), head_dim(config.head_size()),
+    : head_dim(config.head_size()),
       inverse_frequencies_(rope_inverse_frequencies(config)) {
   register_layers(*this, llama_layers(config).block, "attn.");
   q_proj = child<UninitializedLinear>(*this, "q_proj");
@@ -70,19 +70,19 @@ std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary_tables(int64_
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto heads_first = [&](const torch::Tensor& t, int64_t n) {
-    return t.view({B, T, n, head_dim}).transpose(1, 2);  // [B, n, T, head_dim]
+  auto heads_first = [&](const torch::Tensor& t) {
+    return t.view({B, T, -1, head_dim}).transpose(1, 2);  // [B, heads here, T, head_dim]
   };
   const auto [cos, sin] = rotary_tables(T, x);
-  const torch::Tensor q = apply_rope(heads_first(q_proj(x), heads), cos, sin);
-  const torch::Tensor k = apply_rope(heads_first(k_proj(x), kv_heads), cos, sin);
-  const torch::Tensor v = heads_first(v_proj(x), kv_heads);
+  const torch::Tensor q = apply_rope(heads_first(q_proj(x)), cos, sin);
+  const torch::Tensor k = apply_rope(heads_first(k_proj(x)), cos, sin);
+  const torch::Tensor v = heads_first(v_proj(x));
   // Grouped-query attention in the kernel (enable_gqa): query head h reads key/value head
   // h / (heads / kv_heads), as transformers' repeat_kv lays them out, without copying k and v.
   const torch::Tensor y = at::scaled_dot_product_attention(
       q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true, /*scale=*/std::nullopt,
-      /*enable_gqa=*/kv_heads != heads);
-  return o_proj(y.transpose(1, 2).reshape({B, T, heads * head_dim}));
+      /*enable_gqa=*/q.size(1) != k.size(1));
+  return o_proj(y.transpose(1, 2).reshape({B, T, -1}));
 }
 
 SwiGLUImpl::SwiGLUImpl(const GPTConfig& config) {

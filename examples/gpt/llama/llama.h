@@ -21,14 +21,16 @@ GptLayers llama_layers(const GPTConfig& config);
 /// Llama 3's scaling when config.rope_scaling is set (transformers' _compute_llama3_parameters).
 torch::Tensor rope_inverse_frequencies(const GPTConfig& config);
 
-/// Causal self-attention with rotary positions and grouped-query attention: `heads` query heads
-/// share `kv_heads` key/value heads (heads / kv_heads each).
+/// Causal self-attention with rotary positions and grouped-query attention: the query heads
+/// share the key/value heads (heads / kv_heads each; under tensor parallelism, this rank's of both).
 struct LlamaAttentionImpl : torch::nn::Module {
   explicit LlamaAttentionImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);  // x: [B, T, dim]
 
-  int64_t heads, kv_heads, head_dim;
-  UninitializedLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t head_dim;
+  // Column-wise (q, k, v) and row-wise (o) under tensor parallelism: each rank attends with its
+  // heads, so the forward reads the head counts from the tensors (-1), never from the config.
+  fsdp::tp::Parallel<UninitializedLinear> q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   /// cos and sin of positions 0..T-1 in `like`'s dtype and device, computed in fp32 once per
@@ -45,7 +47,7 @@ struct SwiGLUImpl : torch::nn::Module {
   explicit SwiGLUImpl(const GPTConfig& config);
   torch::Tensor forward(const torch::Tensor& x);
 
-  UninitializedLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  fsdp::tp::Parallel<UninitializedLinear> gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 TORCH_MODULE(SwiGLU);
 

@@ -61,3 +61,16 @@ const ModelFamily& llama_family() {
 }
 
 }  // namespace gpt
+
+namespace gpt {
+
+fsdp::tp::ParallelizePlan LlamaFamily::block_parallel_plan(const GPTConfig&) const {
+  using namespace fsdp::tp;
+  const auto rowwise = RowwiseParallel().output_layout(Layout::ShardSequence);
+  return {{"attn.q_proj", ColwiseParallel()}, {"attn.k_proj", ColwiseParallel()},
+          {"attn.v_proj", ColwiseParallel()}, {"attn.o_proj", rowwise},
+          {"mlp.gate_proj", ColwiseParallel()}, {"mlp.up_proj", ColwiseParallel()},
+          {"mlp.down_proj", rowwise}};
+}
+
+}  // namespace gpt

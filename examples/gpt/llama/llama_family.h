@@ -46,6 +46,7 @@ class LlamaFamily final : public ModelFamily {
   // llama_plan.cpp
   void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code, int64_t tp,
                       fsdp::PlanUnit& unit) const override;
+  fsdp::tp::ParallelizePlan block_parallel_plan(const GPTConfig& config) const override;
 };
 
 const ModelFamily& llama_family();

@@ -1,0 +1,161 @@
+#pragma once
+/// Tensor parallelism for LibTorch modules, in the spirit of PyTorch's parallelize_module: a plan
+/// names the model's layers (by path, '*' matching one component) and how each is split over the
+/// ranks of a tensor-parallel group; parallelize_module() keeps each rank's part of their
+/// parameters and makes the layers communicate. fully_shard() then shards what each rank keeps
+/// over the data-parallel ranks (2-D parallelism; docs/tensor-parallel.md).
+///
+/// C++ cannot patch a forward, so a layer that communicates is called through its holder: a
+/// model declares it as `fsdp::tp::Parallel<torch::nn::Linear>` (as a unit is declared
+/// `fsdp::Unit<Block>`), a plain pass-through until the model is parallelized. A layer of the plan
+/// called around its holder is detected: its backward fails naming it.
+///
+/// Example (Megatron's MLP: column-wise, then row-wise; one all-reduce each way):
+///   struct MlpImpl : torch::nn::Module {
+///     MlpImpl() : up(register_module("up", torch::nn::Linear(64, 256))),
+///                 down(register_module("down", torch::nn::Linear(256, 64))) {}
+///     torch::Tensor forward(torch::Tensor x) { return down(torch::relu(up(x))); }
+///     fsdp::tp::Parallel<torch::nn::Linear> up, down;
+///   };
+///   TORCH_MODULE(Mlp);
+///
+///   fsdp::DeviceMesh mesh(dist->world, {{"dp", 2}, {"tp", 2}});
+///   auto tp = std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp"));
+///   Mlp mlp;
+///   fsdp::tp::parallelize_module(*mlp, tp, {{"up", fsdp::tp::ColwiseParallel()},
+///                                           {"down", fsdp::tp::RowwiseParallel()}});
+///   auto model = fsdp::fully_shard(mlp, mesh.group("dp"));
+
+#include <fsdp/tensor_parallel.h>
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace fsdp::tp {
+
+/// How a tensor lies over the tensor-parallel ranks (DTensor's placements, for the activations
+/// of a transformer: [batch, sequence, features]).
+enum class Layout {
+  Replicate,      ///< every rank holds all of it
+  ShardSequence,  ///< split along dimension 1, the sequence (sequence parallelism)
+  ShardLast,      ///< split along the last dimension, the features (a column-wise output)
+};
+
+/// Output features split (a Linear's weight rows, its bias). Its input arrives Replicate (its
+/// gradient summed over the ranks in backward) or ShardSequence (all-gathered, the gradient
+/// reduce-scattered); inside a module whose input PrepareModuleInput made whole, it takes that
+/// input as it is. Its output stays ShardLast (the next layer row-wise, or the loss) or is
+/// all-gathered (Replicate).
+struct ColwiseParallel {
+  TORCH_ARG(Layout, input_layout) = Layout::Replicate;
+  TORCH_ARG(Layout, output_layout) = Layout::ShardLast;
+  /// A fused layer whose output features are `fused_chunks` parts side by side (GPT-2's c_attn:
+  /// q, k and v): each part is split, so that every rank keeps its heads of each.
+  TORCH_ARG(int64_t, fused_chunks) = 1;
+};
+
+/// Input features split (a Linear's weight columns; its bias replicated, added once, after the
+/// reduction), or an Embedding's rows (vocabulary parallelism: each rank looks up its ids, the
+/// others' rows are zeros, and the sum crosses the group). The output is all-reduced
+/// (Replicate) or reduce-scattered along the sequence (ShardSequence).
+struct RowwiseParallel {
+  TORCH_ARG(Layout, output_layout) = Layout::Replicate;
+};
+
+/// A layer that runs on the sequence shard as it is (norms, dropout): its parameters stay whole
+/// on every rank and their gradients, each rank's from its part of the sequence, are summed
+/// over the group in backward.
+struct SequenceParallel {};
+
+/// Re-lays a module's (first) input before its forward: ShardSequence -> Replicate all-gathers
+/// it along the sequence (backward reduce-scatters); Replicate -> ShardSequence keeps this
+/// rank's chunk (backward all-gathers). An attention block or an MLP, whose column-wise layers
+/// then share the one gathered input.
+struct PrepareModuleInput {
+  TORCH_ARG(Layout, input_layout) = Layout::ShardSequence;
+  TORCH_ARG(Layout, desired_input_layout) = Layout::Replicate;
+};
+
+using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel, PrepareModuleInput>;
+/// Module paths ('*' matches one component: "h.*.attn.q_proj") and their styles.
+using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
+
+/// Splits the parameters of the plan's layers over `tp`'s ranks (each keeps its part, from the
+/// model's current values: build every rank's model alike, e.g. from one seed), and makes them
+/// communicate when called through their fsdp::tp::Parallel holder. Every pattern must match a
+/// module, every module at most one pattern; a size that does not split over the ranks is refused
+/// naming the layer. Call it before fully_shard and before making the optimizer.
+void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel> tp,
+                        const ParallelizePlan& plan);
+
+/// How a parameter of a parallelized model lies over the tensor-parallel ranks (clipping and
+/// checkpoints read it).
+struct Placement {
+  std::shared_ptr<TensorParallel> tp;
+  int64_t dim = -1;                   ///< the dimension split over the ranks; -1: replicated
+  int64_t fused_chunks = 1;           ///< parts side by side along `dim`, each split
+  std::vector<int64_t> global_shape;  ///< the whole parameter's shape
+  bool replicated() const { return dim < 0; }
+};
+/// The placement of a parameter of a parallelized model (every parameter of the module given to
+/// parallelize_module has one), or nullopt.
+std::optional<Placement> placement_of(const at::Tensor& param);
+/// The whole parameter from this rank's `part` of it (in the parameter's shape: a full state
+/// dict's tensor), all-gathered over the placement's ranks; a replicated one as it is. A
+/// collective: every rank of the group calls it, in the same order.
+at::Tensor whole_of(const at::Tensor& part, const Placement& placement);
+
+namespace detail {
+/// What a parallelized layer runs around (or instead of) its own forward.
+class LayerStyle {
+ public:
+  virtual ~LayerStyle() = default;
+  virtual at::Tensor run(const at::Tensor& input, const std::function<at::Tensor(const at::Tensor&)>& forward) = 0;
+};
+/// The style of `module`, or null when it is not a parallelized layer.
+LayerStyle* style_of(const torch::nn::Module* module);
+}  // namespace detail
+
+/// Holds a layer that tensor parallelism may split: declared, built and registered as the holder
+/// it replaces (`fsdp::tp::Parallel<torch::nn::Linear> q{nullptr};`), called as it (`q(x)`).
+/// Until parallelize_module names it, a plain call.
+template <class M>
+class Parallel : public M {
+ public:
+  using M::M;
+  Parallel() : M(nullptr) {}
+  /* implicit */ Parallel(std::nullptr_t) : M(nullptr) {}
+  /* implicit */ Parallel(M module) : M(std::move(module)) {}
+
+  at::Tensor operator()(const at::Tensor& x) {
+    detail::LayerStyle* style = detail::style_of(this->ptr().get());
+    if (!style) return M::operator()(x);
+    return style->run(x, [this](const at::Tensor& y) { return M::operator()(y); });
+  }
+  at::Tensor forward(const at::Tensor& x) { return (*this)(x); }
+};
+
+/// A layer held as a torch::nn::AnyModule (a model's choice of norm or attention).
+template <>
+class Parallel<torch::nn::AnyModule> : public torch::nn::AnyModule {
+ public:
+  Parallel() = default;
+  /* implicit */ Parallel(torch::nn::AnyModule module) : torch::nn::AnyModule(std::move(module)) {}
+
+  at::Tensor forward(const at::Tensor& x) {
+    detail::LayerStyle* style = is_empty() ? nullptr : detail::style_of(ptr().get());
+    if (!style) return torch::nn::AnyModule::forward(x);
+    return style->run(x, [this](const at::Tensor& y) { return torch::nn::AnyModule::forward(y); });
+  }
+};
+
+}  // namespace fsdp::tp

@@ -1,0 +1,51 @@
+#pragma once
+// The runtimes of parallelize.h's styles: what each parallelized layer runs when called through
+// its fsdp::tp::Parallel holder. parallelize.cpp splits the parameters and installs them.
+
+#include <fsdp/parallelize.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+namespace fsdp::tp::detail {
+
+/// A layer's style plus what every style shares: the group, the layer's name, and whether its
+/// holder ever ran it (a layer called around its holder would silently skip its communication).
+class StyledLayer : public LayerStyle {
+ public:
+  StyledLayer(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module, std::string name)
+      : tp_(std::move(tp)), module_(&module), name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+  bool ran() const { return ran_; }
+
+ protected:
+  at::Tensor param(const char* which) const;
+  void mark_ran() { ran_ = true; }
+
+  std::shared_ptr<TensorParallel> tp_;
+  torch::nn::Module* module_;  // the registry holds it weakly and drops the style with it
+  std::string name_;
+  std::atomic<bool> ran_{false};
+};
+
+std::unique_ptr<StyledLayer> make_colwise(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module,
+                                          std::string name, const ColwiseParallel& style,
+                                          bool input_prepared_by_parent);
+std::unique_ptr<StyledLayer> make_rowwise_linear(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module,
+                                                 std::string name, const RowwiseParallel& style);
+std::unique_ptr<StyledLayer> make_vocab_parallel_embedding(std::shared_ptr<TensorParallel> tp,
+                                                           torch::nn::Module& module, std::string name,
+                                                           const RowwiseParallel& style,
+                                                           int64_t vocab_size);
+std::unique_ptr<StyledLayer> make_sequence_parallel(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module,
+                                                    std::string name);
+std::unique_ptr<StyledLayer> make_prepared_input(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module,
+                                                 std::string name, const PrepareModuleInput& style);
+
+/// Whether this thread is inside a module whose PrepareModuleInput gathered its input.
+bool inside_prepared_module();
+
+const char* to_string(Layout layout);
+
+}  // namespace fsdp::tp::detail

@@ -1,0 +1,285 @@
+// parallelize_module (parallelize.h): the plan matched against the model's module paths, each
+// matched layer's parameters cut to this rank's part, its style registered for its holder, and
+// every parameter's placement recorded for clipping and checkpoints.
+#include <fsdp/parallelize.h>
+
+#include "tp/parallel_styles.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/nn/modules/embedding.h>
+
+#include <fnmatch.h>
+
+#include <map>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+namespace fsdp::tp {
+
+namespace {
+
+struct StyleEntry {
+  std::weak_ptr<torch::nn::Module> module;  // a freed module's address may be reused
+  std::shared_ptr<detail::StyledLayer> style;
+};
+
+struct PlacementEntry {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
+  Placement placement;
+};
+
+struct Registry {
+  std::mutex mutex;
+  std::unordered_map<const torch::nn::Module*, StyleEntry> styles;
+  std::unordered_map<const c10::TensorImpl*, PlacementEntry> placements;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+std::vector<std::string> path_atoms(const std::string& path) {
+  std::vector<std::string> atoms;
+  size_t start = 0;
+  for (size_t dot; (dot = path.find('.', start)) != std::string::npos; start = dot + 1) {
+    atoms.push_back(path.substr(start, dot - start));
+  }
+  atoms.push_back(path.substr(start));
+  return atoms;
+}
+
+// PyTorch's rule: the pattern and the path have as many components, each matching (fnmatch).
+bool matches(const std::string& pattern, const std::string& path) {
+  const auto p = path_atoms(pattern), m = path_atoms(path);
+  if (p.size() != m.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (fnmatch(p[i].c_str(), m[i].c_str(), 0) != 0) return false;
+  }
+  return true;
+}
+
+const char* style_name(const ParallelStyle& style) {
+  switch (style.index()) {
+    case 0:
+      return "ColwiseParallel";
+    case 1:
+      return "RowwiseParallel";
+    case 2:
+      return "SequenceParallel";
+    default:
+      return "PrepareModuleInput";
+  }
+}
+
+// A Linear: its own parameters are weight [out, in] and perhaps bias [out], no children. The
+// style computes x·weightᵀ + bias itself (parallelize.h says so): torch::nn::Linear's math.
+void check_linear(torch::nn::Module& module, const std::string& name, const char* style) {
+  const auto params = module.named_parameters(/*recurse=*/false);
+  const at::Tensor* weight = params.find("weight");
+  const at::Tensor* bias = params.find("bias");
+  const bool shaped = weight && weight->dim() == 2 && module.children().empty() &&
+                      params.size() == (bias ? 2u : 1u) &&
+                      (!bias || (bias->dim() == 1 && bias->size(0) == weight->size(0)));
+  TORCH_CHECK(shaped, style, " on '", name, "': it splits a Linear (weight [out, in], bias [out]) "
+              "or, row-wise, an Embedding; '", name, "' is a ", module.name(),
+              ". Put the style on its Linear layers");
+}
+
+// Keeps this rank's part of `param` along `dim` (`chunks` parts side by side, each split).
+void keep_part(at::Tensor& param, int64_t dim, int64_t chunks, const TensorParallel& tp, const std::string& name) {
+  const int64_t size = param.size(dim);
+  TORCH_CHECK(size % (chunks * tp.size()) == 0, "tensor parallelism: '", name, "' has ", size,
+              " along dimension ", dim, (chunks > 1 ? " (" + std::to_string(chunks) + " fused parts)" : std::string()),
+              ", which does not split over ", tp.size(), " ranks; choose a tensor-parallel size dividing it");
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& chunk : param.chunk(chunks, dim)) parts.push_back(tp.chunk_along(chunk, dim));
+  param.set_data(at::cat(parts, dim).contiguous());
+}
+
+void record_placement(const at::Tensor& param, Placement placement) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.placements.insert_or_assign(
+      param.unsafeGetTensorImpl(),
+      PlacementEntry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(param.getIntrusivePtr()),
+                     std::move(placement)});
+}
+
+// The gradient of a replicated parameter used on this rank's part of the sequence is its part
+// of the sum: the hook adds the other ranks' before it is accumulated (and reduced by FSDP).
+void sum_gradient_over_ranks(at::Tensor& param, std::shared_ptr<TensorParallel> tp) {
+  if (!param.requires_grad() || tp->size() == 1) return;
+  param.register_hook([tp](const at::Tensor& grad) {
+    torch::NoGradGuard no_grad;
+    at::Tensor sum = grad.contiguous().clone();
+    tp->all_reduce_(sum);
+    return sum;
+  });
+}
+
+// A split parameter whose gradient arrives though its layer never ran through its holder: the
+// layer was called directly and skipped its communication.
+void check_ran_through_holder(at::Tensor& param, std::shared_ptr<detail::StyledLayer> layer) {
+  if (!param.requires_grad()) return;
+  param.register_hook([layer](const at::Tensor&) {
+    TORCH_CHECK(layer->ran(), "tensor parallelism: '", layer->name(), "' was called directly, not "
+                "through its fsdp::tp::Parallel holder, so its communication did not run: declare it "
+                "as fsdp::tp::Parallel<...> in the model and call it as `layer(x)`");
+    return at::Tensor();
+  });
+}
+
+struct Split {
+  std::shared_ptr<detail::StyledLayer> layer;
+  std::vector<std::pair<std::string, Placement>> parts;  // the layer's own parameters, split or not
+  std::vector<std::string> summed;                         // replicated, gradient summed over ranks
+};
+
+Split apply_style(torch::nn::Module& module, const std::string& name, const ParallelStyle& style,
+                  const std::shared_ptr<TensorParallel>& tp, bool prepared) {
+  Split split;
+  auto params = module.named_parameters(/*recurse=*/false);
+  const auto shape_of = [&](const char* which) { return params.find(which)->sizes().vec(); };
+  if (const auto* col = std::get_if<ColwiseParallel>(&style)) {
+    TORCH_CHECK(col->fused_chunks() >= 1, "ColwiseParallel on '", name, "': fused_chunks must be >= 1");
+    check_linear(module, name, "ColwiseParallel");
+    split.layer = detail::make_colwise(tp, module, name, *col, prepared);
+    for (const char* which : {"weight", "bias"}) {
+      if (!params.find(which)) continue;
+      split.parts.push_back({which, {tp, 0, col->fused_chunks(), shape_of(which)}});
+    }
+  } else if (const auto* row = std::get_if<RowwiseParallel>(&style)) {
+    TORCH_CHECK(row->output_layout() != Layout::ShardLast, "RowwiseParallel on '", name,
+                "': its output is whole features (Replicate or ShardSequence), not ShardLast");
+    if (auto* embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(&module)) {
+      const auto& o = embedding->options;
+      TORCH_CHECK(!o.padding_idx() && !o.max_norm() && !o.sparse(), "RowwiseParallel on '", name,
+                  "': a vocabulary-parallel Embedding takes no padding_idx, max_norm or sparse");
+      split.layer = detail::make_vocab_parallel_embedding(tp, module, name, *row, o.num_embeddings());
+      split.parts.push_back({"weight", {tp, 0, 1, shape_of("weight")}});
+    } else {
+      check_linear(module, name, "RowwiseParallel");
+      split.layer = detail::make_rowwise_linear(tp, module, name, *row);
+      split.parts.push_back({"weight", {tp, 1, 1, shape_of("weight")}});
+      if (params.find("bias")) {
+        split.parts.push_back({"bias", {tp, -1, 1, shape_of("bias")}});
+        if (row->output_layout() == Layout::ShardSequence) split.summed.push_back("bias");
+      }
+    }
+  } else if (std::holds_alternative<SequenceParallel>(style)) {
+    split.layer = detail::make_sequence_parallel(tp, module, name);
+    for (const auto& item : module.named_parameters(/*recurse=*/true)) split.summed.push_back(item.key());
+  } else {
+    const auto& prepare = std::get<PrepareModuleInput>(style);
+    const bool gathers = prepare.input_layout() == Layout::ShardSequence &&
+                         prepare.desired_input_layout() == Layout::Replicate;
+    const bool chunks = prepare.input_layout() == Layout::Replicate &&
+                        prepare.desired_input_layout() == Layout::ShardSequence;
+    TORCH_CHECK(gathers || chunks, "PrepareModuleInput on '", name, "': from ",
+                detail::to_string(prepare.input_layout()), " to ",
+                detail::to_string(prepare.desired_input_layout()),
+                " is not supported; it re-lays ShardSequence to Replicate or back");
+    split.layer = detail::make_prepared_input(tp, module, name, prepare);
+  }
+  return split;
+}
+
+}  // namespace
+
+void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel> tp,
+                        const ParallelizePlan& plan) {
+  TORCH_CHECK(tp, "parallelize_module: no TensorParallel group");
+  std::map<std::string, std::shared_ptr<torch::nn::Module>> modules;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) modules[item.key()] = item.value();
+  // Which module each pattern names; a module named twice is refused.
+  std::map<std::string, const ParallelStyle*> chosen;
+  for (const auto& [pattern, style] : plan) {
+    bool any = false;
+    for (const auto& [path, module] : modules) {
+      if (!matches(pattern, path)) continue;
+      any = true;
+      TORCH_CHECK(!chosen.count(path), "parallelize_module: '", path, "' is matched by two entries of the plan (",
+                  style_name(*chosen[path]), " and ", style_name(style), " by '", pattern, "')");
+      chosen[path] = &style;
+    }
+    TORCH_CHECK(any, "parallelize_module: the plan's '", pattern, "' matches no module of the model "
+                "(paths are like '", modules.empty() ? std::string("h.0.attn") : modules.begin()->first, "')");
+  }
+  std::set<std::string> prepared;  // modules whose input a PrepareModuleInput gathers
+  for (const auto& [path, style] : chosen) {
+    const auto* prepare = std::get_if<PrepareModuleInput>(style);
+    if (prepare && prepare->desired_input_layout() == Layout::Replicate) prepared.insert(path);
+  }
+  const auto inside_prepared = [&](const std::string& path) {
+    for (const auto& p : prepared) {
+      if (path.rfind(p + ".", 0) == 0) return true;
+    }
+    return false;
+  };
+  for (auto& item : model.named_parameters()) {
+    record_placement(item.value(), {tp, -1, 1, item.value().sizes().vec()});
+  }
+  for (const auto& [path, style] : chosen) {
+    torch::nn::Module& module = *modules[path];
+    Split split = apply_style(module, path, *style, tp, inside_prepared(path));
+    auto own = module.named_parameters(/*recurse=*/false);
+    for (auto& [which, placement] : split.parts) {
+      at::Tensor& param = *own.find(which);
+      if (!placement.replicated()) {
+        keep_part(param, placement.dim, placement.fused_chunks, *tp, path + "." + which);
+        check_ran_through_holder(param, split.layer);
+      }
+      record_placement(param, placement);
+    }
+    auto all = module.named_parameters(/*recurse=*/true);
+    for (const auto& which : split.summed) sum_gradient_over_ranks(*all.find(which), tp);
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    r.styles[&module] = {modules[path], std::move(split.layer)};
+  }
+}
+
+std::optional<Placement> placement_of(const at::Tensor& param) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.placements.find(param.unsafeGetTensorImpl());
+  if (it == r.placements.end()) return std::nullopt;
+  if (it->second.param.expired()) {
+    r.placements.erase(it);
+    return std::nullopt;
+  }
+  return it->second.placement;
+}
+
+at::Tensor whole_of(const at::Tensor& part, const Placement& placement) {
+  if (placement.replicated() || placement.tp->size() == 1) return part;
+  const int64_t d = placement.dim, chunks = placement.fused_chunks, ranks = placement.tp->size();
+  const at::Tensor gathered = placement.tp->all_gather_along(part, d);
+  if (chunks == 1) return gathered;
+  // Rank-major [rank][chunk][rows] along d, to the parameter's chunk-major [chunk][rank][rows].
+  const int64_t rows = part.size(d) / chunks;
+  return gathered.unflatten(d, {ranks, chunks, rows}).transpose(d, d + 1).flatten(d, d + 2).contiguous();
+}
+
+namespace detail {
+
+LayerStyle* style_of(const torch::nn::Module* module) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.styles.find(module);
+  if (it == r.styles.end()) return nullptr;
+  if (it->second.module.expired()) {
+    r.styles.erase(it);
+    return nullptr;
+  }
+  return it->second.style.get();
+}
+
+}  // namespace detail
+
+}  // namespace fsdp::tp
