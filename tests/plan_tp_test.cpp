@@ -17,12 +17,12 @@ namespace {
 constexpr double kTestGiB = 1024.0 * 1024 * 1024;
 
 // A run as fsdp_plan plans it from gpt_train's flags, on the h100-80gb preset.
-fsdp::PlanSetup run_setup(const gpt::TrainOptions& o, int ranks, int ranks_per_host, int tp = 1) {
+fsdp::PlanSetup run_setup(gpt::TrainOptions o, int ranks, int ranks_per_host, int tp = 1) {
   gpt::PlanFlags flags;
   flags.ranks = ranks;
   flags.ranks_per_host = ranks_per_host;
   flags.gpu = "h100-80gb";
-  flags.tp = tp;
+  o.tp = tp;  // gpt_train's --tp
   return gpt::setup_of_flags(o, flags);
 }
 
@@ -318,18 +318,21 @@ std::string describe_refusal(const gpt::GPTConfig& config, int64_t tp) {
 
 TEST(PlannerTp, BadTpSizesAreRefusedNamingTheFlag) {
   gpt::GPTConfig c = small_llama().model;  // 4 heads, 2 kv heads, vocab 256, ffn 344, seq 64
-  EXPECT_NE(describe_refusal(c, 3).find("--tp 3 does not divide --heads 4"), std::string::npos) << describe_refusal(c, 3);
-  EXPECT_NE(describe_refusal(c, 4).find("--tp 4 does not divide --kv-heads 2"), std::string::npos);
+  // The trainer's own refusals (check_tensor_parallel): the planner refuses what gpt_train does.
+  EXPECT_NE(describe_refusal(c, 3).find("--tp 3: --heads, the query heads, (4) does not split"), std::string::npos)
+      << describe_refusal(c, 3);
+  EXPECT_NE(describe_refusal(c, 4).find("(--kv-heads) (2) does not split"), std::string::npos) << describe_refusal(c, 4);
   c = small_llama().model;
   c.kv_heads = 4;
   c.vocab_size = 255;
-  EXPECT_NE(describe_refusal(c, 2).find("--tp 2 does not divide --vocab 255"), std::string::npos) << describe_refusal(c, 2);
+  EXPECT_NE(describe_refusal(c, 2).find("(--vocab) (255) does not split"), std::string::npos) << describe_refusal(c, 2);
   c.vocab_size = 256;
   c.ffn_dim = 346;
-  EXPECT_NE(describe_refusal(c, 4).find("MLP's width"), std::string::npos) << describe_refusal(c, 4);
+  EXPECT_NE(describe_refusal(c, 4).find("(--ffn-dim) (346) does not split"), std::string::npos) << describe_refusal(c, 4);
   c.ffn_dim = 344;
   c.max_seq = 66;
-  EXPECT_NE(describe_refusal(c, 4).find("--seq 66"), std::string::npos) << describe_refusal(c, 4);
+  EXPECT_NE(describe_refusal(c, 4).find("(--seq), split along for sequence parallelism, (66)"), std::string::npos)
+      << describe_refusal(c, 4);
 
   const gpt::TrainOptions o = small_gpt();
   fsdp::PlanSetup s = run_setup(o, 8, 8, 2);

@@ -6,6 +6,7 @@
 #include "model_family.h"
 #include "options.h"
 #include "plan_counting.h"
+#include "tensor_parallel_plan.h"
 #include "trainer.h"
 
 #include <fsdp/distributed.h>
@@ -156,16 +157,8 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64
 }  // namespace
 
 void check_tp_size(const GPTConfig& config, int64_t tp) {
-  TORCH_CHECK(tp >= 1, "--tp must be >= 1, got ", tp);
-  const auto divides = [&](int64_t value, const char* flag, const char* why) {
-    TORCH_CHECK(value % tp == 0, "--tp ", tp, " does not divide ", flag, " ", value, " (", why,
-                "); choose a --tp that divides it");
-  };
-  divides(config.heads, "--heads", "each TP rank runs heads/tp whole query heads");
-  divides(config.key_value_heads(), "--kv-heads", "each TP rank runs kv_heads/tp whole key/value heads");
-  divides(config.vocab_size, "--vocab", "the embedding and the head split the vocabulary in tp equal rows");
-  divides(config.mlp_dim(), "the MLP's width (--ffn-dim; GPT-2: 4 x --dim)", "the MLP splits its hidden channels");
-  divides(config.max_seq, "--seq", "sequence parallelism splits each sequence in tp equal shards");
+  TORCH_CHECK(tp >= 1 && tp <= (1 << 16), "--tp must be in [1, 65536], got ", tp);
+  check_tensor_parallel(config, static_cast<int>(tp));  // the trainer's own refusals
 }
 
 std::vector<int> tp_sizes_for(const GPTConfig& config, int world, int ranks_per_host) {
@@ -281,10 +274,10 @@ fsdp::PlanModel describe_run_model(const TrainOptions& o, int tp) {
 }  // namespace
 
 fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
-                           const fsdp::PlanDevice& device, const fsdp::PlanLinks& links, int tp) {
+                           const fsdp::PlanDevice& device, const fsdp::PlanLinks& links) {
   fsdp::PlanSetup setup;
-  setup.model = describe_run_model(o, tp);
-  setup.policy.tp_size = tp;
+  setup.model = describe_run_model(o, o.tp);
+  setup.policy.tp_size = o.tp;
   setup.world = {world, ranks_per_host};
   setup.device = device;
   setup.links = links;
@@ -426,12 +419,6 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
           },
           "LIST", "batch_list"))
       ->group(group);
-  // gpt_train's own --tp (the trainer's, when registered first) is the run's and the plan's.
-  if (!app.get_option_no_throw("--tp")) {
-    app.add_option("--tp", f.tp, "planner: tensor-parallel size: consecutive ranks (inside a host) that split "
-                   "each layer; FSDP shards over the W/tp data-parallel ranks")
-        ->check(integer_in(1, 1 << 20))->group(group);
-  }
   app.add_option("--tp-sizes", f.tp_sizes,
                  "planner: tensor-parallel sizes a search tries, e.g. 1,2,4,8, or 'all' (those dividing the "
                  "ranks per host, the world, --heads, --kv-heads, --vocab, the MLP's width, --seq); default: --tp")
@@ -577,8 +564,7 @@ fsdp::PlanDevice shared_device(fsdp::PlanDevice device, fsdp::Distributed& dist)
 fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
   const fsdp::PlanWorld world = plan_world(flags);
   const fsdp::PlanDevice device = plan_device(flags, o, world);
-  fsdp::PlanSetup setup =
-      plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device), flags.tp);
+  fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
   setup.policy.gradients_kept = flags.zero_grad_in_place;
   // A GPU preset plans a GPU run (offload is one of its options) without --device cuda here.
   if (!flags.gpu.empty() && !setup.policy.fsdp.device()) setup.policy.fsdp.device(c10::Device(c10::kCUDA, 0));
@@ -609,13 +595,22 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   fsdp::PlanWorld world = plan_world(flags);
   world.world_size = dist.world_size();
   const fsdp::PlanDevice device = shared_device(plan_device(flags, o, world), dist);
-  const fsdp::PlanSetup setup =
-      plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device), flags.tp);
+  const fsdp::PlanSetup setup = plan_setup(o, world.world_size, world.ranks_per_host, device, plan_links(flags, device));
   fsdp::SearchSpace space;
   space.batches = divisors(o.batch);
   space.keep_global_batch = true;
   space.peak_margin = fsdp::kPlanPeakMargin;
   space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
+  if (!flags.tp_sizes.empty()) {
+    // What gpt_train --tp does not run yet (command_line.cpp's check_tensor_parallel_flags).
+    const std::vector<std::pair<bool, const char*>> not_with_tp = {
+        {o.muon, "--optimizer muon"}, {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
+        {!o.eval_tokens.empty(), "--eval-tokens"}, {o.sample_bytes > 0, "--sample"}};
+    for (const auto& [given, flag] : not_with_tp) {
+      TORCH_CHECK(!given, "--auto --tp-sizes: --tp does not run with ", flag, " yet; drop one of them");
+    }
+    search_tp_sizes(flags, o, setup, space);
+  }
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
   if (dist.rank() == 0) std::cout << fsdp::search_text(result, cap) << std::flush;
@@ -633,6 +628,7 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   o.grad_accum = best.setup.policy.micro_batches;
   o.batch = best.setup.policy.batch;
   o.fsdp = best.setup.policy.fsdp;
+  o.tp = best.setup.policy.tp_size;
   if (dist.rank() == 0) {
     std::string replaced;
     for (const std::string& flag : replaced_flags) replaced += (replaced.empty() ? "" : ", ") + flag;

@@ -26,7 +26,7 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
                              GptCode code = GptCode::ThisProject, int64_t tp = 1);
 
 /// Throws naming the flag when `tp` does not divide what TP splits: --heads, --kv-heads, --vocab,
-/// the MLP's width, --seq.
+/// the MLP's width, --seq (the trainer's check_tensor_parallel).
 void check_tp_size(const GPTConfig& config, int64_t tp);
 
 /// The TP sizes a search tries for `config`: those that divide the ranks per host, the world
@@ -38,7 +38,7 @@ int64_t training_data_bytes(const TrainOptions& o);
 
 /// The setup of a run of `o` on `world` ranks, `ranks_per_host` to a host.
 fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
-                           const fsdp::PlanDevice& device, const fsdp::PlanLinks& links, int tp = 1);
+                           const fsdp::PlanDevice& device, const fsdp::PlanLinks& links);
 
 // The planner's flags, shared by gpt_train (--plan, --auto) and fsdp_plan: the world, the device
 // (a preset GPU, given numbers, or a probe of this machine), the links, the memory cap.
@@ -51,7 +51,6 @@ struct PlanFlags {
   double intra_host_gbps = 0, cross_host_gbps = 0, latency_us = 0;  // 0: the preset's/estimate
   double max_memory_gb = 0;  // a cap per rank: search for the fastest configuration under it
   std::string batches;       // the batches per rank a search tries, e.g. "1,2,4" ("": --batch only)
-  int tp = 1;                // tensor-parallel size (fsdp_plan --tp; gpt_train's own --tp when it has one)
   std::string tp_sizes;      // the TP sizes a search tries: "2,4", "all" ("": --tp only)
   bool zero_grad_in_place = false;  // the optimizer's gradient shards stay between steps
   bool json = false;

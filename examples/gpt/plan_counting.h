@@ -51,9 +51,9 @@ inline fsdp::PlanTpCollective tp_sequence_collective(fsdp::PlanTpCollective::Kin
 
 /// The gradient of a parameter replicated over TP (a norm's, a row-wise layer's bias), `n`
 /// elements of `bytes`, all-reduced once per micro-batch by backward.
-inline fsdp::PlanTpCollective tp_replicated_gradient(std::string name, int64_t n, int64_t bytes, int64_t tp) {
-  return {fsdp::PlanTpCollective::AllReduce, std::move(name) + "'s gradient, summed over TP", /*backward=*/true,
-          /*per_sequence=*/false, tp_all_reduce_bytes(n, bytes, tp)};
+inline fsdp::PlanTpCollective tp_replicated_gradient(const std::string& name, int64_t n, int64_t bytes, int64_t tp) {
+  return {fsdp::PlanTpCollective::AllReduce, name + "'s gradient, summed over TP", /*backward=*/true,
+          /*per_sequence=*/false, tp_all_reduce_bytes(n, bytes, tp), name};
 }
 
 /// A block's activations collectives (both families): attention's and the MLP's inputs gathered

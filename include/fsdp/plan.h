@@ -57,6 +57,9 @@ struct PlanTpCollective {
   bool backward = false;      ///< issued by backward (else forward: again when checkpointing recomputes it)
   bool per_sequence = true;   ///< `bytes` are per sequence of the micro-batch (else per micro-batch)
   int64_t bytes = 0;          ///< one rank sends
+  /// The replicated parameter whose gradient it sums (a norm's weight), if any: none when that
+  /// parameter is frozen (requires_grad false).
+  std::string parameter;
 };
 
 /// One FSDP unit: its parameters, its activations and its work, per sequence.

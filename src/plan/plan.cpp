@@ -136,7 +136,7 @@ Plan plan(const PlanSetup& full_setup) {
       // One micro-batch as the conductor runs it: its collectives and their overlap; then the
       // collectives waited for at the step's end (the program's own, Muon's exchange).
       const planning::PlannedStep step = planning::run_planned_step(setup, layout, planning::MicroBatch{}, {}, "");
-      auto at_the_end = planning::program_collectives(setup);
+      auto at_the_end = planning::program_collectives(full_setup);  // the loss: over every rank
       const auto exchange = planning::muon_collectives(setup, layout, muon);
       at_the_end.insert(at_the_end.end(), exchange.begin(), exchange.end());
       std::vector<planning::PlannedCollective> collectives = step.collectives;

@@ -136,8 +136,10 @@ nlohmann::json unit_json(const PlanUnit& u) {
   if (!u.tp_collectives.empty()) {  // absent without TP: descriptions as before
     nlohmann::json tp = nlohmann::json::array();
     for (const auto& c : u.tp_collectives) {
-      tp.push_back({{"kind", tp_kind_names()[c.kind]}, {"what", c.what}, {"backward", c.backward},
-                    {"per_sequence", c.per_sequence}, {"bytes", c.bytes}});
+      nlohmann::json one = {{"kind", tp_kind_names()[c.kind]}, {"what", c.what}, {"backward", c.backward},
+                            {"per_sequence", c.per_sequence}, {"bytes", c.bytes}};
+      if (!c.parameter.empty()) one["parameter"] = c.parameter;
+      tp.push_back(std::move(one));
     }
     unit["tp_collectives"] = tp;
   }
@@ -185,6 +187,7 @@ PlanTpCollective tp_collective_from(const nlohmann::json& json, const std::strin
   c.backward = flag_field(json, "backward", where, false);
   c.per_sequence = flag_field(json, "per_sequence", where, true);
   c.bytes = size_field(json, "bytes", where, true);
+  c.parameter = text_field(json, "parameter", where, "", false);
   return c;
 }
 

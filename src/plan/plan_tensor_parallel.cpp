@@ -21,6 +21,15 @@ int64_t must_count(std::optional<int64_t> bytes) {
   return *bytes;
 }
 
+// A frozen replicated parameter has no gradient to sum.
+bool sums_a_frozen_gradient(const PlanUnit& unit, const PlanTpCollective& c) {
+  if (c.parameter.empty()) return false;
+  for (const PlanParam& p : unit.params) {
+    if (p.name == c.parameter) return !p.requires_grad;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool tp_spans_hosts(const PlanWorld& world, int tp_size) { return tp_size > world.ranks_per_host; }
@@ -64,6 +73,7 @@ TensorParallelStep tensor_parallel_step(const PlanSetup& setup) {
   const std::vector<const PlanUnit*> units = units_of(setup.model);
   for (size_t u = 0; u < units.size(); ++u) {
     for (const PlanTpCollective& c : units[u]->tp_collectives) {
+      if (sums_a_frozen_gradient(*units[u], c)) continue;
       const int64_t runs = !c.backward && checkpointing && u > 0 ? 2 : 1;
       const int64_t calls = must_count(checked_mul(runs, setup.policy.micro_batches));
       const int64_t per_call = c.per_sequence ? must_count(checked_mul(c.bytes, setup.policy.batch)) : c.bytes;
