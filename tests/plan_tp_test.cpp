@@ -224,6 +224,19 @@ TEST(PlannerTp, TpBytesPerStepAreTheRingFormulas) {
   }
 }
 
+// A frozen replicated parameter (--freeze ln_f) has no gradient: its all-reduce is not sent
+// (gpt_train sums only trained replicated gradients); the rest of TP's bytes are unchanged.
+TEST(PlannerTp, AFrozenReplicatedParameterSendsNoGradient) {
+  gpt::TrainOptions o = small_llama();
+  const fsdp::Plan trained = fsdp::plan(run_setup(o, 4, 4, 2));
+  o.freeze = {"ln_f"};
+  const fsdp::Plan frozen = fsdp::plan(run_setup(o, 4, 4, 2));
+  const int64_t C = o.model.dim, e = 2, T = 2;
+  EXPECT_EQ(trained.traffic.tp_all_reduce - frozen.traffic.tp_all_reduce, 2 * (T - 1) * C * e / T);
+  EXPECT_EQ(trained.traffic.tp_all_gather, frozen.traffic.tp_all_gather);
+  EXPECT_EQ(trained.traffic.tp_reduce_scatter, frozen.traffic.tp_reduce_scatter);
+}
+
 // 3-D: replicate x shard x tp. With 8 ranks to a host and T = 2, a hybrid run shards over the 4
 // data-parallel ranks of a host and replicates across the 2 hosts; FSDP's rings cross hosts only
 // between replicas.
