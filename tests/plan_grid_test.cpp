@@ -190,6 +190,73 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
   if (dist().rank() == 0) std::printf("worst: %s, measured / predicted = %.3f\n", worst_case.c_str(), worst);
 }
 
+// gpt_train --tp 2 against its plan ([Note: tensor parallelism in the plan]): at W = 2 (dp 1 x
+// tp 2) and W = 4 (dp 2 x tp 2), the grid's GPT and Llama (2 kv heads, untied head), fp32 and
+// bf16, with and without activation checkpointing, full and grad_op: every rank's measured peak
+// within the grid's 10% of its plan and under --auto's margin, and every collective's bytes, FSDP's
+// over the data-parallel ranks and TP's (comm_stats' tp_*), exactly the plan's.
+TEST(Planner, TpPeakAndBytesMatchTheRunOnEveryRank) {
+  const int w = dist().world_size(), tp = 2;
+  if (w != 2 && w != 4) GTEST_SKIP() << "(dp, tp) = (1, 2) at W = 2 and (2, 2) at W = 4";
+  using S = fsdp::ShardingStrategy;
+  double worst = 1;
+  if (dist().rank() == 0) {
+    std::printf("W = %d, --tp 2: GPT and Llama 4x128, 4 heads, seq 64, batch 4; peak tensor bytes per rank, steps 2-3\n", w);
+    std::printf("%-26s %4s %12s %12s %7s  %s\n", "configuration", "rank", "predicted", "measured", "ratio", "peak during");
+  }
+  for (bool llama : {false, true}) {
+    for (bool bf16 : {false, true}) {
+      for (bool checkpointing : {false, true}) {
+        for (S strategy : {S::FullShard, S::ShardGradOp}) {
+          GridCase c;
+          c.llama = llama;
+          c.batch = 4;
+          c.fsdp.strategy(strategy).activation_checkpointing(checkpointing);
+          if (bf16) c.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
+          c.label = std::string(llama ? "Llama " : "GPT ") + fsdp::to_string(strategy) + (bf16 ? " bf16" : " fp32") +
+                    (checkpointing ? " AC" : "");
+          auto o = grid_run(c);
+          o.max_data_bytes = 64 << 10;
+          o.fsdp = c.fsdp;
+          o.tp = tp;
+          const fsdp::Plan plan = fsdp::plan(gpt::plan_setup(o, w, w, fsdp::PlanDevice{}, fsdp::PlanLinks{}));
+          const int64_t baseline = fsdp::memory_stats().current_bytes;
+          const gpt::TrainResult run = gpt::train(o, &dist());
+          int64_t measured = 0;
+          for (size_t s = 1; s < run.steps.size(); ++s) {
+            measured = std::max(measured, run.steps[s].memory.peak_bytes - baseline);
+            const fsdp::CommStats& sent = run.steps[s].comm;
+            EXPECT_EQ(sent.all_gather_bytes, plan.traffic.all_gather) << c.label;
+            EXPECT_EQ(sent.reduce_scatter_bytes, plan.traffic.reduce_scatter) << c.label;
+            EXPECT_EQ(sent.all_reduce_bytes, plan.traffic.all_reduce) << c.label;
+            EXPECT_EQ(sent.tp_all_gather_bytes, plan.traffic.tp_all_gather) << c.label;
+            EXPECT_EQ(sent.tp_reduce_scatter_bytes, plan.traffic.tp_reduce_scatter) << c.label;
+            EXPECT_EQ(sent.tp_all_reduce_bytes, plan.traffic.tp_all_reduce) << c.label;
+          }
+          // The plan has one entry per data-parallel rank: world rank r is dp rank r / tp.
+          const fsdp::RankMemory& mine = plan.ranks.at(dist().rank() / tp);
+          const double predicted = static_cast<double>(mine.peak.total());
+          const double ratio = measured / predicted;
+          EXPECT_NEAR(ratio, 1.0, kPeakTolerance) << c.label << ": predicted " << predicted << ", measured "
+                                                  << measured << " (peak during " << mine.peak_at << ")";
+          EXPECT_LE(ratio, kMostOverPlan) << c.label << ": above the margin --auto keeps (fsdp::kPlanPeakMargin)";
+          const auto measured_all = from_every_rank(static_cast<double>(measured));
+          if (dist().rank() == 0) {
+            for (int r = 0; r < w; ++r) {
+              const double p = static_cast<double>(plan.ranks[r / tp].peak.total());
+              const double q = measured_all[r] / p;
+              std::printf("%-26s %4d %12.0f %12.0f %7.3f  %s\n", c.label.c_str(), r, p, measured_all[r], q,
+                          plan.ranks[r / tp].peak_at.c_str());
+              if (std::abs(q - 1) > std::abs(worst - 1)) worst = q;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (dist().rank() == 0) std::printf("--tp 2 worst: measured / predicted = %.3f\n", worst);
+}
+
 // The peak of a run's steps after the first (which creates the optimizer state), above `baseline`.
 int64_t measured_peak(const gpt::TrainResult& run, int64_t baseline) {
   int64_t peak = 0;

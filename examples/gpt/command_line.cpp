@@ -380,6 +380,7 @@ static std::vector<std::string> flags_auto_replaces(const CLI::App& app, const C
   if (app.count("--strategy") > 0) given.push_back("--strategy " + cl.strategy);
   if (app.count("--shard-group-size") > 0) given.push_back("--shard-group-size " + std::to_string(cl.shard_group_size));
   if (app.count("--activation-checkpointing") > 0) given.push_back("--activation-checkpointing");
+  if (app.count("--tp") > 0 && !cl.planner.tp_sizes.empty()) given.push_back("--tp " + std::to_string(cl.train.tp));
   return given;
 }
 

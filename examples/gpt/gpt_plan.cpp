@@ -6,6 +6,7 @@
 #include "model_family.h"
 #include "options.h"
 #include "plan_counting.h"
+#include "tensor_parallel_plan.h"
 #include "trainer.h"
 
 #include <fsdp/distributed.h>
@@ -27,66 +28,158 @@ namespace gpt {
 
 namespace {
 
-std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const std::string& prefix) {
+// How the trainer's TP plan splits a layer (torchtitan's Llama plan, docs/planner.md "Tensor
+// parallelism"): q/k/v, gate/up, c_attn, c_fc and the head column-wise (output features: the
+// weight's rows and the bias), o_proj, down_proj and c_proj row-wise (input features: the
+// weight's columns; the bias replicated), wte by vocabulary rows; norms and wpe replicated.
+enum class TpSplit { Replicated, Columnwise, Rowwise, VocabularyRows };
+
+TpSplit tp_split(const Layer& layer) {
+  const std::string last = layer.name.substr(layer.name.rfind('.') + 1);
+  switch (layer.kind) {
+    case LayerKind::LayerNorm:
+    case LayerKind::RMSNorm: return TpSplit::Replicated;
+    case LayerKind::Embedding: return last == "wte" ? TpSplit::VocabularyRows : TpSplit::Replicated;
+    case LayerKind::Linear:
+      for (const char* name : {"c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"}) {
+        if (last == name) return TpSplit::Columnwise;
+      }
+      for (const char* name : {"c_proj", "o_proj", "down_proj"}) {
+        if (last == name) return TpSplit::Rowwise;
+      }
+  }
+  TORCH_CHECK(false, "the planner knows no tensor-parallel split of layer ", layer.name);
+}
+
+// `param` of `layer` as one of tp TP ranks holds it.
+fsdp::PlanParam tp_local(fsdp::PlanParam param, const Layer& layer, int64_t tp) {
+  if (tp == 1) return param;
+  const bool bias = param.shape.size() == 1;
+  switch (tp_split(layer)) {
+    case TpSplit::Replicated: break;
+    case TpSplit::VocabularyRows:
+    case TpSplit::Columnwise: param.shape[0] /= tp; break;  // weight [out, in] rows, bias [out]
+    case TpSplit::Rowwise:
+      if (!bias) param.shape[1] /= tp;  // weight [out, in] columns; the bias replicated
+      break;
+  }
+  return param;
+}
+
+std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const std::string& prefix, int64_t tp) {
   std::vector<fsdp::PlanParam> params;
   for (const Layer& layer : layers) {
-    for (fsdp::PlanParam& param : layer_params(layer, prefix)) params.push_back(std::move(param));
+    for (fsdp::PlanParam& param : layer_params(layer, prefix)) params.push_back(tp_local(std::move(param), layer, tp));
   }
   return params;
 }
 
 // Block i: its layers' parameters below "h.i.", and what it computes and keeps (the family's).
 fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int64_t i, int64_t e,
-                          GptCode code) {
+                          GptCode code, int64_t tp) {
   fsdp::PlanUnit unit;
   unit.name = "h." + std::to_string(i);
-  unit.params = params_of(layers.block, unit.name + ".");
-  family_of(config).describe_block(config, e, code, unit);
+  unit.params = params_of(layers.block, unit.name + ".", tp);
+  family_of(config).describe_block(config, e, code, tp, unit);
   return unit;
 }
 
 // What the final norm keeps for backward, by its kind in the table: LayerNorm's mean and rstd
 // (8T) and output; RMSNorm's inverse RMS (4T) and output (below fp32 also its normalised input
-// and its input's fp32 copy; [Note: Llama activations] in llama/llama_plan.cpp).
-int64_t final_norm_saved(LayerKind kind, int64_t T, int64_t C, int64_t e) {
+// and its input's fp32 copy; [Note: Llama activations] in llama/llama_plan.cpp). With TP its
+// output is gathered along the sequence for the head (whole), the rest is the rank's sequence
+// shard (Ts tokens).
+int64_t final_norm_saved(LayerKind kind, int64_t T, int64_t Ts, int64_t C, int64_t e) {
   if (kind == LayerKind::RMSNorm) {
-    return sum({product({T, C, e}), 4 * T, e < 4 ? sum({product({T, C, e}), product({T, C, 4})}) : 0});
+    return sum({product({T, C, e}), 4 * Ts, e < 4 ? sum({product({Ts, C, e}), product({Ts, C, 4})}) : 0});
   }
-  return sum({product({T, C, e}), 8 * T});
+  return sum({product({T, C, e}), 8 * Ts});
+}
+
+// The root's TP collectives: the vocabulary-parallel embedding's output reduce-scattered along
+// the sequence (backward: its gradient gathered), the head's input gathered (backward: its
+// gradient reduce-scattered), loss parallelism's row maxima gathered (fp32: (tp-1)·T·4 per
+// sequence) and its sums all-reduced (2T floats), and the replicated parameters' gradients
+// all-reduced: ln_f's, GPT-2's wpe whole ([positions, C]).
+std::vector<fsdp::PlanTpCollective> root_tp_collectives(const GPTConfig& config, const GptLayers& layers,
+                                                        int64_t e, int64_t tp) {
+  using K = fsdp::PlanTpCollective;
+  const int64_t T = config.max_seq, C = config.dim;
+  if (tp == 1) return {};
+  std::vector<K> out = {
+      tp_sequence_collective(K::ReduceScatter, false, "wte's output", T, C, e, tp),
+      tp_sequence_collective(K::AllGather, false, "the head's input", T, C, e, tp),
+      {K::AllGather, "the loss's row maxima (fp32)", false, true, product({tp - 1, T, 4})},
+      {K::AllReduce, "the loss's sums (fp32)", false, true, tp_all_reduce_bytes(2 * T, 4, tp)},
+      tp_sequence_collective(K::ReduceScatter, true, "the head's input gradient", T, C, e, tp),
+  };
+  for (const Layer& layer : layers.root()) {
+    if (tp_split(layer) != TpSplit::Replicated) continue;
+    for (const fsdp::PlanParam& param : layer_params(layer, "")) {
+      out.push_back(tp_replicated_gradient(param.name, param.numel(), e, tp));
+    }
+  }
+  out.push_back(tp_sequence_collective(K::AllGather, true, "wte's output gradient", T, C, e, tp));
+  return out;
 }
 
 // The root: the layers before and after the blocks (the embeddings, ln_f, minGPT's head).
-fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64_t e, GptCode code) {
+fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64_t e, GptCode code, int64_t tp) {
   const int64_t T = config.max_seq, C = config.dim, V = config.vocab_size;
+  const int64_t Ts = T / tp, Vl = V / tp;  // this TP rank's sequence shard and vocabulary rows
+  const double share = 1.0 / static_cast<double>(tp);
   fsdp::PlanUnit root;
   root.name = "";
-  root.params = params_of(layers.root(), "");
-  root.backward_workspace = product({V, C, e});
-  root.forward_flops = 2.0 * T * C * V;
-  root.forward_memory_bytes = 5.0 * T * C * e + 3.0 * T * V * 4;
+  root.params = params_of(layers.root(), "", tp);
+  root.backward_workspace = product({Vl, C, e});
+  root.forward_flops = 2.0 * T * C * V * share;
+  root.forward_memory_bytes = (5.0 * T * C * e + 3.0 * T * V * 4) * share;
   root.forward_ops = 14;
   if (code == GptCode::MinGpt) {
+    TORCH_CHECK(tp == 1, "--mingpt with --tp ", tp, ": minGPT is planned without tensor parallelism; drop "
+                "--mingpt or use --tp 1");
     // The loss of the low-precision logits as they are (no fp32 copy).
     root.activations.saved = sum({product({T, C, e}), 8 * T, product({T, V, e})});
     root.activations.forward_transient = product({T, V, e});
     root.activations.backward_transient = product({2, T, V, e});
     return root;
   }
-  // ln_f's, then log_softmax's output.
+  // ln_f's, then log_softmax's output (loss parallel: the rank's vocabulary columns).
   const Layer* ln_f = find_layer(layers.after_blocks, "ln_f");
   TORCH_CHECK(ln_f, "the layer table has no ln_f");
-  root.activations.saved = sum({final_norm_saved(ln_f->kind, T, C, e), product({T, V, 4})});
-  root.activations.forward_transient = sum({product({T, V, e}), e < 4 ? product({T, V, 4}) : 0});
-  root.activations.backward_transient = product({2, T, V, 4});
+  root.activations.saved = sum({final_norm_saved(ln_f->kind, T, Ts, C, e), product({T, Vl, 4})});
+  root.activations.forward_transient = sum({product({T, Vl, e}), e < 4 ? product({T, Vl, 4}) : 0});
+  root.activations.backward_transient = product({2, T, Vl, 4});
+  root.tp_collectives = root_tp_collectives(config, layers, e, tp);
   return root;
 }
 
 }  // namespace
 
+void check_tp_size(const GPTConfig& config, int64_t tp) {
+  TORCH_CHECK(tp >= 1 && tp <= (1 << 16), "--tp must be in [1, 65536], got ", tp);
+  check_tensor_parallel(config, static_cast<int>(tp));  // the trainer's own refusals
+}
+
+std::vector<int> tp_sizes_for(const GPTConfig& config, int world, int ranks_per_host) {
+  std::vector<int> out;
+  for (int tp = 1; tp <= ranks_per_host; ++tp) {
+    if (ranks_per_host % tp != 0 || world % tp != 0) continue;
+    try {
+      check_tp_size(config, tp);
+    } catch (const c10::Error&) {
+      continue;
+    }
+    out.push_back(tp);
+  }
+  return out;
+}
+
 fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dtype, int64_t resident_bytes,
-                             GptCode code) {
+                             GptCode code, int64_t tp) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(compute_dtype));
   const int64_t T = config.max_seq, C = config.dim;
+  check_tp_size(config, tp);
   // One unit per block is built here: a count beyond the flags' bound would take gigabytes first.
   TORCH_CHECK(config.layers >= 1 && config.layers <= kMaxLayers, "the GPT has ", config.layers,
               " blocks; gpt_train builds 1 to ", kMaxLayers, " (--layers' bound)");
@@ -99,18 +192,21 @@ fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dt
                std::to_string(config.heads) + " heads" + kv_heads + ", seq " + std::to_string(T) +
                ", vocab " + std::to_string(config.vocab_size);
   const GptLayers layers = gpt_layers(config, code);
-  model.root = root_unit(config, layers, e, code);
+  model.root = root_unit(config, layers, e, code, tp);
   // The first block's input: the embeddings' sum, while wte's output exists beside it (a single
   // embedding, a Llama's wte, is the input itself); minGPT adds a dropout mask.
-  model.root_pre.saved = sum({product({T, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});
-  model.root_pre.forward_transient = layers.before_blocks.size() > 1 ? product({T, C, e}) : 0;
+  // With TP the sum is the rank's sequence shard (wte's output reduce-scattered), and wte's
+  // partial output exists whole before its reduce-scatter.
+  model.root_pre.saved = sum({product({T / tp, C, e}), code == GptCode::MinGpt ? product({T, C}) : 0});
+  model.root_pre.forward_transient = layers.before_blocks.size() > 1 || tp > 1 ? product({T, C, e}) : 0;
   model.root_pre.backward_transient = product({T, C, e});
-  for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, layers, i, e, code));
+  for (int64_t i = 0; i < config.layers; ++i) model.units.push_back(block_unit(config, layers, i, e, code, tp));
   model.sequence_tokens = T;
   model.input_bytes_per_sequence = 2 * T * 8;  // inputs and targets, int64
   model.resident_bytes = resident_bytes;
   model.step_all_reduce_bytes = 4;  // the step's loss, summed over the ranks (fp32)
   model.compute_dtype = compute_dtype;
+  model.tp_size = static_cast<int>(tp);
   return model;
 }
 
@@ -168,14 +264,20 @@ void mark_frozen(fsdp::PlanModel& model, const TrainOptions& o) {
   for (auto& unit : model.units) mark(unit);
 }
 
+fsdp::PlanModel describe_run_model(const TrainOptions& o, int tp) {
+  const c10::ScalarType compute = o.fsdp.mixed_precision().param_dtype().value_or(c10::kFloat);
+  fsdp::PlanModel model = describe_gpt(o.model, compute, training_data_bytes(o), GptCode::ThisProject, tp);
+  mark_frozen(model, o);
+  return model;
+}
+
 }  // namespace
 
 fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
                            const fsdp::PlanDevice& device, const fsdp::PlanLinks& links) {
-  const c10::ScalarType compute = o.fsdp.mixed_precision().param_dtype().value_or(c10::kFloat);
   fsdp::PlanSetup setup;
-  setup.model = describe_gpt(o.model, compute, training_data_bytes(o));
-  mark_frozen(setup.model, o);
+  setup.model = describe_run_model(o, o.tp);
+  setup.policy.tp_size = o.tp;
   setup.world = {world, ranks_per_host};
   setup.device = device;
   setup.links = links;
@@ -247,6 +349,26 @@ std::vector<int64_t> parse_batches(const std::string& text) {
   return out;
 }
 
+// --tp-sizes' list ("all": empty, every size the model allows); throws std::invalid_argument
+// naming the bad item.
+std::vector<int> parse_tp_sizes(const std::string& text) {
+  if (text == "all") return {};
+  std::vector<int> out;
+  std::stringstream s(text);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno != 0 || value < 1 || value > 1024) {
+      throw std::invalid_argument("'" + item.substr(0, 40) + "' is not a TP size in [1, 1024] (e.g. --tp-sizes "
+                                  "1,2,4,8, or --tp-sizes all)");
+    }
+    out.push_back(static_cast<int>(value));
+  }
+  return out;
+}
+
 double host_memory_bytes() {
   return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
 }
@@ -296,6 +418,20 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
             return "";
           },
           "LIST", "batch_list"))
+      ->group(group);
+  app.add_option("--tp-sizes", f.tp_sizes,
+                 "planner: tensor-parallel sizes a search tries, e.g. 1,2,4,8, or 'all' (those dividing the "
+                 "ranks per host, the world, --heads, --kv-heads, --vocab, the MLP's width, --seq); default: --tp")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            try {
+              parse_tp_sizes(text);
+            } catch (const std::invalid_argument& e) {
+              return e.what();
+            }
+            return "";
+          },
+          "LIST", "tp_list"))
       ->group(group);
   app.add_flag("--zero-grad-in-place", f.zero_grad_in_place,
                "planner: plan an optimizer whose zero_grad zeroes gradients in place (set_to_none = "
@@ -384,6 +520,16 @@ std::vector<int64_t> search_batches(const PlanFlags& f, int64_t batch) {
   return parse_batches(f.batches);
 }
 
+void search_tp_sizes(const PlanFlags& flags, const TrainOptions& o, const fsdp::PlanSetup& setup,
+                     fsdp::SearchSpace& space) {
+  if (flags.tp_sizes.empty()) return;  // --tp's only
+  std::vector<int> sizes = parse_tp_sizes(flags.tp_sizes);
+  if (sizes.empty()) sizes = tp_sizes_for(o.model, setup.world.world_size, setup.world.ranks_per_host);
+  for (int tp : sizes) check_tp_size(o.model, tp);  // a listed size the model cannot take: named
+  space.tp_sizes = sizes;
+  space.model_for_tp = [o](int tp) { return describe_run_model(o, tp); };
+}
+
 namespace {
 
 
@@ -425,7 +571,7 @@ fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
   return setup;
 }
 
-void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
+void print_plan(const TrainOptions& o, const fsdp::PlanSetup& setup, const PlanFlags& flags) {
   if (flags.max_memory_gb <= 0) {
     const fsdp::Plan plan = fsdp::plan(setup);
     std::cout << (flags.json ? fsdp::plan_json(plan).dump(2) + "\n" : fsdp::plan_text(plan));
@@ -434,6 +580,7 @@ void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags) {
   fsdp::SearchSpace space;
   space.batches = search_batches(flags, setup.policy.batch);
   space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
+  search_tp_sizes(flags, o, setup, space);
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
   std::cout << (flags.json ? fsdp::search_json(result, cap).dump(2) + "\n" : fsdp::search_text(result, cap));
@@ -454,6 +601,16 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   space.keep_global_batch = true;
   space.peak_margin = fsdp::kPlanPeakMargin;
   space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
+  if (!flags.tp_sizes.empty()) {
+    // What gpt_train --tp does not run yet (command_line.cpp's check_tensor_parallel_flags).
+    const std::vector<std::pair<bool, const char*>> not_with_tp = {
+        {o.muon, "--optimizer muon"}, {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
+        {!o.eval_tokens.empty(), "--eval-tokens"}, {o.sample_bytes > 0, "--sample"}};
+    for (const auto& [given, flag] : not_with_tp) {
+      TORCH_CHECK(!given, "--auto --tp-sizes: --tp does not run with ", flag, " yet; drop one of them");
+    }
+    search_tp_sizes(flags, o, setup, space);
+  }
   const double cap = flags.max_memory_gb * kGiB;
   const fsdp::SearchResult result = fsdp::search_plans(setup, space, cap);
   if (dist.rank() == 0) std::cout << fsdp::search_text(result, cap) << std::flush;
@@ -471,6 +628,7 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   o.grad_accum = best.setup.policy.micro_batches;
   o.batch = best.setup.policy.batch;
   o.fsdp = best.setup.policy.fsdp;
+  o.tp = best.setup.policy.tp_size;
   if (dist.rank() == 0) {
     std::string replaced;
     for (const std::string& flag : replaced_flags) replaced += (replaced.empty() ? "" : ", ") + flag;

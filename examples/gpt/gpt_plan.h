@@ -20,9 +20,18 @@ namespace gpt {
 // layer table (gpt_layers), and what each block, the embeddings and the head keep for backward, counted
 // op by op from gpt.cpp ([Note: GPT activations] in gpt_plan.cpp).
 /// The GPT of `config` computing in `compute_dtype`; `resident_bytes`: the program's own tensors
-/// (the training data).
+/// (the training data). With `tp` > 1, one of `tp` tensor-parallel ranks' share of it (the
+/// trainer's plan, sequence parallel: docs/planner.md "Tensor parallelism").
 fsdp::PlanModel describe_gpt(const GPTConfig& config, c10::ScalarType compute_dtype, int64_t resident_bytes,
-                             GptCode code = GptCode::ThisProject);
+                             GptCode code = GptCode::ThisProject, int64_t tp = 1);
+
+/// Throws naming the flag when `tp` does not divide what TP splits: --heads, --kv-heads, --vocab,
+/// the MLP's width, --seq (the trainer's check_tensor_parallel).
+void check_tp_size(const GPTConfig& config, int64_t tp);
+
+/// The TP sizes a search tries for `config`: those that divide the ranks per host, the world
+/// and what check_tp_size checks.
+std::vector<int> tp_sizes_for(const GPTConfig& config, int world, int ranks_per_host);
 
 /// The bytes of training data gpt_train will hold for `o` (its --data, up to --max-data-mb).
 int64_t training_data_bytes(const TrainOptions& o);
@@ -42,6 +51,7 @@ struct PlanFlags {
   double intra_host_gbps = 0, cross_host_gbps = 0, latency_us = 0;  // 0: the preset's/estimate
   double max_memory_gb = 0;  // a cap per rank: search for the fastest configuration under it
   std::string batches;       // the batches per rank a search tries, e.g. "1,2,4" ("": --batch only)
+  std::string tp_sizes;      // the TP sizes a search tries: "2,4", "all" ("": --tp only)
   bool zero_grad_in_place = false;  // the optimizer's gradient shards stay between steps
   bool json = false;
 };
@@ -63,6 +73,10 @@ fsdp::PlanLinks plan_links(const PlanFlags& flags, const fsdp::PlanDevice& devic
 /// The search's candidate batches per rank (--batch alone when none are given).
 std::vector<int64_t> search_batches(const PlanFlags& flags, int64_t batch);
 
+/// The search's TP sizes (--tp-sizes; "all": tp_sizes_for's), each with the GPT described for it.
+void search_tp_sizes(const PlanFlags& flags, const TrainOptions& o, const fsdp::PlanSetup& setup,
+                     fsdp::SearchSpace& space);
+
 // gpt_train --plan and --auto: the plan of the run its flags describe, or the fastest configuration
 // under --max-memory-gb, and at the end of an --auto run the plan against what the run measured.
 /// The setup of the run `o` describes under `flags`: world, device (probed unless the flags give
@@ -70,8 +84,9 @@ std::vector<int64_t> search_batches(const PlanFlags& flags, int64_t batch);
 fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags);
 
 /// Prints the plan of `setup` (or, with --max-memory-gb, the search around it: strategies,
-/// activation checkpointing, --batches, offload on a GPU); --json for programs.
-void print_plan(const fsdp::PlanSetup& setup, const PlanFlags& flags);
+/// activation checkpointing, --batches, --tp-sizes (the GPT of `o`), offload on a GPU); --json for
+/// programs.
+void print_plan(const TrainOptions& o, const fsdp::PlanSetup& setup, const PlanFlags& flags);
 
 /// gpt_train --auto: the fastest configuration of strategy, activation checkpointing and batch per
 /// rank (a divisor of --batch; gradient accumulation keeps the global batch) whose planned peak

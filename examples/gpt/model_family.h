@@ -83,8 +83,9 @@ class ModelFamily {
 
   // Its description to the planner (gpt_plan.cpp's describe_gpt).
   /// What block `unit` (its name and parameters set) computes and keeps for backward, in
-  /// `element_bytes` per element of the compute dtype.
-  virtual void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code,
+  /// `element_bytes` per element of the compute dtype, on one of `tp` tensor-parallel ranks
+  /// (sequence parallel: [Note: tensor parallelism in the plan], src/plan/plan_tensor_parallel.h).
+  virtual void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code, int64_t tp,
                               fsdp::PlanUnit& unit) const = 0;
 
   // Its tensor parallelism (tensor_parallel_plan.h).

@@ -75,7 +75,7 @@ void run(gpt::CommandLine& cl) {
 int print_plan(gpt::CommandLine& cl) {
   const char* rank = std::getenv("RANK");
   if (rank && std::string(rank) != "0") return 0;
-  gpt::print_plan(gpt::setup_of_flags(cl.train, cl.planner), cl.planner);
+  gpt::print_plan(cl.train, gpt::setup_of_flags(cl.train, cl.planner), cl.planner);
   return 0;
 }
 

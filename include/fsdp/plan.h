@@ -46,6 +46,22 @@ struct PlanActivations {
   int64_t backward_transient = 0;  ///< more, only while its backward runs (gradients, temporaries)
 };
 
+/// One collective of tensor parallelism that a unit issues on each TP rank ([Note: tensor
+/// parallelism in the plan], src/plan/plan_tensor_parallel.h): what one rank sends (ring
+/// formulas: an all-gather or reduce-scatter of a [b, s, C] activation (T-1)/T·b·s·C·e, an
+/// all-reduce of n elements 2(T-1)/T·n·bytes), per sequence of the micro-batch (activations) or
+/// once per micro-batch (the gradients of parameters replicated over TP: norms).
+struct PlanTpCollective {
+  enum Kind { AllGather, ReduceScatter, AllReduce } kind = AllGather;
+  std::string what;           ///< e.g. "attention's input, gathered along the sequence"
+  bool backward = false;      ///< issued by backward (else forward: again when checkpointing recomputes it)
+  bool per_sequence = true;   ///< `bytes` are per sequence of the micro-batch (else per micro-batch)
+  int64_t bytes = 0;          ///< one rank sends
+  /// The replicated parameter whose gradient it sums (a norm's weight), if any: none when that
+  /// parameter is frozen (requires_grad false).
+  std::string parameter;
+};
+
 /// One FSDP unit: its parameters, its activations and its work, per sequence.
 struct PlanUnit {
   std::string name;
@@ -58,6 +74,8 @@ struct PlanUnit {
   double forward_memory_bytes = 0;     ///< memory traffic of the other elementwise ops
   int64_t forward_ops = 0;             ///< kernels of one forward (launch overhead)
   int64_t backward_workspace = 0;   ///< bytes its backward holds whatever the batch (weight gradients)
+  /// Its tensor-parallel collectives on one TP rank, in issue order (none at tp_size 1).
+  std::vector<PlanTpCollective> tp_collectives;
 };
 
 /// A model as the planner sees it. The root unit's forward brackets every other unit's (a
@@ -73,8 +91,11 @@ struct PlanModel {
   int64_t resident_bytes = 0;      ///< the program's own tensors (e.g. its training data)
   int64_t step_all_reduce_bytes = 0;  ///< the program's own all-reduce per step (e.g. the loss)
   c10::ScalarType compute_dtype = c10::kFloat;  ///< the dtype the activations were counted in
+  /// The tensor-parallel size T the description is for: with T > 1 it is ONE TP rank's share
+  /// (its parameters' local shapes, its activations, work and TP collectives).
+  int tp_size = 1;
 
-  int64_t numel() const;  ///< Ψ: every parameter element
+  int64_t numel() const;  ///< Ψ: every parameter element (of one TP rank at tp_size > 1)
 };
 
 /// The ranks and how they sit on hosts.
@@ -138,6 +159,11 @@ struct PlanOptimizer {
 /// step.
 struct PlanPolicy {
   FullyShardOptions fsdp;
+  /// Tensor parallelism: T consecutive ranks (inside a host) split each layer, FSDP shards over
+  /// the W/T data-parallel ranks of each TP index (the mesh dp_replicate x dp_shard x tp); the
+  /// shard group size and the batch are the data-parallel world's. The model must be described
+  /// for it (PlanModel::tp_size).
+  int tp_size = 1;
   PlanOptimizer optimizer;
   int64_t batch = 1;
   /// The optimizer's zero_grad zeroes gradients in place (set_to_none = false, PyTorch 1.x's
@@ -191,6 +217,11 @@ struct PlanTraffic {
   int64_t intra_host = 0;
   int64_t cross_host = 0;
   int64_t collectives = 0;  ///< calls per step
+  // Tensor parallelism's own (comm_stats' tp_*_bytes), apart from FSDP's above; in intra_host
+  // (cross_host when a TP group spans hosts) and collectives too.
+  int64_t tp_all_gather = 0;
+  int64_t tp_reduce_scatter = 0;
+  int64_t tp_all_reduce = 0;
 };
 
 /// The predicted step time, in seconds.
@@ -198,6 +229,7 @@ struct PlanTime {
   double compute = 0;        ///< matrix products, other ops, the optimizer
   double communication = 0;  ///< every collective, back to back
   double exposed_communication = 0;  ///< the part prefetch cannot hide behind compute
+  double tensor_parallel = 0;  ///< TP's collectives (in both above: compute waits for each)
   double step = 0;           ///< compute + exposed communication
   double tokens_per_s = 0;   ///< over the world
 };
@@ -234,7 +266,8 @@ struct Plan {
   bool fits = true;                ///< peak <= device memory, and what is offloaded <= host memory
   bool host_fits = true;           ///< what is offloaded <= host memory (when known)
   bool at_risk = false;            ///< fits, with less headroom than device.allocator_reserve
-  std::string label() const;       ///< e.g. "full, F=8, bf16, AC, batch 2"
+  bool tp_spans_hosts = false;     ///< a TP group is wider than a host: its collectives cross hosts
+  std::string label() const;       ///< e.g. "full F=8 bf16 AC batch 2", "full F=32 TP=8 bf16 batch 1"
 };
 
 /// A model description as JSON, and back (fsdp_plan --model-json): every field of PlanModel by its
@@ -254,6 +287,10 @@ struct SearchSpace {
   std::vector<bool> activation_checkpointing = {false, true};
   std::vector<bool> cpu_offload = {false};
   std::vector<int64_t> batches;  ///< empty: the setup's batch only
+  /// Tensor-parallel sizes (empty: the setup's only), each planned with model_for_tp(T), the
+  /// model described for it (required with any T other than the setup's).
+  std::vector<int> tp_sizes;
+  std::function<PlanModel(int)> model_for_tp;
   /// A batch below the setup's is made up by gradient accumulation (the setup's batch a
   /// multiple of it): the step's sequences stay, its micro-batches multiply (gpt_train --auto).
   bool keep_global_batch = false;

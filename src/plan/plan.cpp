@@ -4,6 +4,7 @@
 #include "plan/plan_layout.h"
 #include "plan/plan_memory.h"
 #include "plan/plan_muon.h"
+#include "plan/plan_tensor_parallel.h"
 #include "plan/plan_time.h"
 #include "plan/plan_traffic.h"
 #include "plan/planned_step.h"
@@ -47,6 +48,7 @@ std::string Plan::label() const {
   const FullyShardOptions& o = setup.policy.fsdp;
   std::ostringstream s;
   s << to_string(o.strategy()) << " F=" << shard_group_size;
+  if (setup.policy.tp_size > 1) s << " TP=" << setup.policy.tp_size;
   if (o.mixed_precision().param_dtype()) s << " " << c10::toString(*o.mixed_precision().param_dtype());
   if (o.activation_checkpointing()) s << " AC";
   if (o.cpu_offload()) s << " offload";
@@ -76,13 +78,42 @@ void summarize_muon(const PlanSetup& setup, const planning::MuonOwners& owners, 
   }
 }
 
+// TP's bytes, apart from FSDP's, and its time, all exposed; ranks named by their world rank
+// (data-parallel rank d is world rank d*T, TP index 0: every TP rank holds the same).
+void add_tensor_parallel(const PlanSetup& setup, Plan& plan) {
+  const int t = setup.policy.tp_size;
+  if (t == 1) return;
+  for (RankMemory& rank : plan.ranks) rank.rank *= t;
+  plan.muon.workspace_rank *= t;
+  plan.tp_spans_hosts = planning::tp_spans_hosts(setup.world, t);
+  const planning::TensorParallelStep tp = planning::tensor_parallel_step(setup);
+  PlanTraffic& traffic = plan.traffic;
+  traffic.tp_all_gather = tp.traffic.tp_all_gather;
+  traffic.tp_reduce_scatter = tp.traffic.tp_reduce_scatter;
+  traffic.tp_all_reduce = tp.traffic.tp_all_reduce;
+  traffic.intra_host += tp.traffic.intra_host;
+  traffic.cross_host += tp.traffic.cross_host;
+  traffic.collectives += tp.traffic.collectives;
+  PlanTime& time = plan.time;
+  time.tensor_parallel = tp.seconds;
+  time.communication += tp.seconds;
+  time.exposed_communication += tp.seconds;
+  time.step = time.compute + time.exposed_communication;
+  const double tokens = static_cast<double>(setup.world.world_size / t) * static_cast<double>(setup.policy.batch) *
+                        static_cast<double>(setup.model.sequence_tokens);
+  time.tokens_per_s = time.step > 0 ? tokens / time.step : 0;
+}
+
 }  // namespace
 
-Plan plan(const PlanSetup& setup) {
+// With tensor parallelism the FSDP part is the plan of the data-parallel world over the TP-local
+// model ([Note: tensor parallelism in the plan]); TP's bytes and time are added to it.
+Plan plan(const PlanSetup& full_setup) {
+  planning::validate_tensor_parallel(full_setup);
+  const PlanSetup setup = planning::data_parallel_setup(full_setup);
   planning::validate_setup(setup);
   planning::check_plan_bounds(setup);
   Plan result;
-  result.setup = setup;
   // Muon's owners: the same in every shard group, chosen once.
   const int shard_group = setup.policy.fsdp.shard_group_size_for(setup.world.world_size, setup.world.ranks_per_host);
   const planning::MuonOwners owners = planning::muon_owners(setup, shard_group);
@@ -105,7 +136,7 @@ Plan plan(const PlanSetup& setup) {
       // One micro-batch as the conductor runs it: its collectives and their overlap; then the
       // collectives waited for at the step's end (the program's own, Muon's exchange).
       const planning::PlannedStep step = planning::run_planned_step(setup, layout, planning::MicroBatch{}, {}, "");
-      auto at_the_end = planning::program_collectives(setup);
+      auto at_the_end = planning::program_collectives(full_setup);  // the loss: over every rank
       const auto exchange = planning::muon_collectives(setup, layout, muon);
       at_the_end.insert(at_the_end.end(), exchange.begin(), exchange.end());
       std::vector<planning::PlannedCollective> collectives = step.collectives;
@@ -115,6 +146,8 @@ Plan plan(const PlanSetup& setup) {
       summarize_muon(setup, owners, muon, exchange, result.muon);
     }
   }
+  add_tensor_parallel(full_setup, result);
+  result.setup = full_setup;
   const double memory = setup.device.memory_bytes;
   if (memory > 0) {
     result.headroom = 1.0 - static_cast<double>(result.peak_bytes) / memory;

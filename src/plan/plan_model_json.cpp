@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -114,6 +115,11 @@ PlanActivations activations_from(const nlohmann::json& json, const std::string& 
   return a;
 }
 
+const std::vector<std::string>& tp_kind_names() {
+  static const std::vector<std::string> names = {"all_gather", "reduce_scatter", "all_reduce"};
+  return names;
+}
+
 nlohmann::json unit_json(const PlanUnit& u) {
   nlohmann::json params = nlohmann::json::array();
   for (const auto& p : u.params) {
@@ -122,11 +128,22 @@ nlohmann::json unit_json(const PlanUnit& u) {
     if (p.full_precision) param["full_precision"] = true;
     params.push_back(std::move(param));
   }
-  return {{"name", u.name}, {"params", params}, {"activations", activations_json(u.activations)},
+  nlohmann::json unit = {{"name", u.name}, {"params", params}, {"activations", activations_json(u.activations)},
           {"forward_flops", u.forward_flops}, {"forward_attention_flops", u.forward_attention_flops},
           {"forward_transcendentals", u.forward_transcendentals},
           {"forward_memory_bytes", u.forward_memory_bytes}, {"forward_ops", u.forward_ops},
           {"backward_workspace", u.backward_workspace}};
+  if (!u.tp_collectives.empty()) {  // absent without TP: descriptions as before
+    nlohmann::json tp = nlohmann::json::array();
+    for (const auto& c : u.tp_collectives) {
+      nlohmann::json one = {{"kind", tp_kind_names()[c.kind]}, {"what", c.what}, {"backward", c.backward},
+                            {"per_sequence", c.per_sequence}, {"bytes", c.bytes}};
+      if (!c.parameter.empty()) one["parameter"] = c.parameter;
+      tp.push_back(std::move(one));
+    }
+    unit["tp_collectives"] = tp;
+  }
+  return unit;
 }
 
 // read(item, its path) of each item of `list`, whose path is `path`.
@@ -158,6 +175,22 @@ PlanParam param_from(const nlohmann::json& json, const std::string& where) {
   return param;
 }
 
+PlanTpCollective tp_collective_from(const nlohmann::json& json, const std::string& where) {
+  object_at(json, where);
+  PlanTpCollective c;
+  const std::string kind = text_field(json, "kind", where, "", true);
+  const auto& names = tp_kind_names();
+  const auto it = std::find(names.begin(), names.end(), kind);
+  if (it == names.end()) refuse(where + ".kind", kind, "\"all_gather\", \"reduce_scatter\" or \"all_reduce\"");
+  c.kind = static_cast<PlanTpCollective::Kind>(it - names.begin());
+  c.what = text_field(json, "what", where, "", false);
+  c.backward = flag_field(json, "backward", where, false);
+  c.per_sequence = flag_field(json, "per_sequence", where, true);
+  c.bytes = size_field(json, "bytes", where, true);
+  c.parameter = text_field(json, "parameter", where, "", false);
+  return c;
+}
+
 PlanUnit unit_from(const nlohmann::json& json, const std::string& where) {
   object_at(json, where);
   PlanUnit u;
@@ -170,6 +203,9 @@ PlanUnit unit_from(const nlohmann::json& json, const std::string& where) {
   u.forward_memory_bytes = work_field(json, "forward_memory_bytes", where);
   u.forward_ops = size_field(json, "forward_ops", where, false);
   u.backward_workspace = size_field(json, "backward_workspace", where, false);
+  if (json.contains("tp_collectives")) {
+    u.tp_collectives = items_of(list_field(json, "tp_collectives", where), where + ".tp_collectives", tp_collective_from);
+  }
   return u;
 }
 
@@ -200,10 +236,12 @@ void check_unique_names(const PlanModel& m) {
 nlohmann::json plan_model_json(const PlanModel& m) {
   nlohmann::json units = nlohmann::json::array();
   for (const auto& u : m.units) units.push_back(unit_json(u));
-  return {{"name", m.name}, {"compute_dtype", dtype_name(m.compute_dtype)}, {"root", unit_json(m.root)},
+  nlohmann::json model = {{"name", m.name}, {"compute_dtype", dtype_name(m.compute_dtype)}, {"root", unit_json(m.root)},
           {"root_pre", activations_json(m.root_pre)}, {"units", units}, {"sequence_tokens", m.sequence_tokens},
           {"input_bytes_per_sequence", m.input_bytes_per_sequence}, {"resident_bytes", m.resident_bytes},
           {"step_all_reduce_bytes", m.step_all_reduce_bytes}};
+  if (m.tp_size > 1) model["tp_size"] = m.tp_size;
+  return model;
 }
 
 PlanModel plan_model_from_json(const nlohmann::json& json) {
@@ -219,6 +257,11 @@ PlanModel plan_model_from_json(const nlohmann::json& json) {
   m.input_bytes_per_sequence = size_field(json, "input_bytes_per_sequence", "", false);
   m.resident_bytes = size_field(json, "resident_bytes", "", false);
   m.step_all_reduce_bytes = size_field(json, "step_all_reduce_bytes", "", false);
+  if (json.contains("tp_size")) {
+    const int64_t tp = size_field(json, "tp_size", "", true);
+    if (tp < 1 || tp > (1 << 20)) refuse("tp_size", json.at("tp_size"), "a TP size in [1, 2^20]");
+    m.tp_size = static_cast<int>(tp);
+  }
   return m;
 }
 

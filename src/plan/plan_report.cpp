@@ -69,6 +69,21 @@ void muon_lines(std::ostringstream& s, const Plan& plan) {
   }
 }
 
+// TP's part of the bytes line ([Note: tensor parallelism in the plan]): its own collectives, the
+// link they run on, their time (exposed: compute waits for each).
+void tp_lines(std::ostringstream& s, const Plan& plan) {
+  const PlanTraffic& t = plan.traffic;
+  char text[200];
+  std::snprintf(text, sizeof(text), " (FSDP's, over the data-parallel ranks);\n    tensor parallel (TP=%d): "
+                "all-gather %lld, reduce-scatter %lld, all-reduce %lld", plan.setup.policy.tp_size,
+                static_cast<long long>(t.tp_all_gather), static_cast<long long>(t.tp_reduce_scatter),
+                static_cast<long long>(t.tp_all_reduce));
+  s << text;
+  std::snprintf(text, sizeof(text), ", %.1f ms, not hidden, %s\n    FSDP's and TP's", plan.time.tensor_parallel * 1000,
+                plan.tp_spans_hosts ? "ACROSS HOSTS (a TP group is wider than a host)" : "within a host");
+  s << text;
+}
+
 }  // namespace
 
 nlohmann::json plan_json(const Plan& plan) {
@@ -100,15 +115,29 @@ nlohmann::json plan_json(const Plan& plan) {
                     {"exposed_communication_s", plan.time.exposed_communication},
                     {"step_s", plan.time.step}, {"tokens_per_s", plan.time.tokens_per_s}}}};
   if (setup.policy.optimizer.name == "Muon") json["muon"] = muon_json(plan.muon);
+  if (setup.policy.tp_size > 1) {  // absent at T = 1: the JSON of a plan without TP as before
+    json["tp_size"] = setup.policy.tp_size;
+    json["tp_spans_hosts"] = plan.tp_spans_hosts;
+    json["traffic"]["tp_all_gather_bytes"] = plan.traffic.tp_all_gather;
+    json["traffic"]["tp_reduce_scatter_bytes"] = plan.traffic.tp_reduce_scatter;
+    json["traffic"]["tp_all_reduce_bytes"] = plan.traffic.tp_all_reduce;
+    json["time"]["tensor_parallel_s"] = plan.time.tensor_parallel;
+  }
   return json;
 }
 
 std::string plan_text(const Plan& plan) {
   const PlanSetup& setup = plan.setup;
   std::ostringstream s;
-  s << "plan: " << setup.model.name << ", " << setup.model.numel() << " parameters, W = "
+  s << "plan: " << setup.model.name << ", " << setup.model.numel() << " parameters"
+    << (setup.policy.tp_size > 1 ? " per TP rank" : "") << ", W = "
     << setup.world.world_size << " (" << setup.world.ranks_per_host << " per host): " << plan.label()
     << ", " << plan.replicas << " replica group(s)\n";
+  if (setup.policy.tp_size > 1) {
+    s << "  mesh: dp " << setup.world.world_size / setup.policy.tp_size << " x tp " << setup.policy.tp_size
+      << " (TP groups: consecutive ranks" << (plan.tp_spans_hosts ? ", WIDER THAN A HOST" : ", inside a host")
+      << "; FSDP over the data-parallel ranks of each TP index)\n";
+  }
   const RankMemory& top = peak_rank(plan);
   s << "  peak memory per rank: " << bytes_text(static_cast<double>(plan.peak_bytes)) << " (rank " << top.rank
     << ", during " << top.peak_at << ")";
@@ -140,6 +169,7 @@ std::string plan_text(const Plan& plan) {
   s << "  bytes sent per step per rank: all-gather " << t.all_gather << ", reduce-scatter " << t.reduce_scatter
     << ", all-reduce " << t.all_reduce;
   if (t.all_to_all > 0) s << ", all-to-all " << t.all_to_all;
+  if (setup.policy.tp_size > 1) tp_lines(s, plan);
   s << "; on links within a host " << t.intra_host << ", across hosts "
     << t.cross_host << " (mean over the ranks); " << t.collectives << " collectives\n";
   char text[256];

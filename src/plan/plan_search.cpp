@@ -1,6 +1,7 @@
 #include <fsdp/plan.h>
 
 #include "plan/bytes_text.h"
+#include "plan/plan_tensor_parallel.h"
 
 #include <c10/util/Exception.h>
 
@@ -19,13 +20,15 @@ std::string ms(double seconds) {
   return text;
 }
 
-// The shard group size a hybrid strategy takes in a search: the ranks of one host.
+// The shard group size a hybrid strategy takes in a search: the data-parallel ranks of one host
+// (with TP, a host's ranks / T: [Note: tensor parallelism in the plan]).
 std::optional<FullyShardOptions> options_for(const PlanSetup& setup, ShardingStrategy strategy) {
+  const PlanWorld dp = planning::data_parallel_setup(setup).world;
   FullyShardOptions o = setup.policy.fsdp;
   o.strategy(strategy).shard_group_size(0);
-  if (is_hybrid(strategy)) o.shard_group_size(setup.world.ranks_per_host);
+  if (is_hybrid(strategy)) o.shard_group_size(dp.ranks_per_host);
   try {
-    o.validate(setup.world.world_size, setup.world.ranks_per_host);
+    o.validate(dp.world_size, dp.ranks_per_host);
   } catch (const c10::Error&) {
     return std::nullopt;  // e.g. hybrid on one host
   }
@@ -57,15 +60,52 @@ std::string why_slower(const Plan& loser, const Plan& best) {
   return why;
 }
 
+void search_tp_size(const PlanSetup& setup, const SearchSpace& space, double max_memory_bytes,
+                    const std::vector<int64_t>& batches, SearchResult& result);
+void sort_and_explain(SearchResult& result, const SearchSpace& space, double max_memory_bytes);
+
+// The setup at each TP size the space tries, its model described for it; sizes whose groups the
+// world or its hosts cannot lay out are left out.
+std::vector<PlanSetup> tp_setups(const PlanSetup& setup, const SearchSpace& space) {
+  if (space.tp_sizes.empty()) return {setup};
+  std::vector<PlanSetup> out;
+  const int w = setup.world.world_size, rph = setup.world.ranks_per_host;
+  for (int t : space.tp_sizes) {
+    TORCH_CHECK(t >= 1, "search: a TP size must be >= 1, got ", t);
+    if (w % t != 0 || (rph % t != 0 && t % rph != 0)) continue;
+    PlanSetup candidate = setup;
+    candidate.policy.tp_size = t;
+    if (t != setup.model.tp_size) {
+      TORCH_CHECK(space.model_for_tp, "search: TP size ", t, " needs SearchSpace::model_for_tp, the model "
+                  "described for it");
+      candidate.model = space.model_for_tp(t);
+    }
+    out.push_back(std::move(candidate));
+  }
+  return out;
+}
+
 }  // namespace
 
 SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, double max_memory_bytes) {
   TORCH_CHECK(max_memory_bytes > 0, "search: the memory cap must be > 0 bytes, got ", max_memory_bytes);
   TORCH_CHECK(space.peak_margin >= 0 && space.peak_margin < 1, "search: the peak margin must be in [0, 1), got ",
               space.peak_margin);
-  const double accepted_peak = (1 - space.peak_margin) * max_memory_bytes;
   const std::vector<int64_t> batches = space.batches.empty() ? std::vector<int64_t>{setup.policy.batch} : space.batches;
   SearchResult result;
+  for (const PlanSetup& tp_setup : tp_setups(setup, space)) {
+    search_tp_size(tp_setup, space, max_memory_bytes, batches, result);
+  }
+  sort_and_explain(result, space, max_memory_bytes);
+  return result;
+}
+
+namespace {
+
+// Every configuration of `space` at the TP size of `setup`, planned into `result`.
+void search_tp_size(const PlanSetup& setup, const SearchSpace& space, double max_memory_bytes,
+                    const std::vector<int64_t>& batches, SearchResult& result) {
+  const double accepted_peak = (1 - space.peak_margin) * max_memory_bytes;
   for (ShardingStrategy strategy : space.strategies) {
     const auto options = options_for(setup, strategy);
     if (!options) continue;
@@ -97,6 +137,10 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
       }
     }
   }
+}
+
+void sort_and_explain(SearchResult& result, const SearchSpace& space, double max_memory_bytes) {
+  const double accepted_peak = (1 - space.peak_margin) * max_memory_bytes;
   // Fastest first; among equally fast ones, the least memory.
   std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const Plan& a, const Plan& b) {
     const int64_t sa = speed_class(a), sb = speed_class(b);
@@ -119,7 +163,8 @@ SearchResult search_plans(const PlanSetup& setup, const SearchSpace& space, doub
             " per rank > host memory " + planning::bytes_text(p.setup.device.host_memory_bytes);
     }
   }
-  return result;
 }
+
+}  // namespace
 
 }  // namespace fsdp

@@ -105,7 +105,9 @@ std::shared_ptr<ProcessGroup> DeviceMesh::group_ptr(const std::vector<std::strin
   std::string name = "mesh";
   for (const auto& d : dims) name += "." + d;
   const std::vector<int> members = members_along(indices);
-  group = world_->subgroup(members, name);
+  // A store key of its own: a second mesh over the same world (a program that trains twice)
+  // would otherwise meet the first one's Gloo addresses under the same prefix and time out.
+  group = world_->subgroup(members, world_->next_store_key(name));
   // The hybrid strategies' default shard group: the group's ranks on one host.
   if (world_->settings().local_world_size) {
     GroupSettings settings = group->settings();

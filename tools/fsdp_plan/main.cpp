@@ -52,13 +52,15 @@ void write_json(const std::string& path, const nlohmann::json& description) {
 int run(gpt::CommandLine& cl, const ModelSource& source) {
   const gpt::TrainOptions& o = cl.train;
   fsdp::PlanSetup setup = gpt::setup_of_flags(o, cl.planner);
+  TORCH_CHECK(cl.planner.tp_sizes.empty() || (!source.min_gpt && source.json.empty()), "--tp-sizes searches "
+              "TP sizes of the GPT the flags describe, not of --mingpt or --model-json; give --tp instead");
   if (source.min_gpt) {  // the paper's minGPT: the same flags, its blocks' activations
     setup.model = gpt::describe_gpt(o.model, setup.model.compute_dtype, setup.model.resident_bytes,
-                                    gpt::GptCode::MinGpt);
+                                    gpt::GptCode::MinGpt, setup.policy.tp_size);
   }
   if (!source.json.empty()) setup.model = fsdp::plan_model_from_json(read_json(source.json));
   if (!source.write_json.empty()) write_json(source.write_json, fsdp::plan_model_json(setup.model));
-  gpt::print_plan(setup, cl.planner);
+  gpt::print_plan(o, setup, cl.planner);
   return 0;
 }
 

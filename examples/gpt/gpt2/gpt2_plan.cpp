@@ -44,36 +44,53 @@ fsdp::PlanActivations min_gpt_block_activations(int64_t T, int64_t C, int64_t H,
   return a;
 }
 
-fsdp::PlanActivations block_activations(int64_t T, int64_t C, int64_t H, int64_t e) {
+// On one of tp tensor-parallel ranks (sequence parallel, [Note: tensor parallelism in the plan]):
+// ln_1's and ln_2's outputs are gathered along the sequence and saved whole by c_attn and c_fc
+// (2TC·e); the norms' statistics, the residual sum and the block's output are the rank's
+// sequence shard (T/tp tokens); q, k, v, attention's output and log-sum-exp its H/tp heads
+// (C/tp channels); c_fc's and GELU's outputs its 4C/tp channels: 2TC·e + (2TC·e + 16T)/tp +
+// (4TC·e + 4TH + 8TC·e)/tp. c_proj's partial sums before their reduce-scatter (forward) and the
+// gathered incoming gradient (backward) are whole.
+fsdp::PlanActivations block_activations(int64_t T, int64_t C, int64_t H, int64_t e, int64_t tp) {
+  const int64_t Ts = T / tp, Cl = C / tp, Hl = H / tp;  // this rank's share
   fsdp::PlanActivations a;
-  a.saved = sum({product({16, T, C, e}), 16 * T, product({4, T, H})});
-  a.checkpointed = product({T, C, e});
+  a.saved = sum({product({2, T, C, e}), product({2, Ts, C, e}), 16 * Ts, product({4, T, Cl, e}), product({4, T, Hl}),
+                 product({8, T, Cl, e})});
+  a.checkpointed = product({Ts, C, e});
   a.forward_transient = product({T, C, e});  // c_proj's output before the residual sum
-  a.backward_transient = product({5, T, C, e});
+  a.backward_transient = sum({product({T, C, e}), product({4, T, Cl, e}), tp > 1 ? product({Ts, C, e}) : 0});
   return a;
 }
 
 }  // namespace
 
-void Gpt2Family::describe_block(const GPTConfig& config, int64_t e, GptCode code,
+void Gpt2Family::describe_block(const GPTConfig& config, int64_t e, GptCode code, int64_t tp,
                                 fsdp::PlanUnit& unit) const {
+  TORCH_CHECK(tp == 1 || code != GptCode::MinGpt, "--mingpt with --tp ", tp, ": minGPT's blocks are planned "
+              "without tensor parallelism; drop --mingpt or use --tp 1");
   const int64_t T = config.max_seq, C = config.dim;
+  const double share = 1.0 / static_cast<double>(tp);
   unit.activations = code == GptCode::MinGpt ? min_gpt_block_activations(T, C, config.heads, e)
-                                             : block_activations(T, C, config.heads, e);
-  unit.backward_workspace = product({4, C, C, e});
+                                             : block_activations(T, C, config.heads, e, tp);
+  unit.backward_workspace = product({4, C, C, e}) / tp;
   // Products: 2·T·(3C² + C² + 4C² + 4C²); causal fused attention, half of QKᵀ and of PV: 2·T²·C
-  // (minGPT computes all of both: 4·T²·C).
-  unit.forward_flops = 24.0 * T * C * C;
+  // (minGPT computes all of both: 4·T²·C). A tp-th of each on a TP rank.
+  unit.forward_flops = 24.0 * T * C * C * share;
   if (code == GptCode::MinGpt) {
     unit.forward_flops += 4.0 * T * T * C;  // scores and their product with V as plain matmuls
   } else {
-    unit.forward_attention_flops = 2.0 * T * T * C;
+    unit.forward_attention_flops = 2.0 * T * T * C * share;
   }
-  unit.forward_transcendentals = 4.0 * T * C;  // GELU of the MLP's hidden layer
+  unit.forward_transcendentals = 4.0 * T * C * share;  // GELU of the MLP's hidden layer
   // Other ops' traffic: two LayerNorms (2TC each), two residual sums (3TC each), the copy of
   // q, k, v for attention and of its output (4TC).
-  unit.forward_memory_bytes = 14.0 * T * C * e;
+  unit.forward_memory_bytes = 14.0 * T * C * e * share;
   unit.forward_ops = 16;
+  // The norms' weights and biases and the row-wise layers' biases are replicated over TP.
+  unit.tp_collectives = block_tp_collectives(
+      unit.name, T, C, e, tp,
+      {{"ln_1.weight", C}, {"ln_1.bias", C}, {"attn.c_proj.bias", C}, {"ln_2.weight", C}, {"ln_2.bias", C},
+       {"mlp.c_proj.bias", C}});
 }
 
 }  // namespace gpt

@@ -44,7 +44,7 @@ class LlamaFamily final : public ModelFamily {
   nlohmann::json hf_config_json(const GPTConfig& config, const nlohmann::json& base) const override;
 
   // llama_plan.cpp
-  void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code,
+  void describe_block(const GPTConfig& config, int64_t element_bytes, GptCode code, int64_t tp,
                       fsdp::PlanUnit& unit) const override;
   fsdp::tp::ParallelizePlan block_parallel_plan(const GPTConfig& config) const override;
 };
