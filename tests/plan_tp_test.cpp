@@ -332,19 +332,19 @@ std::string describe_refusal(const gpt::GPTConfig& config, int64_t tp) {
 TEST(PlannerTp, BadTpSizesAreRefusedNamingTheFlag) {
   gpt::GPTConfig c = small_llama().model;  // 4 heads, 2 kv heads, vocab 256, ffn 344, seq 64
   // The trainer's own refusals (check_tensor_parallel): the planner refuses what gpt_train does.
-  EXPECT_NE(describe_refusal(c, 3).find("--tp 3: --heads, the query heads, (4) does not split"), std::string::npos)
+  EXPECT_NE(describe_refusal(c, 3).find("--tp 3: --heads (the query heads) = 4 does not split"), std::string::npos)
       << describe_refusal(c, 3);
-  EXPECT_NE(describe_refusal(c, 4).find("(--kv-heads) (2) does not split"), std::string::npos) << describe_refusal(c, 4);
+  EXPECT_NE(describe_refusal(c, 4).find("--kv-heads (the key/value heads) = 2 does not split"), std::string::npos) << describe_refusal(c, 4);
   c = small_llama().model;
   c.kv_heads = 4;
   c.vocab_size = 255;
-  EXPECT_NE(describe_refusal(c, 2).find("(--vocab) (255) does not split"), std::string::npos) << describe_refusal(c, 2);
+  EXPECT_NE(describe_refusal(c, 2).find("--vocab = 255 does not split"), std::string::npos) << describe_refusal(c, 2);
   c.vocab_size = 256;
   c.ffn_dim = 346;
-  EXPECT_NE(describe_refusal(c, 4).find("(--ffn-dim) (346) does not split"), std::string::npos) << describe_refusal(c, 4);
+  EXPECT_NE(describe_refusal(c, 4).find("--ffn-dim (the MLP's width) = 346 does not split"), std::string::npos) << describe_refusal(c, 4);
   c.ffn_dim = 344;
   c.max_seq = 66;
-  EXPECT_NE(describe_refusal(c, 4).find("(--seq), split along for sequence parallelism, (66)"), std::string::npos)
+  EXPECT_NE(describe_refusal(c, 4).find("--seq (split for sequence parallelism) = 66"), std::string::npos)
       << describe_refusal(c, 4);
 
   const gpt::TrainOptions o = small_gpt();
