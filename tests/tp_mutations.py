@@ -20,8 +20,9 @@ STYLES, LOSS = "src/tp/parallel_styles.cpp", "src/tp/loss_parallel.cpp"
 # (id, file, exact original text, mutated text)
 MUTATIONS = [
     # A row-wise output kept as this rank's partial sum: its chunk of the sequence, not reduced.
-    ("rowwise-output-not-reduced", STYLES, "? tp_->reduce_scatter_sequence(partial)\n",
-     "? tp_->sequence_chunk(partial)\n"),
+    ("rowwise-output-not-reduced", STYLES,
+     "    ? tp_->reduce_scatter_sequence(partial)\n                             : tp_->reduce(partial);",
+     "    ? tp_->sequence_chunk(partial)\n                             : tp_->reduce(partial);"),
     # A sequence-parallel norm's weight gradient left at this rank's part of the sequence.
     ("sequence-parallel-gradient-not-summed", "src/tp/parallelize.cpp",
      "    at::Tensor sum = grad.contiguous().clone();\n    tp->all_reduce_(sum);",
