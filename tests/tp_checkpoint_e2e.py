@@ -8,9 +8,12 @@ step 3. Then:
 - PyTorch's torch.distributed.checkpoint.load (HuggingFaceStorageReader, no_dist) reads the
   (2, 2) checkpoint into plain tensors bitwise equal to the run's full state dict (--save-full,
   gathered by fsdp-cpp's collectives, not read from the files), each tensor's elements exactly
-  once (the files' boxes tile it); AdamW's moments close to those of the same run at (2, 1).
+  once (the files' boxes tile it); AdamW's moments close to those of the same run at (2, 1);
+- a checkpoint whose extra.tp was edited, or that lists a column block twice, is refused, naming
+  the cause.
 Run: tp_checkpoint_e2e.py BIN_DIR CORPUS"""
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,6 +91,37 @@ def check_dcp(bin_dir, corpus, tmp, folder, full_path, family):
     return len(full), len(moments), worst
 
 
+def refused(bin_dir, corpus, tmp, ckpt, family, edit, expected):
+    """A copy of `ckpt` whose metadata.json `edit` changed does not resume: the error says `expected`."""
+    edited = Path(tmp) / "edited"
+    shutil.copytree(ckpt, edited)
+    path = edited / f"step-{SAVED:08d}" / "metadata.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+    try:
+        gpt_train(bin_dir, corpus, tmp, 1, 1, 2 * SAVED, *family, "--checkpoint-dir", edited, "--resume")
+    except subprocess.CalledProcessError as e:
+        assert expected in e.stderr, e.stderr
+    else:
+        raise AssertionError(f"an edited checkpoint was resumed (expected: {expected})")
+    finally:
+        shutil.rmtree(edited)
+
+
+def check_edited(bin_dir, corpus, tmp, ckpt, family):
+    """extra.tp other than the layout that saved it, and a column block listed twice, are refused."""
+    def tp_3(meta):
+        meta["extra"]["tp"] = 3
+    refused(bin_dir, corpus, tmp, ckpt, family, tp_3,
+            "extra.tp is 3 but the checkpoint was saved by 4 ranks at tensor-parallel size 2")
+
+    def box_twice(meta):  # a shard file's box pieces listed again (as another entry): they overlap
+        file = next(f for f in meta["files"] if any("offsets" in p for p in f["pieces"]))
+        meta["files"].append(dict(file, pieces=[p for p in file["pieces"] if "offsets" in p]))
+    refused(bin_dir, corpus, tmp, ckpt, family, box_twice, "' overlap: the box at")
+
+
 def check_family(bin_dir, corpus, name, family):
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
@@ -99,6 +133,7 @@ def check_family(bin_dir, corpus, name, family):
         assert any("offsets" in p for f in meta["files"] for p in f["pieces"]), "no column block saved as a box"
         params, moments, moment_gap = check_dcp(bin_dir, corpus, tmp, ckpt / f"step-{SAVED:08d}",
                                                 Path(tmp) / "full.pt", family)
+        check_edited(bin_dir, corpus, tmp, ckpt, family)
         worst = {}
         for dp, tp in [(2, 2), (1, 2), (3, 1), (1, 1)]:
             resumed, out = gpt_train(bin_dir, corpus, tmp, dp, tp, 2 * SAVED, *family,
