@@ -11,6 +11,7 @@ step 3. Then:
   once (the files' boxes tile it); AdamW's moments close to those of the same run at (2, 1);
 - a checkpoint whose extra.tp was edited, or that lists a column block twice, is refused, naming
   the cause.
+A GPT-2 saved at replicate 2 x shard 2 x tp 2 (W = 8) resumes at (2, 2) likewise.
 Run: tp_checkpoint_e2e.py BIN_DIR CORPUS"""
 import json
 import shutil
@@ -29,11 +30,11 @@ ROWS = 6  # the global batch: 3 per dp rank at dp 2, 6 at dp 1, 2 at dp 3
 SAVED = 3
 
 
-def gpt_train(bin_dir, corpus, tmp, dp, tp, steps, *args):
-    """gpt_train at (dp, tp) on the global batch of ROWS rows; rank 0's loss per step."""
+def gpt_train(bin_dir, corpus, tmp, dp, tp, steps, *args, rows=ROWS):
+    """gpt_train at (dp, tp) on the global batch of `rows` rows; rank 0's loss per step."""
     metrics = Path(tmp) / f"m-{dp}x{tp}-{{rank}}.jsonl"
     command = [f"{bin_dir}/fsdprun", "--nproc-per-node", str(dp * tp), f"{bin_dir}/gpt_train",
-               "--data", corpus, *CONFIG, "--batch", str(ROWS // dp), "--steps", str(steps),
+               "--data", corpus, *CONFIG, "--batch", str(rows // dp), "--steps", str(steps),
                "--metrics", str(metrics), *(["--tp", str(tp)] if tp > 1 else []), *map(str, args)]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     lines = Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()
@@ -155,9 +156,28 @@ def check_family(bin_dir, corpus, name, family):
           f"the full state dict and {moments} AdamW moments within {moment_gap:.2g} of the 1-D run's")
 
 
+def check_three_d(bin_dir, corpus):
+    """A GPT-2 saved at replicate 2 x shard 2 x tp 2 (W = 8, HYBRID over the dp ranks: the first
+    replica writes) resumes at (2, 2) within the bound of the uninterrupted 3-D run."""
+    three_d = ["--heads", "2", "--strategy", "hybrid", "--shard-group-size", "2"]
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "ckpt"
+        uninterrupted, _ = gpt_train(bin_dir, corpus, tmp, 4, 2, 2 * SAVED, *three_d, rows=4)
+        gpt_train(bin_dir, corpus, tmp, 4, 2, SAVED, *three_d, "--save-every", SAVED, "--checkpoint-dir", ckpt, rows=4)
+        shards = {f.name[:11] for f in (ckpt / f"step-{SAVED:08d}").glob("*.safetensors")}
+        assert shards == {f"shard-{k:05d}" for k in range(4)}, shards  # 2 shards x 2 tp ranks: one replica
+        resumed, _ = gpt_train(bin_dir, corpus, tmp, 2, 2, 2 * SAVED, "--heads", "2", "--checkpoint-dir", ckpt,
+                               "--resume", rows=4)
+    assert sorted(resumed) == list(range(SAVED, 2 * SAVED)), resumed
+    worst = max(abs(loss - uninterrupted[step]) / abs(uninterrupted[step]) for step, loss in resumed.items())
+    assert worst <= LOSS_REL_TOL, f"3-D -> (2, 2): losses differ by {worst:.3g} relative"
+    print(f"3-D (2 x 2 x 2) checkpoint resumed at (2, 2) within {worst:.2g} relative of the uninterrupted run")
+
+
 def main(bin_dir, corpus):
     for name, family in FAMILIES.items():
         check_family(bin_dir, corpus, name, family)
+    check_three_d(bin_dir, corpus)
 
 
 if __name__ == "__main__":
