@@ -36,7 +36,11 @@ def gpt_train(bin_dir, corpus, tmp, dp, tp, steps, *args, rows=ROWS):
     command = [f"{bin_dir}/fsdprun", "--nproc-per-node", str(dp * tp), f"{bin_dir}/gpt_train",
                "--data", corpus, *CONFIG, "--batch", str(rows // dp), "--steps", str(steps),
                "--metrics", str(metrics), *(["--tp", str(tp)] if tp > 1 else []), *map(str, args)]
-    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    run = subprocess.run(command, capture_output=True, text=True)
+    if run.returncode:  # the ranks' own error last, where a failed test's log ends
+        raise subprocess.CalledProcessError(run.returncode, command, run.stdout, run.stderr) from RuntimeError(
+            f"gpt_train at (dp, tp) = ({dp}, {tp}) failed: {run.stderr.strip()[-2000:]}")
+    out = run.stdout
     lines = Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()
     records = [json.loads(line) for line in lines]
     Path(str(metrics).replace("{rank}", "0")).unlink()
@@ -54,13 +58,16 @@ def dcp_full(folder, like):
 
 def check_boxes_tile(folder, full):
     """The shard files' boxes (DCP_SHARDING_INFO) of each parameter cover it exactly once: a
-    replicated parameter is saved once, not by every tp rank."""
+    replicated parameter is saved once, not by every tp rank; so is each AdamW step."""
     from safetensors import safe_open
     count = {k: torch.zeros_like(t, dtype=torch.int32) for k, t in full.items()}
+    steps = {}
     for path in sorted(Path(folder).glob("*.safetensors")):
         with safe_open(str(path), framework="pt") as f:
             info = json.loads(f.metadata()["DCP_SHARDING_INFO"])
             for key in f.keys():
+                if key.endswith(".step"):
+                    steps[key] = steps.get(key, 0) + 1
                 if key not in count:
                     continue
                 shape = f.get_slice(key).get_shape()
@@ -68,6 +75,8 @@ def check_boxes_tile(folder, full):
                 count[key][box] += 1
     for key, c in count.items():
         assert bool((c == 1).all()), f"{key}: the saved boxes hold its elements {c.min()}..{c.max()} times"
+    assert sorted(steps) == sorted(f"state.{k}.step" for k in full), sorted(steps)
+    assert all(n == 1 for n in steps.values()), {k: n for k, n in steps.items() if n != 1}
 
 
 def check_dcp(bin_dir, corpus, tmp, folder, full_path, family):
