@@ -12,7 +12,7 @@ step 3. Then:
 - a checkpoint whose extra.tp was edited, or that lists a column block twice, is refused, naming
   the cause.
 A GPT-2 saved at replicate 2 x shard 2 x tp 2 (W = 8) resumes at (2, 2) likewise.
-Run: tp_checkpoint_e2e.py BIN_DIR CORPUS"""
+Run: tp_checkpoint_e2e.py BIN_DIR [CORPUS]"""
 import json
 import shutil
 import subprocess
@@ -189,5 +189,5 @@ def main(bin_dir, corpus):
     check_three_d(bin_dir, corpus)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+if __name__ == "__main__":  # CORPUS defaults to the build's test corpus (BIN_DIR/../test-corpus)
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else str(Path(sys.argv[1]).parent / "test-corpus" / "corpus.txt"))
