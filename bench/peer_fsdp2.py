@@ -10,6 +10,19 @@ Launch (from the repository root):
 With `--model llama` the model is transformers' own LlamaForCausalLM, read from the Hugging Face
 folder gpt_train reads with --init-from-hf (one unit per decoder layer, then the root).
 
+With `--tp N` (Llama only) the run is PyTorch's own 2-D parallelism: a DeviceMesh
+("dp_shard", "tp") = (W / N, N) over Gloo (ranks of one TP group consecutive, as gpt_train's),
+`parallelize_module` with torchtitan's Llama plan, sequence parallelism on (bench/peer_tp_plan.py),
+then `fully_shard` of each decoder layer and the root over "dp_shard"; the loss is computed from
+the vocabulary-sharded logits under `loss_parallel()`. The batches are gpt_train --tp's: (W / N) x
+--batch rows a step, read by dp rank (the rows a 1-D run at W / N ranks reads), so a (2, 2) run
+and a 1-D run at W = 2 train on the same global batch. The collective bytes then count FSDP2's
+collectives over "dp_shard" only (DTensor's TP collectives go through the functional ops).
+
+`--clip C` clips the global gradient norm with torch.nn.utils.clip_grad_norm_ (DTensor-aware: it
+takes the norm over every mesh dimension), as gpt_train --clip; each step's metrics carry the
+norm before clipping as `grad_norm`.
+
 With `--optimizer muon` the optimizer is `torch.optim.Muon` on the blocks' matrices and the fused
 AdamW on the rest (gpt_train --optimizer muon's split and options, `--muon-lr`, `--adjust-lr`).
 FSDP2 hands Muon row-sharded DTensors: it runs, but its weights are not those of Muon on the
@@ -53,6 +66,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}  # fp16 would need gpt_train's gradient scaler
 
@@ -127,6 +142,34 @@ def build_model(args, device):
 def logits_of(model, inputs):
     out = model(inputs)
     return out if torch.is_tensor(out) else out.logits
+
+
+def sequence_parallel_logits(model, inputs):
+    """The vocabulary-sharded logits (a DTensor) of the tensor-parallel Llama: the positions are
+    the whole sequence's (the decoder layers see s / T of it), no cache (peer_tp_plan.py)."""
+    positions = torch.arange(inputs.size(1), device=inputs.device).unsqueeze(0)
+    return model(inputs, position_ids=positions, use_cache=False).logits
+
+
+def forward_backward(model, inputs, targets, tp):
+    """This rank's mean loss over its rows (a plain tensor), its gradients accumulated."""
+    if tp == 1:
+        loss = lm_loss(logits_of(model, inputs), targets)
+        loss.backward()
+        return loss.detach()
+    with loss_parallel():  # cross-entropy over Shard(-1) logits, and its backward, without a gather
+        loss = lm_loss(sequence_parallel_logits(model, inputs), targets)
+        loss.backward()
+    loss = loss.detach()
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+def clip_gradients(model, max_norm):
+    """torch's clip_grad_norm_, the norm before clipping as a float (0: no clipping)."""
+    if max_norm <= 0:
+        return None
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
 
 
 def lm_loss(logits, targets):
@@ -245,6 +288,28 @@ def cuda_memory():
             "mem_reserved_bytes": torch.cuda.memory_reserved()}
 
 
+def save_full(model, path):
+    """Rank 0 writes the trained parameters whole ({name: tensor}, torch.load), each gathered over
+    every mesh dimension (a collective: every rank calls it)."""
+    full = {}
+    for name, p in model.named_parameters():
+        whole = p.full_tensor() if isinstance(p, DTensor) else p
+        full[name] = whole.detach().cpu().clone()
+    if dist.get_rank() == 0:
+        torch.save(full, path)
+
+
+def make_meshes(device, world, tp):
+    """(dp mesh, tp mesh or None): 1-D over the world, or ("dp_shard", "tp") = (W / tp, tp) with
+    the ranks of one TP group consecutive (world rank = dp rank * tp + tp rank)."""
+    if tp == 1:
+        return init_device_mesh(device.type, (world,)), None
+    if world % tp != 0:
+        raise SystemExit(f"--tp {tp} does not divide the world size {world}: launch a multiple of it")
+    mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("dp_shard", "tp"))
+    return mesh["dp_shard"], mesh["tp"]
+
+
 def setup_device(name):
     """The process group and this rank's device: Gloo on CPU, NCCL on cuda:LOCAL_RANK."""
     if name == "cpu":
@@ -262,7 +327,7 @@ def main():
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8, help="sequences per rank per step")
+    ap.add_argument("--batch", type=int, default=8, help="sequences per dp rank per step")
     ap.add_argument("--steps", type=int, default=None, help="default: every dumped step")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.1)
@@ -287,11 +352,21 @@ def main():
     ap.add_argument("--muon-lr", type=float, default=0.02, help="gpt_train's --muon-lr")
     ap.add_argument("--adjust-lr", choices=["original", "match_rms_adamw"], default="original",
                     help="torch.optim.Muon's adjust_lr_fn (gpt_train's --adjust-lr)")
+    ap.add_argument("--tp", type=int, default=1,
+                    help="tensor-parallel size (Llama only): 2-D mesh (W / tp, tp), torchtitan's plan")
+    ap.add_argument("--clip", type=float, default=0.0,
+                    help="clip the global gradient norm to this (torch.nn.utils.clip_grad_norm_); 0: off")
+    ap.add_argument("--save-full", default="",
+                    help="rank 0 writes the trained parameters here, whole ({name: tensor}, torch.load)")
     args = ap.parse_args()
+    if args.tp > 1 and (args.model != "llama" or args.optimizer != "adamw"):
+        raise SystemExit("--tp needs --model llama and --optimizer adamw (the plan is the Llama's)")
 
     device = setup_device(args.device)
     rank, world = dist.get_rank(), dist.get_world_size()
-    comm = CommCounter(world)
+    dp_mesh, tp_mesh = make_meshes(device, world, args.tp)
+    dp_size, dp_rank = dp_mesh.size(), dp_mesh.get_local_rank()
+    comm = CommCounter(dp_size)  # FSDP2's collectives run over the dp mesh
     if rank == 0:
         print(f"counting FSDP2's collectives through dist.{comm.names[0]} and dist.{comm.names[1]}",
               flush=True)
@@ -301,19 +376,21 @@ def main():
     steps = inputs_all.size(0) if args.steps is None else args.steps
     if steps > inputs_all.size(0):
         raise SystemExit(f"--steps {steps} but {args.batches} holds {inputs_all.size(0)} steps")
-    if inputs_all.size(1) != world * args.batch or inputs_all.size(2) != args.seq:
+    if inputs_all.size(1) != dp_size * args.batch or inputs_all.size(2) != args.seq:
         raise SystemExit(f"{args.batches}: shape {tuple(inputs_all.shape)} does not match "
-                         f"world {world} x --batch {args.batch}, --seq {args.seq}")
-    rows = slice(rank * args.batch, (rank + 1) * args.batch)
+                         f"dp size {dp_size} x --batch {args.batch}, --seq {args.seq}")
+    rows = slice(dp_rank * args.batch, (dp_rank + 1) * args.batch)
 
     model, blocks = build_model(args, device)
-    mesh = init_device_mesh(device.type, (world,))
+    if tp_mesh is not None:
+        from peer_tp_plan import parallelize_llama  # the sibling file: transformers only here
+        parallelize_llama(model, tp_mesh)
     param_dtype = DTYPES[args.param_dtype]
     reduce_dtype = DTYPES[args.reduce_dtype or args.param_dtype]
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=dp_mesh, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, mp_policy=policy)
     if args.optimizer == "muon":
         optimizer = MuonAndAdamW(model, blocks, args.lr, args.muon_lr, args.weight_decay, args.adjust_lr)
     else:
@@ -322,7 +399,7 @@ def main():
     metrics = None
     if args.metrics:
         metrics = open(args.metrics.replace("{rank}", str(rank)), "w")
-    global_tokens = world * args.batch * args.seq
+    global_tokens = dp_size * args.batch * args.seq
     rss_before = rss_peak_bytes()
 
     for step in range(steps):
@@ -333,15 +410,15 @@ def main():
 
         inputs, targets = inputs_all[step, rows].to(device), targets_all[step, rows].to(device)
         optimizer.zero_grad()
-        loss = lm_loss(logits_of(model, inputs), targets)
-        loss.backward()
+        loss = forward_backward(model, inputs, targets, args.tp)
+        grad_norm = clip_gradients(model, args.clip)
         optimizer_start = time.perf_counter()
         optimizer.step()
         optimizer_ms = (time.perf_counter() - optimizer_start) * 1000.0
 
-        global_loss = loss.detach().clone()
-        dist.all_reduce(global_loss)
-        loss_value = global_loss.item() / world
+        global_loss = loss.clone()
+        dist.all_reduce(global_loss, group=dp_mesh.get_group())  # every tp rank holds the same loss
+        loss_value = global_loss.item() / dp_size
         step_ms = (time.perf_counter() - start) * 1000.0
 
         ag, rs, ar = (now - before for now, before in zip(comm.snapshot(), comm_before))
@@ -351,6 +428,8 @@ def main():
                   "rss_peak_growth_bytes": rss_peak_bytes() - rss_before,
                   "bytes_all_gather": ag, "bytes_reduce_scatter": rs, "bytes_all_reduce": ar,
                   "optimizer_ms": optimizer_ms}
+        if grad_norm is not None:
+            record["grad_norm"] = grad_norm
         if device.type == "cuda":
             record.update(cuda_memory())
         if metrics:
@@ -362,6 +441,8 @@ def main():
 
     if metrics:
         metrics.close()
+    if args.save_full:
+        save_full(model, args.save_full)
     leave_together()
 
 

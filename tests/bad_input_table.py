@@ -701,6 +701,10 @@ def cases(t):
              ("--muon-lr", "--optimizer muon only")),
             ("--adjust-lr without --optimizer muon", ["--adjust-lr", "original"],
              ("--adjust-lr", "--optimizer muon only")),
+            ("--tp 3 with 2 heads", ["--tp", "3"], ("--tp 3", "--heads (the query heads) = 2")),
+            ("--tp 2 with --reference", ["--tp", "2", "--reference"], ("--tp", "--world-size WORLD/tp")),
+            ("--tp 2 with --sample", ["--tp", "2", "--sample", "10"], ("--tp", "--sample")),
+            ("--tp 2 on one rank", ["--tp", "2"], ("--tp 2 does not divide the 1 ranks",)),
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)

@@ -64,7 +64,9 @@ OPTIONS_MUTATIONS = [
 TWO_RESUME = "MuonAndAdamWSavedAtOneWorldSizeResumeAtAnotherAsIfUninterrupted"
 TWO_KINDS = "EachParameterRecordsItsOptimizerAndExactlyItsState"
 CROSS_LOADS = ["MuonStateLoadedIntoAnAdamWIsRefusedByName", "AdamWStateLoadedIntoMuonIsRefusedByName"]
-# Each group's mutations target disjoint tests, so that one build shows each of them red.
+# Each group's mutations target disjoint tests, so that one build shows each of them red (a
+# mutation that lets a refused load go on is followed by groups of their own: what it loads may
+# end the binary before later tests report, which the table would read as SURVIVED).
 TWO_OPTIMIZERS_MUTATIONS = [
     [("second-optimizers-options-not-restored", "src/io/param_groups.cpp",
       "  for (size_t k = 0; k < staged.size(); ++k) {\n    auto& groups",
@@ -73,11 +75,12 @@ TWO_OPTIMIZERS_MUTATIONS = [
       'visit("ns_steps", x.ns_steps()), ', "", at_both(TWO_KINDS)),
      ("saved-class-of-a-parameter-unchecked", "src/io/checkpoint_load.cpp",
       "    TORCH_CHECK(s.optimizer == mine, folder,", "    TORCH_CHECK(true, folder,",
-      at_both(*CROSS_LOADS)),
-     ("optimizers-order-unchecked", "src/io/checkpoint_load.cpp",
+      at_both(*CROSS_LOADS))],
+    # Alone: with a cross load accepted, the binary may stop before the tests after it report.
+    [("optimizers-order-unchecked", "src/io/checkpoint_load.cpp",
       "  TORCH_CHECK(!any_state || !meta.param_groups || meta.optimizers == optimizers.names(),",
-      "  TORCH_CHECK(true,", at_both("OptimizersPassedInAnotherOrderAreRefused")),
-     ("parameter-in-two-optimizers-accepted", "src/io/optimizer_set.cpp",
+      "  TORCH_CHECK(true,", at_both("OptimizersPassedInAnotherOrderAreRefused"))],
+    [("parameter-in-two-optimizers-accepted", "src/io/optimizer_set.cpp",
       "        TORCH_CHECK(first || it->second == k, what,", "        TORCH_CHECK(true, what,",
       at_both("AParameterInBothOptimizersIsRefusedByName"))],
     [("muon-momentum-restored-as-zeros", "src/io/optimizer_state.cpp",

@@ -468,7 +468,6 @@ std::string check_tensor_parallel_flags(const CLI::App& app, const TrainOptions&
     return e.msg();
   }
   const std::vector<std::pair<bool, const char*>> not_yet = {
-      {app.count("--deferred-init") > 0, "--deferred-init (each rank builds the model, then keeps its part)"},
       {o.muon, "--optimizer muon"},
       {!o.eval_tokens.empty(), "--eval-tokens"},
       {o.sample_bytes > 0, "--sample"},

@@ -227,12 +227,11 @@ torch::Tensor accumulate_gradients(const StepContext& ctx, int64_t step) {
   return loss_sum;
 }
 
-void clip_gradients(const StepContext& ctx) {
-  if (ctx.sharded()) {
-    fsdp::clip_grad_norm_(ctx.model, ctx.options.clip);
-  } else {
-    torch::nn::utils::clip_grad_norm_(ctx.model->parameters(), ctx.options.clip);
-  }
+// The global norm before clipping (both dimensions under --tp: [Note: the norm over both
+// dimensions] in clip.cpp).
+double clip_gradients(const StepContext& ctx) {
+  if (ctx.sharded()) return fsdp::clip_grad_norm_(ctx.model, ctx.options.clip);
+  return torch::nn::utils::clip_grad_norm_(ctx.model->parameters(), ctx.options.clip);
 }
 
 }  // namespace
@@ -245,7 +244,7 @@ StepResult train_step(const StepContext& ctx, int64_t step) {
   if (ctx.options.clip > 0) {
     // Clipping reads unscaled gradients; else the optimizer's kernel divides them as it steps.
     ctx.precision.unscale(optimizer);
-    clip_gradients(ctx);
+    result.grad_norm = clip_gradients(ctx);
   }
   // Host time: on a GPU, what the step queued (the step's own time waits for the device).
   const auto optimizer_start = std::chrono::steady_clock::now();

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <vector>
@@ -140,6 +141,7 @@ struct StepResult {
   torch::Tensor loss;    // this rank's mean loss over its rows (a scalar on the device)
   bool skipped = false;  // fp16: some rank's gradients overflowed, so the optimizer did not step
   double optimizer_ms = 0;  // the optimizer's step (bench/: Muon's against AdamW's), host time
+  std::optional<double> grad_norm;  // --clip: the global norm before clipping
 };
 
 /// Trains step `step`. Micro-batch m covers global rows [m·W·B, (m+1)·W·B): rank r trains on its

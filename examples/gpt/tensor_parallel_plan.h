@@ -15,6 +15,10 @@ namespace gpt {
 
 /// The plan of `config`'s model: the root's layers and every block's (paths from the model).
 fsdp::tp::ParallelizePlan tensor_parallel_plan(const GPTConfig& config);
+/// Its two halves: the root's own layers (wte, wpe, ln_f, lm_head), and a block's (paths from
+/// the block: "attn.q_proj"), as --deferred-init splits each block before it is sharded.
+fsdp::tp::ParallelizePlan root_parallel_plan(const GPTConfig& config);
+fsdp::tp::ParallelizePlan block_parallel_plan(const GPTConfig& config);
 /// Throws naming the flag whose size does not split over `tp` ranks (heads, key/value heads,
 /// the MLP's width, the vocabulary, the sequence).
 void check_tensor_parallel(const GPTConfig& config, int tp);

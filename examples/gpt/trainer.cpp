@@ -82,9 +82,32 @@ std::shared_ptr<fsdp::DeviceMesh> make_mesh(const TrainOptions& o, fsdp::Distrib
 
 namespace {
 
+// --tp --deferred-init: each block built whole, initialised, split over the tp ranks, and its
+// part sharded over dp before the next is built; the root's layers last.
+fsdp::Unit<GPT> build_tensor_parallel_deferred(const TrainOptions& o, fsdp::DeviceMesh& mesh) {
+  auto tp = std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp"));
+  auto model = fsdp::fully_shard_deferred(
+      [&] {
+        torch::manual_seed(o.seed);
+        return GPT(o.model);
+      },
+      mesh.group("dp"), o.fsdp,
+      [&](const std::string& name, torch::Tensor& p) {
+        init_parameter(o.model, name, p);
+        if (is_frozen(o, name)) p.set_requires_grad(false);
+      },
+      [&](torch::nn::Module& unit, bool is_root) {
+        fsdp::tp::parallelize_module(unit, tp, is_root ? root_parallel_plan(o.model) : block_parallel_plan(o.model));
+      });
+  model->tp = tp;
+  return model;
+}
+
 // --tp: every rank builds (and loads) the whole model alike, keeps its tensor-parallel part,
 // then FSDP shards that over the data-parallel ranks.
 fsdp::Unit<GPT> build_tensor_parallel(const TrainOptions& o, fsdp::DeviceMesh& mesh) {
+  if (o.deferred_init) return build_tensor_parallel_deferred(o, mesh);
+  check_tensor_parallel(o.model, mesh.size("tp"));
   GPT gpt = make_gpt(o.model, o.seed);
   fsdp::Unit<GPT> whole(gpt);
   load_initial_weights(o, whole);
@@ -202,6 +225,9 @@ nlohmann::json to_json(const StepRecord& r) {
           {"bytes_reduce_scatter", r.comm.reduce_scatter_bytes},
           {"bytes_all_reduce", r.comm.all_reduce_bytes},
           {"bytes_all_to_all", r.comm.all_to_all_bytes},  // Muon's exchanges
+          {"bytes_tp_all_gather", r.comm.tp_all_gather_bytes},  // tensor parallelism's (--tp)
+          {"bytes_tp_reduce_scatter", r.comm.tp_reduce_scatter_bytes},
+          {"bytes_tp_all_reduce", r.comm.tp_all_reduce_bytes},
           {"loss_scale", r.loss_scale},
           {"skipped", r.skipped}};
 }
@@ -210,6 +236,7 @@ nlohmann::json to_json(const StepRecord& r) {
 // the ranks' shares of the orthogonalization).
 void add_optimizer_work(nlohmann::json& line, const StepRecord& r) {
   line["optimizer_ms"] = r.optimizer_ms;
+  if (r.grad_norm) line["grad_norm"] = *r.grad_norm;
   if (!r.muon) return;
   line["muon_ns_matrices"] = r.muon->matrices;
   line["muon_ns_flops"] = r.muon->flops;
@@ -321,7 +348,9 @@ using Clock = std::chrono::steady_clock;
 fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
   return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
           a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes,
-          a.all_to_all_bytes - b.all_to_all_bytes};
+          a.all_to_all_bytes - b.all_to_all_bytes, a.tp_all_gather_bytes - b.tp_all_gather_bytes,
+          a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes,
+          a.tp_all_reduce_bytes - b.tp_all_reduce_bytes};
 }
 
 // A GPU runs the work queued on it after the host has moved on: wait for it before reading the
@@ -368,6 +397,7 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
   record.loss_scale = ctx.precision.loss_scale();
   record.skipped = trained.skipped;
   record.optimizer_ms = trained.optimizer_ms;
+  record.grad_norm = trained.grad_norm;
   if (ctx.optimizers.muon) record.muon = ctx.optimizers.muon->last_step_work();
   return record;
 }

@@ -84,6 +84,7 @@ struct StepRecord {
   double loss_scale = 0;  // fp16: the gradient scaler's scale after the step (0: no scaler)
   bool skipped = false;   // fp16: the step was skipped because some rank's gradients overflowed
   double optimizer_ms = 0;  // the optimizer's step within step_ms
+  std::optional<double> grad_norm;  // --clip: the global gradient norm before clipping
   std::optional<fsdp::optim::MuonWork> muon;  // --optimizer muon: this rank's Newton-Schulz work
 };
 

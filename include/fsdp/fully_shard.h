@@ -287,10 +287,13 @@ Unit<torch::nn::ModuleHolder<T>> fully_shard(std::shared_ptr<T> model, ProcessGr
 /// Example:
 ///   auto model = fsdp::fully_shard_deferred([&] { torch::manual_seed(0); return GPT(config); },
 ///                                           *dist->world);
+///
+/// `prepare` (optional) then gets each unit's module, and finally the root, before it is sharded:
+/// tensor parallelism splits each block there (examples/gpt/trainer.cpp's --tp --deferred-init).
 template <class Factory>
 auto fully_shard_deferred(Factory&& factory, ProcessGroup& group, FullyShardOptions options = {},
-                          ParamInit init = nullptr) {
-  detail::DeferredScope scope(group, options, std::move(init));
+                          ParamInit init = nullptr, UnitPrepare prepare = nullptr) {
+  detail::DeferredScope scope(group, options, std::move(init), std::move(prepare));
   auto model = factory();
   scope.close();
   Unit<decltype(model)> root(std::move(model));

@@ -34,6 +34,10 @@ namespace fsdp {
 /// Initialises one parameter (`name` relative to its unit) before it is sharded: see
 /// fully_shard_deferred.
 using ParamInit = std::function<void(const std::string& name, torch::Tensor& param)>;
+/// fully_shard_deferred: each unit's module (then the root, `is_root`), initialised, just before
+/// it is sharded: e.g. tensor parallelism's parallelize_module, so that a unit is split over the
+/// tp ranks before FSDP shards its part.
+using UnitPrepare = std::function<void(torch::nn::Module& unit, bool is_root)>;
 
 namespace detail {
 
@@ -83,7 +87,8 @@ struct DeferredSharding;
 /// The sharding of one fully_shard_deferred call, active on this thread while the factory runs.
 class DeferredScope {
  public:
-  DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init);
+  DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init,
+                UnitPrepare prepare = nullptr);
   ~DeferredScope();
   /// The factory has returned: Unit holders built from now on are ordinary.
   void close();

@@ -18,13 +18,15 @@ namespace {
 thread_local DeferredSharding* active = nullptr;
 }  // namespace
 
-DeferredScope::DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init)
+DeferredScope::DeferredScope(ProcessGroup& group, const FullyShardOptions& options, ParamInit init,
+                             UnitPrepare prepare)
     : sharding_(std::make_unique<DeferredSharding>()) {
   options.validate(group.size(), group.settings().local_world_size);
   TORCH_CHECK(!active, "fully_shard_deferred: its factory built another deferred model");
   sharding_->state =
       std::make_shared<FsdpState>(group, options, options.device().value_or(c10::Device(c10::kCPU)));
   sharding_->init = std::move(init);
+  sharding_->prepare = std::move(prepare);
   active = sharding_.get();
 }
 
@@ -45,12 +47,13 @@ void shard_if_deferred(UnitSlot& slot, const std::shared_ptr<torch::nn::Module>&
   UnitToShard& plan = plans[0];
   plan.name = "deferred unit #" + std::to_string(sharding.units++);
   plan.slot = &slot;
+  plan.module = module.get();
   // Parameters of units nested inside this one are sharded already; a tie is sharded once.
   for (const auto& item : module->named_parameters()) {
     const c10::TensorImpl* impl = item.value().unsafeGetTensorImpl();
     if (sharding.sharded.insert(impl).second) plan.params.emplace_back(item.key(), item.value());
   }
-  shard_units(state, plans, sharding.init,
+  shard_units(state, plans, sharding.init, sharding.prepare,
               full_precision_params(*module, state.options().mixed_precision()));
 }
 

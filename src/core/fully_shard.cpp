@@ -64,7 +64,7 @@ std::vector<UnitToShard> plans_of(const std::shared_ptr<torch::nn::Module>& root
     const bool presharded = slot->unit && deferred && slot->model == deferred;
     TORCH_CHECK(!slot->unit || presharded, "fully_shard: module '", item.key(),
                 "' is already a unit of another sharded model");
-    plans.push_back(UnitToShard{item.key(), slot.get(), {}, presharded});
+    plans.push_back(UnitToShard{item.key(), slot.get(), {}, presharded, false, item.value().get()});
     for (const auto& p : item.value()->parameters()) owner[p.unsafeGetTensorImpl()] = plans.size() - 1;
   }
   // A parameter registered under two names (tied weights) is sharded once, under its first
@@ -191,13 +191,16 @@ void shard_model(const std::shared_ptr<torch::nn::Module>& root, ProcessGroup& g
   std::vector<UnitToShard> plans = plans_of(root, deferred.get());
   plans[0].slot = root_slot.get();
   plans[0].is_root = true;
+  plans[0].module = root.get();
   for (auto& plan : plans) {
     if (plan.presharded) name_presharded_unit(plan);
   }
   auto state = deferred ? deferred : std::make_shared<FsdpState>(group, options, device);
   const size_t presharded_units = state->units().size();
   const ParamInit no_init;
+  const UnitPrepare no_prepare;
   shard_units(*state, plans, deferred_scope ? deferred_scope->sharding().init : no_init,
+              deferred_scope ? deferred_scope->sharding().prepare : no_prepare,
               full_precision_params(*root, options.mixed_precision()));
   put_root_first(*state, presharded_units);
   check_presharded_claimed(plans, presharded_units);

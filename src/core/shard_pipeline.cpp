@@ -71,10 +71,11 @@ void place_on_device(torch::nn::Module& module, const c10::Device& device, bool 
 }
 
 void shard_units(FsdpState& state, std::vector<UnitToShard>& plans, const ParamInit& init,
-                 const TensorSet& full_precision) {
+                 const UnitPrepare& prepare, const TensorSet& full_precision) {
   const FullyShardOptions& options = state.options();
   for (auto& plan : plans) {
     if (!plan.presharded && init) initialise(plan.params, init);
+    if (!plan.presharded && prepare && plan.module) prepare(*plan.module, plan.is_root);
   }
   if (options.verify_model()) {
     check_same_model_on_all_ranks(state.world(), describe(plans));

@@ -29,6 +29,7 @@ namespace fsdp::detail {
 struct DeferredSharding {
   std::shared_ptr<FsdpState> state;
   ParamInit init;
+  UnitPrepare prepare;
   std::unordered_set<const c10::TensorImpl*> sharded;  // parameters already in some unit's shard
   int units = 0;
 };
@@ -40,6 +41,7 @@ struct UnitToShard {
   NamedTensors params;         ///< step 2's result
   bool presharded = false;    ///< built and sharded by fully_shard_deferred already
   bool is_root = false;
+  torch::nn::Module* module = nullptr;  ///< its module, for fully_shard_deferred's UnitPrepare
 };
 
 /// Step 1.
@@ -48,7 +50,7 @@ void place_on_device(torch::nn::Module& module, const c10::Device& device, bool 
 /// Steps 3-6 for every plan that is not presharded (presharded ones are verified with them, in
 /// plan order): their units are appended to state.units() and their slots filled in.
 void shard_units(FsdpState& state, std::vector<UnitToShard>& plans, const ParamInit& init,
-                 const TensorSet& full_precision);
+                 const UnitPrepare& prepare, const TensorSet& full_precision);
 
 /// Makes every rank's tensors equal to rank 0's.
 void broadcast_from_rank0(const std::vector<at::Tensor>& tensors, ProcessGroup& world);

@@ -128,7 +128,21 @@ class PreparedInputLayer : public StyledLayer {
 at::Tensor StyledLayer::param(const char* which) const {
   const auto params = module_->named_parameters(/*recurse=*/false);
   const at::Tensor* found = params.find(which);
-  return found ? *found : at::Tensor();
+  if (!found) return at::Tensor();
+  // A part replaced by a whole tensor (torch::load of an unsplit model, `p.set_data(whole)`)
+  // would compute every rank's share and sum it T times.
+  const auto kept = kept_shapes_.find(which);
+  TORCH_CHECK(kept == kept_shapes_.end() || found->sizes() == kept->second, "tensor parallelism: '",
+              name_, ".", which, "' is ", found->sizes(), " but this rank's part of it is ", kept->second,
+              ": it was replaced by another tensor (torch::load of an unsplit model?). Load whole "
+              "parameters before parallelize_module, or a checkpoint of the split model");
+  return *found;
+}
+
+void StyledLayer::keep_shapes() {
+  for (const auto& item : module_->named_parameters(/*recurse=*/false)) {
+    kept_shapes_[item.key()] = item.value().sizes().vec();
+  }
 }
 
 bool inside_prepared_module() { return prepared_depth > 0; }

@@ -5,6 +5,8 @@
 #include <fsdp/parallelize.h>
 
 #include <atomic>
+#include <map>
+#include <vector>
 #include <memory>
 #include <string>
 
@@ -18,6 +20,8 @@ class StyledLayer : public LayerStyle {
       : tp_(std::move(tp)), module_(&module), name_(std::move(name)) {}
   const std::string& name() const { return name_; }
   bool ran() const { return ran_; }
+  /// Records its parameters' shapes once they are this rank's parts: forward checks them.
+  void keep_shapes();
 
  protected:
   at::Tensor param(const char* which) const;
@@ -27,6 +31,7 @@ class StyledLayer : public LayerStyle {
   torch::nn::Module* module_;  // the registry holds it weakly and drops the style with it
   std::string name_;
   std::atomic<bool> ran_{false};
+  std::map<std::string, std::vector<int64_t>> kept_shapes_;
 };
 
 std::unique_ptr<StyledLayer> make_colwise(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module,

@@ -221,8 +221,10 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
     }
     return false;
   };
+  // Every parameter replicated unless a style splits it; one a unit's own parallelize_module
+  // placed already (fully_shard_deferred's prepare, block by block) keeps its placement.
   for (auto& item : model.named_parameters()) {
-    record_placement(item.value(), {tp, -1, 1, item.value().sizes().vec()});
+    if (!placement_of(item.value())) record_placement(item.value(), {tp, -1, 1, item.value().sizes().vec()});
   }
   for (const auto& [path, style] : chosen) {
     torch::nn::Module& module = *modules[path];
@@ -236,6 +238,7 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
       }
       record_placement(param, placement);
     }
+    split.layer->keep_shapes();
     auto all = module.named_parameters(/*recurse=*/true);
     for (const auto& which : split.summed) sum_gradient_over_ranks(*all.find(which), tp);
     auto& r = registry();

@@ -1,0 +1,246 @@
+// Tensor parallelism as a LibTorch program uses it: a Megatron MLP of torch::nn::Linear layers
+// held as fsdp::tp::Parallel, a LayerNorm run on the sequence shard, an Embedding split over the
+// vocabulary, loss parallelism; against the same module unsplit in this process (its own
+// autograd, no collective), then under fully_shard over the other mesh dimension with clipping.
+// What it refuses, by name. Runs at every world size with tp = W (dist_world1/2/3), and as a
+// 2 x 2 mesh at W = 4 (dist_world4_collectives).
+#include "dist_env.h"
+#include "error_of.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <map>
+
+#include <unistd.h>
+
+namespace fsdp_test {
+namespace {
+
+constexpr int64_t kDim = 12, kHidden = 24, kSeq = 12, kVocab = 36;  // divisible by 1, 2, 3 and 4
+
+// Embedding -> LayerNorm -> Megatron MLP (column-wise up, row-wise down) -> head over the vocabulary.
+struct TinyLmImpl : torch::nn::Module {
+  TinyLmImpl() {
+    embed = register_module("embed", torch::nn::Embedding(kVocab, kDim));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    mlp = register_module("mlp", torch::nn::Sequential());  // only a holder of the MLP's path
+    up = mlp->register_module("up", torch::nn::Linear(kDim, kHidden));
+    down = mlp->register_module("down", torch::nn::Linear(kHidden, kDim));
+    head = register_module("head", torch::nn::Linear(kDim, kVocab));
+  }
+  // Under tensor parallelism: the embedding's output on the sequence shard, the norm and the
+  // residual there, the MLP on the gathered sequence, the head's logits over this rank's
+  // vocabulary. The same code unsplit.
+  torch::Tensor forward(const torch::Tensor& ids) {
+    auto x = norm(embed(ids));
+    x = x + down(torch::gelu(up(x)));
+    return head(x);
+  }
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+    if (tp) return tp->cross_entropy(logits, targets);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), targets.reshape({-1}));
+  }
+
+  fsdp::tp::Parallel<torch::nn::Embedding> embed{nullptr};
+  fsdp::tp::Parallel<torch::nn::LayerNorm> norm{nullptr};
+  torch::nn::Sequential mlp{nullptr};
+  fsdp::tp::Parallel<torch::nn::Linear> up{nullptr}, down{nullptr}, head{nullptr};
+  std::shared_ptr<fsdp::tp::TensorParallel> tp;
+};
+TORCH_MODULE(TinyLm);
+
+using fsdp::tp::Layout;
+
+fsdp::tp::ParallelizePlan tiny_plan() {
+  using namespace fsdp::tp;
+  return {{"embed", RowwiseParallel().output_layout(Layout::ShardSequence)},
+          {"norm", SequenceParallel()},
+          {"mlp.up", ColwiseParallel().input_layout(Layout::ShardSequence)},
+          {"mlp.down", RowwiseParallel().output_layout(Layout::ShardSequence)},
+          {"head", ColwiseParallel().input_layout(Layout::ShardSequence)}};
+}
+
+std::shared_ptr<fsdp::tp::TensorParallel> world_tp() {
+  return std::make_shared<fsdp::tp::TensorParallel>(dist().world);
+}
+
+TinyLm seeded_model() {
+  torch::manual_seed(3);
+  return TinyLm();
+}
+
+std::pair<torch::Tensor, torch::Tensor> batch() {
+  torch::manual_seed(5);
+  return {torch::randint(kVocab, {2, kSeq}, torch::kLong), torch::randint(kVocab, {2, kSeq}, torch::kLong)};
+}
+
+}  // namespace
+
+TEST(TensorParallel, TinyLanguageModelEqualsTheUnsplitModel) {
+  // The unsplit model: a residual MLP on the whole sequence.
+  TinyLm whole = seeded_model();
+  auto [ids, targets] = batch();
+  auto whole_loss = whole->loss(whole->forward(ids), targets);
+  whole_loss.backward();
+
+  TinyLm split = seeded_model();
+  split->tp = world_tp();
+  fsdp::tp::parallelize_module(*split, split->tp, tiny_plan());
+  auto split_loss = split->loss(split->forward(ids), targets);
+  split_loss.backward();
+
+  EXPECT_NEAR(split_loss.item<double>(), whole_loss.item<double>(), 1e-5);
+  auto whole_params = whole->named_parameters();
+  for (const auto& item : split->named_parameters()) {
+    const auto placement = fsdp::tp::placement_of(item.value());
+    ASSERT_TRUE(placement) << item.key();
+    const torch::Tensor value = fsdp::tp::whole_of(item.value().detach(), *placement);
+    const torch::Tensor grad = fsdp::tp::whole_of(item.value().grad(), *placement);
+    EXPECT_TRUE(torch::equal(value, whole_params[item.key()])) << item.key();
+    EXPECT_TRUE(torch::allclose(grad, whole_params[item.key()].grad(), 1e-5, 1e-6))
+        << item.key() << ": max difference " << (grad - whole_params[item.key()].grad()).abs().max().item<double>();
+  }
+}
+
+TEST(TensorParallel, LossParallelEqualsCrossEntropyOverTheWholeVocabulary) {
+  auto tp = world_tp();
+  torch::manual_seed(7);
+  auto logits = torch::randn({10, kVocab}) * 4;  // large, so that the shift matters
+  auto targets = torch::randint(kVocab, {10}, torch::kLong);
+  auto whole = logits.clone().requires_grad_();
+  auto expected = torch::nn::functional::cross_entropy(whole, targets);
+  expected.backward();
+  auto local = tp->chunk_along(logits, -1).requires_grad_();
+  auto loss = tp->cross_entropy(local, targets);
+  loss.backward();
+  EXPECT_NEAR(loss.item<double>(), expected.item<double>(), 1e-6);
+  EXPECT_TRUE(torch::allclose(local.grad(), tp->chunk_along(whole.grad(), -1), 1e-6, 1e-7));
+}
+
+TEST(TensorParallel, EachCollectiveSendsItsFormulaAndCountsAsTensorParallel) {
+  auto tp = world_tp();
+  const int64_t t = tp->size(), bytes = 4 * kSeq * kDim * 2;  // a [2, kSeq, kDim] fp32 activation
+  auto x = torch::randn({2, kSeq / t, kDim}, torch::requires_grad());
+  fsdp::reset_comm_stats();
+  auto gathered = tp->gather_sequence(x);
+  const auto after_gather = fsdp::comm_stats();
+  EXPECT_EQ(after_gather.tp_all_gather_bytes, bytes * (t - 1) / t);
+  EXPECT_EQ(after_gather.all_gather_bytes, 0) << "TP's bytes are not FSDP's";
+  gathered.sum().backward();  // the reduce-scatter
+  EXPECT_EQ(fsdp::comm_stats().tp_reduce_scatter_bytes, bytes * (t - 1) / t);
+  EXPECT_TRUE(torch::allclose(x.grad(), torch::full_like(x, static_cast<double>(t))));
+  fsdp::reset_comm_stats();
+  auto y = torch::randn({2, kSeq, kDim}, torch::requires_grad());
+  tp->reduce(y).sum().backward();
+  EXPECT_EQ(fsdp::comm_stats().tp_all_reduce_bytes, 2 * bytes * (t - 1) / t);
+}
+
+TEST(TensorParallel, ALayerCalledAroundItsHolderIsNamedInBackward) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "one rank communicates nothing to skip";
+  // A port that parallelized a plain torch::nn::Linear member: its forward skips the all-reduce.
+  struct PlainImpl : torch::nn::Module {
+    PlainImpl() { fc = register_module("fc", torch::nn::Linear(kDim, kHidden)); }
+    torch::Tensor forward(const torch::Tensor& x) { return fc(x); }
+    torch::nn::Linear fc{nullptr};
+  };
+  auto plain = std::make_shared<PlainImpl>();
+  fsdp::tp::parallelize_module(*plain, world_tp(), {{"fc", fsdp::tp::ColwiseParallel()}});
+  auto loss = plain->forward(torch::randn({2, kDim})).sum();
+  const std::string error = error_of([&] { loss.backward(); });
+  EXPECT_NE(error.find("'fc' was called directly"), std::string::npos) << error;
+  EXPECT_NE(error.find("fsdp::tp::Parallel"), std::string::npos) << error;
+}
+
+TEST(TensorParallel, TorchLoadOfTheUnsplitModelIsNamedNotSummedTwice) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "one rank's part is the whole";
+  const std::string file = "/tmp/fsdp_tp_whole_" + std::to_string(::getpid()) + ".pt";
+  TinyLm whole = seeded_model();
+  torch::save(whole, file);
+  TinyLm split = seeded_model();
+  split->tp = world_tp();
+  fsdp::tp::parallelize_module(*split, split->tp, tiny_plan());
+  torch::load(split, file);  // LibTorch's load sets every parameter to the file's whole tensor
+  std::remove(file.c_str());
+  const std::string error = error_of([&] { split->forward(batch().first); });
+  EXPECT_NE(error.find("'embed.weight' is [36, 12] but this rank's part of it is"), std::string::npos) << error;
+  EXPECT_NE(error.find("torch::load of an unsplit model"), std::string::npos) << error;
+}
+
+TEST(TensorParallel, APlanThatDoesNotFitTheModelIsRefusedByName) {
+  auto tp = world_tp();
+  TinyLm model = seeded_model();
+  EXPECT_NE(error_of([&] { fsdp::tp::parallelize_module(*model, tp, {{"h.*.attn", fsdp::tp::SequenceParallel()}}); })
+                .find("'h.*.attn' matches no module"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              fsdp::tp::parallelize_module(*model, tp, {{"norm", fsdp::tp::ColwiseParallel()}});
+            }).find("ColwiseParallel on 'norm': it splits a Linear"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              fsdp::tp::parallelize_module(*model, tp, {{"mlp.*", fsdp::tp::ColwiseParallel()},
+                                                        {"mlp.up", fsdp::tp::ColwiseParallel()}});
+            }).find("'mlp.up' is matched by two entries"), std::string::npos);
+  if (tp->size() > 1) {
+    struct OddImpl : torch::nn::Module {
+      OddImpl() { fc = register_module("fc", torch::nn::Linear(4, 7)); }
+      torch::nn::Linear fc{nullptr};
+    };
+    auto odd = std::make_shared<OddImpl>();
+    const std::string error = error_of([&] { fsdp::tp::parallelize_module(*odd, tp, {{"fc", fsdp::tp::ColwiseParallel()}}); });
+    EXPECT_NE(error.find("'fc.weight' has 7 along dimension 0, which does not split"), std::string::npos) << error;
+  }
+}
+
+}  // namespace fsdp_test
+
+namespace fsdp_test {
+
+// The 2-D mesh: tp 2 where the world is even (W = 4: 2 x 2), else tp 1.
+TEST(TensorParallelMesh, FsdpOverTheOtherDimensionTrainsAsTheUnsplitModel) {
+  const int world = dist().world_size(), tp_size = world % 2 == 0 ? 2 : 1, dp_size = world / tp_size;
+  fsdp::DeviceMesh mesh(dist().world, {{"dp", dp_size}, {"tp", tp_size}});
+  EXPECT_EQ(mesh.group("tp").size(), tp_size);
+  EXPECT_EQ(mesh.coordinate("tp"), dist().rank() % tp_size) << "tp is the innermost dimension";
+  EXPECT_EQ(mesh.coordinate("dp"), dist().rank() / tp_size);
+
+  // The global batch: dp_size x 2 rows; dp rank r trains rows [2r, 2r + 2), every tp rank alike.
+  torch::manual_seed(9);
+  const auto ids = torch::randint(kVocab, {2 * dp_size, kSeq}, torch::kLong);
+  const auto targets = torch::randint(kVocab, {2 * dp_size, kSeq}, torch::kLong);
+  const auto mine = [&](const torch::Tensor& t) { return t.narrow(0, 2 * mesh.coordinate("dp"), 2); };
+
+  // SGD is sensitive to the clipping's scale (AdamW nearly is not): a wrong norm shows.
+  TinyLm whole = seeded_model();
+  torch::optim::SGD whole_sgd(whole->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  torch::optim::StepLR whole_schedule(whole_sgd, 1, 0.5);
+  TinyLm split = seeded_model();
+  split->tp = std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp"));
+  fsdp::tp::parallelize_module(*split, split->tp, tiny_plan());
+  auto model = fsdp::fully_shard(split, mesh.group("dp"));
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(0.5).momentum(0.9));
+  torch::optim::StepLR schedule(sgd, 1, 0.5);
+  for (int step = 0; step < 3; ++step) {
+    whole_sgd.zero_grad();
+    whole->loss(whole->forward(ids), targets).backward();
+    const double whole_norm = torch::nn::utils::clip_grad_norm_(whole->parameters(), 0.1);
+    whole_sgd.step();
+    whole_schedule.step();
+
+    sgd.zero_grad();
+    model->loss(model->forward(mine(ids)), mine(targets)).backward();
+    const double norm = fsdp::clip_grad_norm_(model->parameters(), 0.1);
+    sgd.step();
+    schedule.step();
+    EXPECT_NEAR(norm, whole_norm, 1e-5 * whole_norm) << "step " << step;
+  }
+  auto whole_params = whole->named_parameters();
+  std::map<std::string, torch::Tensor> split_params;
+  for (const auto& item : split->named_parameters()) split_params[item.key()] = item.value();
+  for (auto& [name, gathered] : fsdp::gather_full_params(model)) {
+    const torch::Tensor value = fsdp::tp::whole_of(gathered, *fsdp::tp::placement_of(split_params.at(name)));
+    EXPECT_TRUE(torch::allclose(value, whole_params[name], 1e-4, 1e-6))
+        << name << ": max difference " << (value - whole_params[name]).abs().max().item<double>();
+  }
+}
+
+}  // namespace fsdp_test
