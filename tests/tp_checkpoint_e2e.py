@@ -11,7 +11,8 @@ step 3. Then:
   once (the files' boxes tile it); AdamW's moments close to those of the same run at (2, 1);
 - a checkpoint whose extra.tp was edited, or that lists a column block twice, is refused, naming
   the cause.
-A GPT-2 saved at replicate 2 x shard 2 x tp 2 (W = 8) resumes at (2, 2) likewise.
+A GPT-2 saved at replicate 2 x shard 2 x tp 2 (W = 8) resumes at (2, 2) likewise, and one built
+with --deferred-init at (2, 2) resumes at (1, 2).
 Run: tp_checkpoint_e2e.py BIN_DIR [CORPUS]"""
 import json
 import shutil
@@ -183,10 +184,26 @@ def check_three_d(bin_dir, corpus):
     print(f"3-D (2 x 2 x 2) checkpoint resumed at (2, 2) within {worst:.2g} relative of the uninterrupted run")
 
 
+def check_deferred_init(bin_dir, corpus):
+    """A GPT-2 built block by block (--deferred-init: each unit split as it is initialised) and
+    saved at (2, 2) resumes at (1, 2) without it, within the bound of the uninterrupted run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "ckpt"
+        uninterrupted, _ = gpt_train(bin_dir, corpus, tmp, 2, 2, 2 * SAVED, "--heads", "2", "--deferred-init")
+        gpt_train(bin_dir, corpus, tmp, 2, 2, SAVED, "--heads", "2", "--deferred-init", "--save-every", SAVED,
+                  "--checkpoint-dir", ckpt)
+        resumed, _ = gpt_train(bin_dir, corpus, tmp, 1, 2, 2 * SAVED, "--heads", "2", "--checkpoint-dir", ckpt, "--resume")
+    assert sorted(resumed) == list(range(SAVED, 2 * SAVED)), resumed
+    worst = max(abs(loss - uninterrupted[step]) / abs(uninterrupted[step]) for step, loss in resumed.items())
+    assert worst <= LOSS_REL_TOL, f"--deferred-init (2, 2) -> (1, 2): losses differ by {worst:.3g} relative"
+    print(f"--deferred-init (2, 2) checkpoint resumed at (1, 2) within {worst:.2g} relative of the uninterrupted run")
+
+
 def main(bin_dir, corpus):
     for name, family in FAMILIES.items():
         check_family(bin_dir, corpus, name, family)
     check_three_d(bin_dir, corpus)
+    check_deferred_init(bin_dir, corpus)
 
 
 if __name__ == "__main__":  # CORPUS defaults to the build's test corpus (BIN_DIR/../test-corpus)
