@@ -2,7 +2,6 @@
 
 #include <fsdp/bounded_json.h>
 
-#include "io/tensor_boxes.h"
 #include "util/crc32.h"
 
 #include <ATen/ATen.h>

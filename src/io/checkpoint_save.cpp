@@ -9,7 +9,6 @@
 #include "io/checkpoint_pieces.h"
 #include "io/global_boxes.h"
 #include "io/param_groups.h"
-#include "io/tensor_boxes.h"
 
 #include <ATen/ATen.h>
 
