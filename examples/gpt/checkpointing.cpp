@@ -305,11 +305,27 @@ uint64_t saved_seed(const nlohmann::json& extra, const std::string& metadata) {
       .get<uint64_t>();
 }
 
+int saved_tp(const nlohmann::json& meta, const std::string& metadata) {
+  const nlohmann::json extra = meta.value("extra", nlohmann::json());
+  if (!extra.is_object() || !extra.contains("tp")) return 1;  // saved before --tp
+  const nlohmann::json world = meta.value("world_size", nlohmann::json());
+  const int64_t ranks = world.is_number_integer() && world.get<int64_t>() > 0 ? world.get<int64_t>() : 1;
+  const int64_t tp = saved_integer(extra, "tp", 1, static_cast<uint64_t>(ranks), metadata,
+                                   "the saved run's --tp").get<int64_t>();
+  // The checkpoint's own record of its layout (fsdp::save_sharded's) must agree.
+  const nlohmann::json tp_size = meta.value("tp_size", nlohmann::json(1));
+  TORCH_CHECK(ranks % tp == 0 && tp_size == nlohmann::json(tp), metadata, ": extra.tp is ", tp,
+              " but the checkpoint was saved by ", ranks, " ranks at tensor-parallel size ", shown(tp_size),
+              ": the file was edited; resume from an intact checkpoint");
+  return static_cast<int>(tp);
+}
+
 void check_saved_state(const nlohmann::json& meta, const std::string& folder, const TrainOptions& o) {
   const std::string metadata = folder + "/metadata.json";
   const nlohmann::json extra = meta.value("extra", nlohmann::json());
   const int64_t step = saved_step(extra, metadata);
   saved_seed(extra, metadata);
+  saved_tp(meta, metadata);
   const int64_t named = folder_step(folder);
   TORCH_CHECK(named < 0 || named == step, metadata, ": extra.step is ", step, " but its folder is ",
               std::filesystem::path(folder).filename().string(), ": the file was edited or "
@@ -342,7 +358,8 @@ nlohmann::json describe_run(const TrainOptions& o, int64_t next_step, bool optim
   return {{"step", next_step},
           {"seed", o.seed},
           {"optimizer_stepped", optimizer_stepped},
-          {"batch_per_rank", o.batch},
+          {"batch_per_rank", o.batch},  // per data-parallel rank
+          {"tp", o.tp},                 // resumable at another --tp (or none): checked on resume
           {"model", model_settings(o.model)}};
 }
 
@@ -582,7 +599,12 @@ int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimize
     }
   }
   if (rank == 0) {
-    std::printf("resumed from %s at step %lld%s\n", path.c_str(), static_cast<long long>(step),
+    // Another layout reads the same checkpoint ([Note: boxes of a tensor-parallel part]): said.
+    const nlohmann::json meta = saved_metadata(path);
+    const int tp = saved_tp(meta, metadata);
+    const std::string layout = tp == o.tp ? "" : " (saved at --tp " + std::to_string(tp) + ", resumed at --tp " +
+                                                     std::to_string(o.tp) + ")";
+    std::printf("resumed from %s at step %lld%s%s\n", path.c_str(), static_cast<long long>(step), layout.c_str(),
                 step == o.steps ? " (--steps reached: nothing left to train)" : "");
     std::fflush(stdout);
   }

@@ -42,6 +42,11 @@ int64_t saved_step(const nlohmann::json& extra, const std::string& metadata);
 /// extra.seed of `metadata`: an integer that --seed accepts (0 to 2^63 - 1).
 uint64_t saved_seed(const nlohmann::json& extra, const std::string& metadata);
 
+/// extra.tp of the parsed metadata.json `meta` (1 when saved before --tp): an integer dividing the
+/// saved world size, equal to the checkpoint's own tp_size. Any --tp resumes it (the checkpoint
+/// holds boxes of the whole parameters: fsdp/checkpoint.h).
+int saved_tp(const nlohmann::json& meta, const std::string& metadata);
+
 /// Before loading the checkpoint `folder` (its parsed metadata.json `meta`): extra.step is the
 /// folder's number (step-NNNNNNNN), and every parameter this run trains (not --freeze) has its
 /// optimizer's state: AdamW's with a step from 1 to extra.step, Muon's (its "optimizer" in

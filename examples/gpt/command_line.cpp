@@ -470,7 +470,6 @@ std::string check_tensor_parallel_flags(const CLI::App& app, const TrainOptions&
   }
   const std::vector<std::pair<bool, const char*>> not_yet = {
       {o.muon, "--optimizer muon"},
-      {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
       {!o.eval_tokens.empty(), "--eval-tokens"},
       {o.sample_bytes > 0, "--sample"},
   };

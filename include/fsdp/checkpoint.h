@@ -28,6 +28,12 @@
 ///                                                    CRC-32 of each tensor, the param groups'
 ///                                                    options, and the caller's own JSON
 ///                                                    ("extra": the step, the seed...)
+/// A model parallelized over a tensor-parallel group (fsdp/parallelize.h) before fully_shard
+/// saves its pieces as boxes of the WHOLE parameters (each tp rank's part moved to where it lies;
+/// a row-wise weight's part, a column block, recorded as a box), parameters replicated over the
+/// tp ranks once (tp rank 0's), and loads at any other (dp, tp) layout or none: the agreements
+/// span the FSDP and the tensor-parallel groups together ([Note: boxes of a tensor-parallel
+/// part] in src/io/global_boxes.h; docs/api.md).
 /// In Python, torch.distributed.checkpoint.load(state_dict,
 /// storage_reader=HuggingFaceStorageReader(folder)) fills full tensors (no_dist=True) or the
 /// DTensors of a PyTorch FSDP2 model at any world size; safetensors.safe_open opens every file.

@@ -208,7 +208,7 @@ std::string save_checkpoint(const ShardedModel& model, const std::vector<torch::
   using namespace detail;
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
   const nlohmann::json extra_and_step = extra_with_step(extra, step);
-  ProcessGroup& world = ShardedView(model).world();
+  const AgreementGroups world = agreement_groups(ShardedView(model));  // with the tp ranks, if any
   const std::string name = step_folder_name(step);
   std::string error = try_local([&] {
     if (world.rank() != 0) return;

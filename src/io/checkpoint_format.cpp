@@ -2,6 +2,8 @@
 
 #include <fsdp/bounded_json.h>
 
+#include "io/tensor_boxes.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/accumulate.h>
 
@@ -71,11 +73,62 @@ ParamGroupMeta param_group_from_json(const nlohmann::json& j, const CheckpointMe
   return g;
 }
 
+// A box piece's box lies inside its parameter and holds elements.
+void check_box_inside(const PieceMeta& piece, const ParamMeta& param, const FileMeta& file,
+                      const std::string& source) {
+  bool inside = piece.offsets.size() == param.shape.size() && piece.sizes.size() == param.shape.size();
+  for (size_t d = 0; inside && d < param.shape.size(); ++d) {
+    inside = piece.offsets[d] >= 0 && piece.sizes[d] > 0 && piece.offsets[d] + piece.sizes[d] <= param.shape[d];
+  }
+  TORCH_CHECK(inside, source, ": ", file.name, " holds a piece ", piece.where(), " of '", piece.param,
+              "', which is not a box of its shape ", shape_text(param.shape),
+              ": the file was edited or is corrupt");
+}
+
+struct PieceBox {
+  std::vector<int64_t> offsets, sizes;
+  const std::string* file;
+};
+
+bool overlap(const PieceBox& a, const PieceBox& b) {
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return false;
+  }
+  return true;
+}
+
+// A parameter saved in boxes (tensor parallelism): boxes that do not overlap and together hold
+// as many elements as it has cover it exactly once. Sorted along the first dimension, a box is
+// compared only with those that start before it ends there.
+void check_box_coverage(const ParamMeta& param, std::vector<PieceBox>& boxes, const std::string& source) {
+  int64_t covered = 0;
+  for (const auto& b : boxes) covered += c10::multiply_integers(b.sizes);
+  std::sort(boxes.begin(), boxes.end(), [](const PieceBox& a, const PieceBox& b) { return a.offsets < b.offsets; });
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    for (size_t j = i + 1; j < boxes.size() && boxes[j].offsets[0] < boxes[i].offsets[0] + boxes[i].sizes[0]; ++j) {
+      TORCH_CHECK(!overlap(boxes[i], boxes[j]), source, ": the pieces of '", param.name, "' overlap: the box at ",
+                  shape_text(boxes[i].offsets), " of ", shape_text(boxes[i].sizes), " (", *boxes[i].file,
+                  ") and the box at ", shape_text(boxes[j].offsets), " of ", shape_text(boxes[j].sizes), " (",
+                  *boxes[j].file, "): a shard file is listed twice, or it is corrupt");
+    }
+  }
+  TORCH_CHECK(covered == param.numel(), source, ": the pieces of '", param.name, "' hold ", covered,
+              " of its ", param.numel(), " elements: a shard file is missing from the metadata, or it is corrupt");
+}
+
 // Every element [0, numel) of every parameter in exactly one piece.
 void check_coverage(const CheckpointMeta& meta, const std::string& source) {
+  std::map<std::string, const ParamMeta*> params;
+  for (const auto& p : meta.params) params[p.name] = &p;
   std::map<std::string, std::vector<std::pair<int64_t, int64_t>>> ranges;
+  std::map<std::string, std::vector<PieceBox>> boxes;  // of the parameters saved in boxes
   for (const auto& file : meta.files) {
     for (const auto& piece : file.pieces) {
+      if (piece.is_box()) {
+        check_box_inside(piece, *params.at(piece.param), file, source);
+        boxes[piece.param].push_back(PieceBox{piece.offsets, piece.sizes, &file.name});
+        continue;
+      }
       TORCH_CHECK(piece.begin >= 0 && piece.begin < piece.end, source, ": ", file.name,
                   " holds an empty or inverted piece [", piece.begin, ", ", piece.end, ") of '",
                   piece.param, "'");
@@ -84,6 +137,17 @@ void check_coverage(const CheckpointMeta& meta, const std::string& source) {
   }
   for (const auto& param : meta.params) {
     auto& list = ranges[param.name];
+    if (boxes.count(param.name)) {  // its ranges as boxes too
+      for (const auto& [begin, end] : list) {
+        TORCH_CHECK(end <= param.numel(), source, ": a piece [", begin, ", ", end, ") of '", param.name,
+                    "' lies past its ", param.numel(), " elements");
+        for (const auto& b : boxes_of_range(param.shape, begin, end)) {
+          boxes[param.name].push_back(PieceBox{b.offsets, b.sizes, &param.name});
+        }
+      }
+      check_box_coverage(param, boxes[param.name], source);
+      continue;
+    }
     std::sort(list.begin(), list.end());
     int64_t covered = 0;
     for (const auto& [begin, end] : list) {
@@ -122,8 +186,8 @@ void check_stateless_pieces(const CheckpointMeta& meta, const std::string& sourc
         TORCH_CHECK(kind == "param", source, ": parameter '", param.name, "' lists no ",
                     param.optimizer.empty() ? meta.optimizer : param.optimizer,
                     " state (no optimizer_moments, no optimizer_step) but ",
-                    file.name, " holds its '", kind, "' (piece [", piece.begin, ", ", piece.end,
-                    ")): the file was edited; resume from an intact copy of the checkpoint (or an "
+                    file.name, " holds its '", kind, "' (piece ", piece.where(),
+                    "): the file was edited; resume from an intact copy of the checkpoint (or an "
                     "earlier one)");
       }
     }
@@ -140,6 +204,27 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 int64_t ParamMeta::numel() const { return c10::multiply_integers(shape); }
 
+int64_t PieceMeta::numel() const { return is_box() ? c10::multiply_integers(sizes) : end - begin; }
+
+std::string PieceMeta::where() const {
+  if (!is_box()) return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+  return "box " + shape_text(offsets) + " of " + shape_text(sizes);
+}
+
+bool piece_box(const PieceMeta& piece, const std::vector<int64_t>& shape, std::vector<int64_t>& offsets,
+               std::vector<int64_t>& sizes) {
+  if (piece.is_box()) {
+    offsets = piece.offsets;
+    sizes = piece.sizes;
+    return true;
+  }
+  const std::vector<TensorBox> boxes = boxes_of_range(shape, piece.begin, piece.end);
+  if (boxes.size() != 1) return false;
+  offsets = boxes[0].offsets;
+  sizes = boxes[0].sizes;
+  return true;
+}
+
 std::string shard_file_name(int shard, int part, int parts) {
   char name[80];
   std::snprintf(name, sizeof name, "shard-%05d-model-%05d-of-%05d.safetensors", shard, part + 1,
@@ -154,6 +239,11 @@ std::string tensor_key(const std::string& kind, const std::string& param) {
 nlohmann::json to_json(const FileMeta& f) {
   nlohmann::json pieces = nlohmann::json::array();
   for (const auto& piece : f.pieces) {
+    if (piece.is_box()) {
+      pieces.push_back({{"param", piece.param}, {"offsets", piece.offsets}, {"sizes", piece.sizes},
+                        {"crc32", piece.crc32}});
+      continue;
+    }
     pieces.push_back({{"param", piece.param}, {"begin", piece.begin}, {"end", piece.end},
                       {"crc32", piece.crc32}});
   }
@@ -165,9 +255,16 @@ FileMeta parse_file_meta(const nlohmann::json& j) {
   f.name = j.at("name").get<std::string>();
   f.bytes = j.at("bytes").get<int64_t>();
   for (const auto& piece : j.at("pieces")) {
-    f.pieces.push_back(PieceMeta{piece.at("param").get<std::string>(),
-                                 piece.at("begin").get<int64_t>(), piece.at("end").get<int64_t>(),
-                                 piece.at("crc32").get<std::map<std::string, uint32_t>>()});
+    PieceMeta p{piece.at("param").get<std::string>(), 0, 0,
+                piece.at("crc32").get<std::map<std::string, uint32_t>>(), {}, {}};
+    if (piece.contains("offsets")) {  // a box piece: [Note: boxes of a tensor-parallel part]
+      p.offsets = piece.at("offsets").get<std::vector<int64_t>>();
+      p.sizes = piece.at("sizes").get<std::vector<int64_t>>();
+    } else {
+      p.begin = piece.at("begin").get<int64_t>();
+      p.end = piece.at("end").get<int64_t>();
+    }
+    f.pieces.push_back(std::move(p));
   }
   return f;
 }
@@ -182,6 +279,7 @@ nlohmann::json to_json(const CheckpointMeta& meta) {
                       {"strategy", meta.strategy}, {"optimizer", meta.optimizer},
                       {"params", params},          {"files", files},
                       {"extra", meta.extra}};
+  if (meta.tp_size != 1) j["tp_size"] = meta.tp_size;
   if (meta.buffers) {
     j["buffers"] = nlohmann::json::array();
     for (const auto& b : *meta.buffers) j["buffers"].push_back(to_json(b));
@@ -206,6 +304,7 @@ CheckpointMeta parse_metadata(const std::string& text, const std::string& source
     CheckpointMeta meta;
     meta.world_size = j.at("world_size").get<int>();
     meta.shard_group_size = j.at("shard_group_size").get<int>();
+    meta.tp_size = j.value("tp_size", 1);
     meta.strategy = j.at("strategy").get<std::string>();
     meta.optimizer = j.value("optimizer", std::string("AdamW"));
     meta.optimizers = j.contains("optimizers") ? j.at("optimizers").get<std::vector<std::string>>()

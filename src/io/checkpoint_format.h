@@ -42,13 +42,27 @@ struct BufferMeta {
 };
 
 /// Elements [begin, end) of the flattened parameter `param`, held by one file as one box of the
-/// parameter ([Note: boxes of a flat shard]) under tensor_key(kind, param) for each kind.
+/// parameter ([Note: boxes of a flat shard]) under tensor_key(kind, param) for each kind. Or,
+/// saved from a tensor-parallel part, a box of the parameter that is no range of its elements
+/// (a column block): `offsets` and `sizes` ([Note: boxes of a tensor-parallel part]).
 struct PieceMeta {
   std::string param;
   int64_t begin = 0;
   int64_t end = 0;
   std::map<std::string, uint32_t> crc32;  // kind ("param", "exp_avg", ...) -> CRC-32 of its bytes
+  std::vector<int64_t> offsets;  // a box piece's, in the parameter; empty for a range piece
+  std::vector<int64_t> sizes;
+
+  bool is_box() const { return !sizes.empty(); }
+  int64_t numel() const;
+  /// As a message names it: "[0, 96)" or "box [0, 8] of [4, 8]".
+  std::string where() const;
 };
+
+/// A piece as a box of its parameter of `shape`: a range piece's one box (none: the range is no
+/// box, which open_shard_file refuses).
+bool piece_box(const PieceMeta& piece, const std::vector<int64_t>& shape, std::vector<int64_t>& offsets,
+               std::vector<int64_t>& sizes);
 
 /// One shard file: its name inside the checkpoint folder, its exact size, its pieces.
 struct FileMeta {
@@ -68,6 +82,7 @@ struct ParamGroupMeta {
 
 struct CheckpointMeta {
   int world_size = 0;        // of the run that saved it (informative: loading needs no match)
+  int tp_size = 1;           // likewise: its tensor-parallel size (absent when 1)
   int shard_group_size = 0;  // likewise
   std::string strategy;      // likewise
   std::string optimizer = "AdamW";  // whose state the params hold (absent before 0.9: AdamW); "Muon+AdamW"

@@ -4,10 +4,12 @@
 // succeeded ([Note: checkpoint agreement]).
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
+#include <fsdp/parallelize.h>
 
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_pieces.h"
 #include "io/checkpoint_read.h"
+#include "io/global_boxes.h"
 #include "io/param_groups.h"
 #include "optim/optimizer_kinds.h"
 #include "util/crc32.h"
@@ -33,16 +35,24 @@ struct StagedPiece {
 /// The model's buffers and the saved values they get.
 using StagedBuffers = std::vector<std::pair<at::Tensor, at::Tensor>>;
 
+// The boxes of the whole parameter that this rank's piece holds ([Note: boxes of a
+// tensor-parallel part]): what it reads, whatever layout saved them.
+std::vector<PlacedBox> needed_boxes(const ShardedParam& piece) {
+  return boxes_in_whole(piece.shape(), piece.begin(), piece.end(), part_in_whole(piece.param(), piece.shape()));
+}
+
 // Opens the shard files holding elements of this rank's pieces.
 OpenFiles open_needed_files(const std::vector<ShardedParam>& pieces, const CheckpointMeta& meta,
                             const PieceIndex& index, const std::string& folder,
                             const std::map<std::string, const ParamMeta*>& params) {
   OpenFiles files;
   for (const auto& piece : pieces) {
-    if (piece.empty()) continue;
-    for (const auto& [f, saved] : index.at(piece.name())) {
-      if (saved->begin < piece.end() && piece.begin() < saved->end && !files.count(f)) {
-        files.emplace(f, open_shard_file(folder, meta.files[f], params));
+    const ParamMeta& param = *params.at(piece.name());
+    for (const PlacedBox& box : needed_boxes(piece)) {
+      for (const auto& [f, saved] : index.at(piece.name())) {
+        if (!files.count(f) && overlaps(*saved, param, box)) {
+          files.emplace(f, open_shard_file(folder, meta.files[f], params));
+        }
       }
     }
   }
@@ -152,7 +162,7 @@ std::optional<ParamOptimState> stage_optimizer_state(const ShardedParam& piece, 
   for (const auto& kind : *kinds) {
     check_moment_saved(meta, saved, kind, folder);
     at::Tensor t = at::empty({piece.end() - piece.begin()}, piece.data().options());
-    assemble(t, piece.begin(), piece.end(), kind, name, index, files);
+    assemble(t, piece.begin(), needed_boxes(piece), kind, saved, index, files);
     check_moment_finite(t, saved.optimizer, kind, name, folder);
     staged.tensors.emplace(kind, t);
   }
@@ -173,7 +183,7 @@ std::vector<StagedPiece> stage(const ShardedView& model, const OptimizerSet& opt
     const std::string& name = piece.name();
     const ParamMeta& saved = *params.at(name);
     StagedPiece s{piece, at::empty({piece.end() - piece.begin()}, piece.data().options()), {}};
-    assemble(s.param, piece.begin(), piece.end(), "param", name, index, files);
+    assemble(s.param, piece.begin(), needed_boxes(piece), "param", saved, index, files);
     s.state = stage_optimizer_state(piece, saved, meta, optimizers, options, index, files, folder);
     staged.push_back(std::move(s));
   }
@@ -246,7 +256,7 @@ nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
   OptimizerSet optimizers(optimizers_in, model, "load_sharded");
-  ProcessGroup& world = model.world();
+  const AgreementGroups world = agreement_groups(model);  // with the tp ranks, if any
   const std::string metadata = folder + "/" + kMetadataFile;
   CheckpointMeta meta;
   std::vector<StagedPiece> staged;
@@ -271,9 +281,10 @@ nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch
   throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
 
   // Ranks that read different folders (no shared file system?) must not mix checkpoints. Over
-  // the world process group itself, like the agreements.
+  // the world process group itself, like the agreements (then the tp group: rank 0's to all).
   at::Tensor crc = at::full({1}, static_cast<int64_t>(metadata_crc), at::kLong);
-  broadcast(world, crc, /*root=*/0);
+  broadcast(*world.world, crc, /*root=*/0);
+  if (world.tp) broadcast(world.tp->group(), crc, /*root=*/0);
   error = crc.item<int64_t>() == static_cast<int64_t>(metadata_crc)
               ? ""
               : metadata + " differs from rank 0's: every rank must read the same checkpoint";

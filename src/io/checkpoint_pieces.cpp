@@ -1,4 +1,5 @@
 #include "io/checkpoint_pieces.h"
+#include "io/global_boxes.h"
 
 #include <c10/util/Exception.h>
 
@@ -18,7 +19,9 @@ std::vector<ShardedParam> local_pieces(const ShardedView& model) {
 std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerSet& optimizers) {
   std::vector<ParamMeta> params;
   for (const auto& p : model.params()) {
-    ParamMeta meta{p.name(), p.shape(), std::string(c10::toString(p.param().scalar_type())), {}, {}, {}};
+    // The whole parameter's shape, also where this rank holds a tensor-parallel part of it.
+    ParamMeta meta{p.name(), part_in_whole(p.param(), p.shape()).whole_shape,
+                   std::string(c10::toString(p.param().scalar_type())), {}, {}, {}};
     if (const auto k = optimizers.holder(p.param())) meta.optimizer = optimizers.state(*k).name();
     if (const auto saved = optimizers.read(p.param())) {
       meta.step = saved->step;

@@ -18,7 +18,7 @@ namespace fsdp::detail {
 /// under way.
 std::vector<ShardedParam> local_pieces(const ShardedView& model);
 
-/// The model's parameters as metadata: names, shapes, dtypes, and this rank's optimizer steps,
+/// The model's parameters as metadata: names, (whole) shapes, dtypes, and this rank's optimizer steps,
 /// kinds of state and the class of the optimizer holding each.
 std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerSet& optimizers);
 

@@ -2,7 +2,6 @@
 
 #include <fsdp/bounded_json.h>
 
-#include "io/tensor_boxes.h"
 #include "util/crc32.h"
 
 #include <ATen/ATen.h>
@@ -61,25 +60,35 @@ nlohmann::json sharding_info(const SafetensorsReader& file) {
   return info;
 }
 
-// The tensor `entry` holds elements [begin, end) of `param` as one box ([Note: boxes of a flat
-// shard]): its shape in the header and its offsets in DCP_SHARDING_INFO must be that box's, or
-// fsdp-cpp (which reads by element range) and PyTorch's reader (by box) would disagree.
+// The tensor `entry` holds one box of `param` ([Note: boxes of a flat shard], [Note: boxes of a
+// tensor-parallel part]): its shape in the header and its offsets in DCP_SHARDING_INFO must be
+// that box's, or fsdp-cpp (which reads by metadata.json) and PyTorch's reader (by
+// DCP_SHARDING_INFO) would disagree.
 void check_box(const SafetensorsReader& file, const nlohmann::json& info,
                const SafetensorsEntry& entry, const ParamMeta& param, const PieceMeta& piece) {
-  const std::vector<TensorBox> boxes = boxes_of_range(param.shape, piece.begin, piece.end);
-  TORCH_CHECK(boxes.size() == 1 && boxes[0].sizes == entry.shape, file.path(), ": tensor '",
+  std::vector<int64_t> offsets, sizes;
+  const bool is_box = piece_box(piece, param.shape, offsets, sizes);
+  TORCH_CHECK(is_box && sizes == entry.shape, file.path(), ": tensor '",
               entry.name, "' has shape ", shape_text(entry.shape), " in the header, but ",
-              kMetadataFile, "'s piece [", piece.begin, ", ", piece.end, ") of '", param.name,
+              kMetadataFile, "'s piece ", piece.where(), " of '", param.name,
               "' (shape ", shape_text(param.shape), ") is ",
-              boxes.size() == 1 ? "the box " + shape_text(boxes[0].sizes) : std::string("no box"),
+              is_box ? "the box " + shape_text(sizes) : std::string("no box"),
               ": the file was edited or is corrupt");
-  const nlohmann::json offsets = info.contains(entry.name) && info[entry.name].is_object()
-                                     ? info[entry.name].value("saved_offsets", nlohmann::json())
-                                     : nlohmann::json();
-  TORCH_CHECK(offsets == nlohmann::json(boxes[0].offsets), file.path(), ": DCP_SHARDING_INFO "
-              "places tensor '", entry.name, "' at ", offsets.is_null() ? "no offsets" : offsets.dump().substr(0, 40),
-              " but ", kMetadataFile, "'s piece [", piece.begin, ", ", piece.end, ") is at ",
-              shape_text(boxes[0].offsets), ": the file was edited or is corrupt");
+  const nlohmann::json saved = info.contains(entry.name) && info[entry.name].is_object()
+                                   ? info[entry.name].value("saved_offsets", nlohmann::json())
+                                   : nlohmann::json();
+  TORCH_CHECK(saved == nlohmann::json(offsets), file.path(), ": DCP_SHARDING_INFO "
+              "places tensor '", entry.name, "' at ", saved.is_null() ? "no offsets" : saved.dump().substr(0, 40),
+              " but ", kMetadataFile, "'s piece ", piece.where(), " is at ",
+              shape_text(offsets), ": the file was edited or is corrupt");
+}
+
+// The part of box (`offsets`, `sizes`) that [lo, hi) per dimension selects, of a tensor holding
+// that box.
+at::Tensor sub_box(at::Tensor t, const std::vector<int64_t>& offsets, const std::vector<int64_t>& lo,
+                  const std::vector<int64_t>& hi) {
+  for (size_t d = 0; d < lo.size(); ++d) t = t.narrow(static_cast<int64_t>(d), lo[d] - offsets[d], hi[d] - lo[d]);
+  return t;
 }
 
 }  // namespace
@@ -109,13 +118,12 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
     if (param.has_state()) kinds.insert(kinds.end(), param.moments.begin(), param.moments.end());
     for (const auto& kind : kinds) {
       const auto& entry = listed_entry(*reader, tensor_key(kind, piece.param),
-                                       "piece [" + std::to_string(piece.begin) + ", " +
-                                           std::to_string(piece.end) + ") of '" + piece.param + "'");
-      TORCH_CHECK(entry.numel() == piece.end - piece.begin &&
+                                       "piece " + piece.where() + " of '" + piece.param + "'");
+      TORCH_CHECK(entry.numel() == piece.numel() &&
                       std::string(c10::toString(entry.dtype)) == param.dtype,
                   path, ": tensor '", entry.name, "' is ", entry.dtype, " of ", entry.numel(),
                   " elements but ", kMetadataFile, " says ", param.dtype, " of ",
-                  piece.end - piece.begin);
+                  piece.numel());
       check_box(*reader, info, entry, param, piece);
     }
     if (piece.crc32.count("step")) {
@@ -144,18 +152,37 @@ at::Tensor read_whole_checked(const SafetensorsReader& file, const BufferMeta& s
   return data;
 }
 
-void assemble(const at::Tensor& out, int64_t begin, int64_t end, const std::string& kind,
-              const std::string& param, const PieceIndex& index, const OpenFiles& files) {
-  if (begin == end) return;
-  for (const auto& [f, piece] : index.at(param)) {
-    const int64_t lo = std::max(begin, piece->begin), hi = std::min(end, piece->end);
-    if (lo >= hi) continue;
-    if (lo == piece->begin && hi == piece->end) {  // a whole saved box (same layout): no copy
-      read_checked_into(*files.at(f), *piece, kind, out.narrow(0, lo - begin, hi - lo));
-      continue;
+bool overlaps(const PieceMeta& piece, const ParamMeta& param, const PlacedBox& box) {
+  std::vector<int64_t> offsets, sizes;
+  if (!piece_box(piece, param.shape, offsets, sizes)) return false;  // open_shard_file refuses it
+  for (size_t d = 0; d < offsets.size(); ++d) {
+    if (offsets[d] >= box.offsets[d] + box.sizes[d] || box.offsets[d] >= offsets[d] + sizes[d]) return false;
+  }
+  return true;
+}
+
+void assemble(const at::Tensor& out, int64_t out_begin, const std::vector<PlacedBox>& needed,
+              const std::string& kind, const ParamMeta& param, const PieceIndex& index, const OpenFiles& files) {
+  std::map<const PieceMeta*, at::Tensor> read;  // each saved piece read once, in its box's shape
+  for (const PlacedBox& box : needed) {
+    at::Tensor target = box.view_in(out, out_begin);
+    for (const auto& [f, piece] : index.at(param.name)) {
+      if (!overlaps(*piece, param, box)) continue;
+      std::vector<int64_t> offsets, sizes;
+      piece_box(*piece, param.shape, offsets, sizes);
+      if (offsets == box.offsets && sizes == box.sizes && target.is_contiguous()) {
+        read_checked_into(*files.at(f), *piece, kind, target.view({-1}));  // the same box: no copy
+        continue;
+      }
+      at::Tensor& saved = read[piece];
+      if (!saved.defined()) saved = read_checked(*files.at(f), *piece, kind).view(sizes);
+      std::vector<int64_t> lo(offsets.size()), hi(offsets.size());
+      for (size_t d = 0; d < offsets.size(); ++d) {
+        lo[d] = std::max(offsets[d], box.offsets[d]);
+        hi[d] = std::min(offsets[d] + sizes[d], box.offsets[d] + box.sizes[d]);
+      }
+      sub_box(target, box.offsets, lo, hi).copy_(sub_box(saved, offsets, lo, hi));
     }
-    const at::Tensor saved = read_checked(*files.at(f), *piece, kind);
-    out.narrow(0, lo - begin, hi - lo).copy_(saved.narrow(0, lo - piece->begin, hi - lo));
   }
 }
 

@@ -7,6 +7,7 @@
 #include <fsdp/safetensors.h>
 
 #include "io/checkpoint_format.h"
+#include "io/global_boxes.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -36,10 +37,14 @@ std::unique_ptr<SafetensorsReader> open_shard_file(const std::string& folder, co
 /// metadata.json.
 at::Tensor read_whole_checked(const SafetensorsReader& file, const BufferMeta& saved);
 
-/// `out` (1-D [end - begin], elements [begin, end) of the flattened parameter `param`) <- the
-/// saved tensors of `kind` of the pieces that overlap it, which check_matches_model proved cover
-/// it exactly once; `files` holds every file those pieces are in.
-void assemble(const at::Tensor& out, int64_t begin, int64_t end, const std::string& kind,
-              const std::string& param, const PieceIndex& index, const OpenFiles& files);
+/// Whether the saved `piece` of `param` holds elements of `box`.
+bool overlaps(const PieceMeta& piece, const ParamMeta& param, const PlacedBox& box);
+
+/// `out` (1-D, elements [out_begin, ...) of this rank's flattened part of `param`) <- in each of
+/// the `needed` boxes (boxes_in_whole of that range), the saved tensors of `kind` of the pieces
+/// that overlap it, which check_matches_model proved cover it exactly once; `files` holds every
+/// file those pieces are in.
+void assemble(const at::Tensor& out, int64_t out_begin, const std::vector<PlacedBox>& needed,
+              const std::string& kind, const ParamMeta& param, const PieceIndex& index, const OpenFiles& files);
 
 }  // namespace fsdp::detail

@@ -7,11 +7,12 @@
 
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_pieces.h"
+#include "io/global_boxes.h"
 #include "io/param_groups.h"
-#include "io/tensor_boxes.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -36,28 +37,37 @@ void add_box(ShardFileContents& contents, const std::string& key, const at::Tens
   contents.sharding_info[key] = {{"saved_offsets", offsets}};
 }
 
-// Splits this rank's pieces into boxes ([Note: boxes of a flat shard]); shard file k holds the
-// k-th box of every piece. The optimizer's step goes, as a 0-d float ("state.NAME.step", as
-// PyTorch's optimizers keep it), with the box that starts the parameter.
-std::vector<ShardFileContents> shard_files_contents(const ShardedView& model, const OptimizerSet& optimizers) {
+// Splits this rank's pieces into boxes of the whole parameters ([Note: boxes of a flat shard],
+// [Note: boxes of a tensor-parallel part]); shard file k holds the k-th box of every piece. A
+// parameter replicated over the tensor-parallel ranks is saved once, by tp rank 0's ranks. The
+// optimizer's step goes, as a 0-d float ("state.NAME.step", as PyTorch's optimizers keep it), with
+// the box that starts the whole parameter.
+std::vector<ShardFileContents> shard_files_contents(const ShardedView& model, const OptimizerSet& optimizers,
+                                                    const AgreementGroups& groups) {
   std::vector<ShardFileContents> files;
   for (const auto& piece : local_pieces(model)) {
+    const PartInWhole part = part_in_whole(piece.param(), piece.shape());
+    if (part.dim < 0 && groups.tp_rank() != 0) continue;  // tp rank 0 saves the replicated ones
     const auto saved = optimizers.read(piece.param());
-    const auto boxes = boxes_of_range(piece.shape(), piece.begin(), piece.end());
+    const auto boxes = boxes_in_whole(piece.shape(), piece.begin(), piece.end(), part);
     if (files.size() < boxes.size()) files.resize(boxes.size());
     for (size_t k = 0; k < boxes.size(); ++k) {
-      const TensorBox& box = boxes[k];
+      const PlacedBox& box = boxes[k];
       ShardFileContents& contents = files[k];
-      auto view = [&](const at::Tensor& flat) {
-        return flat.narrow(0, box.begin - piece.begin(), box.end - box.begin).view(box.sizes);
-      };
+      auto view = [&](const at::Tensor& flat) { return box.view_in(flat, piece.begin()).contiguous(); };
       add_box(contents, tensor_key("param", piece.name()), view(piece.data()), box.offsets);
-      contents.pieces.push_back(PieceMeta{piece.name(), box.begin, box.end, {}});
+      PieceMeta meta{piece.name(), 0, 0, {}, {}, {}};
+      if (!box_is_range(part.whole_shape, box.offsets, box.sizes, meta.begin, meta.end)) {
+        meta.offsets = box.offsets;  // a column block: recorded as the box it is
+        meta.sizes = box.sizes;
+      }
+      contents.pieces.push_back(std::move(meta));
       if (!saved) continue;
       for (const auto& [kind, tensor] : saved->tensors) {
         add_box(contents, tensor_key(kind, piece.name()), view(tensor.reshape({-1})), box.offsets);
       }
-      if (box.begin == 0 && saved->step) {
+      const bool starts_whole = std::all_of(box.offsets.begin(), box.offsets.end(), [](int64_t o) { return o == 0; });
+      if (starts_whole && saved->step) {
         add_box(contents, tensor_key("step", piece.name()),
                 at::scalar_tensor(static_cast<double>(*saved->step), at::kFloat), {});
       }
@@ -77,10 +87,10 @@ void add_buffers(ShardFileContents& contents, const NamedTensors& buffers) {
 // Writes this rank's shard files; returns their descriptions for metadata.json, and (rank 0)
 // `buffers` described in `buffer_metas`.
 std::vector<FileMeta> write_shard_files(const ShardedView& model, const OptimizerSet& optimizers,
-                                        const NamedTensors& buffers, const std::string& folder,
-                                        std::vector<BufferMeta>& buffer_metas) {
-  auto contents_by_file = shard_files_contents(model, optimizers);
-  const bool holds_buffers = model.world().rank() == 0 && !buffers.empty();
+                                        const AgreementGroups& groups, const NamedTensors& buffers,
+                                        const std::string& folder, std::vector<BufferMeta>& buffer_metas) {
+  auto contents_by_file = shard_files_contents(model, optimizers, groups);
+  const bool holds_buffers = groups.rank() == 0 && !buffers.empty();
   if (holds_buffers) {
     if (contents_by_file.empty()) contents_by_file.resize(1);
     add_buffers(contents_by_file[0], buffers);
@@ -91,7 +101,9 @@ std::vector<FileMeta> write_shard_files(const ShardedView& model, const Optimize
   for (size_t k = 0; k < contents_by_file.size(); ++k) {
     ShardFileContents& contents = contents_by_file[k];
     FileMeta file;
-    file.name = shard_file_name(model.shard_rank(), static_cast<int>(k),
+    // Under tensor parallelism each tp rank's shard group writes its own files.
+    const int shard = model.shard_rank() * groups.tp_size() + groups.tp_rank();
+    file.name = shard_file_name(shard, static_cast<int>(k),
                                 static_cast<int>(contents_by_file.size()));
     const WrittenFile written = save_safetensors(
         folder + "/" + file.name, contents.tensors,
@@ -121,7 +133,7 @@ std::vector<FileMeta> write_shard_files(const ShardedView& model, const Optimize
 }
 
 CheckpointMeta build_metadata(const ShardedView& model, const OptimizerSet& optimizers,
-                              const std::vector<BufferMeta>& buffers,
+                              const AgreementGroups& groups, const std::vector<BufferMeta>& buffers,
                               const std::vector<ParamGroupMeta>& param_groups,
                               const std::vector<std::string>& descriptions,
                               const nlohmann::json& extra) {
@@ -130,7 +142,8 @@ CheckpointMeta build_metadata(const ShardedView& model, const OptimizerSet& opti
   meta.optimizers = optimizers.names();
   meta.buffers = buffers;
   meta.param_groups = param_groups;
-  meta.world_size = model.world().size();
+  meta.world_size = groups.size();
+  meta.tp_size = groups.tp_size();
   meta.shard_group_size = model.shard_group_size();
   meta.strategy = to_string(model.options().strategy());
   meta.params = describe_model(model, optimizers);
@@ -162,7 +175,7 @@ void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::O
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
   const OptimizerSet optimizers(optimizers_in, model, "save_sharded");
-  ProcessGroup& world = model.world();
+  const AgreementGroups world = agreement_groups(model);  // under tensor parallelism, every tp rank's too
   const std::string metadata = folder + "/" + kMetadataFile;
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
   std::vector<ParamGroupMeta> param_groups;
@@ -183,7 +196,7 @@ void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::O
   error = try_local([&] {
     if (!writer) return;
     nlohmann::json files = nlohmann::json::array();
-    for (const auto& file : write_shard_files(model, optimizers, buffers, folder, buffer_metas)) {
+    for (const auto& file : write_shard_files(model, optimizers, world, buffers, folder, buffer_metas)) {
       files.push_back(to_json(file));
     }
     description = files.dump();
@@ -194,7 +207,7 @@ void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::O
   const auto descriptions = all_gather_strings(world, description);
   error = try_local([&] {
     if (world.rank() != 0) return;
-    const CheckpointMeta meta = build_metadata(model, optimizers, buffer_metas, param_groups, descriptions, extra);
+    const CheckpointMeta meta = build_metadata(model, optimizers, world, buffer_metas, param_groups, descriptions, extra);
     check_matches_model(meta, describe_model(model, optimizers), metadata);  // a complete layout
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     const std::string text = to_json(meta).dump(1);
