@@ -638,27 +638,8 @@ fsdp::NamedTensors named_parameters(fsdp::Unit<GPT>& model) {
 
 }  // namespace
 
-namespace {
-
-// --tp: each gathered parameter is this rank's tensor-parallel part; the parts made whole.
-fsdp::NamedTensors whole_over_tensor_parallel(fsdp::Unit<GPT>& model, fsdp::NamedTensors gathered) {
-  std::map<std::string, torch::Tensor> params;
-  for (auto& item : model->named_parameters()) params[item.key()] = item.value();
-  for (auto& [name, tensor] : gathered) {
-    auto param = params.find(name);
-    if (param == params.end()) continue;  // a buffer: whole on every rank
-    if (auto placement = fsdp::tp::placement_of(param->second)) tensor = fsdp::tp::whole_of(tensor, *placement);
-  }
-  return gathered;
-}
-
-}  // namespace
-
 void save_full(const TrainOptions& o, fsdp::Unit<GPT>& model, fsdp::Distributed* dist) {
-  if (dist && model->tp) {
-    const fsdp::NamedTensors whole = full_params(model, dist);
-    if (dist->rank() == 0) fsdp::save_tensor_dict(o.save_full, whole);
-  } else if (dist) {
+  if (dist) {
     fsdp::save_full_params(model, o.save_full);
   } else {
     fsdp::save_tensor_dict(o.save_full, named_parameters(model));
@@ -666,7 +647,6 @@ void save_full(const TrainOptions& o, fsdp::Unit<GPT>& model, fsdp::Distributed*
 }
 
 fsdp::NamedTensors full_params(fsdp::Unit<GPT>& model, fsdp::Distributed* dist) {
-  if (dist && model->tp) return whole_over_tensor_parallel(model, fsdp::gather_full_params(model));
   if (dist) return fsdp::gather_full_params(model);
   fsdp::NamedTensors params = named_parameters(model);
   for (auto& [name, tensor] : params) tensor = tensor.detach().clone();

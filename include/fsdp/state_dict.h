@@ -25,6 +25,7 @@ void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
 ///
 /// Example:
 ///   for (auto& [name, tensor] : fsdp::gather_full_params(model)) std::cout << name << "\n";
+/// Under tensor parallelism (parallelize.h) each parameter is made whole over the tp ranks too.
 NamedTensors gather_full_params(const ShardedModel& model);
 
 /// Rank 0 writes the full state dict (gather_full_params: parameters and buffers) to `path` as a

@@ -1,6 +1,7 @@
 // gather_full_optimizer_state (include/fsdp/checkpoint.h): every parameter's optimizer state
 // tensors, gathered unit by unit from the shards like the parameters themselves.
 #include <fsdp/checkpoint.h>
+#include <fsdp/parallelize.h>
 
 #include "io/checkpoint_format.h"
 #include "io/optimizer_set.h"
@@ -53,7 +54,10 @@ NamedTensors gather_full_optimizer_state(const ShardedModel& sharded,
       for (const auto& p : buffer.params()) {
         const auto saved = optimizers.read(p.param());
         if (!saved || !saved->tensors.count(kind)) continue;
-        out.emplace_back(tensor_key(kind, p.name()), p.in_whole(full).clone());
+        at::Tensor whole = p.in_whole(full).clone();
+        // Under tensor parallelism, this rank's part of the state: the parts made whole.
+        if (const auto placement = tp::placement_of(p.param())) whole = tp::whole_of(whole, *placement);
+        out.emplace_back(tensor_key(kind, p.name()), std::move(whole));
       }
     }
     for (const auto& p : buffer.params()) {

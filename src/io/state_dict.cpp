@@ -1,5 +1,7 @@
 #include <fsdp/state_dict.h>
 
+#include <fsdp/parallelize.h>
+
 #include <fsdp/param_loader.h>
 
 #include "io/checkpoint_agreement.h"
@@ -80,6 +82,24 @@ void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
 
 }  // namespace detail
 
+namespace {
+
+// Under tensor parallelism, FSDP's whole parameter is this rank's part: the parts made whole.
+at::Tensor whole_over_tensor_parallel(const at::Tensor& param, at::Tensor gathered) {
+  const auto placement = tp::placement_of(param);
+  return placement ? tp::whole_of(gathered, *placement) : gathered;
+}
+
+// Whether this rank writes what every rank gathered: one rank per tensor-parallel group.
+bool first_tensor_parallel_rank(const detail::ShardedView& model) {
+  for (const auto& p : model.params()) {
+    if (const auto placement = tp::placement_of(p.param())) return placement->tp->rank() == 0;
+  }
+  return true;
+}
+
+}  // namespace
+
 NamedTensors gather_full_params(const ShardedModel& sharded) {
   torch::NoGradGuard no_grad;
   const detail::ShardedView model(sharded);
@@ -88,7 +108,9 @@ NamedTensors gather_full_params(const ShardedModel& sharded) {
   for (const auto& buffer : model.buffers()) {
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
     const at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
-    for (const auto& p : buffer.params()) params.emplace_back(p.name(), p.in_whole(full).clone());
+    for (const auto& p : buffer.params()) {
+      params.emplace_back(p.name(), whole_over_tensor_parallel(p.param(), p.in_whole(full).clone()));
+    }
   }
   // Rank 0's buffers, as sync_buffers gives every rank (each rank's own running statistics
   // drift apart under BatchNorm), over the world process group, in host memory.
@@ -106,7 +128,7 @@ void save_full_params(const ShardedModel& model, const std::string& path) {
   // Everyone learns whether rank 0 succeeded, instead of some ranks going on alone
   // ([Note: checkpoint agreement]).
   const std::string error = detail::try_local([&] {
-    if (world.rank() == 0) save_tensor_dict(path, params);
+    if (world.rank() == 0 && first_tensor_parallel_rank(detail::ShardedView(model))) save_tensor_dict(path, params);
   });
   detail::throw_if_any_failed(world, error, "save_full_params: cannot write " + path);
 }
