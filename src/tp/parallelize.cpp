@@ -12,6 +12,8 @@
 
 #include <fnmatch.h>
 
+#include <atomic>
+
 #include <map>
 #include <mutex>
 #include <set>
@@ -36,6 +38,10 @@ struct Registry {
   std::unordered_map<const torch::nn::Module*, StyleEntry> styles;
   std::unordered_map<const c10::TensorImpl*, PlacementEntry> placements;
 };
+
+// How many layers were ever parallelized in this process: while none, a holder's call (every
+// layer of a model that may be split, such as gpt_train's) skips the registry's lock.
+std::atomic<int64_t> styled_layers{0};
 
 Registry& registry() {
   static Registry instance;
@@ -244,6 +250,7 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
     auto& r = registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     r.styles[&module] = {modules[path], std::move(split.layer)};
+    ++styled_layers;
   }
 }
 
@@ -272,6 +279,7 @@ at::Tensor whole_of(const at::Tensor& part, const Placement& placement) {
 namespace detail {
 
 LayerStyle* style_of(const torch::nn::Module* module) {
+  if (styled_layers.load(std::memory_order_relaxed) == 0) return nullptr;
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.styles.find(module);
