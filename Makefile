@@ -6,7 +6,7 @@ JOBS       ?= 2
 PYTHON     := .venv/bin/python
 NPROC      ?= 2
 CCACHE     := $(shell command -v ccache 2>/dev/null)
-CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_WARNINGS_AS_ERRORS=ON $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 
 .PHONY: setup build test demo bench bench-collectives clean
 

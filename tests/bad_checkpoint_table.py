@@ -355,6 +355,9 @@ def checkpoint_cases(t, tmp):
          (metadata, "extra.seed is -1, not an integer from 0"), ("18446744073709551615",)),
         ("extra.seed missing", set_extra("seed", None),
          (metadata, "has no extra.seed"), (NLOHMANN,)),
+        # An unsigned 0 once skipped the lower bound: every rank died dividing by it (SIGFPE).
+        ("extra.tp 0", set_extra("tp", 0),
+         (metadata, "extra.tp is 0, not an integer from 1"), ()),
         ("+inf in an exp_avg_sq", first_element("exp_avg_sq", float("inf")),
          ("exp_avg_sq", "holds inf or NaN", "earlier checkpoint"), ()),
         ("NaN in an exp_avg", first_element("exp_avg", float("nan")),

@@ -24,7 +24,7 @@ MUTATIONS = [
      "      muon::scatter_from_owners(group, exchanged, results, pieces.front().options());\n",
      "  std::vector<at::Tensor> mine;\n"
      "  for (size_t e = 0; e < exchanged.size(); ++e)\n"
-     "    mine.push_back(pieces[e].numel() ? orthogonalize(pieces[e].view({1, -1}), *now[which[e]]->options)"
+     "    mine.push_back(pieces[e].numel() ? orthogonalize(pieces[e].view({1, -1}), *stepped_now[e]->options)"
      ".reshape(-1) : pieces[e]);\n"),
     ("transpose-skipped", "src/optim/newton_schulz.cpp",
      "const bool tall = update.size(0) > update.size(1);", "const bool tall = false;"),
@@ -33,6 +33,18 @@ MUTATIONS = [
     ("piece-sent-back-from-the-wrong-offset", "src/optim/muon_exchange.cpp",
      "const int64_t start = starts_of(m.piece_numels)[r];",
      "const int64_t start = starts_of(m.piece_numels)[r == 0 ? 0 : r - 1];"),
+    # 2-D (--tp 2 layouts): what Muon did on a tensor-parallel model before the second stage.
+    ("tp-part-orthogonalized-alone", "src/optim/muon.cpp",
+     "    if (which[e]->split()) {", "    if (false) {"),
+    ("tp-placement-dropped", "src/core/flat_param.cpp",
+     "    entry.tensor_parallel = tp::placement_of(param);", "    entry.tensor_parallel = std::nullopt;"),
+    ("tp-parts-assembled-rank-major", "src/tp/parallelize.cpp",
+     "for (const at::Tensor& part : parts) pieces.push_back(part.chunk(placement.fused_chunks, placement.dim)[c]);",
+     "for (const at::Tensor& part : parts) pieces.push_back(part.chunk(placement.fused_chunks, placement.dim)[c]);"
+     " if (placement.fused_chunks > 1) return at::cat(parts, placement.dim);"),
+    ("tp-lr-adjusted-by-the-part", "src/optim/muon.cpp",
+     "apply_update(*stepped_now[e], mine[e], which[e]->whole_shape());",
+     "apply_update(*stepped_now[e], mine[e], which[e]->param.shape());"),
     ("lr-adjusted-by-cols-over-rows", "src/optim/newton_schulz.cpp",
      "return lr * std::sqrt(std::max(1.0, rows / cols));", "return lr * std::sqrt(std::max(1.0, cols / rows));"),
 ]

@@ -23,7 +23,11 @@ LAYOUTS = [  # (ranks, tool options)
     (1, ["--unsharded"]), (1, []), (2, []), (3, []),
     (2, ["--strategy", "grad_op"]), (2, ["--strategy", "none"]),
     (4, ["--strategy", "hybrid", "--shard-group-size", "2"]),
+    # 2-D: split over 2 tensor-parallel ranks, sharded over W / 2 ([Note: Muon on a
+    # tensor-parallel matrix]); tall column-wise, wide row-wise, square two fused column-wise parts.
+    (2, ["--tp", "2"]), (4, ["--tp", "2"]), (4, ["--tp", "2", "--strategy", "grad_op"]),
 ]
+TP_SPLIT = {"tall.weight", "wide.weight", "square.weight"}  # the others replicated over tp
 
 
 def make_cases(path):
@@ -68,9 +72,10 @@ def ns_flops(shape, steps=5):
     return steps * (4 * m * m * n + 2 * m * m * m)
 
 
-def check_exchange(stdout, world):
-    """The all-to-all bytes and the owners' balance of each case, from the tool's per-rank lines."""
-    pieces, cases, problems = {}, {}, []
+def tool_lines(stdout):
+    """Each rank's piece of each matrix (elements) and, per case and rank, the matrices it
+    orthogonalized, their flops and the all-to-all bytes it sent, from muon_tool's lines."""
+    pieces, cases = {}, {}
     for line in stdout.splitlines():
         rank_text, _, text = line.partition("]: ")
         if not rank_text.startswith("[rank"):
@@ -81,6 +86,13 @@ def check_exchange(stdout, world):
         elif words[:1] == ["case"]:
             owned = [] if words[3] == "-" else words[3].split(",")
             cases.setdefault(words[1].rstrip(":"), {})[rank] = (owned, float(words[5]), int(words[7]))
+    return pieces, cases
+
+
+def check_exchange(stdout, world):
+    """The all-to-all bytes and the owners' balance of each case, from the tool's per-rank lines."""
+    pieces, cases = tool_lines(stdout)
+    problems = []
     numel = {name: torch.Size(shape).numel() for name, shape in SHAPES.items()}
     if len(cases) != 4 or any(len(ranks) != world for ranks in cases.values()):
         problems.append(f"the tool's lines name {len(cases)} cases, not 4 with {world} ranks each")
@@ -99,6 +111,40 @@ def check_exchange(stdout, world):
         bound = total / world + max(ns_flops(shape) for shape in SHAPES.values()) * (1 - 1 / world)
         if busiest > bound + 1:
             problems.append(f"{case}: the busiest owner's {busiest:.0f} flops exceed {bound:.0f}")
+    return problems
+
+
+def check_tensor_parallel_exchange(stdout, world, tp):
+    """At (dp, tp) = (world / tp, tp), world rank = dp index * tp + tp index: each split matrix
+    orthogonalized by one rank, each replicated one by one rank per tp index, and every rank's
+    all-to-all bytes those of the two stages: its pieces to (and the others' pieces from) the
+    matrix's owner in its shard group, then, at that owner, its part to the matrix's owner in the
+    tp group (or, there, the other parts back)."""
+    pieces, cases = tool_lines(stdout)
+    problems = []
+    if len(cases) != 4 or any(len(ranks) != world for ranks in cases.values()):
+        return [f"the tool's lines name {len(cases)} cases, not 4 with {world} ranks each"]
+    local = {m: sum(pieces[(r, m)] for r in range(0, world, tp)) for m in SHAPES}  # a tp part's elements
+    for case, ranks in cases.items():
+        owners = {m: [r for r, (owned, _, _) in ranks.items() if m in owned] for m in SHAPES}
+        for m, who in owners.items():
+            want = 1 if m in TP_SPLIT else tp
+            if len(who) != want or (m not in TP_SPLIT and sorted(r % tp for r in who) != list(range(tp))):
+                problems.append(f"{case}: {m} orthogonalized by ranks {who}")
+        if problems:
+            continue
+        for me, (_, _, sent) in ranks.items():
+            dp_me, tp_me = divmod(me, tp)
+            want = 0
+            for m in SHAPES:
+                # The owner in this rank's shard group: the dp index of the final owner(s).
+                shard_owner = owners[m][0] // tp
+                mine = pieces[(me, m)]
+                want += 2 * (local[m] - mine) if shard_owner == dp_me else 2 * mine
+                if m in TP_SPLIT and shard_owner == dp_me:
+                    want += 2 * local[m] * ((tp - 1) if owners[m][0] % tp == tp_me else 1)
+            if sent != want:
+                problems.append(f"{case}: rank {me} sent {sent} all-to-all bytes, the formula says {want}")
     return problems
 
 
@@ -128,6 +174,9 @@ def main(bin_dir):
                 continue
             if world > 1 and options in ([], ["--strategy", "grad_op"]):
                 failures += [f"W={world} {options}: {p}" for p in check_exchange(done.stdout, world)]
+            if "--tp" in options and "--strategy" not in options:
+                tp = int(options[options.index("--tp") + 1])
+                failures += [f"W={world} {options}: {p}" for p in check_tensor_parallel_exchange(done.stdout, world, tp)]
             for name, want in expected.items():
                 got = load_file(str(out / f"{name}.safetensors"))
                 for k in SHAPES:

@@ -4,6 +4,9 @@
 // ("step<k>.<name>") from a safetensors file; for each choice of nesterov and adjust_lr_fn trains
 // a fresh model `--steps` steps and writes its full parameters to <out>/<case>.safetensors
 // (rank 0). `--unsharded`: the same model without fully_shard (Muon's whole-matrix path).
+// `--tp N`: the model split over N tensor-parallel ranks first (tall column-wise, wide row-wise,
+// square column-wise as two fused parts; small and mix replicated), then sharded over the
+// data-parallel ranks: each rank's gradient is its piece of its part of the whole one.
 #include <fsdp/fsdp.h>
 #include <fsdp/safetensors.h>
 
@@ -55,6 +58,12 @@ fsdp::NamedTensors train(MuonNet& model, fsdp::optim::Muon& muon, const fsdp::Sa
   return model->named_parameters().pairs();
 }
 
+// This rank's part of `whole` under tensor parallelism (the whole without it).
+at::Tensor tensor_parallel_part(const fsdp::detail::ShardedParam& piece, const at::Tensor& whole) {
+  const auto& placement = piece.tensor_parallel();
+  return placement ? fsdp::tp::part_of_whole(whole, *placement, placement->tp->rank()) : whole;
+}
+
 // The same on the sharded model: each rank's piece of each gradient.
 fsdp::NamedTensors train(fsdp::Unit<MuonNet>& model, fsdp::optim::Muon& muon, const fsdp::SafetensorsReader& file,
                          int steps) {
@@ -65,7 +74,8 @@ fsdp::NamedTensors train(fsdp::Unit<MuonNet>& model, fsdp::optim::Muon& muon, co
   for (int step = 0; step < steps; ++step) {
     for (const auto& piece : fsdp::detail::ShardedView(model.sharded_model()).params()) {
       at::Tensor param = piece.param();
-      param.mutable_grad() = piece.piece_of(file.read(gradient_name(step, piece.name()))).view(param.sizes()).clone();
+      const at::Tensor whole = file.read(gradient_name(step, piece.name()));
+      param.mutable_grad() = piece.piece_of(tensor_parallel_part(piece, whole)).view(param.sizes()).clone();
     }
     fsdp::reset_comm_stats();  // the last step's bytes are printed
     muon.step();
@@ -78,7 +88,7 @@ fsdp::NamedTensors train(fsdp::Unit<MuonNet>& model, fsdp::optim::Muon& muon, co
 int main(int argc, char** argv) {
   CLI::App app{"Muon given chosen gradients (tests/muon_reference_e2e.py)"};
   std::string cases, out, strategy = "full";
-  int steps = 3, shard_group_size = 0;
+  int steps = 3, shard_group_size = 0, tp_size = 1;
   bool unsharded = false;
   app.add_option("--cases", cases, "safetensors file of initial matrices and gradients")->required();
   app.add_option("--out", out, "folder for <case>.safetensors")->required();
@@ -86,9 +96,18 @@ int main(int argc, char** argv) {
   app.add_option("--strategy", strategy);
   app.add_option("--shard-group-size", shard_group_size);
   app.add_flag("--unsharded", unsharded);
+  app.add_option("--tp", tp_size, "tensor-parallel ranks (dividing the world)");
   CLI11_PARSE(app, argc, argv);
 
   auto dist = fsdp::init_distributed();
+  std::unique_ptr<fsdp::DeviceMesh> mesh;
+  std::shared_ptr<fsdp::tp::TensorParallel> tp;
+  if (tp_size > 1) {
+    mesh = std::make_unique<fsdp::DeviceMesh>(
+        dist->world, std::vector<fsdp::MeshDim>{{"dp", dist->world_size() / tp_size}, {"tp", tp_size}});
+    tp = std::make_shared<fsdp::tp::TensorParallel>(mesh->group_ptr("tp"));
+  }
+  fsdp::ProcessGroup& dp_group = mesh ? mesh->group("dp") : *dist->world;
   const fsdp::SafetensorsReader file(cases);
   for (bool nesterov : {true, false}) {
     for (std::string adjust : {"original", "match_rms_adamw"}) {
@@ -103,7 +122,12 @@ int main(int argc, char** argv) {
         params = train(model, muon, file, steps);
         work = muon.last_step_work();
       } else {
-        auto sharded = fsdp::fully_shard(model, *dist->world,
+        if (tp) {
+          fsdp::tp::parallelize_module(*model, tp, {{"tall", fsdp::tp::ColwiseParallel()},
+                                                    {"wide", fsdp::tp::RowwiseParallel()},
+                                                    {"square", fsdp::tp::ColwiseParallel().fused_chunks(2)}});
+        }
+        auto sharded = fsdp::fully_shard(model, dp_group,
                                          fsdp::FullyShardOptions()
                                              .strategy(fsdp::parse_sharding_strategy(strategy))
                                              .shard_group_size(shard_group_size));

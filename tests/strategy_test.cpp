@@ -226,12 +226,16 @@ TEST(Strategy, ShardGradOpKeepsUnitsUnshardedUntilBackward) {
   // Between forward and backward the gathered blocks wait for backward, their parameters parked
   // on the shards ([Note: between a forward and its backward]): what a step would see.
   auto& weight = model->h[0]->attn.get<gpt::CausalSelfAttention>()->c_attn->weight;
-  if (dist().world_size() > 1) EXPECT_EQ(weight.dim(), 1);
+  if (dist().world_size() > 1) {
+    EXPECT_EQ(weight.dim(), 1);
+  }
   const auto before = fsdp::comm_stats();
   logits.sum().backward();
   EXPECT_EQ(fsdp::comm_stats().all_gather_bytes - before.all_gather_bytes, 0)
       << "backward gathered again what SHARD_GRAD_OP kept";
-  if (dist().world_size() > 1) EXPECT_EQ(weight.dim(), 1);
+  if (dist().world_size() > 1) {
+    EXPECT_EQ(weight.dim(), 1);
+  }
 }
 
 }  // namespace

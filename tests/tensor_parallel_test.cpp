@@ -99,6 +99,9 @@ TEST(TensorParallel, TinyLanguageModelEqualsTheUnsplitModel) {
     const torch::Tensor value = fsdp::tp::whole_of(item.value().detach(), *placement);
     const torch::Tensor grad = fsdp::tp::whole_of(item.value().grad(), *placement);
     EXPECT_TRUE(torch::equal(value, whole_params[item.key()])) << item.key();
+    // The part parallelize_module kept is the one part_of_whole cuts (Muon's exchange uses it).
+    EXPECT_TRUE(torch::equal(fsdp::tp::part_of_whole(whole_params[item.key()], *placement, placement->tp->rank()),
+                             item.value().detach())) << item.key();
     EXPECT_TRUE(torch::allclose(grad, whole_params[item.key()].grad(), 1e-5, 1e-6))
         << item.key() << ": max difference " << (grad - whole_params[item.key()].grad()).abs().max().item<double>();
   }

@@ -224,8 +224,10 @@ nlohmann::json saved_integer(const nlohmann::json& extra, const char* field, int
               what, "): the file was edited or not written by gpt_train; resume from an intact "
               "checkpoint");
   const nlohmann::json& value = extra[field];
-  const bool in_range = value.is_number_unsigned() ? value.get<uint64_t>() <= hi
-                        : value.is_number_integer() && value.get<int64_t>() >= lo;
+  // A non-negative JSON integer is unsigned: both bounds hold for it too (extra.tp: 0 divided).
+  const bool in_range = value.is_number_unsigned()
+                            ? value.get<uint64_t>() <= hi && (lo <= 0 || value.get<uint64_t>() >= static_cast<uint64_t>(lo))
+                            : value.is_number_integer() && value.get<int64_t>() >= lo;
   TORCH_CHECK(in_range, metadata, ": extra.", field, " is ", shown(value), ", not an integer from ",
               lo, " to ", hi, " (", what, "): the file was edited; resume from an intact "
               "checkpoint");

@@ -469,7 +469,6 @@ std::string check_tensor_parallel_flags(const CLI::App& app, const TrainOptions&
     return e.msg();
   }
   const std::vector<std::pair<bool, const char*>> not_yet = {
-      {o.muon, "--optimizer muon"},
       {!o.eval_tokens.empty(), "--eval-tokens"},
       {o.sample_bytes > 0, "--sample"},
   };

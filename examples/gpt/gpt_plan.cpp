@@ -109,8 +109,8 @@ std::vector<fsdp::PlanTpCollective> root_tp_collectives(const GPTConfig& config,
   std::vector<K> out = {
       tp_sequence_collective(K::ReduceScatter, false, "wte's output", T, C, e, tp),
       tp_sequence_collective(K::AllGather, false, "the head's input", T, C, e, tp),
-      {K::AllGather, "the loss's row maxima (fp32)", false, true, product({tp - 1, T, 4})},
-      {K::AllReduce, "the loss's sums (fp32)", false, true, tp_all_reduce_bytes(2 * T, 4, tp)},
+      {K::AllGather, "the loss's row maxima (fp32)", false, true, product({tp - 1, T, 4}), ""},
+      {K::AllReduce, "the loss's sums (fp32)", false, true, tp_all_reduce_bytes(2 * T, 4, tp), ""},
       tp_sequence_collective(K::ReduceScatter, true, "the head's input gradient", T, C, e, tp),
   };
   for (const Layer& layer : layers.root()) {

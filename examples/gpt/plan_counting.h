@@ -46,7 +46,7 @@ inline int64_t tp_all_reduce_bytes(int64_t n, int64_t bytes, int64_t tp) {
 inline fsdp::PlanTpCollective tp_sequence_collective(fsdp::PlanTpCollective::Kind kind, bool backward,
                                                      std::string what, int64_t seq, int64_t C, int64_t e,
                                                      int64_t tp) {
-  return {kind, std::move(what), backward, /*per_sequence=*/true, tp_sequence_bytes(seq, C, e, tp)};
+  return {kind, std::move(what), backward, /*per_sequence=*/true, tp_sequence_bytes(seq, C, e, tp), /*parameter=*/""};
 }
 
 /// The gradient of a parameter replicated over TP (a norm's, a row-wise layer's bias), `n`

@@ -27,6 +27,7 @@
 ///   auto model = fsdp::fully_shard(mlp, mesh.group("dp"));
 
 #include <fsdp/tensor_parallel.h>
+#include <fsdp/tp_placement.h>
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -97,15 +98,6 @@ using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel> tp,
                         const ParallelizePlan& plan);
 
-/// How a parameter of a parallelized model lies over the tensor-parallel ranks (clipping and
-/// checkpoints read it).
-struct Placement {
-  std::shared_ptr<TensorParallel> tp;
-  int64_t dim = -1;                   ///< the dimension split over the ranks; -1: replicated
-  int64_t fused_chunks = 1;           ///< parts side by side along `dim`, each split
-  std::vector<int64_t> global_shape;  ///< the whole parameter's shape
-  bool replicated() const { return dim < 0; }
-};
 /// The placement of a parameter of a parallelized model (every parameter of the module given to
 /// parallelize_module has one), or nullopt.
 std::optional<Placement> placement_of(const at::Tensor& param);
@@ -113,6 +105,12 @@ std::optional<Placement> placement_of(const at::Tensor& param);
 /// dict's tensor), all-gathered over the placement's ranks; a replicated one as it is. A
 /// collective: every rank of the group calls it, in the same order.
 at::Tensor whole_of(const at::Tensor& part, const Placement& placement);
+/// The whole parameter from every rank's part (`parts[r]`: tp rank r's, in the part's shape);
+/// no communication. A replicated one: parts[0].
+at::Tensor whole_from_parts(const std::vector<at::Tensor>& parts, const Placement& placement);
+/// Tensor-parallel rank `rank`'s part of `whole` (the whole parameter's shape), as
+/// parallelize_module cuts it; no communication. A replicated one: `whole`.
+at::Tensor part_of_whole(const at::Tensor& whole, const Placement& placement, int rank);
 
 namespace detail {
 /// What a parallelized layer runs around (or instead of) its own forward.

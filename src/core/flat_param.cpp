@@ -1,7 +1,10 @@
 #include "core/flat_param.h"
 
+#include "core/buffer_storage.h"
 #include "core/flat_layout.h"
 #include "util/copy_bytes.h"
+
+#include <fsdp/parallelize.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/CPUAllocator.h>
@@ -16,55 +19,10 @@
 #include <algorithm>
 #include <cstdint>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 namespace fsdp {
 
 namespace {
-
-void release_storage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
-
-// [Note: huge pages for the refilled buffers]
-// The unsharded buffer, its gradient and the gradient shard are given back at every step and
-// allocated again at the next; glibc maps buffers this large afresh each time, so the kernel
-// faults every 4 KiB page in again (~1.8 us a page on the 2-core bench machine: in a model that
-// is one 42 MB unit, 25 k faults, ~45 ms of a rank's ~600 ms step, an unsharded program has
-// none of). Asked for transparent huge pages (honoured where THP is "madvise" or "always"), the
-// kernel brings in 2 MiB a fault. Memory is not held between steps as it would be if kept.
-constexpr size_t kHugePage = size_t{2} << 20;
-
-void advise_huge_pages(void* data, size_t nbytes) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (nbytes < 2 * kHugePage) return;
-  const auto page = static_cast<uintptr_t>(4096);
-  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
-  const auto end = (reinterpret_cast<uintptr_t>(data) + nbytes) & ~(page - 1);
-  madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);  // advice: failure is harmless
-#endif
-}
-
-void refill_storage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (storage->nbytes() == nbytes) return;
-  c10::DataPtr bytes = storage->allocator()->allocate(nbytes);
-  if (t.is_cpu()) advise_huge_pages(bytes.get(), nbytes);
-  storage->set_data_ptr_noswap(std::move(bytes));
-  storage->set_nbytes(nbytes);
-}
-
-// A 1-D tensor of `numel` elements whose storage holds no bytes yet (refill_storage gives them):
-// creating the unsharded buffers must not allocate them, even for a moment.
-at::Tensor unallocated(int64_t numel, const at::TensorOptions& options) {
-  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(c10::typeMetaToScalarType(options.dtype()));
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, options.device()),
-                       c10::GetAllocator(options.device().type()), /*resizable=*/true);
-  at::Tensor tensor = at::empty({0}, options).set_(storage, 0, {numel}, {1});
-  release_storage(tensor);
-  return tensor;
-}
 
 // A tensor sharing `base`'s storage at [offset, offset + numel) with `shape`, that autograd does
 // not consider a view: optimizers call detach_() on gradients, which views refuse. Built as
@@ -128,6 +86,7 @@ FlatParam::FlatParam(std::vector<std::pair<std::string, at::Tensor>> params, int
     entry.name = name;
     entry.param = param;
     entry.shape = param.sizes().vec();
+    entry.tensor_parallel = tp::placement_of(param);
     if (param.requires_grad()) ++requires_grad_count_;
     entries_.push_back(std::move(entry));
   }

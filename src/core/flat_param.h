@@ -22,6 +22,8 @@
 
 #include "core/unit_rules.h"
 
+#include <fsdp/tp_placement.h>
+
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
@@ -38,15 +40,24 @@ namespace fsdp {
 using GradAccumulatorPtr =
     decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
+// [Note: one placement per parameter]
+// A FlatEntry is the one record of where a parameter lives, for every parallel dimension: its
+// FSDP piece (the flat buffer it belongs to, its offset, this rank's range; the piece sizes of
+// every position follow from the buffer's layout) and its tensor-parallel split (the dimension,
+// fused parts, whole shape and tp group), taken once when the parameter is sharded. Clipping,
+// Muon, state dicts and checkpoints read it through core/sharded_view.h (ShardedParam); a
+// pipeline stage, when there is one, belongs here too.
+
 /// One original parameter inside the flat buffer.
 struct FlatEntry {
   std::string name;             // path from the root module, e.g. "h.0.attn.c_attn.weight"
   at::Tensor param;             // the user's leaf; data points into the shard or the full buffer
-  std::vector<int64_t> shape;   // original shape
+  std::vector<int64_t> shape;   // original shape (under tensor parallelism: this rank's part's)
   int64_t numel = 0;
   int64_t offset = 0;           // start in the unsharded flat buffer
   int64_t shard_begin = 0;      // this rank's piece of the parameter, as [begin, end) offsets
   int64_t shard_end = 0;        //   into the local shard (empty when begin == end)
+  std::optional<tp::Placement> tensor_parallel;  // none: the model is not tensor-parallel
   GradAccumulatorPtr grad_accumulator;  // kept alive: hooks live on it
 
   /// This parameter in `full`, a buffer laid out like the unsharded flat buffer (the parameters,

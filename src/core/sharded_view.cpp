@@ -5,12 +5,14 @@
 #include "core/sharded_model.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace fsdp::detail {
 
 const std::string& ShardedParam::name() const { return entry_->name; }
 const at::Tensor& ShardedParam::param() const { return entry_->param; }
 const std::vector<int64_t>& ShardedParam::shape() const { return entry_->shape; }
+const std::optional<tp::Placement>& ShardedParam::tensor_parallel() const { return entry_->tensor_parallel; }
 int64_t ShardedParam::begin() const { return flat_->local_range(*entry_).first; }
 int64_t ShardedParam::end() const { return flat_->local_range(*entry_).second; }
 
@@ -94,6 +96,24 @@ void ShardedView::set_full_params_held(bool held) const { state_->set_full_param
 
 void ShardedView::set_gradients_reduced_hook(GradientsReducedHook hook) const {
   state_->set_gradients_reduced_hook(std::move(hook));
+}
+
+std::vector<ShardedModel> models_holding(const std::vector<at::Tensor>& params) {
+  std::unordered_map<const c10::TensorImpl*, size_t> first_of;  // a parameter's place in `params`
+  for (size_t i = 0; i < params.size(); ++i) first_of.emplace(params[i].unsafeGetTensorImpl(), i);
+  std::vector<std::pair<size_t, ShardedModel>> found;
+  for (auto& model : sharded_models()) {
+    size_t first = params.size();
+    for (const auto& p : ShardedView(model).params()) {
+      const auto it = first_of.find(p.param().unsafeGetTensorImpl());
+      if (it != first_of.end()) first = std::min(first, it->second);
+    }
+    if (first < params.size()) found.emplace_back(first, std::move(model));
+  }
+  std::stable_sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<ShardedModel> models;
+  for (auto& [first, model] : found) models.push_back(std::move(model));
+  return models;
 }
 
 }  // namespace fsdp::detail

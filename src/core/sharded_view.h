@@ -6,12 +6,14 @@
 
 #include <fsdp/options.h>
 #include <fsdp/sharded_model.h>
+#include <fsdp/tp_placement.h>
 
 #include "core/gradients_reduced_hook.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +34,11 @@ class ShardedParam {
   const std::string& name() const;
   /// The user's parameter: between steps its data is its piece of the shard (1-D).
   const at::Tensor& param() const;
-  /// Its original shape.
+  /// Its original shape (under tensor parallelism: this rank's part's).
   const std::vector<int64_t>& shape() const;
+  /// How it is split over the tensor-parallel ranks; none when the model is not tensor-parallel
+  /// ([Note: one placement per parameter]).
+  const std::optional<tp::Placement>& tensor_parallel() const;
   /// This rank's piece as [begin, end) elements of the flattened parameter ({0, 0}: none).
   int64_t begin() const;
   int64_t end() const;
@@ -118,8 +123,12 @@ class ShardedView {
   std::vector<ShardedBuffer> buffers_;
 };
 
-/// Every sharded model whose root unit is alive (the unit registry: fully_shard.cpp).
+/// Every sharded model whose root unit is alive (the unit registry: fully_shard.cpp). Core's
+/// own: the layers above ask for the models of their parameters (models_holding).
 std::vector<ShardedModel> sharded_models();
+
+/// The sharded models that hold any of `params`, each once, in the order of their first parameter.
+std::vector<ShardedModel> models_holding(const std::vector<at::Tensor>& params);
 
 }  // namespace detail
 }  // namespace fsdp

@@ -38,7 +38,7 @@ int AgreementGroups::tp_size() const { return tp ? tp->size() : 1; }
 AgreementGroups agreement_groups(const ShardedView& model) {
   AgreementGroups groups{&model.world(), nullptr};
   for (const auto& p : model.params()) {
-    const auto placement = tp::placement_of(p.param());
+    const auto& placement = p.tensor_parallel();
     if (!placement || placement->tp->size() == 1) continue;
     TORCH_CHECK(!groups.tp || &groups.tp->group() == &placement->tp->group(), "checkpoint: the model's "
                 "parameters belong to two tensor-parallel groups ('", p.name(), "' to another than the "

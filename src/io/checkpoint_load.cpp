@@ -38,7 +38,7 @@ using StagedBuffers = std::vector<std::pair<at::Tensor, at::Tensor>>;
 // The boxes of the whole parameter that this rank's piece holds ([Note: boxes of a
 // tensor-parallel part]): what it reads, whatever layout saved them.
 std::vector<PlacedBox> needed_boxes(const ShardedParam& piece) {
-  return boxes_in_whole(piece.shape(), piece.begin(), piece.end(), part_in_whole(piece.param(), piece.shape()));
+  return boxes_in_whole(piece.shape(), piece.begin(), piece.end(), part_in_whole(piece));
 }
 
 // Opens the shard files holding elements of this rank's pieces.

@@ -20,7 +20,7 @@ std::vector<ParamMeta> describe_model(const ShardedView& model, const OptimizerS
   std::vector<ParamMeta> params;
   for (const auto& p : model.params()) {
     // The whole parameter's shape, also where this rank holds a tensor-parallel part of it.
-    ParamMeta meta{p.name(), part_in_whole(p.param(), p.shape()).whole_shape,
+    ParamMeta meta{p.name(), part_in_whole(p).whole_shape,
                    std::string(c10::toString(p.param().scalar_type())), {}, {}, {}};
     if (const auto k = optimizers.holder(p.param())) meta.optimizer = optimizers.state(*k).name();
     if (const auto saved = optimizers.read(p.param())) {

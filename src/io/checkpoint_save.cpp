@@ -46,7 +46,7 @@ std::vector<ShardFileContents> shard_files_contents(const ShardedView& model, co
                                                     const AgreementGroups& groups) {
   std::vector<ShardFileContents> files;
   for (const auto& piece : local_pieces(model)) {
-    const PartInWhole part = part_in_whole(piece.param(), piece.shape());
+    const PartInWhole part = part_in_whole(piece);
     if (part.dim < 0 && groups.tp_rank() != 0) continue;  // tp rank 0 saves the replicated ones
     const auto saved = optimizers.read(piece.param());
     const auto boxes = boxes_in_whole(piece.shape(), piece.begin(), piece.end(), part);

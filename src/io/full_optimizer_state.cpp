@@ -56,7 +56,7 @@ NamedTensors gather_full_optimizer_state(const ShardedModel& sharded,
         if (!saved || !saved->tensors.count(kind)) continue;
         at::Tensor whole = p.in_whole(full).clone();
         // Under tensor parallelism, this rank's part of the state: the parts made whole.
-        if (const auto placement = tp::placement_of(p.param())) whole = tp::whole_of(whole, *placement);
+        if (const auto& placement = p.tensor_parallel()) whole = tp::whole_of(whole, *placement);
         out.emplace_back(tensor_key(kind, p.name()), std::move(whole));
       }
     }

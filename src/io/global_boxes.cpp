@@ -9,9 +9,9 @@
 
 namespace fsdp::detail {
 
-PartInWhole part_in_whole(const at::Tensor& param, const std::vector<int64_t>& part_shape) {
-  const auto placement = tp::placement_of(param);
-  if (!placement || placement->replicated()) return PartInWhole{-1, 1, 0, part_shape};
+PartInWhole part_in_whole(const ShardedParam& param) {
+  const auto& placement = param.tensor_parallel();
+  if (!placement || placement->replicated()) return PartInWhole{-1, 1, 0, param.shape()};
   return PartInWhole{placement->dim, placement->fused_chunks, placement->tp->rank(), placement->global_shape};
 }
 

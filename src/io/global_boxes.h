@@ -12,6 +12,8 @@
 // A box of the whole is in general not a range of its flattened elements (a row-wise weight's
 // part is a column block); a checkpoint records those as boxes, the others as ranges as before.
 
+#include "core/sharded_view.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -29,7 +31,7 @@ struct PartInWhole {
 
 /// The part of `param` as its tensor-parallel placement says (the whole, in its own shape, when
 /// it has none: a model without tensor parallelism).
-PartInWhole part_in_whole(const at::Tensor& param, const std::vector<int64_t>& part_shape);
+PartInWhole part_in_whole(const ShardedParam& param);
 
 /// One box of the whole parameter that a rank's piece holds.
 struct PlacedBox {

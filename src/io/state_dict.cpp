@@ -85,15 +85,15 @@ void load_full_params(torch::nn::Module& module, const NamedTensors& tensors,
 namespace {
 
 // Under tensor parallelism, FSDP's whole parameter is this rank's part: the parts made whole.
-at::Tensor whole_over_tensor_parallel(const at::Tensor& param, at::Tensor gathered) {
-  const auto placement = tp::placement_of(param);
+at::Tensor whole_over_tensor_parallel(const detail::ShardedParam& param, at::Tensor gathered) {
+  const auto& placement = param.tensor_parallel();
   return placement ? tp::whole_of(gathered, *placement) : gathered;
 }
 
 // Whether this rank writes what every rank gathered: one rank per tensor-parallel group.
 bool first_tensor_parallel_rank(const detail::ShardedView& model) {
   for (const auto& p : model.params()) {
-    if (const auto placement = tp::placement_of(p.param())) return placement->tp->rank() == 0;
+    if (const auto& placement = p.tensor_parallel()) return placement->tp->rank() == 0;
   }
   return true;
 }
@@ -109,7 +109,7 @@ NamedTensors gather_full_params(const ShardedModel& sharded) {
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).
     const at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
     for (const auto& p : buffer.params()) {
-      params.emplace_back(p.name(), whole_over_tensor_parallel(p.param(), p.in_whole(full).clone()));
+      params.emplace_back(p.name(), whole_over_tensor_parallel(p, p.in_whole(full).clone()));
     }
   }
   // Rank 0's buffers, as sync_buffers gives every rank (each rank's own running statistics

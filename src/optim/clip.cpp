@@ -9,7 +9,8 @@
 
 #include <cmath>
 #include <memory>
-#include <unordered_set>
+#include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -40,10 +41,11 @@ struct NormTerms {
   std::shared_ptr<tp::TensorParallel> tp;  // the group split parameters are summed over, if any
 };
 
-NormTerms norm_terms(const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& params) {
+// `placements[i]`: how the parameter of `grads[i]` is split over tensor-parallel ranks, if at all.
+NormTerms norm_terms(const std::vector<at::Tensor>& grads, const std::vector<std::optional<tp::Placement>>& placements) {
   NormTerms terms;
   for (size_t i = 0; i < grads.size(); ++i) {
-    const auto placement = tp::placement_of(params[i]);
+    const auto& placement = placements[i];
     if (placement) {
       TORCH_CHECK(!terms.tp || &terms.tp->group() == &placement->tp->group(),
                   "clip_grad_norm_: the parameters belong to two tensor-parallel groups; clip each model's on its own");
@@ -66,17 +68,18 @@ double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
   const detail::ShardedView model(sharded);
-  std::vector<at::Tensor> grads, params;
+  std::vector<at::Tensor> grads;
+  std::vector<std::optional<tp::Placement>> placements;
   for (const auto& p : model.params()) {
     if (!p.param().grad().defined()) continue;
     grads.push_back(p.param().grad());
-    params.push_back(p.param());
+    placements.push_back(p.tensor_parallel());
   }
   // Each rank squares only its own pieces (never the padding); replicas hold equal pieces, so
   // the sum runs over the shard group alone ([Note: the norm over both dimensions]).
   // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
   const c10::Device device = model.compute_device();
-  const NormTerms terms = norm_terms(grads, params);
+  const NormTerms terms = norm_terms(grads, placements);
   at::Tensor squares = sum_of_squares(terms.counted, device);
   model.all_reduce_over_shard_group(squares);
   sum_over_tensor_parallel(terms, squares);
@@ -90,15 +93,15 @@ double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
 
 namespace {
 
-// The sharded model `param` belongs to, among `models`; null if none.
-const ShardedModel* model_of(const at::Tensor& param,
-                             const std::vector<std::pair<ShardedModel, std::unordered_set<const c10::TensorImpl*>>>& models) {
-  for (const auto& [model, params] : models) {
-    if (params.count(param.unsafeGetTensorImpl())) return &model;
+// The tensor-parallel placement of each parameter of `models`, by the parameter.
+std::unordered_map<const c10::TensorImpl*, std::optional<tp::Placement>> placements_in(
+    const std::vector<ShardedModel>& models) {
+  std::unordered_map<const c10::TensorImpl*, std::optional<tp::Placement>> found;
+  for (const auto& model : models) {
+    for (const auto& p : detail::ShardedView(model).params()) found.emplace(p.param().unsafeGetTensorImpl(), p.tensor_parallel());
   }
-  return nullptr;
+  return found;
 }
-
 
 }  // namespace
 
@@ -107,29 +110,28 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
   TORCH_CHECK(norm_type == 2.0, "fsdp::clip_grad_norm_: only the L2 norm (norm_type 2) is summed "
               "across shards, got norm_type ", norm_type);
   torch::NoGradGuard no_grad;
-  std::vector<std::pair<ShardedModel, std::unordered_set<const c10::TensorImpl*>>> models;
-  for (auto& model : detail::sharded_models()) {
-    std::unordered_set<const c10::TensorImpl*> params;
-    for (const auto& p : detail::ShardedView(model).params()) params.insert(p.param().unsafeGetTensorImpl());
-    models.emplace_back(std::move(model), std::move(params));
+  const std::vector<ShardedModel> models = detail::models_holding(parameters);
+  TORCH_CHECK(models.size() <= 1, "fsdp::clip_grad_norm_: the parameters belong to ", models.size(),
+              " sharded models; clip each model's parameters in a call of its own");
+  const auto found = placements_in(models);
+  std::vector<at::Tensor> pieces, wholes;
+  std::vector<std::optional<tp::Placement>> piece_placements, whole_placements;
+  for (const auto& param : parameters) {
+    if (!param.grad().defined()) continue;
+    const auto it = found.find(param.unsafeGetTensorImpl());
+    if (it != found.end()) {
+      pieces.push_back(param.grad());
+      piece_placements.push_back(it->second);
+    } else {
+      wholes.push_back(param.grad());
+      whole_placements.push_back(tp::placement_of(param));  // a tensor-parallel model FSDP did not shard
+    }
   }
-  const ShardedModel* sharded = nullptr;  // the one model the sharded parameters belong to
-  std::vector<at::Tensor> pieces, wholes, piece_params, whole_params;
-  for (size_t i = 0; i < parameters.size(); ++i) {
-    auto owner = model_of(parameters[i], models);
-    TORCH_CHECK(!owner || !sharded || *owner == *sharded, "fsdp::clip_grad_norm_: parameter #", i,
-                " belongs to another sharded model than the ones before it; clip each model's "
-                "parameters in a call of its own");
-    if (owner) sharded = owner;
-    if (!parameters[i].grad().defined()) continue;
-    (owner ? pieces : wholes).push_back(parameters[i].grad());
-    (owner ? piece_params : whole_params).push_back(parameters[i]);
-  }
-  const NormTerms piece_terms = norm_terms(pieces, piece_params);
-  const NormTerms whole_terms = norm_terms(wholes, whole_params);
+  const NormTerms piece_terms = norm_terms(pieces, piece_placements);
+  const NormTerms whole_terms = norm_terms(wholes, whole_placements);
   auto squares = at::zeros({1}, at::kDouble);
-  if (sharded) {
-    const detail::ShardedView model(*sharded);
+  if (!models.empty()) {
+    const detail::ShardedView model(models.front());
     at::Tensor sum = sum_of_squares(piece_terms.counted, model.compute_device());
     model.all_reduce_over_shard_group(sum);
     squares += sum.cpu();

@@ -1,13 +1,19 @@
 // fsdp::optim::Muon's step: the element-wise parts (momentum, Nesterov, weight decay, the update)
 // on each rank's pieces, the Newton-Schulz iteration on whole matrices at their owners
-// ([Note: Muon's owners]), the pieces moved by two all-to-alls (optim/muon_exchange.h).
+// ([Note: Muon's owners]), the pieces moved by two all-to-alls (optim/muon_exchange.h), and a
+// tensor-parallel matrix's parts by two more over its tp group ([Note: Muon on a tensor-parallel
+// matrix]).
 #include <fsdp/muon.h>
 
 #include "core/sharded_view.h"
 #include "optim/fused_step.h"
 #include "optim/muon_exchange.h"
+#include "optim/muon_models.h"
 #include "optim/muon_owners.h"
+#include "optim/muon_tensor_parallel.h"
 #include "optim/newton_schulz.h"
+
+#include <fsdp/parallelize.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -21,45 +27,18 @@
 namespace fsdp::optim {
 namespace {
 
+using muon::Located;
+using muon::ModelParams;
+
 // One parameter to step now, with its gradient and its param group's options.
 struct Stepped {
   at::Tensor param, grad;
   const MuonOptions* options;
 };
 
-// Where a parameter lies in a sharded model: its piece, the flat buffer (unit) holding it, and
-// its place in the model's order.
-struct Placement {
-  detail::ShardedParam param;
-  size_t buffer;
-  size_t index;
-};
-
-// The parameters of one sharded model by TensorImpl.
-struct ModelParams {
-  ShardedModel model;
-  detail::ShardedView view;
-  std::unordered_map<const void*, Placement> by_impl;
-};
-
-std::vector<ModelParams> every_sharded_model() {
-  std::vector<ModelParams> models;
-  for (auto& model : detail::sharded_models()) {
-    ModelParams m{model, detail::ShardedView(model), {}};
-    size_t index = 0;
-    for (size_t b = 0; b < m.view.buffers().size(); ++b) {
-      for (const auto& p : m.view.buffers()[b].params()) {
-        m.by_impl.emplace(p.param().unsafeGetTensorImpl(), Placement{p, b, index++});
-      }
-    }
-    models.push_back(std::move(m));
-  }
-  return models;
-}
-
 // A forward without a backward may have left a unit unsharded ([Note: resharding between
 // steps]): the parameter must be its piece again before it is stepped.
-void hold_piece_only(const ModelParams& model, const Placement& m) {
+void hold_piece_only(const ModelParams& model, const Located& m) {
   const detail::ShardedBuffer& buffer = model.view.buffers().at(m.buffer);
   if (!buffer.holds_shard_only()) buffer.reshard_unless_in_backward();
   TORCH_CHECK(buffer.holds_shard_only(), "fsdp::optim::Muon: unit '", buffer.unit_name(),
@@ -70,7 +49,7 @@ void hold_piece_only(const ModelParams& model, const Placement& m) {
 // Every rank of the group must step the same matrices (they meet in the exchanges): a rank whose
 // gradients differ in which are defined would pair the wrong pieces. One small all-reduce checks it.
 void check_same_matrices_stepped(ProcessGroup& group, const std::vector<const Stepped*>& now,
-                                 const std::vector<const Placement*>& matrices) {
+                                 const std::vector<const Located*>& matrices) {
   if (group.size() == 1) return;
   at::Tensor counts = at::zeros({static_cast<int64_t>(now.size())}, at::kInt);
   auto count = counts.accessor<int, 1>();
@@ -137,45 +116,52 @@ void check_options(const MuonOptions& o) {
 
 class Muon::Impl {
  public:
+  explicit Impl(std::vector<ModelParams> models) : models_(std::move(models)) {}
+  const std::vector<ModelParams>& models() const { return models_; }
   // Steps `stepped`: parameters outside every sharded model whole, here; each sharded model's
   // matrices at their owners. Every rank of a shard group calls it with the same parameters.
   void step(Muon& self, const std::vector<Stepped>& stepped, MuonWork& work);
 
  private:
   void step_model(Muon& self, const ModelParams& model, const std::vector<Stepped>& stepped, MuonWork& work);
-  // The group Muon's exchanges for `model` run in: its own, beside the shard group's, so that
-  // an exchange during backward (StepInBackward, on the optimizer's thread) never interleaves
-  // with the model's collectives.
-  ProcessGroup& exchange_group(const ModelParams& model);
+  // The group Muon's exchanges over `base` (a model's shard group or its tp group) run in: its
+  // own, beside `base`, so that an exchange during backward (StepInBackward, on the optimizer's
+  // thread) never interleaves with the model's collectives. `model` keeps `base` alive.
+  ProcessGroup& exchange_group(ProcessGroup& base, const ShardedModel& model);
 
-  std::vector<std::pair<ShardedModel, std::shared_ptr<ProcessGroup>>> groups_;
+  struct Exchange {
+    const ProcessGroup* base;
+    ShardedModel model;
+    std::shared_ptr<ProcessGroup> group;
+  };
+  std::vector<ModelParams> models_;
+  std::vector<Exchange> groups_;
 };
 
-ProcessGroup& Muon::Impl::exchange_group(const ModelParams& model) {
-  const detail::ShardedView view(model.model);
-  if (view.shard_group().size() == 1) return view.shard_group();
-  for (const auto& [known, group] : groups_) {
-    if (known == model.model) return *group;
+ProcessGroup& Muon::Impl::exchange_group(ProcessGroup& base, const ShardedModel& model) {
+  if (base.size() == 1) return base;
+  for (const auto& known : groups_) {
+    if (known.base == &base) return *known.group;
   }
-  // Named by how many the shard group has had: the same sequence on each of its members, whatever
-  // other groups some of them belong to (a process-wide count would differ between them).
+  // Named by how many `base` has had: the same sequence on each of its members, whatever other
+  // groups some of them belong to (a process-wide count would differ between them).
   static std::mutex made_mutex;
-  static std::map<std::string, int> made;  // by the shard group's name
+  static std::map<std::string, int> made;  // by the base group's name
   int serial = 0;
   {
     std::lock_guard<std::mutex> lock(made_mutex);
-    serial = made[view.shard_group().name()]++;
+    serial = made[base.name()]++;
   }
-  std::vector<int> members(view.shard_group().size());
+  std::vector<int> members(base.size());
   std::iota(members.begin(), members.end(), 0);
-  auto group = view.shard_group().subgroup(members, "muon" + std::to_string(serial));
-  groups_.emplace_back(model.model, group);
+  auto group = base.subgroup(members, "muon" + std::to_string(serial));
+  groups_.push_back({&base, model, group});
   return *group;
 }
 
 void Muon::Impl::step(Muon& self, const std::vector<Stepped>& stepped, MuonWork& work) {
   torch::NoGradGuard no_grad;
-  const std::vector<ModelParams> models = every_sharded_model();
+  const std::vector<ModelParams>& models = models_;
   std::vector<std::vector<Stepped>> by_model(models.size());
   for (size_t i = 0; i < stepped.size(); ++i) {
     const Stepped& s = stepped[i];
@@ -200,63 +186,108 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
                             MuonWork& work) {
   // Every matrix of this model that Muon steps, in the model's order: owners are chosen over all
   // of them, so that they stay put from step to step.
-  std::vector<const Placement*> matrices;
-  std::vector<muon::MatrixCost> costs;
+  std::vector<const Located*> matrices;
   for (const auto& group : self.param_groups()) {
     for (const auto& p : group.params()) {
       auto it = model.by_impl.find(p.unsafeGetTensorImpl());
-      if (it == model.by_impl.end()) continue;
-      check_matrix(it->second.param.shape(), "parameter '" + it->second.param.name() + "'");
-      matrices.push_back(&it->second);
+      if (it != model.by_impl.end()) matrices.push_back(&it->second);
     }
   }
   if (matrices.empty()) return;
   std::stable_sort(matrices.begin(), matrices.end(),
-                   [](const Placement* a, const Placement* b) { return a->index < b->index; });
+                   [](const Located* a, const Located* b) { return a->index < b->index; });
   std::unordered_map<const void*, size_t> position;  // in `matrices`
   for (size_t i = 0; i < matrices.size(); ++i) position[matrices[i]->param.param().unsafeGetTensorImpl()] = i;
-  ProcessGroup& group = exchange_group(model);
-  // The same shapes on every rank: the same owners ([Note: Muon's owners]), whatever is stepped now.
+  ProcessGroup& group = exchange_group(model.view.shard_group(), model.model);
+  // The same whole shapes on every rank (every tp rank too): the same owners ([Note: Muon's
+  // owners]), whatever is stepped now.
   std::vector<const Stepped*> now(matrices.size(), nullptr);
   for (const auto& s : stepped) now[position.at(s.param.unsafeGetTensorImpl())] = &s;
-  for (const Placement* m : matrices) {
-    costs.push_back({muon::iteration_flops(m->param.shape(), 1), static_cast<int>(m->buffer)});
+  std::vector<muon::MatrixCost> costs;
+  for (const Located* m : matrices) {
+    costs.push_back({muon::iteration_flops(m->whole_shape(), 1), static_cast<int>(m->buffer)});
   }
   const std::vector<int> owners = muon::choose_owners(costs, group.size());
   check_same_matrices_stepped(group, now, matrices);
 
   std::vector<muon::ExchangedMatrix> exchanged;
   std::vector<at::Tensor> pieces;
-  std::vector<size_t> which;  // into `matrices`, of each exchanged matrix
+  std::vector<const Located*> which;  // each exchanged matrix's
   for (size_t i = 0; i < matrices.size(); ++i) {
     if (!now[i]) continue;
     hold_piece_only(model, *matrices[i]);
     pieces.push_back(momentum_update(self, *now[i]).to(at::kBFloat16).reshape(-1));
     exchanged.push_back({matrices[i]->param.shape(), matrices[i]->param.piece_numels(), owners[i]});
-    which.push_back(i);
+    which.push_back(matrices[i]);
   }
   if (exchanged.empty()) return;
-  const std::vector<at::Tensor> wholes = muon::gather_to_owners(group, exchanged, pieces);
-  std::vector<at::Tensor> results;
+  std::vector<const Stepped*> stepped_now;
+  for (const Located* m : which) stepped_now.push_back(now[position.at(m->param.param().unsafeGetTensorImpl())]);
+  const auto orthogonalized_here = [&](const at::Tensor& whole, size_t e) {
+    const MuonOptions& o = *stepped_now[e]->options;
+    work.matrices += 1;
+    work.flops += muon::iteration_flops(which[e]->whole_shape(), o.ns_steps());
+    work.names.push_back(which[e]->param.name());
+    return orthogonalize(whole, o);
+  };
+  // This rank's part of each matrix it owns in its shard group, whole over FSDP.
+  const std::vector<at::Tensor> parts = muon::gather_to_owners(group, exchanged, pieces);
+  std::vector<at::Tensor> results(parts.size());
+  std::vector<size_t> split, split_exchanged;  // into `parts` and `exchanged`
+  std::vector<at::Tensor> split_parts;
+  std::vector<tp::Placement> split_placements;
   size_t k = 0;
   for (size_t e = 0; e < exchanged.size(); ++e) {
     if (exchanged[e].owner != group.rank()) continue;
-    const MuonOptions& o = *now[which[e]]->options;
-    results.push_back(orthogonalize(wholes.at(k++), o));
-    work.matrices += 1;
-    work.flops += muon::iteration_flops(exchanged[e].shape, o.ns_steps());
-    work.names.push_back(matrices[which[e]]->param.name());
+    if (which[e]->split()) {
+      split.push_back(k);
+      split_exchanged.push_back(e);
+      split_parts.push_back(parts[k]);
+      split_placements.push_back(*which[e]->param.tensor_parallel());
+    } else {
+      results[k] = orthogonalized_here(parts[k], e);
+    }
+    ++k;
+  }
+  // The same split matrices on every member of this rank's tp group ([Note: Muon on a
+  // tensor-parallel matrix]): all of them make the group and exchange, or none.
+  if (!split_placements.empty()) {
+    ProcessGroup& tp_group = exchange_group(split_placements.front().tp->group(), model.model);
+    const std::vector<at::Tensor> split_results = muon::orthogonalize_split(
+        tp_group, split_parts, split_placements,
+        [&](const at::Tensor& whole, size_t i) { return orthogonalized_here(whole, split_exchanged[i]); });
+    for (size_t i = 0; i < split.size(); ++i) results[split[i]] = split_results[i];
   }
   const std::vector<at::Tensor> mine =
       muon::scatter_from_owners(group, exchanged, results, pieces.front().options());
-  for (size_t e = 0; e < exchanged.size(); ++e) apply_update(*now[which[e]], mine[e], exchanged[e].shape);
+  for (size_t e = 0; e < exchanged.size(); ++e) apply_update(*stepped_now[e], mine[e], which[e]->whole_shape());
 }
+
+namespace {
+
+std::vector<at::Tensor> every_param(const std::vector<torch::optim::OptimizerParamGroup>& groups) {
+  std::vector<at::Tensor> params;
+  for (const auto& group : groups) params.insert(params.end(), group.params().begin(), group.params().end());
+  return params;
+}
+
+// A parameter split by parallelize_module but outside every sharded model has no record of its
+// placement for Muon to assemble the whole matrix from: stepping its part alone is wrong.
+void check_not_split_alone(const at::Tensor& param, const std::string& which) {
+  const auto placement = tp::placement_of(param);
+  TORCH_CHECK(!placement || placement->replicated() || placement->tp->size() == 1, "fsdp::optim::Muon: ",
+              which, " is split over ", placement ? placement->tp->size() : 0, " tensor-parallel ranks "
+              "(parallelize_module) but belongs to no model fully_shard has sharded, so Muon cannot put "
+              "the whole matrix together; shard the model with fully_shard over its data-parallel group "
+              "(a group of one rank will do) before making the optimizer");
+}
+
+}  // namespace
 
 Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)),
-      impl_(std::make_unique<Impl>()) {
+      impl_(std::make_unique<Impl>(muon::models_of(every_param(param_groups)))) {
   check_options(defaults);
-  const std::vector<ModelParams> models = every_sharded_model();
   for (size_t g = 0; g < this->param_groups().size(); ++g) {
     const auto& group = this->param_groups()[g];
     check_options(static_cast<const MuonOptions&>(group.options()));
@@ -264,12 +295,15 @@ Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, M
       const at::Tensor& p = group.params()[i];
       std::vector<int64_t> shape = p.sizes().vec();
       std::string which = "parameter #" + std::to_string(i) + " of param group " + std::to_string(g);
-      for (const auto& m : models) {
+      bool sharded = false;
+      for (const auto& m : impl_->models()) {
         auto it = m.by_impl.find(p.unsafeGetTensorImpl());
         if (it == m.by_impl.end()) continue;
-        shape = it->second.param.shape();
+        shape = it->second.whole_shape();
         which = "parameter '" + it->second.param.name() + "'";
+        sharded = true;
       }
+      if (!sharded) check_not_split_alone(p, which);
       check_matrix(shape, which);
     }
   }

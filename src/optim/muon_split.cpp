@@ -13,9 +13,9 @@ namespace fsdp::optim {
 namespace {
 
 // Each sharded parameter's original shape (a sharded parameter is a 1-D piece between steps).
-std::unordered_map<const void*, std::vector<int64_t>> original_shapes() {
+std::unordered_map<const void*, std::vector<int64_t>> original_shapes(const torch::nn::Module& module) {
   std::unordered_map<const void*, std::vector<int64_t>> shapes;
-  for (const auto& model : detail::sharded_models()) {
+  for (const auto& model : detail::models_holding(module.parameters())) {
     for (const auto& p : detail::ShardedView(model).params()) {
       shapes.emplace(p.param().unsafeGetTensorImpl(), p.shape());
     }
@@ -37,7 +37,7 @@ bool is_embedding(const torch::nn::Module& module, const std::string& module_pat
 }  // namespace
 
 MuonSplit split_for_muon(const torch::nn::Module& model, const std::vector<std::string>& head_names) {
-  const auto shapes = original_shapes();
+  const auto shapes = original_shapes(model);
   const std::unordered_set<std::string> heads(head_names.begin(), head_names.end());
   std::unordered_set<const void*> seen;
   MuonSplit split;

@@ -317,7 +317,7 @@ void PlannedAutograd::backward() {
 
 PlannedStep run_planned_step(const PlanSetup& setup, const RankLayout& layout, const MicroBatch& micro,
                              const MemoryBreakdown& start, const std::string& suffix) {
-  StepCounts step{setup, layout, micro, Timeline(start, suffix)};
+  StepCounts step{setup, layout, micro, Timeline(start, suffix), 0, {}, {}, {}, {}, {}, false};
   StepListener model_wide;  // the published shards and autograd's callback: nothing to count
   StepConductor conductor(setup.policy.fsdp, model_wide);
   conductor.set_no_sync(!micro.reduces);

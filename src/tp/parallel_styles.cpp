@@ -139,6 +139,15 @@ at::Tensor StyledLayer::param(const char* which) const {
   return *found;
 }
 
+std::optional<Placement> StyledLayer::placement_of(const at::Tensor& param) const {
+  const auto own = module_->named_parameters(/*recurse=*/false);
+  for (const auto& [which, placement] : placements_) {
+    const at::Tensor* mine = own.find(which);
+    if (mine && mine->unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return placement;
+  }
+  return std::nullopt;
+}
+
 void StyledLayer::keep_shapes() {
   for (const auto& item : module_->named_parameters(/*recurse=*/false)) {
     kept_shapes_[item.key()] = item.value().sizes().vec();

@@ -8,6 +8,7 @@
 #include <map>
 #include <vector>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace fsdp::tp::detail {
@@ -22,6 +23,10 @@ class StyledLayer : public LayerStyle {
   bool ran() const { return ran_; }
   /// Records its parameters' shapes once they are this rank's parts: forward checks them.
   void keep_shapes();
+  /// How each of its own parameters (by name: "weight", "bias") lies over the ranks.
+  void set_placements(std::vector<std::pair<std::string, Placement>> placements) { placements_ = std::move(placements); }
+  /// The placement of `param` if it is one of this layer's own parameters.
+  std::optional<Placement> placement_of(const at::Tensor& param) const;
 
  protected:
   at::Tensor param(const char* which) const;
@@ -32,6 +37,7 @@ class StyledLayer : public LayerStyle {
   std::string name_;
   std::atomic<bool> ran_{false};
   std::map<std::string, std::vector<int64_t>> kept_shapes_;
+  std::vector<std::pair<std::string, Placement>> placements_;
 };
 
 std::unique_ptr<StyledLayer> make_colwise(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module,

@@ -6,7 +6,6 @@
 #include "tp/parallel_styles.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/modules/embedding.h>
 
@@ -28,15 +27,20 @@ struct StyleEntry {
   std::shared_ptr<detail::StyledLayer> style;
 };
 
-struct PlacementEntry {
-  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> param;
-  Placement placement;
+// A module given to parallelize_module: its parameters that no style splits are replicated over
+// `tp`.
+struct ScopeEntry {
+  std::weak_ptr<torch::nn::Module> module;
+  std::shared_ptr<TensorParallel> tp;
 };
 
+// Each parallelized layer's style (which holds its own parameters' placements) and each
+// parallelized module's group: what a parameter's placement is read from, once, when fully_shard
+// records it ([Note: one placement per parameter] in src/core/flat_param.h). No table by tensor.
 struct Registry {
   std::mutex mutex;
   std::unordered_map<const torch::nn::Module*, StyleEntry> styles;
-  std::unordered_map<const c10::TensorImpl*, PlacementEntry> placements;
+  std::unordered_map<const torch::nn::Module*, ScopeEntry> scopes;
 };
 
 // How many layers were ever parallelized in this process: while none, a holder's call (every
@@ -105,15 +109,6 @@ void keep_part(at::Tensor& param, int64_t dim, int64_t chunks, const TensorParal
   std::vector<at::Tensor> parts;
   for (const at::Tensor& chunk : param.chunk(chunks, dim)) parts.push_back(tp.chunk_along(chunk, dim));
   param.set_data(at::cat(parts, dim).contiguous());
-}
-
-void record_placement(const at::Tensor& param, Placement placement) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  r.placements.insert_or_assign(
-      param.unsafeGetTensorImpl(),
-      PlacementEntry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(param.getIntrusivePtr()),
-                     std::move(placement)});
 }
 
 // The gradient of a replicated parameter used on this rank's part of the sequence is its part
@@ -227,10 +222,14 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
     }
     return false;
   };
-  // Every parameter replicated unless a style splits it; one a unit's own parallelize_module
-  // placed already (fully_shard_deferred's prepare, block by block) keeps its placement.
-  for (auto& item : model.named_parameters()) {
-    if (!placement_of(item.value())) record_placement(item.value(), {tp, -1, 1, item.value().sizes().vec()});
+  // Every parameter replicated over `tp` unless a style splits it.
+  {
+    auto& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    std::weak_ptr<torch::nn::Module> owner = model.weak_from_this();
+    TORCH_CHECK(!owner.expired(), "parallelize_module: the model must be held by a shared_ptr (a TORCH_MODULE "
+                "holder or std::make_shared), as LibTorch's modules are");
+    r.scopes[&model] = {owner, tp};
   }
   for (const auto& [path, style] : chosen) {
     torch::nn::Module& module = *modules[path];
@@ -242,8 +241,8 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
         keep_part(param, placement.dim, placement.fused_chunks, *tp, path + "." + which);
         check_ran_through_holder(param, split.layer);
       }
-      record_placement(param, placement);
     }
+    split.layer->set_placements(std::move(split.parts));
     split.layer->keep_shapes();
     auto all = module.named_parameters(/*recurse=*/true);
     for (const auto& which : split.summed) sum_gradient_over_ranks(*all.find(which), tp);
@@ -257,13 +256,18 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
 std::optional<Placement> placement_of(const at::Tensor& param) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.placements.find(param.unsafeGetTensorImpl());
-  if (it == r.placements.end()) return std::nullopt;
-  if (it->second.param.expired()) {
-    r.placements.erase(it);
-    return std::nullopt;
+  for (const auto& [module, entry] : r.styles) {
+    if (entry.module.expired()) continue;
+    if (auto placement = entry.style->placement_of(param)) return placement;
   }
-  return it->second.placement;
+  for (const auto& [module, entry] : r.scopes) {
+    const auto alive = entry.module.lock();
+    if (!alive) continue;
+    for (const auto& p : alive->parameters()) {
+      if (p.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return Placement{entry.tp, -1, 1, param.sizes().vec()};
+    }
+  }
+  return std::nullopt;
 }
 
 at::Tensor whole_of(const at::Tensor& part, const Placement& placement) {
@@ -274,6 +278,28 @@ at::Tensor whole_of(const at::Tensor& part, const Placement& placement) {
   // Rank-major [rank][chunk][rows] along d, to the parameter's chunk-major [chunk][rank][rows].
   const int64_t rows = part.size(d) / chunks;
   return gathered.unflatten(d, {ranks, chunks, rows}).transpose(d, d + 1).flatten(d, d + 2).contiguous();
+}
+
+at::Tensor whole_from_parts(const std::vector<at::Tensor>& parts, const Placement& placement) {
+  TORCH_CHECK(!parts.empty(), "whole_from_parts: no parts");
+  if (placement.replicated()) return parts.front();
+  // Chunk-major: fused part c of every rank, rank by rank, then the next part.
+  std::vector<at::Tensor> pieces;
+  for (int64_t c = 0; c < placement.fused_chunks; ++c) {
+    for (const at::Tensor& part : parts) pieces.push_back(part.chunk(placement.fused_chunks, placement.dim)[c]);
+  }
+  return at::cat(pieces, placement.dim);
+}
+
+at::Tensor part_of_whole(const at::Tensor& whole, const Placement& placement, int rank) {
+  if (placement.replicated()) return whole;
+  const int64_t ranks = placement.tp->size();
+  std::vector<at::Tensor> parts;
+  for (const at::Tensor& chunk : whole.chunk(placement.fused_chunks, placement.dim)) {
+    const int64_t rows = chunk.size(placement.dim) / ranks;
+    parts.push_back(chunk.narrow(placement.dim, rank * rows, rows));
+  }
+  return at::cat(parts, placement.dim);
 }
 
 namespace detail {

@@ -20,7 +20,7 @@ PUBLIC = {
     "checked_math.h": "util", "bounded_json.h": "util",
     "distributed.h": "launch", "peer_errors.h": "launch", "launch_env.h": "launch",
     "comm_stats.h": "comm",
-    "device_mesh.h": "tp", "tensor_parallel.h": "tp", "parallelize.h": "tp",
+    "device_mesh.h": "tp", "tensor_parallel.h": "tp", "parallelize.h": "tp", "tp_placement.h": "tp",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
     "output_tensors.h": "core", "sharded_model.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
@@ -40,7 +40,7 @@ FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state
 # above it: the model (fsdp_state) calls it; and neither includes the face's plumbing
 # (unit_runtime, unit_slot) or the handle (sharded_model), which sit above them.
 CORE_TIERS = [
-    {"flat_layout", "unit_rules", "step_conductor", "flat_param", "rate_limiter", "model_check",
+    {"flat_layout", "unit_rules", "step_conductor", "buffer_storage", "flat_param", "rate_limiter", "model_check",
      "options", "output_tensors", "gradients_reduced_hook"},
     {"unit_comm"},
     {"unit_collectives", "unit_env"},
