@@ -6,6 +6,9 @@
 #include "dist_env.h"
 
 #include "comm/collectives.h"
+#include "comm/host_collectives.h"
+
+#include <fsdp/comm_stats.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -46,6 +49,42 @@ TEST(StagedCollectives, GiveTheRingsResultsBitwise) {
   fsdp::broadcast(world, expected, /*root=*/w - 1);
   staged->broadcast(from_root, /*root=*/w - 1);
   EXPECT_TRUE(at::equal(from_root, expected));
+}
+
+// Element k of what rank `from` sends to rank `to`: a value only that pair and place give.
+float sent_value(int from, int to, int64_t k) { return static_cast<float>(1000 * from + 100 * to + k); }
+
+// Rank `from` sends rank `to` (from + 2 * to) % 3 + 1 elements: uneven, some pairs more than others.
+int64_t count_between(int from, int to) { return (from + 2 * to) % 3 + 1; }
+
+// Every implementation of the device seam's all_to_all on the host (the ring's, shared memory's,
+// staged through host copies) puts what each member sent this rank, in member order, and counts
+// what left for the others (Muon's exchanges run on it).
+TEST(Collectives, AllToAllDeliversEachMembersPartInOrder) {
+  fsdp::ProcessGroup& world = *dist().world;
+  const int w = world.size(), me = world.rank();
+  std::vector<int64_t> send_numels, receive_numels;
+  std::vector<float> send_values, expected_values;
+  for (int r = 0; r < w; ++r) {
+    send_numels.push_back(count_between(me, r));
+    receive_numels.push_back(count_between(r, me));
+    for (int64_t k = 0; k < count_between(me, r); ++k) send_values.push_back(sent_value(me, r, k));
+    for (int64_t k = 0; k < count_between(r, me); ++k) expected_values.push_back(sent_value(r, me, k));
+  }
+  const at::Tensor send = at::tensor(send_values), expected = at::tensor(expected_values);
+  int64_t to_others = 0;
+  for (int r = 0; r < w; ++r) to_others += r == me ? 0 : count_between(me, r);
+  std::vector<std::pair<const char*, std::unique_ptr<fsdp::Collectives>>> implementations;
+  implementations.emplace_back("ring", fsdp::make_ring_collectives(world));
+  implementations.emplace_back("host (shared memory on one host)", fsdp::host_collectives(world, 1 << 16));
+  implementations.emplace_back("staged", fsdp::make_staged_collectives(fsdp::make_ring_collectives(world)));
+  for (auto& [name, collectives] : implementations) {
+    at::Tensor received = at::full({expected.numel()}, -1.0f);
+    const int64_t before = fsdp::comm_stats().all_to_all_bytes;
+    collectives->all_to_all(received, send, send_numels, receive_numels);
+    expect_bitwise(expected, received, name);
+    EXPECT_EQ(fsdp::comm_stats().all_to_all_bytes - before, 4 * to_others) << name;
+  }
 }
 
 }  // namespace

@@ -99,29 +99,39 @@ void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root) {
   }
 }
 
-at::Tensor backend_all_to_all(ProcessGroup& group, const at::Tensor& send, std::vector<int64_t> send_numels,
-                              std::vector<int64_t> receive_numels) {
-  TORCH_CHECK(static_cast<int>(send_numels.size()) == group.size() &&
-                  static_cast<int>(receive_numels.size()) == group.size(),
-              "all_to_all: a count per member of the group is needed");
-  int64_t received = 0;
-  for (int64_t n : receive_numels) received += n;
-  at::Tensor host_send = send.is_cpu() ? send.contiguous() : send.to(at::kCPU);
-  at::Tensor host_received = at::empty({received}, host_send.options());
+void backend_all_to_all(ProcessGroup& group, const at::Tensor& received, const at::Tensor& send,
+                        const std::vector<int64_t>& send_numels, const std::vector<int64_t>& receive_numels) {
+  check_all_to_all(group.size(), received, send, send_numels, receive_numels);
   if (group.size() == 1) {
-    host_received.copy_(host_send);
+    received.copy_(send);
   } else {
+    at::Tensor out = received, in = send.contiguous();
     run_guarded(group, "all_to_all", PeersWaitedOn::AllMembers, [&] {
       // Gloo takes the counts (it moves them into its work): it gets copies.
       std::vector<int64_t> receive_counts = receive_numels, send_counts = send_numels;
-      wait_and_release(group.backend().alltoall_base(host_received, host_send, receive_counts, send_counts),
-                       group.timeout());
+      wait_and_release(group.backend().alltoall_base(out, in, receive_counts, send_counts), group.timeout());
     });
   }
+  count_all_to_all_bytes(group.rank(), send, send_numels);
+}
+
+void check_all_to_all(int members, const at::Tensor& received, const at::Tensor& send,
+                      const std::vector<int64_t>& send_numels, const std::vector<int64_t>& receive_numels) {
+  TORCH_CHECK(static_cast<int>(send_numels.size()) == members && static_cast<int>(receive_numels.size()) == members,
+              "all_to_all: a count per member of the group is needed");
+  int64_t sent = 0, got = 0;
+  for (int r = 0; r < members; ++r) {
+    sent += send_numels[r];
+    got += receive_numels[r];
+  }
+  TORCH_CHECK(send.numel() == sent && received.numel() == got && received.is_contiguous(),
+              "all_to_all: the buffers must hold the counts' sums (", sent, " to send, ", got, " to receive)");
+}
+
+void count_all_to_all_bytes(int rank, const at::Tensor& send, const std::vector<int64_t>& send_numels) {
   int64_t to_others = 0;
-  for (int r = 0; r < group.size(); ++r) to_others += r == group.rank() ? 0 : send_numels[r];
+  for (size_t r = 0; r < send_numels.size(); ++r) to_others += static_cast<int>(r) == rank ? 0 : send_numels[r];
   count_sent_bytes(CollectiveKind::AllToAll, to_others * static_cast<int64_t>(send.element_size()));
-  return send.is_cpu() ? host_received : host_received.to(send.device());
 }
 
 namespace {

@@ -29,6 +29,11 @@ class Collectives {
   virtual void all_reduce_sum(const at::Tensor& t) = 0;
   /// t <- rank `root`'s t.
   virtual void broadcast(const at::Tensor& t, int root) = 0;
+  /// received <- what the members sent this rank: `send` (1-D) holds send_numels[r] elements for
+  /// member r, one after another; `received` (1-D) gets receive_numels[r] from member r, in
+  /// member order. Counted in comm_stats().all_to_all_bytes (what leaves for other members).
+  virtual void all_to_all(const at::Tensor& received, const at::Tensor& send, const std::vector<int64_t>& send_numels,
+                          const std::vector<int64_t>& receive_numels) = 0;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -72,11 +77,14 @@ void run_guarded(const ProcessGroup& group, const char* what, PeersWaitedOn peer
 void backend_all_reduce_sum(ProcessGroup& group, const at::Tensor& t);
 /// t <- rank `root`'s t, by the backend's own broadcast; t is a host tensor.
 void backend_broadcast(ProcessGroup& group, const at::Tensor& t, int root);
-/// What the members of `group` sent this rank, by the backend's own all-to-all: `send` (1-D)
-/// holds send_numels[r] elements for member r, one after another; the result holds
-/// receive_numels[r] from member r, in member order. Counted in comm_stats().all_to_all_bytes
-/// (what leaves for other members). A device tensor goes through a host copy.
-at::Tensor backend_all_to_all(ProcessGroup& group, const at::Tensor& send, std::vector<int64_t> send_numels,
-                              std::vector<int64_t> receive_numels);
+/// Collectives::all_to_all of host tensors by `group`'s backend (Gloo) itself: what the host
+/// implementations run.
+void backend_all_to_all(ProcessGroup& group, const at::Tensor& received, const at::Tensor& send,
+                        const std::vector<int64_t>& send_numels, const std::vector<int64_t>& receive_numels);
+/// Throws unless the counts are one per member and the buffers hold their sums.
+void check_all_to_all(int members, const at::Tensor& received, const at::Tensor& send,
+                      const std::vector<int64_t>& send_numels, const std::vector<int64_t>& receive_numels);
+/// Counts what an all-to-all sends to the members other than `rank`.
+void count_all_to_all_bytes(int rank, const at::Tensor& send, const std::vector<int64_t>& send_numels);
 
 }  // namespace fsdp

@@ -86,6 +86,19 @@ class NcclCollectives final : public Collectives {
     if (rank() == root) count_sent_bytes(CollectiveKind::Broadcast, (size() - 1) * nbytes(t));
   }
 
+  void all_to_all(const at::Tensor& received, const at::Tensor& send, const std::vector<int64_t>& send_numels,
+                  const std::vector<int64_t>& receive_numels) override {
+    check_all_to_all(size(), received, send, send_numels, receive_numels);
+    if (size() == 1) {
+      received.copy_(send);
+      return;
+    }
+    at::Tensor out = received, in = send.contiguous();
+    std::vector<int64_t> receive_counts = receive_numels, send_counts = send_numels;
+    run("all-to-all", [&] { return backend_->alltoall_base(out, in, receive_counts, send_counts); });
+    count_all_to_all_bytes(rank(), send, send_numels);
+  }
+
  private:
   // wait() without a timeout only orders the current (lane) stream after NCCL's: the host goes
   // on. A collective that never completes is ProcessGroupNCCL's watchdog's to end (after

@@ -89,6 +89,11 @@ class ShmCollectives final : public Collectives, public PublishingCollectives {
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
 
+  void all_to_all(const at::Tensor& received, const at::Tensor& send, const std::vector<int64_t>& send_numels,
+                  const std::vector<int64_t>& receive_numels) override {
+    backend_all_to_all(group_, received, send, send_numels, receive_numels);
+  }
+
   void all_gather(const at::Tensor& full, const at::Tensor& shard) override {
     const int w = size(), r = rank();
     const int64_t s = check_flat(full, shard, "all_gather");

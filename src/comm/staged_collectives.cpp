@@ -49,6 +49,14 @@ class StagedCollectives final : public Collectives {
     t.copy_(host);
   }
 
+  void all_to_all(const at::Tensor& received, const at::Tensor& send, const std::vector<int64_t>& send_numels,
+                  const std::vector<int64_t>& receive_numels) override {
+    at::Tensor host_send = host_staging_buffer(send), host_received = host_staging_buffer(received);
+    host_send.copy_(send);
+    host_->all_to_all(host_received, host_send, send_numels, receive_numels);
+    received.copy_(host_received);
+  }
+
  private:
   std::unique_ptr<Collectives> host_;
 };

@@ -6,6 +6,7 @@
 #include <fsdp/muon.h>
 
 #include "core/sharded_view.h"
+#include "device/device.h"
 #include "optim/fused_step.h"
 #include "optim/muon_exchange.h"
 #include "optim/muon_models.h"
@@ -124,39 +125,48 @@ class Muon::Impl {
 
  private:
   void step_model(Muon& self, const ModelParams& model, const std::vector<Stepped>& stepped, MuonWork& work);
-  // The group Muon's exchanges over `base` (a model's shard group or its tp group) run in: its
-  // own, beside `base`, so that an exchange during backward (StepInBackward, on the optimizer's
-  // thread) never interleaves with the model's collectives. `model` keeps `base` alive.
-  ProcessGroup& exchange_group(ProcessGroup& base, const ShardedModel& model);
-
+  // Where Muon's exchanges over `base` (a model's shard group or its tp group) run: a group of
+  // its own beside `base`, so that an exchange during backward (StepInBackward, on the
+  // optimizer's thread) never interleaves with the model's collectives, and the device seam's
+  // collectives over it for the pieces' device. `model` keeps `base` alive.
   struct Exchange {
     const ProcessGroup* base;
+    c10::Device device;
     ShardedModel model;
-    std::shared_ptr<ProcessGroup> group;
+    std::shared_ptr<ProcessGroup> own_group;  // none for a group of one
+    ProcessGroup* group;
+    std::unique_ptr<DeviceRuntime> runtime;
+    std::unique_ptr<Collectives> collectives;
   };
+  Exchange& exchange(ProcessGroup& base, const ShardedModel& model, const c10::Device& device);
+
   std::vector<ModelParams> models_;
-  std::vector<Exchange> groups_;
+  std::vector<std::unique_ptr<Exchange>> exchanges_;
 };
 
-ProcessGroup& Muon::Impl::exchange_group(ProcessGroup& base, const ShardedModel& model) {
-  if (base.size() == 1) return base;
-  for (const auto& known : groups_) {
-    if (known.base == &base) return *known.group;
+Muon::Impl::Exchange& Muon::Impl::exchange(ProcessGroup& base, const ShardedModel& model, const c10::Device& device) {
+  for (const auto& known : exchanges_) {
+    if (known->base == &base && known->device == device) return *known;
   }
-  // Named by how many `base` has had: the same sequence on each of its members, whatever other
-  // groups some of them belong to (a process-wide count would differ between them).
-  static std::mutex made_mutex;
-  static std::map<std::string, int> made;  // by the base group's name
-  int serial = 0;
-  {
-    std::lock_guard<std::mutex> lock(made_mutex);
-    serial = made[base.name()]++;
+  auto made = std::make_unique<Exchange>(Exchange{&base, device, model, nullptr, &base, make_device(device), nullptr});
+  if (base.size() > 1) {
+    // Named by how many `base` has had: the same sequence on each of its members, whatever other
+    // groups some of them belong to (a process-wide count would differ between them).
+    static std::mutex made_mutex;
+    static std::map<std::string, int> serials;  // by the base group's name
+    int serial = 0;
+    {
+      std::lock_guard<std::mutex> lock(made_mutex);
+      serial = serials[base.name()]++;
+    }
+    std::vector<int> members(base.size());
+    std::iota(members.begin(), members.end(), 0);
+    made->own_group = base.subgroup(members, "muon" + std::to_string(serial));
+    made->group = made->own_group.get();
   }
-  std::vector<int> members(base.size());
-  std::iota(members.begin(), members.end(), 0);
-  auto group = base.subgroup(members, "muon" + std::to_string(serial));
-  groups_.push_back({&base, model, group});
-  return *group;
+  made->collectives = made->runtime->collectives(*made->group);
+  exchanges_.push_back(std::move(made));
+  return *exchanges_.back();
 }
 
 void Muon::Impl::step(Muon& self, const std::vector<Stepped>& stepped, MuonWork& work) {
@@ -198,7 +208,6 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
                    [](const Located* a, const Located* b) { return a->index < b->index; });
   std::unordered_map<const void*, size_t> position;  // in `matrices`
   for (size_t i = 0; i < matrices.size(); ++i) position[matrices[i]->param.param().unsafeGetTensorImpl()] = i;
-  ProcessGroup& group = exchange_group(model.view.shard_group(), model.model);
   // The same whole shapes on every rank (every tp rank too): the same owners ([Note: Muon's
   // owners]), whatever is stepped now.
   std::vector<const Stepped*> now(matrices.size(), nullptr);
@@ -207,8 +216,10 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
   for (const Located* m : matrices) {
     costs.push_back({muon::iteration_flops(m->whole_shape(), 1), static_cast<int>(m->buffer)});
   }
-  const std::vector<int> owners = muon::choose_owners(costs, group.size());
-  check_same_matrices_stepped(group, now, matrices);
+  const std::vector<int> owners = muon::choose_owners(costs, model.view.shard_group().size());
+  // Where the pieces live (a model's shards share one device: offloaded, the host).
+  Exchange& shard_exchange = exchange(model.view.shard_group(), model.model, matrices.front()->param.param().device());
+  check_same_matrices_stepped(*shard_exchange.group, now, matrices);
 
   std::vector<muon::ExchangedMatrix> exchanged;
   std::vector<at::Tensor> pieces;
@@ -221,6 +232,7 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
     which.push_back(matrices[i]);
   }
   if (exchanged.empty()) return;
+  Collectives& group = *shard_exchange.collectives;
   std::vector<const Stepped*> stepped_now;
   for (const Located* m : which) stepped_now.push_back(now[position.at(m->param.param().unsafeGetTensorImpl())]);
   const auto orthogonalized_here = [&](const at::Tensor& whole, size_t e) {
@@ -252,7 +264,8 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
   // The same split matrices on every member of this rank's tp group ([Note: Muon on a
   // tensor-parallel matrix]): all of them make the group and exchange, or none.
   if (!split_placements.empty()) {
-    ProcessGroup& tp_group = exchange_group(split_placements.front().tp->group(), model.model);
+    Collectives& tp_group =
+        *exchange(split_placements.front().tp->group(), model.model, pieces.front().device()).collectives;
     const std::vector<at::Tensor> split_results = muon::orthogonalize_split(
         tp_group, split_parts, split_placements,
         [&](const at::Tensor& whole, size_t i) { return orthogonalized_here(whole, split_exchanged[i]); });

@@ -19,9 +19,19 @@ at::Tensor concatenated(const std::vector<at::Tensor>& parts, const at::TensorOp
   return parts.empty() ? at::empty({0}, options) : at::cat(parts);
 }
 
+// What the members sent this rank for `send`'s counts.
+at::Tensor exchanged(Collectives& group, const at::Tensor& send, const std::vector<int64_t>& send_numels,
+                     const std::vector<int64_t>& receive_numels) {
+  int64_t total = 0;
+  for (int64_t n : receive_numels) total += n;
+  at::Tensor received = at::empty({total}, send.options());
+  group.all_to_all(received, send, send_numels, receive_numels);
+  return received;
+}
+
 }  // namespace
 
-std::vector<at::Tensor> gather_to_owners(ProcessGroup& group, const std::vector<ExchangedMatrix>& matrices,
+std::vector<at::Tensor> gather_to_owners(Collectives& group, const std::vector<ExchangedMatrix>& matrices,
                                          const std::vector<at::Tensor>& pieces) {
   TORCH_CHECK(pieces.size() == matrices.size(), "Muon: a piece per matrix is needed");
   const int members = group.size(), me = group.rank();
@@ -39,8 +49,7 @@ std::vector<at::Tensor> gather_to_owners(ProcessGroup& group, const std::vector<
     if (m.owner != me) continue;
     for (int r = 0; r < members; ++r) receive[r] += m.piece_numels.at(r);
   }
-  const at::Tensor received =
-      backend_all_to_all(group, concatenated(outgoing, pieces.front().options()), send, receive);
+  const at::Tensor received = exchanged(group, concatenated(outgoing, pieces.front().options()), send, receive);
   // Member r's part holds its pieces of this rank's matrices, in order.
   std::vector<int64_t> cursor = starts_of(receive);
   std::vector<at::Tensor> wholes;
@@ -56,7 +65,7 @@ std::vector<at::Tensor> gather_to_owners(ProcessGroup& group, const std::vector<
   return wholes;
 }
 
-std::vector<at::Tensor> scatter_from_owners(ProcessGroup& group, const std::vector<ExchangedMatrix>& matrices,
+std::vector<at::Tensor> scatter_from_owners(Collectives& group, const std::vector<ExchangedMatrix>& matrices,
                                             const std::vector<at::Tensor>& owned, const at::TensorOptions& options) {
   const int members = group.size(), me = group.rank();
   if (matrices.empty()) return {};
@@ -76,7 +85,7 @@ std::vector<at::Tensor> scatter_from_owners(ProcessGroup& group, const std::vect
   TORCH_CHECK(outgoing.empty() || flat_owned.size() * members == outgoing.size(),
               "Muon: a result per owned matrix is needed");
   for (const auto& m : matrices) receive[m.owner] += m.piece_numels.at(me);
-  const at::Tensor received = backend_all_to_all(group, concatenated(outgoing, options), send, receive);
+  const at::Tensor received = exchanged(group, concatenated(outgoing, options), send, receive);
   // The owner's part holds this rank's piece of each of its matrices, in order.
   std::vector<int64_t> cursor = starts_of(receive);
   std::vector<at::Tensor> mine;

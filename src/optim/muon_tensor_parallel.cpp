@@ -34,7 +34,7 @@ at::Tensor laid_out_by_member(const at::Tensor& whole, const tp::Placement& plac
 }  // namespace
 
 std::vector<at::Tensor> orthogonalize_split(
-    ProcessGroup& group, const std::vector<at::Tensor>& parts, const std::vector<tp::Placement>& placements,
+    Collectives& group, const std::vector<at::Tensor>& parts, const std::vector<tp::Placement>& placements,
     const std::function<at::Tensor(const at::Tensor& whole, size_t i)>& orthogonalize) {
   TORCH_CHECK(parts.size() == placements.size(), "Muon: a placement per tensor-parallel part is needed");
   if (parts.empty()) return {};

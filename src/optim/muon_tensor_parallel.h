@@ -15,7 +15,8 @@
 // parts as without tensor parallelism; the second, for each split matrix of n elements whole,
 // sends (tp - 1) n / tp elements to its owner and as many back, summed over the tp group.
 
-#include <fsdp/distributed.h>
+#include "comm/collectives.h"
+
 #include <fsdp/tp_placement.h>
 
 #include <ATen/core/Tensor.h>
@@ -27,11 +28,11 @@ namespace fsdp::optim::muon {
 
 /// Each of `parts` (this rank's tensor-parallel part of a split matrix, whole over FSDP, bf16)
 /// orthogonalized as the whole matrix: returns this rank's part of each result, in the part's
-/// shape. Every member of `group` (the placements' tp group, or a group beside it with the same
-/// members) calls it with the same matrices in the same order. `orthogonalize(whole, i)` runs
+/// shape. Every member of `group` (collectives over the placements' tp group, or a group beside
+/// it with the same members) calls it with the same matrices in the same order. `orthogonalize(whole, i)` runs
 /// on the owner of matrix i.
 std::vector<at::Tensor> orthogonalize_split(
-    ProcessGroup& group, const std::vector<at::Tensor>& parts, const std::vector<tp::Placement>& placements,
+    Collectives& group, const std::vector<at::Tensor>& parts, const std::vector<tp::Placement>& placements,
     const std::function<at::Tensor(const at::Tensor& whole, size_t i)>& orthogonalize);
 
 }  // namespace fsdp::optim::muon
