@@ -203,6 +203,33 @@ TEST(Muon, TorchSaveAndLoadResumeAScheduledRun) {
   for (const auto& [name, want] : uninterrupted) EXPECT_TRUE(torch::equal(resumed.at(name), want)) << name;
 }
 
+// A public GPT's layout: its head called out_head, an attention block whose name ends in "head"
+// too (multihead), a token embedding, a norm. Keller Jordan's split: Muon only for the hidden
+// matrices (the rule the planner reads too: fsdp::optim::is_hidden_matrix).
+struct PublicGptImpl : torch::nn::Module {
+  PublicGptImpl() {
+    tok_emb = register_module("tok_emb", torch::nn::Embedding(16, 8));
+    multihead = register_module("multihead", torch::nn::Linear(8, 24));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({8})));
+    out_head = register_module("out_head", torch::nn::Linear(8, 16));
+  }
+  torch::nn::Embedding tok_emb{nullptr};
+  torch::nn::Linear multihead{nullptr}, out_head{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(PublicGpt);
+
+TEST(Muon, SplitSendsEveryOutputHeadToAdamW) {
+  PublicGpt model;
+  const auto split = fsdp::optim::split_for_muon(*model);
+  EXPECT_EQ(split.matrix_names, (std::vector<std::string>{"multihead.weight"}));
+  EXPECT_EQ(split.other_names, (std::vector<std::string>{"tok_emb.weight", "multihead.bias", "norm.weight", "norm.bias",
+                                                         "out_head.weight", "out_head.bias"}));
+  EXPECT_FALSE(fsdp::optim::is_hidden_matrix("h.0.value_head.weight", {1, 8}, false));
+  EXPECT_TRUE(fsdp::optim::is_hidden_matrix("h.0.overhead.weight", {4, 8}, false));
+  EXPECT_FALSE(fsdp::optim::is_hidden_matrix("wte.weight", {16, 8}, /*embedding_module=*/true));
+}
+
 TEST(Muon, RefusesWhatItCannotStepByName) {
   auto model = fsdp::fully_shard(make_muon_model(), *dist().world);
   // A sharded bias is 1-D between steps like everything else: refused by its original shape.

@@ -28,48 +28,33 @@ namespace gpt {
 
 namespace {
 
-// How the trainer's TP plan splits a layer (torchtitan's Llama plan, docs/planner.md "Tensor
-// parallelism"): q/k/v, gate/up, c_attn, c_fc and the head column-wise (output features: the
-// weight's rows and the bias), o_proj, down_proj and c_proj row-wise (input features: the
-// weight's columns; the bias replicated), wte by vocabulary rows; norms and wpe replicated.
-enum class TpSplit { Replicated, Columnwise, Rowwise, VocabularyRows };
+// A parameter's own name: the last component of its path ("h.0.attn.q_proj.weight" -> "weight").
+std::string own_name(const std::string& path) { return path.substr(path.rfind('.') + 1); }
 
-TpSplit tp_split(const Layer& layer) {
-  const std::string last = layer.name.substr(layer.name.rfind('.') + 1);
-  switch (layer.kind) {
-    case LayerKind::LayerNorm:
-    case LayerKind::RMSNorm: return TpSplit::Replicated;
-    case LayerKind::Embedding: return last == "wte" ? TpSplit::VocabularyRows : TpSplit::Replicated;
-    case LayerKind::Linear:
-      for (const char* name : {"c_attn", "c_fc", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "lm_head"}) {
-        if (last == name) return TpSplit::Columnwise;
-      }
-      for (const char* name : {"c_proj", "o_proj", "down_proj"}) {
-        if (last == name) return TpSplit::Rowwise;
-      }
+// The last norm of `table` (the final norm, after the blocks), or null.
+const Layer* last_norm(const std::vector<Layer>& table) {
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    if (it->kind == LayerKind::LayerNorm || it->kind == LayerKind::RMSNorm) return &*it;
   }
-  TORCH_CHECK(false, "the planner knows no tensor-parallel split of layer ", layer.name);
+  return nullptr;
 }
 
-// `param` of `layer` as one of tp TP ranks holds it.
-fsdp::PlanParam tp_local(fsdp::PlanParam param, const Layer& layer, int64_t tp) {
+// `param` of `layer` as one of tp TP ranks holds it: split as the style the trainer's own plan
+// (`plan`, the family's) gives the layer says ([Note: a style's two readers]).
+fsdp::PlanParam tp_local(fsdp::PlanParam param, const Layer& layer, const fsdp::tp::ParallelizePlan& plan, int64_t tp) {
   if (tp == 1) return param;
-  const bool bias = param.shape.size() == 1;
-  switch (tp_split(layer)) {
-    case TpSplit::Replicated: break;
-    case TpSplit::VocabularyRows:
-    case TpSplit::Columnwise: param.shape[0] /= tp; break;  // weight [out, in] rows, bias [out]
-    case TpSplit::Rowwise:
-      if (!bias) param.shape[1] /= tp;  // weight [out, in] columns; the bias replicated
-      break;
-  }
+  const fsdp::tp::ParallelStyle* style = fsdp::tp::style_for(plan, layer.name);
+  if (!style) return param;  // outside the plan: replicated
+  const auto how = fsdp::tp::split_of(*style, own_name(param.name), layer.kind == LayerKind::Embedding);
+  if (how.dim >= 0) param.shape.at(how.dim) /= tp;
   return param;
 }
 
-std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const std::string& prefix, int64_t tp) {
+std::vector<fsdp::PlanParam> params_of(const std::vector<Layer>& layers, const std::string& prefix,
+                                       const fsdp::tp::ParallelizePlan& plan, int64_t tp) {
   std::vector<fsdp::PlanParam> params;
   for (const Layer& layer : layers) {
-    for (fsdp::PlanParam& param : layer_params(layer, prefix)) params.push_back(tp_local(std::move(param), layer, tp));
+    for (fsdp::PlanParam& param : layer_params(layer, prefix)) params.push_back(tp_local(std::move(param), layer, plan, tp));
   }
   return params;
 }
@@ -79,7 +64,7 @@ fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int6
                           GptCode code, int64_t tp) {
   fsdp::PlanUnit unit;
   unit.name = "h." + std::to_string(i);
-  unit.params = params_of(layers.block, unit.name + ".", tp);
+  unit.params = params_of(layers.block, unit.name + ".", block_parallel_plan(config), tp);
   family_of(config).describe_block(config, e, code, tp, unit);
   return unit;
 }
@@ -107,19 +92,23 @@ std::vector<fsdp::PlanTpCollective> root_tp_collectives(const GPTConfig& config,
   const int64_t T = config.max_seq, C = config.dim;
   if (tp == 1) return {};
   std::vector<K> out = {
-      tp_sequence_collective(K::ReduceScatter, false, "wte's output", T, C, e, tp),
+      tp_sequence_collective(K::ReduceScatter, false, "the token embedding's output", T, C, e, tp),
       tp_sequence_collective(K::AllGather, false, "the head's input", T, C, e, tp),
       {K::AllGather, "the loss's row maxima (fp32)", false, true, product({tp - 1, T, 4}), ""},
       {K::AllReduce, "the loss's sums (fp32)", false, true, tp_all_reduce_bytes(2 * T, 4, tp), ""},
       tp_sequence_collective(K::ReduceScatter, true, "the head's input gradient", T, C, e, tp),
   };
+  const fsdp::tp::ParallelizePlan plan = root_parallel_plan(config);
   for (const Layer& layer : layers.root()) {
-    if (tp_split(layer) != TpSplit::Replicated) continue;
+    const fsdp::tp::ParallelStyle* style = fsdp::tp::style_for(plan, layer.name);
     for (const fsdp::PlanParam& param : layer_params(layer, "")) {
+      if (!style || !fsdp::tp::split_of(*style, own_name(param.name), layer.kind == LayerKind::Embedding).gradient_summed) {
+        continue;
+      }
       out.push_back(tp_replicated_gradient(param.name, param.numel(), e, tp));
     }
   }
-  out.push_back(tp_sequence_collective(K::AllGather, true, "wte's output gradient", T, C, e, tp));
+  out.push_back(tp_sequence_collective(K::AllGather, true, "the token embedding's output gradient", T, C, e, tp));
   return out;
 }
 
@@ -130,7 +119,7 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64
   const double share = 1.0 / static_cast<double>(tp);
   fsdp::PlanUnit root;
   root.name = "";
-  root.params = params_of(layers.root(), "", tp);
+  root.params = params_of(layers.root(), "", root_parallel_plan(config), tp);
   root.backward_workspace = product({Vl, C, e});
   root.forward_flops = 2.0 * T * C * V * share;
   root.forward_memory_bytes = (5.0 * T * C * e + 3.0 * T * V * 4) * share;
@@ -145,9 +134,9 @@ fsdp::PlanUnit root_unit(const GPTConfig& config, const GptLayers& layers, int64
     return root;
   }
   // ln_f's, then log_softmax's output (loss parallel: the rank's vocabulary columns).
-  const Layer* ln_f = find_layer(layers.after_blocks, "ln_f");
-  TORCH_CHECK(ln_f, "the layer table has no ln_f");
-  root.activations.saved = sum({final_norm_saved(ln_f->kind, T, Ts, C, e), product({T, Vl, 4})});
+  const Layer* final_norm = last_norm(layers.after_blocks);
+  TORCH_CHECK(final_norm, "the layer table has no norm after the blocks");
+  root.activations.saved = sum({final_norm_saved(final_norm->kind, T, Ts, C, e), product({T, Vl, 4})});
   root.activations.forward_transient = sum({product({T, Vl, e}), e < 4 ? product({T, Vl, 4}) : 0});
   root.activations.backward_transient = product({2, T, Vl, 4});
   root.tp_collectives = root_tp_collectives(config, layers, e, tp);

@@ -109,17 +109,28 @@ class Muon : public torch::optim::Optimizer, public StepsInBackward {
   MuonWork work_;  // accumulating since the last step()
 };
 
+/// The modules split_for_muon takes for output heads besides "head" and any whose name ends in
+/// "_head" (lm_head, out_head, value_head).
+inline std::vector<std::string> default_head_names() { return {"lm_head", "head", "output"}; }
+
+/// Keller Jordan's rule, the one split_for_muon and the planner both read: whether Muon steps the
+/// trainable parameter at `path` ("h.0.mlp.c_fc.weight") of `shape` (its whole, original shape),
+/// `embedding_module` when its module is a torch::nn::Embedding. A hidden matrix: 2-D, not an
+/// embedding's (that module's, or a path holding "embed"), not an output head's (its module's
+/// name is "head", ends in "_head" or is one of `head_names`).
+bool is_hidden_matrix(const std::string& path, const std::vector<int64_t>& shape, bool embedding_module,
+                      const std::vector<std::string>& head_names = default_head_names());
+
 /// A model's parameters split as torch's docs and Keller Jordan's recipe split them: `matrices`,
-/// the hidden matrices (2-D, by their original shape when sharded) for Muon; `others` (embeddings,
-/// the output head, norms, biases, anything not 2-D) for AdamW. Embeddings are the parameters of
-/// torch::nn::Embedding modules and of parameters named "*embed*"; the head is a module named one
-/// of `head_names`. Parameters shared between modules (a tied head) are listed once, by their
-/// first name. Frozen parameters are left out of both.
+/// the hidden matrices (is_hidden_matrix, by their original shape when sharded) for Muon;
+/// `others` (embeddings, the output head, norms, biases, anything not 2-D) for AdamW. Parameters
+/// shared between modules (a tied head) are listed once, by their first name. Frozen parameters
+/// are left out of both.
 struct MuonSplit {
   std::vector<at::Tensor> matrices, others;
   std::vector<std::string> matrix_names, other_names;
 };
 MuonSplit split_for_muon(const torch::nn::Module& model,
-                         const std::vector<std::string>& head_names = {"lm_head", "head", "output"});
+                         const std::vector<std::string>& head_names = default_head_names());
 
 }  // namespace fsdp::optim

@@ -90,6 +90,26 @@ using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequencePar
 /// Module paths ('*' matches one component: "h.*.attn.q_proj") and their styles.
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
+// [Note: a style's two readers]
+// What a style does to a layer's parameters is said once, without tensors (split_of):
+// parallelize_module cuts the parameters by it, and the planner (fsdp_plan) sizes each rank's
+// parameters and counts the gradient all-reduces by it, applying a model's own plan to its layer
+// table (style_for), so that a model family's plan is all the planner needs to know of it.
+
+/// What a style does to one of a layer's own parameters.
+struct ParamSplit {
+  int64_t dim = -1;              ///< the dimension split over the ranks; -1: replicated
+  int64_t fused_chunks = 1;      ///< parts side by side along `dim`, each split
+  bool gradient_summed = false;  ///< replicated, used on this rank's part of the sequence: its
+                                 ///< gradient summed over the ranks in backward
+};
+/// How `style` splits parameter `name` ("weight", "bias"; any of a SequenceParallel module's) of
+/// a layer, an Embedding when `embedding`.
+ParamSplit split_of(const ParallelStyle& style, const std::string& name, bool embedding);
+/// The style `plan` gives the module at `path` (PyTorch's matching: as many components, each
+/// matching, '*' any one), or null.
+const ParallelStyle* style_for(const ParallelizePlan& plan, const std::string& path);
+
 /// Splits the parameters of the plan's layers over `tp`'s ranks (each keeps its part, from the
 /// model's current values: build every rank's model alike, e.g. from one seed), and makes them
 /// communicate when called through their fsdp::tp::Parallel holder. Every pattern must match a

@@ -1,26 +1,17 @@
 #include "plan/plan_muon.h"
 
+#include <fsdp/muon.h>
+
 #include "optim/muon_owners.h"
 #include "optim/newton_schulz.h"
 
 #include <algorithm>
-#include <string_view>
 
 namespace fsdp::planning {
 
 namespace {
 
 constexpr int64_t kBf16 = 2;  // bytes of what Muon exchanges and iterates on
-
-// split_for_muon's head modules: a parameter "<...>.<head>.<leaf>" or "<head>.<leaf>".
-bool in_head_module(std::string_view name) {
-  const size_t leaf = name.rfind('.');
-  if (leaf == std::string_view::npos) return false;
-  const std::string_view module_path = name.substr(0, leaf);
-  const size_t dot = module_path.rfind('.');
-  const std::string_view module = dot == std::string_view::npos ? module_path : module_path.substr(dot + 1);
-  return module == "lm_head" || module == "head" || module == "output";
-}
 
 // The highest point of Muon::step's exchange and iteration on one rank ([Note: Muon in the
 // plan]): `pieces`, its elements of every matrix; `owned`, the matrices it owns in order.
@@ -54,8 +45,9 @@ void exchange_workspace(int64_t pieces, const std::vector<const MuonMatrix*>& ow
 bool plans_muon(const PlanOptimizer& optimizer) { return optimizer.name == "Muon"; }
 
 bool steps_with_muon(const PlanParam& param, bool in_root) {
-  return !in_root && param.requires_grad && param.shape.size() == 2 &&
-         param.name.find("embed") == std::string::npos && !in_head_module(param.name);
+  // A description's root holds the embeddings (the only modules whose kind a PlanParam does not
+  // tell); the rest is split_for_muon's own rule.
+  return !in_root && param.requires_grad && optim::is_hidden_matrix(param.name, param.shape, /*embedding_module=*/false);
 }
 
 double MuonOwners::busiest_flops() const {

@@ -3,10 +3,10 @@
 // A plan with optimizer "Muon" is fsdp::optim::Muon on the hidden matrices and AdamW on the rest,
 // as a program builds them from fsdp::optim::split_for_muon. What it costs, on top of a plan's
 // other terms:
-// - Which parameters: the trainable 2-D parameters of the units other than the root, but those
-//   named like an embedding ("embed") or held by a head module ("lm_head", "head", "output":
-//   split_for_muon's names). The root of a GPT or Llama description holds the embeddings (wte,
-//   wpe), the final norm and the head: all AdamW's. A frozen matrix is neither optimizer's.
+// - Which parameters: split_for_muon's own rule (fsdp::optim::is_hidden_matrix: 2-D, not an
+//   embedding's, not an output head's) on the trainable parameters of the units other than the
+//   root. The root of a GPT or Llama description holds the embeddings (wte, wpe), the final norm
+//   and the head: all AdamW's. A frozen matrix is neither optimizer's.
 // - State: Muon keeps one momentum_buffer element per parameter element, sharded like every
 //   optimizer state (this rank's pieces, in the parameter's dtype); AdamW its two moments for the
 //   rest ([Note: what an optimizer keeps, once]). The element-wise step (momentum lerp, Nesterov,

@@ -141,19 +141,28 @@ struct Split {
   std::vector<std::string> summed;                         // replicated, gradient summed over ranks
 };
 
+// The layer's parameters as `style` splits them ([Note: a style's two readers]): its own in
+// `parts`, and those whose gradient is summed over the ranks (a SequenceParallel module's, its
+// children's too) in `summed`.
+void split_params(Split& split, torch::nn::Module& module, const ParallelStyle& style,
+                  const std::shared_ptr<TensorParallel>& tp) {
+  const bool embedding = dynamic_cast<torch::nn::EmbeddingImpl*>(&module) != nullptr;
+  const bool own_only = !std::holds_alternative<SequenceParallel>(style);
+  for (const auto& item : module.named_parameters(/*recurse=*/!own_only)) {
+    const ParamSplit how = split_of(style, item.key(), embedding);
+    if (own_only) split.parts.push_back({item.key(), {tp, how.dim, how.fused_chunks, item.value().sizes().vec()}});
+    if (how.gradient_summed) split.summed.push_back(item.key());
+  }
+}
+
 Split apply_style(torch::nn::Module& module, const std::string& name, const ParallelStyle& style,
                   const std::shared_ptr<TensorParallel>& tp, bool prepared) {
   Split split;
-  auto params = module.named_parameters(/*recurse=*/false);
-  const auto shape_of = [&](const char* which) { return params.find(which)->sizes().vec(); };
   if (const auto* col = std::get_if<ColwiseParallel>(&style)) {
     TORCH_CHECK(col->fused_chunks() >= 1, "ColwiseParallel on '", name, "': fused_chunks must be >= 1");
     check_linear(module, name, "ColwiseParallel");
     split.layer = detail::make_colwise(tp, module, name, *col, prepared);
-    for (const char* which : {"weight", "bias"}) {
-      if (!params.find(which)) continue;
-      split.parts.push_back({which, {tp, 0, col->fused_chunks(), shape_of(which)}});
-    }
+    split_params(split, module, style, tp);
   } else if (const auto* row = std::get_if<RowwiseParallel>(&style)) {
     TORCH_CHECK(row->output_layout() != Layout::ShardLast, "RowwiseParallel on '", name,
                 "': its output is whole features (Replicate or ShardSequence), not ShardLast");
@@ -162,19 +171,14 @@ Split apply_style(torch::nn::Module& module, const std::string& name, const Para
       TORCH_CHECK(!o.padding_idx() && !o.max_norm() && !o.sparse(), "RowwiseParallel on '", name,
                   "': a vocabulary-parallel Embedding takes no padding_idx, max_norm or sparse");
       split.layer = detail::make_vocab_parallel_embedding(tp, module, name, *row, o.num_embeddings());
-      split.parts.push_back({"weight", {tp, 0, 1, shape_of("weight")}});
     } else {
       check_linear(module, name, "RowwiseParallel");
       split.layer = detail::make_rowwise_linear(tp, module, name, *row);
-      split.parts.push_back({"weight", {tp, 1, 1, shape_of("weight")}});
-      if (params.find("bias")) {
-        split.parts.push_back({"bias", {tp, -1, 1, shape_of("bias")}});
-        if (row->output_layout() == Layout::ShardSequence) split.summed.push_back("bias");
-      }
     }
+    split_params(split, module, style, tp);
   } else if (std::holds_alternative<SequenceParallel>(style)) {
     split.layer = detail::make_sequence_parallel(tp, module, name);
-    for (const auto& item : module.named_parameters(/*recurse=*/true)) split.summed.push_back(item.key());
+    split_params(split, module, style, tp);
   } else {
     const auto& prepare = std::get<PrepareModuleInput>(style);
     const bool gathers = prepare.input_layout() == Layout::ShardSequence &&
@@ -191,6 +195,23 @@ Split apply_style(torch::nn::Module& module, const std::string& name, const Para
 }
 
 }  // namespace
+
+ParamSplit split_of(const ParallelStyle& style, const std::string& name, bool embedding) {
+  if (const auto* col = std::get_if<ColwiseParallel>(&style)) return {0, col->fused_chunks(), false};
+  if (const auto* row = std::get_if<RowwiseParallel>(&style)) {
+    if (embedding) return {0, 1, false};             // the vocabulary's rows
+    if (name == "weight") return {1, 1, false};      // the input features
+    return {-1, 1, row->output_layout() == Layout::ShardSequence};  // the bias, added once
+  }
+  return {-1, 1, std::holds_alternative<SequenceParallel>(style)};
+}
+
+const ParallelStyle* style_for(const ParallelizePlan& plan, const std::string& path) {
+  for (const auto& [pattern, style] : plan) {
+    if (matches(pattern, path)) return &style;
+  }
+  return nullptr;
+}
 
 void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel> tp,
                         const ParallelizePlan& plan) {
