@@ -2,7 +2,8 @@
 """Do Muon's tests catch what they claim? Each mutation below changes fsdp::optim::Muon the way a
 plausible bug would; this script applies it in WORKTREE, rebuilds muon_tool, runs
 tests/muon_reference_e2e.py (torch.optim.Muon given the same gradients, bitwise, at W = 1, 2, 3,
-grad-op, no-shard and hybrid), which must fail, and restores the file with git checkout.
+grad-op, no-shard, hybrid and (dp, tp) = (1, 2), (2, 2)), and for the 2-D ones (tp-*) also
+tests/muon_tp_program_e2e.py, which must fail, and restores the file with git checkout.
 
     .venv/bin/python tests/muon_mutations.py WORKTREE [--only ID,...]
 
@@ -50,5 +51,14 @@ MUTATIONS = [
 ]
 
 
+# The 2-D mutations also against a program of a user's shape trained beside torch.optim.Muon + AdamW.
+PROGRAM = "tests/muon_tp_program_e2e.py"
+
+
+def tests_of(mutation_id):
+    return [REFERENCE, PROGRAM] if mutation_id.startswith("tp-") else [REFERENCE]
+
+
 if __name__ == "__main__":
-    text_mutations.main([(*m, [REFERENCE]) for m in MUTATIONS], ["muon_tool", "fsdprun"], keywords=("diff", "exit"))
+    text_mutations.main([(*m, tests_of(m[0])) for m in MUTATIONS], ["muon_tool", "muon_tp_program", "fsdprun"],
+                        keywords=("diff", "exit", "off, over"))

@@ -53,6 +53,17 @@ MUTATIONS = [
      "tp->chunk_along(positions, 0)", "positions.narrow(0, 0, x.size(1))"),
 ]
 
+# fsdp::optim::Muon on the split model (--optimizer muon; the Muon layouts only).
+MUON_TEST = (TEST, "--only", "gpt2-2x2-muon,llama-1x2-muon")
+MUON_MUTATIONS = [
+    # What Muon did before it assembled the parts: each tp rank orthogonalizes its part alone.
+    ("muon-tp-part-orthogonalized-alone", "src/optim/muon.cpp", "    if (which[e]->split()) {", "    if (false) {"),
+    # The model's record without the tensor-parallel split: Muon (and the rest) see parts as wholes.
+    ("muon-placement-dropped", "src/core/flat_param.cpp",
+     "    entry.tensor_parallel = tp::placement_of(param);", "    entry.tensor_parallel = std::nullopt;"),
+]
+
 
 if __name__ == "__main__":
-    text_mutations.main([(*m, [TEST]) for m in MUTATIONS], ["gpt_train", "fsdprun"])
+    text_mutations.main([(*m, [TEST]) for m in MUTATIONS] + [(*m, [MUON_TEST]) for m in MUON_MUTATIONS],
+                        ["gpt_train", "fsdprun"])

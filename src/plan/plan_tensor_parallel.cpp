@@ -45,8 +45,9 @@ void validate_tensor_parallel(const PlanSetup& setup) {
   TORCH_CHECK(rph >= 1 && (rph % t == 0 || t % rph == 0), "plan: --tp ", t, " and --ranks-per-host ", rph,
               ": a TP group would straddle two hosts (TP groups are consecutive ranks); choose a --tp "
               "that divides the ranks per host (or a multiple of them)");
-  TORCH_CHECK(setup.policy.optimizer.name != "Muon", "plan: Muon with --tp ", t, " is not planned (its "
-              "Newton-Schulz iteration needs each matrix whole, TP splits them); use --tp 1 or AdamW");
+  TORCH_CHECK(setup.policy.optimizer.name != "Muon", "plan: Muon with --tp ", t, " is not planned yet (the "
+              "run assembles each split matrix over its tp group, an exchange the planner does not count); "
+              "plan with --tp 1 or AdamW");
 }
 
 PlanSetup data_parallel_setup(const PlanSetup& setup) {

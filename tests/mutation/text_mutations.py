@@ -25,7 +25,8 @@ def verdict(run, keywords):
 
 
 def main(mutations, targets, rebuilds=lambda path: True, keywords=("Error", "assert")):
-    """`mutations`: (id, file, original text, mutated text, [test scripts run as `python test BIN`]);
+    """`mutations`: (id, file, original text, mutated text, [test scripts run as `python test BIN`,
+    or (script, *arguments) run as `python script BIN arguments`]);
     `targets`: what to rebuild; `rebuilds(file)`: whether a mutation of that file needs it."""
     ap = argparse.ArgumentParser()
     ap.add_argument("worktree")
@@ -47,8 +48,10 @@ def main(mutations, targets, rebuilds=lambda path: True, keywords=("Error", "ass
                 built = sh(build, wt)
                 if built.returncode != 0:
                     sys.exit(f"{mid}: the mutated build failed:\n{built.stdout[-3000:]}")
-            verdicts = [verdict(sh([sys.executable, test, str(wt / "build" / "bin")], wt, timeout=900), keywords)
-                        + ("" if len(tests) == 1 else f" {Path(test).name}") for test in tests]
+            runs = [(test,) if isinstance(test, str) else tuple(test) for test in tests]
+            verdicts = [verdict(sh([sys.executable, script, str(wt / "build" / "bin"), *arguments], wt, timeout=900),
+                                keywords) + ("" if len(runs) == 1 else f" {Path(script).name}")
+                        for script, *arguments in runs]
             survived += any(v.startswith("SURVIVED") for v in verdicts)
             rows.append(f"| {mid} | `{path}` | {'; '.join(verdicts)} |")
             print(rows[-1], flush=True)
