@@ -41,8 +41,8 @@ MUTATIONS = [
      "    entry.tensor_parallel = tp::placement_of(param);", "    entry.tensor_parallel = std::nullopt;"),
     ("tp-parts-assembled-rank-major", "src/tp/parallelize.cpp",
      "for (const at::Tensor& part : parts) pieces.push_back(part.chunk(placement.fused_chunks, placement.dim)[c]);",
-     "for (const at::Tensor& part : parts) pieces.push_back(part.chunk(placement.fused_chunks, placement.dim)[c]);"
-     " if (placement.fused_chunks > 1) return at::cat(parts, placement.dim);"),
+     "for (const at::Tensor& part : parts) pieces.push_back(part.chunk(placement.fused_chunks, placement.dim)[c]);\n"
+     "    if (placement.fused_chunks > 1) return at::cat(parts, placement.dim);"),
     ("tp-lr-adjusted-by-the-part", "src/optim/muon.cpp",
      "apply_update(*stepped_now[e], mine[e], which[e]->whole_shape());",
      "apply_update(*stepped_now[e], mine[e], which[e]->param.shape());"),
