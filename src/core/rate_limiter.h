@@ -13,16 +13,18 @@
 // not wait for its unit's reduce-scatter (it did once): backward then stalled before every unit
 // until the peer ranks had finished the one before, i.e. a barrier per unit with no slack.
 
-#include "core/unit_rules.h"
+#include "core/limiter_count.h"
 
 #include <condition_variable>
 #include <mutex>
 
 namespace fsdp {
 
+/// The limiter one model's units share: LimiterCount's rules, its waits blocking the caller's thread
+/// until the communication thread ends enough reductions.
 class RateLimiter {
  public:
-  explicit RateLimiter(int limit) : limit_(limit) {}
+  explicit RateLimiter(int limit) : count_(limit) {}
 
   /// A unit is about to unshard its parameters. A prefetch (`optional`) at the limit is refused
   /// (returns false); a unit that must run now always proceeds, once every reduction has ended.
@@ -39,14 +41,14 @@ class RateLimiter {
   void reduction_finished();
 
  private:
-  static constexpr int kReductionsInFlight = rules::kReductionsInFlight;
-  bool over_limit() const { return rules::limiter_refuses_prefetch(limit_, held_); }
+  /// LimiterCount's way to wait: on the condition variable, under the lock.
+  auto blocking(std::unique_lock<std::mutex>& lock) {
+    return [this, &lock](auto done) { freed_.wait(lock, done); };
+  }
 
-  const int limit_;
   std::mutex mutex_;
   std::condition_variable freed_;
-  int held_ = 0;
-  int pending_reductions_ = 0;
+  LimiterCount count_;  // under mutex_
 };
 
 /// Calls reduction_finished() when destroyed (if given a limiter). A reduce-scatter's task holds
