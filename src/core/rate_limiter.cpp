@@ -1,5 +1,7 @@
 #include "core/rate_limiter.h"
 
+#include "util/trace.h"
+
 namespace fsdp {
 
 bool RateLimiter::acquire(bool optional) {
@@ -28,6 +30,16 @@ void RateLimiter::reduction_finished() {
     count_.reduction_finished();
   }
   freed_.notify_all();
+}
+
+bool TracedLimiter::acquire(bool optional) {
+  TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
+  return limiter_.acquire(optional);
+}
+
+void TracedLimiter::wait_for_reductions() {
+  TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
+  limiter_.wait_for_reductions();
 }
 
 }  // namespace fsdp
