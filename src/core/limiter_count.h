@@ -2,9 +2,11 @@
 // The rate limiter's counts and rules, tensor-free and without a lock: how many units hold a slot
 // (unsharded parameters), how many counted reductions are in flight, what a prefetch is refused
 // and how many reductions a unit waits for. The engine's RateLimiter (core/rate_limiter.h) keeps
-// one under its mutex and waits on a condition variable; a limiter that waits otherwise passes its
-// own way of waiting to acquire() and wait_for_gradient(), so what is refused and what is waited
-// for is written here once ([Note: rate limiter slots] in core/rate_limiter.h).
+// one under its mutex and waits on a condition variable; the planner's limiter
+// (src/plan/planned_limiter.h) keeps one and "waits" by having compute wait for the oldest
+// reduction. Each passes its own way of waiting to acquire() and wait_for_gradient(), so what is
+// refused and what is waited for is written here once ([Note: one order inside a unit] in
+// core/unit_order.h; [Note: rate limiter slots] in core/rate_limiter.h).
 
 #include <climits>
 

@@ -15,7 +15,10 @@
 //   issue until it ends: the engine's communication thread ends it (ReductionEnd), the planner
 //   when compute waits for it.
 // The engine's ParamGroup runs it over tensors, with the model's RateLimiter (its waits block
-// the caller's thread; core/limiter_count.h has what it counts).
+// the caller's thread); the planner's PlannedUnit (src/plan/planned_step.cpp) over byte counts,
+// with a limiter that counts the same (core/limiter_count.h) and turns a wait into compute waiting
+// for the oldest reduction. So what the planner predicts a unit holds when, and where the step
+// waits for the limiter, is the engine's by construction.
 
 #include <cstddef>
 

@@ -55,8 +55,10 @@ CORE_TIERS = [
 # The only core headers the layers above core (optim, io, plan) include: the engine's units, flat
 # parameters and their entries are core's own; the layers above see the sharded model through
 # core/sharded_view.h, and the planner reads the engine's tensor-free rules ([Note: one rulebook,
-# two readers]) and runs its step conductor ([Note: one schedule, two kinds of units]).
-CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h"}
+# two readers]), runs its step conductor ([Note: one schedule, two kinds of units]) and each
+# unit's order with the limiter's counts ([Note: one order inside a unit]).
+CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h", "limiter_count.h",
+                  "unit_order.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")
