@@ -195,17 +195,20 @@ void PlannedUnit::allocate_gradients() {
 }
 
 // [Note: the plan's reduced gradients]
-// A unit's reduction is issued, and the unsharded gradients of the units before it are taken as
-// freed now: the plan takes the lane to keep pace, each reduction ending before the next is issued
-// (the root's, the last, is freed at once; the end of backward waits for it). That is the
-// planner's assumption about time, not the limiter's promise: the limiter only makes the next
-// unit's slot or gradient wait until one reduction is in flight, so a lane that falls behind (a
-// communication thread starved on a loaded host) keeps the gradient before alive past this
-// moment, one unit's unsharded gradient (and its reduction's temporaries) above the plan here. That
-// is the likely reading of Planner.PredictedPeakAndBytesMatchTheRunOnEveryRank's occasional row at
-// 1.1 of plan on a loaded machine. Freeing each gradient when the limiter's count ends its
-// reduction instead would plan that worst case (and limit 0's unbounded gradients), and change the
-// plan's peaks.
+// A unit's reduction is issued: the unsharded gradients of the units before it are taken as freed
+// now (the root's, the last, at once; the end of backward waits for it), and the reduction's
+// output, before it lands in the gradient shard, is counted at this moment only. That is the
+// plan's timing of the lane, not the limiter's promise: the limiter only makes the next unit's
+// slot or gradient wait until at most one reduction is in flight. A reduction that runs late (its
+// communication thread starved on a loaded host) overlaps the next unit's backward: its gradient
+// is planned there, its temporaries (the output, the collective's buffers) are not. Delaying each
+// reduction on the communication thread by 0-40 ms moved the rows of
+// Planner.PredictedPeakAndBytesMatchTheRunOnEveryRank by up to 0.10 of their plans, to 1.05 (full
+// fp32 AC b1 x2, peak during the next unit's backward): the likely start of its row at 1.11 on a
+// loaded machine, which was not reproduced here (1.11 is one unit's gradient above the plan, what
+// the grid reads with two reductions let in flight: docs/mutation-testing.md). Planning each
+// reduction's temporaries until the limiter ends it would cover the 1.05, and raise the plan's
+// peaks.
 void PlannedUnit::reduce(bool counted) {
   while (!step_.reductions.empty()) step_.reductions.front()->free_reduced();
   int64_t output = 0;
