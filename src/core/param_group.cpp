@@ -1,6 +1,5 @@
 #include "core/param_group.h"
 
-#include "core/rate_limiter.h"
 #include "util/trace.h"
 
 #include <ATen/ATen.h>
@@ -40,7 +39,9 @@ ParamGroup::ParamGroup(std::string name, std::vector<FlatGroup> flats, UnitEnv e
       flats_(std::move(flats)),
       env_(std::move(env)),
       events_(events),
-      is_root_(is_root) {
+      is_root_(is_root),
+      limiter_(env_.limiter, label_),
+      order_(*this, env_.conductor, limiter_, *this) {
   TORCH_INTERNAL_ASSERT(!flats_.empty(), "a unit has at least one flat parameter");
 }
 
@@ -111,15 +112,13 @@ void ParamGroup::release_cleared_gradients() {
 bool ParamGroup::issue_unshard(bool optional) {
   auto sharded = [](const FlatGroup& g) { return g.sharded_state == ShardedState::Sharded; };
   if (std::none_of(flats_.begin(), flats_.end(), sharded)) return true;
-  if (rate_limited() && !holds_limiter_slot_ && needs_unshard()) {
-    TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
-    if (!env_.limiter.acquire(optional)) return false;
-    holds_limiter_slot_ = true;
-  }
+  return order_.unshard(optional, /*needs_slot=*/needs_unshard());
+}
+
+void ParamGroup::issue_gathers() {
   for (FlatGroup& g : flats_) {
-    if (sharded(g)) issue_all_gather(g);
+    if (g.sharded_state == ShardedState::Sharded) issue_all_gather(g);
   }
-  return true;
 }
 
 void ParamGroup::issue_all_gather(FlatGroup& g) {
@@ -183,7 +182,7 @@ void ParamGroup::park(FlatGroup& g) {
 void ParamGroup::unpark(FlatGroup& g) {
   if (!g.params_parked) return;
   g.flat.use_full_params();
-  for (size_t entry : g.flat.refresh_grad_accumulators()) hook(static_cast<size_t>(&g - flats_.data()), entry);
+  for (size_t entry : g.flat.refresh_grad_accumulators()) hook(index_of(g), entry);
   g.params_parked = false;
 }
 
@@ -191,16 +190,14 @@ void ParamGroup::take_in_rebound_params() {
   for (FlatGroup& g : flats_) {
     const auto [fresh, taken] = g.flat.take_in_rebound();
     if (taken == 0) continue;
-    for (size_t entry : fresh) hook(static_cast<size_t>(&g - flats_.data()), entry);
+    for (size_t entry : fresh) hook(index_of(g), entry);
     env_.conductor.shards_may_change();
     if (g.backward_state == BackwardState::Idle) reshard(g);
   }
 }
 
 void ParamGroup::release_slot_if_sharded() {
-  if (!holds_limiter_slot_ || sharded_state() != ShardedState::Sharded) return;
-  holds_limiter_slot_ = false;  // [Note: rate limiter slots]
-  env_.limiter.release();
+  if (order_.holds_slot() && sharded_state() == ShardedState::Sharded) order_.resharded();
 }
 
 // [Note: resharding between steps]
@@ -270,24 +267,21 @@ void ParamGroup::pre_backward() {
 }
 
 void ParamGroup::begin_backward(bool no_sync) {
-  wait_unshard();
   no_sync_ = no_sync;
-  // The limiter counts one unsharded gradient per unit: its first flat group's.
-  for (FlatGroup& g : flats_) begin_accumulating(g, is_first(g) && rate_limited());
+  for (FlatGroup& g : flats_) {
+    // The optimizer kept the gradient shard's sum: add to it. Under no_sync the unsharded sum
+    // so far is kept instead: keep adding to that.
+    if (g.trainable() && !g.full_grad_kept) g.accumulate_into_shard = g.flat.has_sharded_grads();
+  }
+  order_.begin_backward(gradient_path(flats_.front()));
 }
 
-void ParamGroup::begin_accumulating(FlatGroup& g, bool counted) {
-  if (g.trainable()) {
-    // Under no_sync the sum so far is kept: keep adding to it.
-    if (!g.full_grad_kept) g.accumulate_into_shard = g.flat.has_sharded_grads();
-    if (!g.full_grad_kept && !grads_need_no_reduction(g) && counted) {
-      TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
-      env_.limiter.wait_for_reductions();
-    }
-    g.flat.begin_full_grad(/*keep=*/g.full_grad_kept, /*into_shard=*/grads_need_no_reduction(g));
+void ParamGroup::allocate_gradients() {
+  for (FlatGroup& g : flats_) {
+    if (g.trainable()) g.flat.begin_full_grad(/*keep=*/g.full_grad_kept, /*into_shard=*/grads_need_no_reduction(g));
+    g.grads_pending = g.flat.requires_grad_count();
+    g.backward_state = BackwardState::Accumulating;
   }
-  g.grads_pending = g.flat.requires_grad_count();
-  g.backward_state = BackwardState::Accumulating;
 }
 
 void ParamGroup::on_grad_accumulated(size_t flat, size_t entry) {
@@ -304,36 +298,30 @@ void ParamGroup::on_input_grad() {
 }
 
 void ParamGroup::post_backward(FlatGroup& g) {
-  if (!g.trainable()) {  // nothing to reduce: only free the parameters
-    if (is_first(g)) record_span("backward", label_, TraceLane::Compute, span_start_);
-    g.backward_state = BackwardState::Idle;
-    reshard(g);
-    return;
-  }
   if (is_first(g)) record_span("backward", label_, TraceLane::Compute, span_start_);
-  g.flat.complete_full_grad();
-  if (is_first(g)) env_.conductor.gradient_ready(*this);
-  // The gradients are complete: autograd needs these parameters no more.
-  if (g.flat.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
-    g.backward_state = BackwardState::Reduced;
-    reshard(g);
-    events_.gradients_reduced(*this, g.flat, CommHandle());
-    return;
-  }
-  if (no_sync_) {  // keep the unsharded gradient for the next backward
-    g.full_grad_kept = true;
-    g.backward_state = BackwardState::Idle;
-    reshard(g);
-    return;
-  }
-  g.backward_state = BackwardState::Reducing;
-  reshard(g);
-  issue_reduce_scatter(g);
+  if (g.trainable()) g.flat.complete_full_grad();
+  order_.gradient_complete(index_of(g), is_first(g), gradient_path(g));
 }
 
-void ParamGroup::issue_reduce_scatter(FlatGroup& g) {
+void ParamGroup::settle_gradient(size_t flat, bool counted) {
+  FlatGroup& g = flats_[flat];
+  if (!g.trainable()) {  // nothing to reduce
+    g.backward_state = BackwardState::Idle;
+  } else if (g.flat.grads_in_shard()) {  // a shard group of one: the shard already holds the gradient
+    g.backward_state = BackwardState::Reduced;
+    events_.gradients_reduced(*this, g.flat, CommHandle());
+  } else if (no_sync_) {  // keep the unsharded gradient for the next backward
+    g.full_grad_kept = true;
+    g.backward_state = BackwardState::Idle;
+  } else {
+    g.backward_state = BackwardState::Reducing;
+    issue_reduce_scatter(g, counted);
+  }
+}
+
+void ParamGroup::issue_reduce_scatter(FlatGroup& g, bool counted) {
   g.full_grad_kept = false;
-  RateLimiter* limiter = is_first(g) && rate_limited() ? &env_.limiter : nullptr;
+  RateLimiter* limiter = counted ? &env_.limiter : nullptr;
   if (limiter) limiter->reduction_issued();
   // The count ends when the task is destroyed, whether it ran, threw, or was skipped after an
   // earlier collective failed: a unit waiting in the limiter then meets the error, never hangs.
@@ -352,6 +340,10 @@ bool ParamGroup::grads_need_no_reduction(const FlatGroup& g) const {
   const int replicas = env_.reduce.world_size / g.flat.shard_group_size();
   const bool accumulating = g.accumulate_into_shard || g.full_grad_kept || no_sync_;
   return rules::grads_into_shard(g.flat.placement(replicas), accumulating);
+}
+
+GradientPath ParamGroup::gradient_path(const FlatGroup& g) const {
+  return {g.trainable(), grads_need_no_reduction(g), g.full_grad_kept, no_sync_};
 }
 
 ReducePlan ParamGroup::reduce_plan(const FlatGroup& g) const {

@@ -10,9 +10,11 @@
 
 #include "comm/comm_thread.h"
 #include "core/flat_param.h"
+#include "core/rate_limiter.h"
 #include "core/step_conductor.h"
 #include "core/unit_collectives.h"
 #include "core/unit_env.h"
+#include "core/unit_order.h"
 
 #include <chrono>
 #include <functional>
@@ -80,14 +82,18 @@ struct FlatGroup {
 // frozen one once the gradient of the unit's inputs is (a frozen layer's input gradient may come
 // after every trainable layer's). The unit holds one rate-limiter slot while any of them is
 // unsharded, and its first flat group (trainable in param_dtype, when it has such parameters)
-// is the one whose reduction the limiter counts and whose completed gradient starts a
-// BACKWARD_POST prefetch.
+// is its main one: the one whose reduction the limiter counts and whose completed gradient
+// starts a BACKWARD_POST prefetch ([Note: one order inside a unit]).
 
-class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_this<ParamGroup> {
+class ParamGroup final : public ScheduledUnit,
+                         private UnitMoments,
+                         public std::enable_shared_from_this<ParamGroup> {
  public:
   /// `flats`: at least one (a unit without parameters has one empty flat parameter), the first
   /// holding trainable parameters when the unit has any.
   ParamGroup(std::string name, std::vector<FlatGroup> flats, UnitEnv env, UnitEvents& events, bool is_root);
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
 
   /// Called once after construction: installs the gradient hooks (needs shared_from_this).
   void install_grad_hooks();
@@ -136,8 +142,13 @@ class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_th
   const std::vector<FlatGroup>& flats() const { return flats_; }
 
  private:
-  /// Counted by the rate limiter (slots and reductions): rules::rate_limited.
-  bool rate_limited() const { return rules::rate_limited(is_root_); }
+  // UnitMoments: what this unit does at the moments of its order (order_).
+  void issue_gathers() override;
+  void wait_gathers() override { wait_unshard(); }
+  void allocate_gradients() override;
+  void free_params(size_t flat) override { reshard(flats_[flat]); }
+  void settle_gradient(size_t flat, bool counted) override;
+
   /// Whether any flat group needs a separate unsharded buffer (FlatParam::needs_unshard).
   bool needs_unshard() const;
   void issue_all_gather(FlatGroup& g);
@@ -153,17 +164,19 @@ class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_th
   void release_cleared_gradients();
   /// Autograd's hook on an output: the unit's backward is next.
   void pre_backward();
-  /// Allocates (or keeps, under no_sync) `g`'s unsharded gradient and waits for autograd's.
-  void begin_accumulating(FlatGroup& g, bool counted);
   void post_backward(FlatGroup& g);
   /// The gradient of the unit's inputs is complete: its frozen parameters are done.
   void on_input_grad();
-  void issue_reduce_scatter(FlatGroup& g);
+  /// `counted`: the limiter counts the reduction in flight until its task ends.
+  void issue_reduce_scatter(FlatGroup& g, bool counted);
   /// How `g`'s gradient is reduced now (dtype, divisors, accumulation).
   ReducePlan reduce_plan(const FlatGroup& g) const;
   bool grads_need_no_reduction(const FlatGroup& g) const;
+  /// Where `g`'s gradient goes in this backward.
+  GradientPath gradient_path(const FlatGroup& g) const;
   /// Whether `g` is this unit's first flat group (see [Note: a unit's flat parameters]).
   bool is_first(const FlatGroup& g) const { return &g == &flats_.front(); }
+  size_t index_of(const FlatGroup& g) const { return static_cast<size_t>(&g - flats_.data()); }
   bool has_frozen_params() const;
   /// Installs the post-hook on the gradient accumulator of entry `entry` of flat group `flat`.
   void hook(size_t flat, size_t entry);
@@ -174,8 +187,9 @@ class ParamGroup final : public ScheduledUnit, public std::enable_shared_from_th
   UnitEnv env_;
   UnitEvents& events_;
   bool is_root_;
+  TracedLimiter limiter_;               // the model's, traced as this unit's
+  UnitOrder order_;                     // [Note: one order inside a unit]
   bool no_sync_ = false;                // this backward runs under no_sync
-  bool holds_limiter_slot_ = false;     // counted by the rate limiter (not the root)
   bool backward_ran_ = false;           // pre_backward ran in this backward pass
   std::chrono::steady_clock::time_point span_start_;  // of the forward or backward traced
 };

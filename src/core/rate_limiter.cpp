@@ -1,40 +1,45 @@
 #include "core/rate_limiter.h"
 
+#include "util/trace.h"
+
 namespace fsdp {
 
 bool RateLimiter::acquire(bool optional) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (over_limit() && optional) return false;  // held_ is the same on every rank
-  if (limit_ > 0) {
-    const int in_flight = over_limit() ? 0 : kReductionsInFlight;
-    freed_.wait(lock, [&] { return pending_reductions_ <= in_flight; });
-  }
-  ++held_;
-  return true;
+  return count_.acquire(optional, blocking(lock));  // refused or not: the same on every rank
 }
 
 void RateLimiter::wait_for_reductions() {
-  if (limit_ <= 0) return;
   std::unique_lock<std::mutex> lock(mutex_);
-  freed_.wait(lock, [&] { return pending_reductions_ <= kReductionsInFlight; });
+  count_.wait_for_gradient(blocking(lock));
 }
 
 void RateLimiter::release() {
   std::lock_guard<std::mutex> lock(mutex_);
-  --held_;
+  count_.release();
 }
 
 void RateLimiter::reduction_issued() {
   std::lock_guard<std::mutex> lock(mutex_);
-  ++pending_reductions_;
+  count_.reduction_issued();
 }
 
 void RateLimiter::reduction_finished() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    --pending_reductions_;
+    count_.reduction_finished();
   }
   freed_.notify_all();
+}
+
+bool TracedLimiter::acquire(bool optional) {
+  TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
+  return limiter_.acquire(optional);
+}
+
+void TracedLimiter::wait_for_reductions() {
+  TraceSpan waiting("wait rate_limiter", label_, TraceLane::Waits);
+  limiter_.wait_for_reductions();
 }
 
 }  // namespace fsdp

@@ -6,9 +6,11 @@
 // finished, in reverse). It holds no tensor. The engine's units (ParamGroup) run it as autograd
 // drives them; the planner (src/plan/planned_step.cpp) runs the same conductor over planned units
 // that count bytes instead of moving them, so what it predicts a step holds and sends is the
-// engine's order by construction. A unit calls down into the conductor (backward_reached,
-// gradient_ready); the conductor calls the unit through ScheduledUnit and tells the model's other
-// parts (the collectives' shared board, autograd's end-of-backward callback) through StepListener.
+// engine's order by construction. The order inside one unit (its limiter waits, which buffer is
+// alive when) is written once too, in core/unit_order.h, which both kinds of units run ([Note: one
+// order inside a unit]). A unit calls down into the conductor (backward_reached, gradient_ready);
+// the conductor calls the unit through ScheduledUnit and tells the model's other parts (the
+// collectives' shared board, autograd's end-of-backward callback) through StepListener.
 
 #include <fsdp/options.h>
 

@@ -1,12 +1,13 @@
 #pragma once
 // [Note: one rulebook, two readers]
 // The decisions a step makes for a unit, as plain functions of a small description of it: which
-// buffers it needs (an unsharded one, a reduction's temporary), where its gradients go, what the
-// rate limiter counts and refuses, which unit a prefetch gathers. The engine (FlatParam,
-// ParamGroup, unit_comm, RateLimiter, FsdpState) calls them for each real unit; the planner
-// (src/plan) calls them for each planned one, over the same cut (core/flat_layout.h). So what the
-// planner predicts a step allocates and moves is what the engine does, and a rule is changed
-// here, once.
+// buffers it needs (an unsharded one, a reduction's temporary), where its gradients go, which
+// unit a prefetch gathers. The engine (FlatParam, ParamGroup, unit_comm, StepConductor) calls
+// them for each real unit; the planner (src/plan) calls them for each planned one, over the same
+// cut (core/flat_layout.h). So what the planner predicts a step allocates and moves is what the
+// engine does, and a rule is changed here, once. What the rate limiter counts, refuses and waits
+// for, and the order of a unit's own events, are classes both run: core/limiter_count.h and
+// core/unit_order.h ([Note: one order inside a unit]).
 
 #include <c10/core/ScalarType.h>
 
@@ -62,18 +63,6 @@ inline std::vector<std::vector<size_t>> group_by_kind(const std::vector<ParamKin
   groups.erase(std::remove_if(groups.begin(), groups.end(), [](const auto& g) { return g.empty(); }), groups.end());
   return groups;
 }
-
-/// Counted by the rate limiter (its slots and reductions): every unit but the root, whose
-/// parameters stay gathered from the first forward to the end of backward anyway.
-inline bool rate_limited(bool is_root) { return !is_root; }
-
-/// The rate limiter refuses a prefetch when `holding` units already hold unsharded parameters
-/// and the limit (0: none) is reached ([Note: rate limiter slots]).
-inline bool limiter_refuses_prefetch(int limit, int holding) { return limit > 0 && holding >= limit; }
-
-/// Reduce-scatters the rate limiter lets stay in flight while the next unit allocates its
-/// unsharded gradient: the gradients of the ones before are freed by then.
-constexpr int kReductionsInFlight = 1;
 
 /// Forward prefetch: the unit that followed `unit` in the previous iteration's forward (the
 /// first one follows the root); null when none.

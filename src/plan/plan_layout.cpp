@@ -42,7 +42,8 @@ FlatGroupLayout group_layout(const PlanUnit& unit, bool is_root, const std::vect
   g.gather_bytes = mixed ? precision.compute_bytes : own_bytes;
   g.reduce_bytes = mixed ? precision.reduce_bytes : own_bytes;
   const rules::FlatPlacement placement{f, w / f, mixed, offload};
-  g.unsharded_params = rules::needs_unshard(placement) ? flat.padded_numel * g.gather_bytes : 0;
+  g.needs_unshard = rules::needs_unshard(placement);
+  g.unsharded_params = g.needs_unshard ? flat.padded_numel * g.gather_bytes : 0;
   if (!g.trainable) return g;
   const c10::ScalarType reduce_dtype = mixed ? precision.reduce_dtype : kind.dtype;
   const bool into_shard = rules::grads_into_shard(placement, /*accumulating=*/false);
@@ -84,9 +85,13 @@ UnitLayout unit_layout(const PlanUnit& unit, bool is_root, const PlanSetup& setu
     layout.muon_piece_numel += g.muon_piece_numel;
     if (g.trainable) layout.trainable_piece_numel += g.piece_numel;
     layout.trainable = layout.trainable || g.trainable;
+    layout.needs_unshard = layout.needs_unshard || g.needs_unshard;
     layout.unsharded_params += g.unsharded_params;
     layout.grad_shard += g.grad_shard;
     layout.accumulating_grad += g.accumulating_grad;
+  }
+  if (layout.flats.empty()) {  // the engine's unit without parameters: one empty flat parameter
+    layout.needs_unshard = rules::needs_unshard({f, w / f, precision.mixed(), setup.policy.fsdp.cpu_offload()});
   }
   return layout;
 }

@@ -36,6 +36,9 @@ struct FlatGroupLayout {
   int64_t shard_bytes = 0;   ///< per element of its shard, gradient shard, optimizer state (its dtype)
   int64_t gather_bytes = 0;  ///< per element its all-gather moves (compute dtype, or its own)
   int64_t reduce_bytes = 0;  ///< per element its reductions move
+  /// Forward needs a separate unsharded buffer (rules::needs_unshard): its gather takes a
+  /// rate-limiter slot.
+  bool needs_unshard = false;
   // Bytes of the buffers the step allocates for it.
   int64_t unsharded_params = 0;  ///< 0 when forward uses the shard itself (F = 1, no cast)
   int64_t unsharded_grad = 0;    ///< 0 when gradients go straight into the shard (W = 1), or frozen
@@ -63,6 +66,7 @@ struct UnitLayout {
   int64_t param_tensors = 0;
   bool trainable = false;    ///< it has a trainable parameter
   bool reshard_after_forward = true;
+  bool needs_unshard = false;    ///< a flat group needs an unsharded buffer (as FlatParam::needs_unshard)
   int64_t unsharded_params = 0;  ///< Σ FlatGroupLayout::unsharded_params
   int64_t grad_shard = 0;        ///< Σ FlatGroupLayout::grad_shard
   int64_t accumulating_grad = 0;  ///< Σ FlatGroupLayout::accumulating_grad

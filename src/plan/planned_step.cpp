@@ -1,7 +1,8 @@
 #include "plan/planned_step.h"
 
 #include "core/step_conductor.h"
-#include "core/unit_rules.h"
+#include "core/unit_order.h"
+#include "plan/planned_limiter.h"
 
 #include <algorithm>
 #include <deque>
@@ -27,18 +28,22 @@ std::string unit_label(const UnitLayout& unit) { return unit.name.empty() ? "the
 
 class PlannedUnit;
 
-// What the planned units of one step share: the memory, the rate limiter's count, the reductions
-// in flight, the collectives issued.
+// What the planned units of one step share: the memory, the rate limiter, the unsharded
+// gradients awaiting reduction, the collectives issued.
 struct StepCounts {
+  StepCounts(const PlanSetup& s, const RankLayout& l, const MicroBatch& m, Timeline t)
+      : setup(s), layout(l), micro(m), timeline(std::move(t)),
+        limiter(s.policy.fsdp.limit_all_gathers(), [this](int transfer) { wait(transfer); }) {}
+
   const PlanSetup& setup;
   const RankLayout& layout;
   const MicroBatch& micro;
   Timeline timeline;
-  int holding = 0;  // rate-limited units holding unsharded parameters
+  PlannedLimiter limiter;
   std::deque<PlannedUnit*> reductions;  // issued, their unsharded gradients not yet freed
-  std::deque<size_t> reductions_in_flight;  // transfers compute has not waited for
   std::vector<PlannedCollective> collectives;
   std::vector<PlannedTransfer> transfers;
+  std::vector<bool> waited;  // per transfer: compute has waited for it
   std::vector<PlannedEvent> events;
   bool in_backward = false;
 
@@ -52,26 +57,32 @@ struct StepCounts {
       collectives.push_back(c);
     }
     transfers.push_back(std::move(transfer));
+    waited.push_back(false);
     events.push_back({PlannedEvent::Issue, transfers.size() - 1});
     return static_cast<int>(transfers.size() - 1);
   }
+  /// Compute waits for `transfer` (once: a later wait finds it done).
   void wait(int transfer) {
-    if (transfer >= 0) events.push_back({PlannedEvent::Wait, static_cast<size_t>(transfer)});
+    if (transfer < 0 || waited[static_cast<size_t>(transfer)]) return;
+    waited[static_cast<size_t>(transfer)] = true;
+    events.push_back({PlannedEvent::Wait, static_cast<size_t>(transfer)});
   }
-  /// The rate limiter lets rules::kReductionsInFlight reductions stay in flight.
-  void wait_for_reductions() {
-    while (reductions_in_flight.size() > static_cast<size_t>(rules::kReductionsInFlight)) {
-      wait(static_cast<int>(reductions_in_flight.front()));
-      reductions_in_flight.pop_front();
-    }
+  /// The measured iteration starts from `start`: what the first one issued is forgotten.
+  void restart(Timeline start) {
+    timeline = std::move(start);
+    collectives.clear();
+    transfers.clear();
+    waited.clear();
+    events.clear();
   }
 };
 
-// A unit as the conductor drives it, counting what a ParamGroup would allocate and send.
-class PlannedUnit final : public ScheduledUnit {
+// A unit as the conductor drives it, counting what a ParamGroup would allocate and send, in the
+// engine's order inside a unit (order_: [Note: one order inside a unit]).
+class PlannedUnit final : public ScheduledUnit, private UnitMoments {
  public:
   PlannedUnit(StepCounts& step, StepConductor& conductor, size_t index)
-      : step_(step), conductor_(conductor), index_(index), unit_(step.layout.units[index]) {}
+      : step_(step), index_(index), unit_(step.layout.units[index]), order_(*this, conductor, step.limiter, *this) {}
 
   bool is_root() const override { return index_ == 0; }
   const std::string& name() const override { return unit_.name; }
@@ -86,29 +97,42 @@ class PlannedUnit final : public ScheduledUnit {
   void finish_backward() override;
 
   /// Autograd completed the unit's gradients (ParamGroup::post_backward).
-  void post_backward();
+  void post_backward() { order_.gradient_complete(0, /*main=*/true, main_path()); }
   /// The unsharded gradient it holds while accumulating (freed once reduced).
   int64_t unsharded_grad() const;
 
  private:
-  bool rate_limited() const { return rules::rate_limited(is_root()); }
+  // UnitMoments: the unit's flat groups counted together.
+  void issue_gathers() override;
+  void wait_gathers() override { wait_unshard(); }
+  void allocate_gradients() override;
+  void free_params(size_t) override { reshard(); }
+  void settle_gradient(size_t, bool counted) override {
+    if (!no_sync_) reduce(counted);  // no_sync keeps the unsharded gradient for the next backward
+  }
+
   bool grads_into_shard(const FlatGroupLayout& g) const {
     return g.grads_into_shard && !step_.micro.accumulating();
+  }
+  /// Where its main flat group's gradient goes (a unit without parameters: nowhere).
+  GradientPath main_path() const {
+    if (unit_.flats.empty()) return {/*trainable=*/false};
+    return {unit_.trainable, grads_into_shard(unit_.flats.front()), step_.micro.full_grads_kept, no_sync_};
   }
   // Gradient shards already hold a sum when the reduction lands (kept by zero_grad, or earlier
   // micro-batches): the reduction adds to it.
   bool gradients_held() const { return step_.setup.policy.gradients_kept || step_.micro.shards_hold_sum; }
   void reshard();
-  void reduce();
+  void reduce(bool counted);
   void free_reduced();
   // Backward allocates a gradient shard that zero_grad freed.
   void allocate_grad_shard(const FlatGroupLayout& g);
   MemoryBreakdown& now() { return step_.timeline.now(); }
 
   StepCounts& step_;
-  StepConductor& conductor_;
   size_t index_;
   const UnitLayout& unit_;
+  UnitOrder order_;
   bool unsharded_ = false;
   int gather_ = -1;      // the transfer of its all-gathers, until waited for
   int reduction_ = -1;   // the transfer of its reductions, until the end of backward
@@ -118,13 +142,11 @@ class PlannedUnit final : public ScheduledUnit {
 
 bool PlannedUnit::issue_unshard(bool optional) {
   if (unsharded_) return true;
-  const int limit = step_.setup.policy.fsdp.limit_all_gathers();
-  if (optional && rate_limited() && rules::limiter_refuses_prefetch(limit, step_.holding)) return false;
+  return order_.unshard(optional, /*needs_slot=*/unit_.needs_unshard);
+}
+
+void PlannedUnit::issue_gathers() {
   unsharded_ = true;
-  if (rate_limited()) {
-    ++step_.holding;
-    step_.wait_for_reductions();  // the limiter's slot waits so
-  }
   now().unsharded_params += unit_.unsharded_params;
   std::vector<PlannedCollective> gathers;
   for (const FlatGroupLayout& g : unit_.flats) {
@@ -132,7 +154,6 @@ bool PlannedUnit::issue_unshard(bool optional) {
   }
   gather_ = step_.issue(step_.in_backward ? PlannedTransfer::BackwardGather : PlannedTransfer::ForwardGather,
                         index_, gathers);
-  return true;
 }
 
 void PlannedUnit::wait_unshard() {
@@ -144,8 +165,8 @@ void PlannedUnit::wait_unshard() {
 void PlannedUnit::reshard() {
   if (!unsharded_) return;
   unsharded_ = false;
-  if (rate_limited()) --step_.holding;
   now().unsharded_params -= unit_.unsharded_params;
+  order_.resharded();
 }
 
 int64_t PlannedUnit::unsharded_grad() const {
@@ -161,31 +182,35 @@ void PlannedUnit::allocate_grad_shard(const FlatGroupLayout& g) {
 }
 
 void PlannedUnit::begin_backward(bool no_sync) {
-  wait_unshard();
   backward_ran_ = true;
   no_sync_ = no_sync;
-  // Before its unsharded gradient, the limiter waits for the reductions before the last.
-  if (rate_limited() && !no_sync && unit_.trainable) step_.wait_for_reductions();
+  order_.begin_backward(main_path());
+}
+
+void PlannedUnit::allocate_gradients() {
   if (!step_.micro.full_grads_kept) now().unsharded_grads += unsharded_grad();
   for (const FlatGroupLayout& g : unit_.flats) {
     if (grads_into_shard(g)) allocate_grad_shard(g);
   }
 }
 
-void PlannedUnit::post_backward() {
-  conductor_.gradient_ready(*this);
-  // The gradients are complete: autograd needs these parameters no more.
-  reshard();
-  if (!no_sync_) reduce();  // no_sync keeps the unsharded gradient for the next backward
-}
-
-// The reduce-scatter is issued; the limiter lets rules::kReductionsInFlight stay in flight
-// while the next unit computes, so the gradients before them are freed now (planned at their
-// latest). The end of backward waits for the root's, the last.
-void PlannedUnit::reduce() {
-  while (step_.reductions.size() >= static_cast<size_t>(rules::kReductionsInFlight)) {
-    step_.reductions.front()->free_reduced();
-  }
+// [Note: the plan's reduced gradients]
+// A unit's reduction is issued: the unsharded gradients of the units before it are taken as freed
+// now (the root's, the last, at once; the end of backward waits for it), and the reduction's
+// output, before it lands in the gradient shard, is counted at this moment only. That is the
+// plan's timing of the lane, not the limiter's promise: the limiter only makes the next unit's
+// slot or gradient wait until at most one reduction is in flight. A reduction that runs late (its
+// communication thread starved on a loaded host) overlaps the next unit's backward: its gradient
+// is planned there, its temporaries (the output, the collective's buffers) are not. Delaying each
+// reduction on the communication thread by 0-40 ms moved the rows of
+// Planner.PredictedPeakAndBytesMatchTheRunOnEveryRank by up to 0.10 of their plans, to 1.05 (full
+// fp32 AC b1 x2, peak during the next unit's backward): the likely start of its row at 1.11 on a
+// loaded machine, which was not reproduced here (1.11 is one unit's gradient above the plan, what
+// the grid reads with two reductions let in flight: docs/mutation-testing.md). Planning each
+// reduction's temporaries until the limiter ends it would cover the 1.05, and raise the plan's
+// peaks.
+void PlannedUnit::reduce(bool counted) {
+  while (!step_.reductions.empty()) step_.reductions.front()->free_reduced();
   int64_t output = 0;
   std::vector<PlannedCollective> reductions;
   for (const FlatGroupLayout& g : unit_.flats) {
@@ -196,10 +221,8 @@ void PlannedUnit::reduce() {
     for (auto& c : reduce_collectives(step_.setup, step_.layout, index_, g)) reductions.push_back(c);
   }
   step_.timeline.check(output, "reduction of " + unit_label(unit_));
-  if (unit_.trainable) {
-    reduction_ = step_.issue(PlannedTransfer::Reduction, index_, reductions);
-    if (reduction_ >= 0) step_.reductions_in_flight.push_back(static_cast<size_t>(reduction_));
-  }
+  if (unit_.trainable) reduction_ = step_.issue(PlannedTransfer::Reduction, index_, reductions);
+  if (counted) step_.limiter.reduction_issued(index_, reduction_);
   step_.reductions.push_back(this);
   if (is_root()) free_reduced();
 }
@@ -213,11 +236,8 @@ void PlannedUnit::free_reduced() {
 
 void PlannedUnit::finish_backward() {
   free_reduced();
-  auto& in_flight = step_.reductions_in_flight;
-  if (auto it = std::find(in_flight.begin(), in_flight.end(), static_cast<size_t>(reduction_)); it != in_flight.end()) {
-    step_.wait(reduction_);
-    in_flight.erase(it);
-  }
+  step_.wait(reduction_);
+  step_.limiter.reduction_waited(index_);
   reduction_ = -1;
   reshard();
   backward_ran_ = false;
@@ -317,7 +337,7 @@ void PlannedAutograd::backward() {
 
 PlannedStep run_planned_step(const PlanSetup& setup, const RankLayout& layout, const MicroBatch& micro,
                              const MemoryBreakdown& start, const std::string& suffix) {
-  StepCounts step{setup, layout, micro, Timeline(start, suffix), 0, {}, {}, {}, {}, {}, false};
+  StepCounts step(setup, layout, micro, Timeline(start, suffix));
   StepListener model_wide;  // the published shards and autograd's callback: nothing to count
   StepConductor conductor(setup.policy.fsdp, model_wide);
   conductor.set_no_sync(!micro.reduces);
@@ -327,10 +347,7 @@ PlannedStep run_planned_step(const PlanSetup& setup, const RankLayout& layout, c
   // The first iteration records the forward order that forward prefetch follows.
   autograd.forward();
   autograd.backward();
-  step.timeline = Timeline(start, suffix);
-  step.collectives.clear();
-  step.transfers.clear();
-  step.events.clear();
+  step.restart(Timeline(start, suffix));
   autograd.forward();
   autograd.backward();
   return {step.timeline, std::move(step.collectives), std::move(step.transfers), std::move(step.events)};

@@ -2,12 +2,13 @@
 // [Note: the planned step]
 // One training step of one micro-batch on one rank, run by the engine's own StepConductor
 // ([Note: one schedule, two kinds of units]) over planned units: a PlannedUnit does what a
-// ParamGroup does when the conductor calls it, on counts instead of tensors (the unsharded
-// parameters it holds, its unsharded gradient, its gradient shard, the collectives it issues). What
-// the conductor cannot know, autograd's part (the activations each piece saves and frees, and the
-// order in which backward reaches the units: the reverse of forward), is played here. The step
-// runs twice: the first iteration records the forward order that forward prefetch follows, as in
-// the engine; the second is the one measured.
+// ParamGroup does when the conductor calls it, in the same order inside the unit (core/unit_order.h,
+// with the rate limiter's own counts: [Note: one order inside a unit]), on counts instead of
+// tensors (the unsharded parameters it holds, its unsharded gradient, its gradient shard, the
+// collectives it issues). What the conductor cannot know, autograd's part (the activations each
+// piece saves and frees, and the order in which backward reaches the units: the reverse of
+// forward), is played here. The step runs twice: the first iteration records the forward order
+// that forward prefetch follows, as in the engine; the second is the one measured.
 
 #include "plan/plan_layout.h"
 #include "plan/plan_traffic.h"

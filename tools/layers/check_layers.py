@@ -40,8 +40,8 @@ FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state
 # above it: the model (fsdp_state) calls it; and neither includes the face's plumbing
 # (unit_runtime, unit_slot) or the handle (sharded_model), which sit above them.
 CORE_TIERS = [
-    {"flat_layout", "unit_rules", "step_conductor", "buffer_storage", "flat_param", "rate_limiter", "model_check",
-     "options", "output_tensors", "gradients_reduced_hook"},
+    {"flat_layout", "unit_rules", "step_conductor", "limiter_count", "unit_order", "buffer_storage", "flat_param",
+     "rate_limiter", "model_check", "options", "output_tensors", "gradients_reduced_hook"},
     {"unit_comm"},
     {"unit_collectives", "unit_env"},
     {"param_group"},
@@ -55,8 +55,10 @@ CORE_TIERS = [
 # The only core headers the layers above core (optim, io, plan) include: the engine's units, flat
 # parameters and their entries are core's own; the layers above see the sharded model through
 # core/sharded_view.h, and the planner reads the engine's tensor-free rules ([Note: one rulebook,
-# two readers]) and runs its step conductor ([Note: one schedule, two kinds of units]).
-CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h"}
+# two readers]), runs its step conductor ([Note: one schedule, two kinds of units]) and each
+# unit's order with the limiter's counts ([Note: one order inside a unit]).
+CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h", "limiter_count.h",
+                  "unit_order.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")
