@@ -251,6 +251,25 @@ TEST(CheckpointTwoOptimizers, AdamWStateLoadedIntoMuonIsRefusedByName) {
   remove_shared(folder);
 }
 
+// Muon's options edited in metadata.json out of their range: refused at the load, naming the option
+// and the file, not at the first step.
+TEST(CheckpointTwoOptimizers, MuonOptionsEditedOutOfRangeAreRefusedAtTheLoad) {
+  const std::string folder = shared_folder("two-optimizers", "edited-ns-steps");
+  save_muon_and_adamw(folder, dist().world_size());
+  if (dist().rank() == 0) {
+    nlohmann::json meta;
+    std::ifstream(folder + "/metadata.json") >> meta;
+    meta.at("param_groups")[0]["ns_steps"] = 1000;
+    std::ofstream(folder + "/metadata.json") << meta.dump();
+  }
+  barrier();
+  auto model = fsdp::fully_shard(fresh_net(), *dist().world);
+  auto two = two_optimizers(model->named_parameters(), /*as_saved=*/true);
+  const std::string text = load_error([&] { fsdp::load_sharded(model, two.both(), folder); });
+  expect_names(text, {"metadata.json", "ns_steps must be in [0, 100), got 1000", "the file was edited"});
+  remove_shared(folder);
+}
+
 // Both in the right classes, but in the other order: the param groups would go astray.
 TEST(CheckpointTwoOptimizers, OptimizersPassedInAnotherOrderAreRefused) {
   const std::string folder = shared_folder("two-optimizers", "order");

@@ -7,6 +7,8 @@
 #include "dist_env.h"
 #include "error_of.h"
 
+#include <chrono>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -197,6 +199,23 @@ TEST(TensorParallel, APlanThatDoesNotFitTheModelIsRefusedByName) {
 }  // namespace fsdp_test
 
 namespace fsdp_test {
+
+// A mesh built in another order on one rank is refused at once on every rank, naming what each
+// rank gave (without the check, each waited in its subgroups' rendezvous until the timeout).
+TEST(TensorParallelMesh, AMeshBuiltDifferentlyOnOneRankIsRefusedAtOnceNamingEachRanks) {
+  const int world = dist().world_size(), last = world - 1;
+  if (world % 2 != 0) GTEST_SKIP() << "needs an even world";
+  std::vector<fsdp::MeshDim> dims = {{"dp", world / 2}, {"tp", 2}};
+  if (dist().rank() == last) std::swap(dims[0], dims[1]);
+  const auto started = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { fsdp::DeviceMesh mesh(dist().world, dims); });
+  const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_NE(error.find("the ranks built different meshes: rank 0 gave dp " + std::to_string(world / 2) + " x tp 2"),
+            std::string::npos) << error;
+  EXPECT_NE(error.find("rank " + std::to_string(last) + " gave tp 2 x dp " + std::to_string(world / 2)),
+            std::string::npos) << error;
+  EXPECT_LT(seconds, 30) << "refused only after " << seconds << " s";
+}
 
 // The 2-D mesh: tp 2 where the world is even (W = 4: 2 x 2), else tp 1.
 TEST(TensorParallelMesh, FsdpOverTheOtherDimensionTrainsAsTheUnsplitModel) {

@@ -62,6 +62,8 @@ struct MuonOptions : public torch::optim::OptimizerCloneableOptions<MuonOptions>
   friend bool operator==(const MuonOptions& lhs, const MuonOptions& rhs);
   double get_lr() const override;
   void set_lr(double lr) override;
+  /// Throws naming the option out of its range (Muon's constructor and a checkpoint's load call it).
+  void validate() const;
 };
 
 /// What Muon keeps per parameter: torch.optim.Muon's "momentum_buffer", in the parameter's shape

@@ -88,6 +88,15 @@ std::unique_ptr<o::OptimizerOptions> options_from_json(const o::OptimizerOptions
                   "): the file was edited; resume from an intact copy of the checkpoint");
     }
   });
+  // In range, too: an edited value is refused here, naming the file, not at the first step.
+  if (const auto* muon = dynamic_cast<const fsdp::optim::MuonOptions*>(options.get())) {
+    try {
+      muon->validate();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, source, ": a param group's options are out of range: ", e.what_without_backtrace(),
+                  ": the file was edited; resume from an intact copy of the checkpoint");
+    }
+  }
   return options;
 }
 

@@ -104,15 +104,6 @@ at::Tensor orthogonalize(const at::Tensor& update, const MuonOptions& o) {
   return muon::orthogonalize(update, o.ns_coefficients(), o.ns_steps(), o.eps());
 }
 
-void check_options(const MuonOptions& o) {
-  TORCH_CHECK(o.lr() >= 0, "fsdp::optim::Muon: lr must be >= 0, got ", o.lr());
-  TORCH_CHECK(o.momentum() >= 0, "fsdp::optim::Muon: momentum must be >= 0, got ", o.momentum());
-  TORCH_CHECK(o.weight_decay() >= 0, "fsdp::optim::Muon: weight_decay must be >= 0, got ", o.weight_decay());
-  TORCH_CHECK(o.ns_steps() >= 0 && o.ns_steps() < 100,
-              "fsdp::optim::Muon: ns_steps must be in [0, 100), got ", o.ns_steps());
-  muon::check_adjust_lr_fn(o.adjust_lr_fn());
-}
-
 }  // namespace
 
 class Muon::Impl {
@@ -300,10 +291,10 @@ void check_not_split_alone(const at::Tensor& param, const std::string& which) {
 Muon::Muon(const std::vector<torch::optim::OptimizerParamGroup>& param_groups, MuonOptions defaults)
     : torch::optim::Optimizer(param_groups, std::make_unique<MuonOptions>(defaults)),
       impl_(std::make_unique<Impl>(muon::models_of(every_param(param_groups)))) {
-  check_options(defaults);
+  defaults.validate();
   for (size_t g = 0; g < this->param_groups().size(); ++g) {
     const auto& group = this->param_groups()[g];
-    check_options(static_cast<const MuonOptions&>(group.options()));
+    static_cast<const MuonOptions&>(group.options()).validate();
     for (size_t i = 0; i < group.params().size(); ++i) {
       const at::Tensor& p = group.params()[i];
       std::vector<int64_t> shape = p.sizes().vec();
@@ -364,6 +355,7 @@ void Muon::save(torch::serialize::OutputArchive& archive) const {
 
 void Muon::load(torch::serialize::InputArchive& archive) {
   torch::optim::serialize<MuonParamState, MuonOptions>(archive, *this);
+  for (const auto& group : param_groups()) static_cast<const MuonOptions&>(group.options()).validate();
 }
 
 }  // namespace fsdp::optim

@@ -2,11 +2,22 @@
 // serialized for torch::save / torch::load, compared, the lr read and set by schedulers.
 #include <fsdp/muon.h>
 
+#include "optim/newton_schulz.h"
+
+#include <c10/util/Exception.h>
 #include <torch/serialize/archive.h>
 
 namespace fsdp::optim {
 
 MuonOptions::MuonOptions(double lr) : lr_(lr) {}
+
+void MuonOptions::validate() const {
+  TORCH_CHECK(lr() >= 0, "fsdp::optim::Muon: lr must be >= 0, got ", lr());
+  TORCH_CHECK(momentum() >= 0, "fsdp::optim::Muon: momentum must be >= 0, got ", momentum());
+  TORCH_CHECK(weight_decay() >= 0, "fsdp::optim::Muon: weight_decay must be >= 0, got ", weight_decay());
+  TORCH_CHECK(ns_steps() >= 0 && ns_steps() < 100, "fsdp::optim::Muon: ns_steps must be in [0, 100), got ", ns_steps());
+  muon::check_adjust_lr_fn(adjust_lr_fn());
+}
 
 bool operator==(const MuonOptions& lhs, const MuonOptions& rhs) {
   return lhs.lr() == rhs.lr() && lhs.weight_decay() == rhs.weight_decay() && lhs.momentum() == rhs.momentum() &&

@@ -1,5 +1,6 @@
 #include <fsdp/device_mesh.h>
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -26,6 +27,30 @@ int members_on_this_host(const ProcessGroup& world, const std::vector<int>& memb
                                         [&](int r) { return r / *local == host; }));
 }
 
+// Every rank must build the same mesh: a rank that gave other dimensions (or another order)
+// would wait in its subgroups' rendezvous until the timeout. The ranks' descriptions meet first,
+// in one all-reduce of a table with a row per rank, and a difference is refused on every rank,
+// naming what each gave.
+void check_same_mesh_on_every_rank(ProcessGroup& world, const std::string& text) {
+  if (world.size() == 1) return;
+  constexpr int64_t kWidth = 160;
+  at::Tensor table = at::zeros({world.size(), kWidth}, at::kInt);
+  auto row = table.accessor<int, 2>()[world.rank()];
+  for (size_t i = 0; i < text.size() && static_cast<int64_t>(i) < kWidth; ++i) row[i] = static_cast<unsigned char>(text[i]);
+  all_reduce_sum(world, table);
+  auto rows = table.accessor<int, 2>();
+  std::vector<std::string> given(world.size());
+  for (int r = 0; r < world.size(); ++r) {
+    for (int64_t i = 0; i < kWidth && rows[r][i] != 0; ++i) given[r] += static_cast<char>(rows[r][i]);
+  }
+  std::string differing;
+  for (int r = 1; r < world.size(); ++r) {
+    if (given[r] != given[0]) differing += ", rank " + std::to_string(r) + " gave " + given[r];
+  }
+  TORCH_CHECK(differing.empty(), "DeviceMesh: the ranks built different meshes: rank 0 gave ", given[0], differing,
+              "; build the same mesh (the same dimensions and sizes, in the same order) on every rank");
+}
+
 }  // namespace
 
 DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshDim> dims)
@@ -41,6 +66,7 @@ DeviceMesh::DeviceMesh(std::shared_ptr<ProcessGroup> world, std::vector<MeshDim>
   TORCH_CHECK(product == world_->size(), "DeviceMesh ", mesh_text(dims_), " has ", product,
               " ranks but the world has ", world_->size(),
               ": choose sizes whose product is the number of ranks (e.g. --tp dividing it)");
+  check_same_mesh_on_every_rank(*world_, mesh_text(dims_));
   int rest = world_->rank();
   coordinates_.assign(dims_.size(), 0);
   for (size_t i = dims_.size(); i-- > 0;) {
