@@ -1,12 +1,18 @@
 #include "model_family.h"
 
-#include "gpt2/gpt2_family.h"
-#include "llama/llama_family.h"
-
 namespace gpt {
 
+// Each family's accessor, declared from model_families.inc's list (its folder defines it).
+#define FAMILY(folder) const ModelFamily& folder##_family();
+#include "model_families.inc"
+#undef FAMILY
+
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {&gpt2_family(), &llama_family()};
+  static const std::vector<const ModelFamily*> families = {
+#define FAMILY(folder) &folder##_family(),
+#include "model_families.inc"
+#undef FAMILY
+  };
   return families;
 }
 

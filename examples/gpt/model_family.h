@@ -5,7 +5,8 @@
 // family's folder (gpt2/, llama/): its layers and modules, its flags and checks, its Hugging Face
 // config and weight names, and its blocks described to the planner. Each folder exposes one
 // ModelFamily, and the recipe calls it through GPTConfig::family (family_of) without asking which
-// family it is. A new family is a new folder and one line in model_family.cpp's list.
+// family it is. A new family is a new folder (with a CMakeLists.txt adding its sources to gpt_lib,
+// which examples/gpt/CMakeLists.txt finds by itself) and one line in model_families.inc.
 
 #include "gpt.h"
 #include "hf_folder.h"
