@@ -36,8 +36,9 @@ BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 VOCAB, SEQ, STEPS = 512, 32, 10
 TOL = 1e-4  # logits against transformers (seen: ~1e-6)
 # --tp 2 against --reference (tests/tp_parity_e2e.py's): the loss (first step, later), the gradient
-# norm before clipping (--clip 0.05 binds), the trained tensors' relative difference.
-LOSS_TOL, NORM_TOL, TENSOR_TOL = (5e-5, 1e-4), 1e-4, 1e-3
+# norm before clipping (--clip 0.05 binds), the trained tensors' relative difference; q_norm's and
+# k_norm's (seen: 1.8e-7; with their gradients not summed over the tp ranks 8e-3) tighter.
+LOSS_TOL, NORM_TOL, TENSOR_TOL, HEAD_NORM_TOL = (5e-5, 1e-4), 1e-4, 1e-3, 1e-5
 TRAIN = ["--seq", SEQ, "--batch", 2, "--steps", STEPS, "--lr", "3e-3"]
 
 
@@ -163,17 +164,18 @@ def trains_with_tensor_parallelism(folder, data, tmp):
     exported, full = tmp / "tp-hf", tmp / "tp.pt"
     gpt_train("--tp", 2, "--init-from-hf", folder, "--data-tokens", data, *TRAIN, *clip,
               "--metrics", tmp / "tp-{rank}.jsonl", "--save-full", full, "--export-hf", exported)
-    worst = max(same_run(tmp / f"tp-{rank}.jsonl", ref, f"--tp 2 rank {rank}") for rank in (0, 1))
     mine, want = torch.load(full), torch.load(ref_full)
     assert sorted(mine) == sorted(want)
     initial = load_file(folder / "model.safetensors")
     differences = {}
-    for name, tensor in want.items():
+    for name, tensor in sorted(want.items(), key=lambda item: ".ln_q." not in item[0] and ".ln_k." not in item[0]):
         differences[name] = ((mine[name].double() - tensor).norm() / tensor.double().norm()).item()
-        assert differences[name] <= TENSOR_TOL, \
+        head_norm = ".ln_q." in name or ".ln_k." in name
+        assert differences[name] <= (HEAD_NORM_TOL if head_norm else TENSOR_TOL), \
             f"--tp 2 {name}: relative difference {differences[name]:.3e} from --reference"
         assert not torch.equal(tensor, initial[file_name_of(name)]), f"{name} did not train"
     norms = max(v for k, v in differences.items() if ".ln_q." in k or ".ln_k." in k)
+    worst = max(same_run(tmp / f"tp-{rank}.jsonl", ref, f"--tp 2 rank {rank}") for rank in (0, 1))
     print(f"--tp 2, {STEPS} steps, tied head: worst relative loss difference {worst:.2e} from --reference; "
           f"trained weights within {max(differences.values()):.2e} relative (q_norm/k_norm {norms:.2e})")
     exported_holds(exported, full, f"{folder.name}, {STEPS} steps with --tp 2")
