@@ -171,13 +171,13 @@ void add_input_output_options(CLI::App& app, CommandLine& cl) {
                  "vocabulary size (default 256: bytes; --init-from-hf takes config.json's)")
       ->check(integer_in(2, kMaxVocab));
   app.add_option("--init-from-hf", o.init_from_hf,
-                 "start from a transformers folder of a GPT-2 or a Llama-family model (Llama, "
-                 "Mistral, Qwen2: config.json, model.safetensors or its index); the architecture "
-                 "and sizes come from config.json; each rank reads only its shard");
+                 "start from a transformers folder of a GPT-2, a Llama-family model (Llama, "
+                 "Mistral, Qwen2) or a Qwen3 (config.json, model.safetensors or its index); the "
+                 "architecture and sizes come from config.json; each rank reads only its shard");
   app.add_option("--export-hf", o.export_hf,
                  "after training, rank 0 writes a transformers folder of the model here "
                  "(config.json, model.safetensors) for from_pretrained (GPT2LMHeadModel, "
-                 "LlamaForCausalLM)");
+                 "LlamaForCausalLM, Qwen3ForCausalLM)");
   app.add_option("--eval-tokens", o.eval_tokens,
                  "a .bin token file: the loss and logits on its rows of --seq + 1 tokens, before "
                  "the first step and after the last");

@@ -2,7 +2,7 @@
 // [Note: a model family is a folder]
 // gpt_train's recipe (the trainer, the command line, checkpointing, the data, the step, the
 // planner's view) is one for every model family; what differs between families lives in the
-// family's folder (gpt2/, llama/): its layers and modules, its flags and checks, its Hugging Face
+// family's folder (gpt2/, llama/, qwen3/): its layers and modules, its flags and checks, its Hugging Face
 // config and weight names, and its blocks described to the planner. Each folder exposes one
 // ModelFamily, and the recipe calls it through GPTConfig::family (family_of) without asking which
 // family it is. A new family is a new folder (with a CMakeLists.txt adding its sources to gpt_lib,
