@@ -8,6 +8,7 @@
 #include "model_family.h"
 
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -120,7 +121,7 @@ void add_model_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--dim", o.model.dim, "model width")->check(integer_in(1, kMaxDim));
   app.add_option("--heads", o.model.heads, "attention heads")->check(integer_in(1, kMaxHeads));
   app.add_option("--seq", o.model.max_seq, "sequence length")->check(integer_in(2, kMaxSeq));
-  for (const ModelFamily* family : model_families()) family->add_flags(app, o.model);
+  add_family_flags(app, o.model);
   app.add_option("--batch", o.batch, "sequences per rank per step")
       ->check(integer_in(1, kMaxBatch, "sequences per rank per step"));
   app.add_option("--steps", o.steps, "optimizer steps (0: none, e.g. --save-full of the initial model)")
@@ -170,13 +171,13 @@ void add_input_output_options(CLI::App& app, CommandLine& cl) {
                  "vocabulary size (default 256: bytes; --init-from-hf takes config.json's)")
       ->check(integer_in(2, kMaxVocab));
   app.add_option("--init-from-hf", o.init_from_hf,
-                 "start from a transformers folder of a GPT-2 or a Llama-family model (Llama, "
-                 "Mistral, Qwen2: config.json, model.safetensors or its index); the architecture "
-                 "and sizes come from config.json; each rank reads only its shard");
+                 "start from a transformers folder of a GPT-2, a Llama-family model (Llama, "
+                 "Mistral, Qwen2) or a Qwen3 (config.json, model.safetensors or its index); the "
+                 "architecture and sizes come from config.json; each rank reads only its shard");
   app.add_option("--export-hf", o.export_hf,
                  "after training, rank 0 writes a transformers folder of the model here "
                  "(config.json, model.safetensors) for from_pretrained (GPT2LMHeadModel, "
-                 "LlamaForCausalLM)");
+                 "LlamaForCausalLM, Qwen3ForCausalLM)");
   app.add_option("--eval-tokens", o.eval_tokens,
                  "a .bin token file: the loss and logits on its rows of --seq + 1 tokens, before "
                  "the first step and after the last");
@@ -356,10 +357,15 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
 }
 
 std::string check_model_flags(const CLI::App& app, const GPTConfig& model) {
+  std::vector<std::string> own;  // the flags of the run's family
   for (const ModelFamily* family : model_families()) {
-    if (family->name() == model.family) continue;
+    if (family->name() == model.family) own = family->flags();
+  }
+  for (const ModelFamily* family : model_families()) {
     for (const std::string& flag : family->flags()) {
-      if (app.count(flag) > 0) return flag + " applies to --model " + family->name() + " only";
+      if (app.count(flag) > 0 && std::find(own.begin(), own.end(), flag) == own.end()) {
+        return flag + " applies to --model " + families_taking(flag) + " only";
+      }
     }
   }
   if (model.dim % model.heads != 0) {

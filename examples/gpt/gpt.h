@@ -8,7 +8,9 @@
 // - Llama (llama/): RMSNorm, rotary positions, grouped-query attention, a SwiGLU MLP, an untied
 //   head (lm_head) or a tied one; the same slots (wte, h.{i}.ln_1, h.{i}.attn.*, h.{i}.ln_2,
 //   h.{i}.mlp.*, ln_f), so that the trainer, the planner and --freeze treat both alike.
-// Both are pre-norm residual blocks, x + attn(ln_1(x)), then + mlp(ln_2(.)). Their layers and
+// - Qwen3 (qwen3/): the Llama's layers with an RMSNorm on each query and key head (h.{i}.attn.ln_q,
+//   h.{i}.attn.ln_k) and a head_dim of its own.
+// All are pre-norm residual blocks, x + attn(ln_1(x)), then + mlp(ln_2(.)). Their layers and
 // sizes are one table, gpt_layers (the family's), which the modules below register and the
 // planner describes.
 
@@ -58,8 +60,8 @@ struct GPTConfig {
   int64_t max_seq = 128;     // the training sequence length (--seq)
   int64_t positions = 0;     // the context length (0: max_seq): GPT-2's n_positions (rows of
                              // wpe), Llama's max_position_embeddings
-  // Llama only (the GPT-2's are fixed: as many key/value heads as heads, an MLP of 4·dim, a
-  // LayerNorm of epsilon 1e-5, a head tied to wte).
+  // The Llama's and Qwen3's (the GPT-2's are fixed: as many key/value heads as heads, an MLP of
+  // 4·dim, a LayerNorm of epsilon 1e-5, a head tied to wte).
   int64_t kv_heads = 0;    // key/value heads, dividing heads (0: heads)
   int64_t head_dim = 0;    // channels per head (0: dim / heads)
   int64_t ffn_dim = 0;     // SwiGLU's hidden width (0: default_ffn_dim())
@@ -115,7 +117,7 @@ struct BlockImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   // The norms the table names (LayerNorm or RMSNorm); the family's attention and MLP
-  // (gpt2/gpt2.h, llama/llama.h). Held for tensor parallelism (tensor_parallel_plan.h): the
+  // (gpt2/gpt2.h, llama/llama.h, qwen3/qwen3.h). Held for tensor parallelism (tensor_parallel_plan.h): the
   // norms run on the sequence shard, the attention and the MLP on the gathered sequence.
   fsdp::tp::Parallel<torch::nn::AnyModule> ln_1, attn, ln_2, mlp;
 };

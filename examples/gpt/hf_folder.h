@@ -4,8 +4,9 @@
 // reading only the bytes of its own shard; --export-hf DIR writes one that transformers'
 // from_pretrained(DIR) loads with no missing or unexpected keys. config.json's model_type picks
 // the model family (model_family.h) whose hf_model_types() hold it: "gpt2" (GPT2LMHeadModel,
-// gpt2/hf_gpt2.cpp) or the Llama family's "llama", "mistral", "qwen2" (LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM; llama/hf_llama.cpp).
+// gpt2/hf_gpt2.cpp), the Llama family's "llama", "mistral", "qwen2" (LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM; llama/hf_llama.cpp) or "qwen3" (Qwen3ForCausalLM;
+// qwen3/hf_qwen3.cpp).
 // What the model cannot represent is refused by name, naming the key and what can be loaded.
 
 #include "gpt.h"
@@ -102,7 +103,7 @@ void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& con
                const nlohmann::json& base, const std::string& dir);
 
 // The checks of config.json that the families' readers share (gpt2/hf_gpt2.cpp,
-// llama/hf_llama.cpp).
+// llama/hf_llama.cpp, qwen3/hf_qwen3.cpp).
 namespace hf {
 
 /// config[key]: a positive whole number at most `max` (`bound` says whose: training and

@@ -2,10 +2,11 @@
 // [Note: a model family is a folder]
 // gpt_train's recipe (the trainer, the command line, checkpointing, the data, the step, the
 // planner's view) is one for every model family; what differs between families lives in the
-// family's folder (gpt2/, llama/): its layers and modules, its flags and checks, its Hugging Face
+// family's folder (gpt2/, llama/, qwen3/): its layers and modules, its flags and checks, its Hugging Face
 // config and weight names, and its blocks described to the planner. Each folder exposes one
 // ModelFamily, and the recipe calls it through GPTConfig::family (family_of) without asking which
-// family it is. A new family is a new folder and one line in model_family.cpp's list.
+// family it is. A new family is a new folder (with a CMakeLists.txt adding its sources to gpt_lib,
+// which examples/gpt/CMakeLists.txt finds by itself) and one line in model_families.inc.
 
 #include "gpt.h"
 #include "hf_folder.h"
@@ -44,9 +45,12 @@ class ModelFamily {
   virtual std::string plan_kind() const = 0;
 
   // Its settings.
-  /// Adds the flags only this family takes (bound to `model`), in --help's order.
+  /// Adds the flags of this family (bound to `model`), in --help's order; their help without the
+  /// "--model NAME: " that the command line puts before it. A flag that several families take
+  /// (each lists it in flags()) is added once: by one of them, which the others call or leave it to.
   virtual void add_flags(CLI::App& app, GPTConfig& model) const = 0;
-  /// The names of those flags ("--kv-heads"): refused with another family or with --init-from-hf.
+  /// The names of the flags this family takes ("--kv-heads"): refused with a family that does not
+  /// take them and with --init-from-hf.
   virtual std::vector<std::string> flags() const = 0;
   /// Throws naming the bad value of a setting of this family (the shared ones checked already).
   virtual void validate(const GPTConfig& config) const = 0;
@@ -100,5 +104,10 @@ const std::vector<const ModelFamily*>& model_families();
 const ModelFamily& family_named(const std::string& name);
 /// `config`'s family (config.family).
 const ModelFamily& family_of(const GPTConfig& config);
+/// The families whose flags() list `flag`, for its help and messages: "llama", "llama, qwen3".
+std::string families_taking(const std::string& flag);
+/// Adds every family's flags (add_flags), each flag's help led by the families that take it:
+/// "--model llama: key/value heads ...".
+void add_family_flags(CLI::App& app, GPTConfig& model);
 
 }  // namespace gpt

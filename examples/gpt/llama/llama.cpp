@@ -68,15 +68,21 @@ std::pair<torch::Tensor, torch::Tensor> LlamaAttentionImpl::rotary_tables(int64_
   return {cos_, sin_};
 }
 
+torch::Tensor LlamaAttentionImpl::split_heads(const torch::Tensor& projected) const {
+  return projected.view({projected.size(0), projected.size(1), -1, head_dim});  // heads here: -1
+}
+
+torch::Tensor LlamaAttentionImpl::query_heads(const torch::Tensor& x) { return split_heads(q_proj(x)); }
+
+torch::Tensor LlamaAttentionImpl::key_heads(const torch::Tensor& x) { return split_heads(k_proj(x)); }
+
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto heads_first = [&](const torch::Tensor& t) {
-    return t.view({B, T, -1, head_dim}).transpose(1, 2);  // [B, heads here, T, head_dim]
-  };
   const auto [cos, sin] = rotary_tables(T, x);
-  const torch::Tensor q = apply_rope(heads_first(q_proj(x)), cos, sin);
-  const torch::Tensor k = apply_rope(heads_first(k_proj(x)), cos, sin);
-  const torch::Tensor v = heads_first(v_proj(x));
+  // [B, heads here, T, head_dim]
+  const torch::Tensor q = apply_rope(query_heads(x).transpose(1, 2), cos, sin);
+  const torch::Tensor k = apply_rope(key_heads(x).transpose(1, 2), cos, sin);
+  const torch::Tensor v = split_heads(v_proj(x)).transpose(1, 2);
   // Grouped-query attention in the kernel (enable_gqa): query head h reads key/value head
   // h / (heads / kv_heads), as transformers' repeat_kv lays them out, without copying k and v.
   const torch::Tensor y = at::scaled_dot_product_attention(

@@ -32,6 +32,14 @@ struct LlamaAttentionImpl : torch::nn::Module {
   // heads, so the forward reads the head counts from the tensors (-1), never from the config.
   fsdp::tp::Parallel<UninitializedLinear> q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
+ protected:
+  /// x's queries and keys before rotation, [B, T, heads here, head_dim]: the projections' output
+  /// split into heads. An attention built on this one may change them (Qwen3 norms each head).
+  virtual torch::Tensor query_heads(const torch::Tensor& x);
+  virtual torch::Tensor key_heads(const torch::Tensor& x);
+  /// A projection's output [B, T, heads · head_dim] as [B, T, heads, head_dim] (a view).
+  torch::Tensor split_heads(const torch::Tensor& projected) const;
+
  private:
   /// cos and sin of positions 0..T-1 in `like`'s dtype and device, computed in fp32 once per
   /// (T, dtype, device): not parameters or buffers (a checkpoint holds none, as transformers').

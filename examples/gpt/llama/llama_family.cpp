@@ -12,17 +12,17 @@ std::string LlamaFamily::help() const {
 
 void LlamaFamily::add_flags(CLI::App& app, GPTConfig& model) const {
   app.add_option("--kv-heads", model.kv_heads,
-                 "--model llama: key/value heads, dividing --heads (grouped-query attention; "
+                 "key/value heads, dividing --heads (grouped-query attention; "
                  "default: --heads)")
       ->check(integer_in(1, kMaxHeads));
   app.add_option("--ffn-dim", model.ffn_dim,
-                 "--model llama: SwiGLU's hidden width (default: 8·dim/3 rounded up to 32)")
+                 "SwiGLU's hidden width (default: 8·dim/3 rounded up to 32)")
       ->check(integer_in(1, kMaxDim * 16));
-  app.add_option("--rope-theta", model.rope_theta, "--model llama: the rotary base")
+  app.add_option("--rope-theta", model.rope_theta, "the rotary base")
       ->check(real_at_least(0, /*strictly_above=*/true))
       ->capture_default_str();
   app.add_flag("--tie-head", model.tied_head,
-               "--model llama: the output head is wte (as Llama 3.2 1B's), not a matrix of its own");
+               "the output head is wte (as Llama 3.2 1B's), not a matrix of its own");
 }
 
 std::vector<std::string> LlamaFamily::flags() const {
