@@ -10,12 +10,11 @@ Qwen3Family.* (tests/qwen3_family_test.cpp, in gpt_unit_tests).
 
 WORKTREE must be a configured build of this project (WORKTREE/build) with these files committed.
 Prints a Markdown table: mutation -> each test red (its message), or SURVIVED (exit 1)."""
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "mutation"))
-from text_mutations import sh, verdict  # noqa: E402
+import text_mutations  # noqa: E402
 
 HF, UNIT = "tests/hf_qwen3_e2e.py", "Qwen3Family.*"
 QWEN3, PLAN, HFQ = ("examples/gpt/qwen3/qwen3.cpp", "examples/gpt/qwen3/qwen3_plan.cpp",
@@ -48,43 +47,11 @@ MUTATIONS = [
 ]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("worktree")
-    ap.add_argument("--only", default="")
-    args = ap.parse_args()
-    wt = Path(args.worktree).resolve()
-    only = set(filter(None, args.only.split(",")))
-    build = ["cmake", "--build", "build", "-j2", "--target", "gpt_train", "fsdprun", "gpt_unit_tests"]
-    rows, survived = [], 0
-    for mid, path, original, mutated, tests in MUTATIONS:
-        if only and mid not in only:
-            continue
-        text = (wt / path).read_text()
-        if text.count(original) != 1:
-            sys.exit(f"{mid}: the original text occurs {text.count(original)} times in {path}")
-        try:
-            (wt / path).write_text(text.replace(original, mutated))
-            built = sh(build, wt)
-            if built.returncode != 0:
-                sys.exit(f"{mid}: the mutated build failed:\n{built.stdout[-3000:]}")
-            verdicts = []
-            for test in tests:
-                if test.endswith(".py"):
-                    run = sh([sys.executable, test, str(wt / "build" / "bin")], wt, timeout=900)
-                    verdicts.append(verdict(run, ("Error", "assert")) + f" {Path(test).name}")
-                else:
-                    run = sh([str(wt / "build" / "bin" / "gpt_unit_tests"), f"--gtest_filter={test}"], wt, timeout=900)
-                    verdicts.append(verdict(run, ("Failure", "FAILED  ]", "what()")) + f" {test}")
-            survived += any(v.startswith("SURVIVED") for v in verdicts)
-            rows.append(f"| {mid} | `{path}` | {'; '.join(verdicts)} |")
-            print(rows[-1], flush=True)
-        finally:
-            sh(["git", "checkout", "--", path], wt)
-    sh(build, wt)
-    print("| mutation | file | result |\n|---|---|---|\n" + "\n".join(rows))
-    sys.exit(1 if survived else 0)
+def runs_of(tests):
+    """Each test as text_mutations runs it: a script, or gpt_unit_tests with a gtest filter."""
+    return [test if test.endswith(".py") else ("gpt_unit_tests", f"--gtest_filter={test}") for test in tests]
 
 
 if __name__ == "__main__":
-    main()
+    text_mutations.main([(*m[:4], runs_of(m[4])) for m in MUTATIONS], ["gpt_train", "fsdprun", "gpt_unit_tests"],
+                        keywords=("Error", "assert", "Failure", "FAILED  ]", "what()"))

@@ -24,9 +24,23 @@ def verdict(run, keywords):
     return f"red ({(lines or ['exit ' + str(run.returncode)])[-1][:160]})"
 
 
+def command_of(run, bin_dir):
+    """A test's command: a Python script with BIN first, or a program of BIN with its arguments."""
+    program, *arguments = run
+    if program.endswith(".py"):
+        return [sys.executable, program, str(bin_dir), *arguments]
+    return [str(bin_dir / program), *arguments]
+
+
+def label_of(run):
+    """A test's name in a row: the script's, or the program's arguments (a gtest filter)."""
+    return Path(run[0]).name if run[0].endswith(".py") else " ".join(run[1:])
+
+
 def main(mutations, targets, rebuilds=lambda path: True, keywords=("Error", "assert")):
-    """`mutations`: (id, file, original text, mutated text, [test scripts run as `python test BIN`,
-    or (script, *arguments) run as `python script BIN arguments`]);
+    """`mutations`: (id, file, original text, mutated text, [tests: a script run as `python test BIN`,
+    or (script, *arguments) run as `python script BIN arguments`, or (program, *arguments) for a
+    program of BIN (a gtest binary and its filter) run as `BIN/program arguments`]);
     `targets`: what to rebuild; `rebuilds(file)`: whether a mutation of that file needs it."""
     ap = argparse.ArgumentParser()
     ap.add_argument("worktree")
@@ -49,9 +63,9 @@ def main(mutations, targets, rebuilds=lambda path: True, keywords=("Error", "ass
                 if built.returncode != 0:
                     sys.exit(f"{mid}: the mutated build failed:\n{built.stdout[-3000:]}")
             runs = [(test,) if isinstance(test, str) else tuple(test) for test in tests]
-            verdicts = [verdict(sh([sys.executable, script, str(wt / "build" / "bin"), *arguments], wt, timeout=900),
-                                keywords) + ("" if len(runs) == 1 else f" {Path(script).name}")
-                        for script, *arguments in runs]
+            verdicts = [verdict(sh(command_of(run, wt / "build" / "bin"), wt, timeout=900), keywords)
+                        + ("" if len(runs) == 1 else f" {label_of(run)}")
+                        for run in runs]
             survived += any(v.startswith("SURVIVED") for v in verdicts)
             rows.append(f"| {mid} | `{path}` | {'; '.join(verdicts)} |")
             print(rows[-1], flush=True)
