@@ -194,7 +194,8 @@ TEST(Planner, PredictedPeakAndBytesMatchTheRunOnEveryRank) {
 // tp 2) and W = 4 (dp 2 x tp 2), the grid's GPT and Llama (2 kv heads, untied head), fp32 and
 // bf16, with and without activation checkpointing, full and grad_op: every rank's measured peak
 // within the grid's 10% of its plan and under --auto's margin, and every collective's bytes, FSDP's
-// over the data-parallel ranks and TP's (comm_stats' tp_*), exactly the plan's.
+// over the data-parallel ranks and TP's (comm_stats' tp_*), exactly the plan's; with --optimizer
+// muon (one case of each model) also each rank's all-to-all bytes of Muon's exchange.
 TEST(Planner, TpPeakAndBytesMatchTheRunOnEveryRank) {
   const int w = dist().world_size(), tp = 2;
   if (w != 2 && w != 4) GTEST_SKIP() << "(dp, tp) = (1, 2) at W = 2 and (2, 2) at W = 4";
@@ -208,17 +209,20 @@ TEST(Planner, TpPeakAndBytesMatchTheRunOnEveryRank) {
     for (bool bf16 : {false, true}) {
       for (bool checkpointing : {false, true}) {
         for (S strategy : {S::FullShard, S::ShardGradOp}) {
+          // Muon on one case of each model (its exchange over both dimensions).
+          const bool muon = !bf16 && !checkpointing && strategy == S::FullShard;
           GridCase c;
           c.llama = llama;
           c.batch = 4;
           c.fsdp.strategy(strategy).activation_checkpointing(checkpointing);
           if (bf16) c.fsdp.mixed_precision(fsdp::MixedPrecision().param_dtype(at::kBFloat16));
           c.label = std::string(llama ? "Llama " : "GPT ") + fsdp::to_string(strategy) + (bf16 ? " bf16" : " fp32") +
-                    (checkpointing ? " AC" : "");
+                    (checkpointing ? " AC" : "") + (muon ? " Muon" : "");
           auto o = grid_run(c);
           o.max_data_bytes = 64 << 10;
           o.fsdp = c.fsdp;
           o.tp = tp;
+          o.muon = muon;
           const fsdp::Plan plan = fsdp::plan(gpt::plan_setup(o, w, w, fsdp::PlanDevice{}, fsdp::PlanLinks{}));
           const int64_t baseline = fsdp::memory_stats().current_bytes;
           const gpt::TrainResult run = gpt::train(o, &dist());
@@ -232,6 +236,9 @@ TEST(Planner, TpPeakAndBytesMatchTheRunOnEveryRank) {
             EXPECT_EQ(sent.tp_all_gather_bytes, plan.traffic.tp_all_gather) << c.label;
             EXPECT_EQ(sent.tp_reduce_scatter_bytes, plan.traffic.tp_reduce_scatter) << c.label;
             EXPECT_EQ(sent.tp_all_reduce_bytes, plan.traffic.tp_all_reduce) << c.label;
+            if (muon) {
+              EXPECT_EQ(sent.all_to_all_bytes, plan.muon.all_to_all_by_rank.at(dist().rank())) << c.label;
+            }
           }
           // The plan has one entry per data-parallel rank: world rank r is dp rank r / tp.
           const fsdp::RankMemory& mine = plan.ranks.at(dist().rank() / tp);

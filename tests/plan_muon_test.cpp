@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -203,13 +204,29 @@ TEST(PlannerMuon, NewtonSchulzFlopsTimeAndAllToAllBytesFollowTheFormulas) {
     // the other ranks' pieces of its own back.
     const int64_t piece = R * C / f;
     const int64_t expected = (4 - busiest) * piece * 2 + busiest * (R * C - piece) * 2;
-    EXPECT_EQ(muon.muon.all_to_all_bytes, expected);
-    EXPECT_EQ(muon.traffic.all_to_all, expected);
+    EXPECT_EQ(muon.muon.all_to_all_by_rank.at(0), expected);
+    // The others: each owns the rest in turn; rank 0 is the busiest, the mean is the ranks'.
+    ASSERT_EQ(muon.muon.all_to_all_by_rank.size(), static_cast<size_t>(f));
+    int64_t sum = 0;
+    for (int r = 0; r < f; ++r) {
+      const int owns = 4 / f + (r < 4 % f ? 1 : 0);
+      const int64_t sent = (4 - owns) * piece * 2 + owns * (R * C - piece) * 2;
+      EXPECT_EQ(muon.muon.all_to_all_by_rank[r], sent) << "rank " << r;
+      sum += sent;
+    }
+    EXPECT_EQ(muon.muon.all_to_all_busiest, expected);
+    EXPECT_EQ(muon.muon.all_to_all_busiest_rank, 0);
+    EXPECT_DOUBLE_EQ(muon.muon.all_to_all_mean, static_cast<double>(sum) / f);
+    EXPECT_EQ(muon.traffic.all_to_all, std::llround(static_cast<double>(sum) / f));
     EXPECT_EQ(adamw.traffic.all_to_all, 0);
     if (f != 3) {  // balanced: (F-1)/F x N_muon/F elements each way, 2 + 2 bytes
       EXPECT_EQ(expected, (f - 1) * N / f / f * 4);
     }
-    const double exchange = static_cast<double>(expected) / s.links.intra_host_bandwidth + 2 * (f - 1) * s.links.latency_s;
+    // Both all-to-alls, and the all-reduce checking that every rank steps the 4 matrices (int32 each).
+    const int64_t check = 2 * (f - 1) * (4 * 4) / f;
+    EXPECT_EQ(muon.traffic.all_reduce - adamw.traffic.all_reduce, check);
+    const double exchange = static_cast<double>(expected + check) / s.links.intra_host_bandwidth +
+                            4 * (f - 1) * s.links.latency_s;
     EXPECT_NEAR(muon.muon.all_to_all_s, exchange, 1e-12);
     // Compute: the iteration, and Muon's element-wise pass over rank 0's pieces (fp32: 5 elements'
     // worth) instead of AdamW's (7).
@@ -224,13 +241,13 @@ TEST(PlannerMuon, NewtonSchulzFlopsTimeAndAllToAllBytesFollowTheFormulas) {
   hybrid.policy.fsdp.strategy(fsdp::ShardingStrategy::HybridShard);
   const fsdp::Plan h = fsdp::plan(hybrid);
   EXPECT_EQ(h.shard_group_size, 2);
-  EXPECT_EQ(h.muon.all_to_all_bytes, (2 - 1) * N / 2 / 2 * 4);
+  EXPECT_EQ(h.muon.all_to_all_busiest, (2 - 1) * N / 2 / 2 * 4);
   EXPECT_DOUBLE_EQ(h.muon.busiest_flops, total / 2);
   // NO_SHARD: every rank orthogonalizes every matrix, nothing moves.
   fsdp::PlanSetup unsharded = with_optimizer(setup_of(m, 2), "Muon");
   unsharded.policy.fsdp.strategy(fsdp::ShardingStrategy::NoShard);
   const fsdp::Plan u = fsdp::plan(unsharded);
-  EXPECT_EQ(u.muon.all_to_all_bytes, 0);
+  EXPECT_EQ(u.muon.all_to_all_busiest, 0);
   EXPECT_EQ(u.traffic.all_to_all, 0);
   EXPECT_DOUBLE_EQ(u.muon.busiest_flops, total);
 }

@@ -359,9 +359,19 @@ TEST(PlannerTp, BadTpSizesAreRefusedNamingTheFlag) {
   s = run_setup(o, 8, 8, 2);
   s.policy.tp_size = 1;
   EXPECT_NE(plan_refusal(s).find("described for --tp 2"), std::string::npos) << plan_refusal(s);
+  // Muon plans a description for --tp that says which dimension each split parameter's part is
+  // of (the whole matrices are orthogonalized); one that says none is split is refused.
   s = run_setup(o, 8, 8, 2);
   s.policy.optimizer.name = "Muon";
-  EXPECT_NE(plan_refusal(s).find("Muon with --tp 2"), std::string::npos) << plan_refusal(s);
+  EXPECT_EQ(plan_refusal(s), "no error");
+  for (fsdp::PlanParam& p : s.model.root.params) p.tp_dim = -1;
+  for (fsdp::PlanUnit& unit : s.model.units) {
+    for (fsdp::PlanParam& p : unit.params) p.tp_dim = -1;
+  }
+  EXPECT_NE(plan_refusal(s).find("no parameter says which dimension tensor parallelism splits (tp_dim)"),
+            std::string::npos) << plan_refusal(s);
+  s.model.units.at(0).params.at(2).tp_dim = 2;  // h.0.attn.c_attn.weight
+  EXPECT_NE(plan_refusal(s).find("has tp_dim 2 but 2 dimensions"), std::string::npos) << plan_refusal(s);
 }
 
 TEST(PlannerTp, TpDescriptionsRoundTripThroughJson) {
@@ -372,6 +382,17 @@ TEST(PlannerTp, TpDescriptionsRoundTripThroughJson) {
   fsdp::PlanSetup read = s;
   read.model = fsdp::plan_model_from_json(json);
   EXPECT_EQ(fsdp::plan_json(fsdp::plan(read)), fsdp::plan_json(fsdp::plan(s)));
+  EXPECT_EQ(json.at("units").at(0).at("params").at(2).at("tp_dim"), 0) << "attn.c_attn.weight: its rows";
+  read.policy.optimizer.name = s.policy.optimizer.name = "Muon";  // Muon reads the split dimensions
+  EXPECT_EQ(fsdp::plan_json(fsdp::plan(read)), fsdp::plan_json(fsdp::plan(s)));
+  nlohmann::json bad_dim = json;
+  bad_dim["units"][0]["params"][2]["tp_dim"] = 2;
+  try {
+    fsdp::plan_model_from_json(bad_dim);
+    ADD_FAILURE() << "a tp_dim past the shape was read";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(e.msg().find("units[0].params[2].tp_dim"), std::string::npos) << e.msg();
+  }
   nlohmann::json bad = json;
   bad["units"][0]["tp_collectives"][0]["kind"] = "broadcast";
   try {

@@ -46,7 +46,10 @@ fsdp::PlanParam tp_local(fsdp::PlanParam param, const Layer& layer, const fsdp::
   const fsdp::tp::ParallelStyle* style = fsdp::tp::style_for(plan, layer.name);
   if (!style) return param;  // outside the plan: replicated
   const auto how = fsdp::tp::split_of(*style, own_name(param.name), layer.kind == LayerKind::Embedding);
-  if (how.dim >= 0) param.shape.at(how.dim) /= tp;
+  if (how.dim >= 0) {
+    param.shape.at(how.dim) /= tp;
+    param.tp_dim = how.dim;
+  }
   return param;
 }
 
@@ -593,7 +596,7 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   if (!flags.tp_sizes.empty()) {
     // What gpt_train --tp does not run yet (command_line.cpp's check_tensor_parallel_flags).
     const std::vector<std::pair<bool, const char*>> not_with_tp = {
-        {o.muon, "--optimizer muon"}, {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
+        {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
         {!o.eval_tokens.empty(), "--eval-tokens"}, {o.sample_bytes > 0, "--sample"}};
     for (const auto& [given, flag] : not_with_tp) {
       TORCH_CHECK(!given, "--auto --tp-sizes: --tp does not run with ", flag, " yet; drop one of them");

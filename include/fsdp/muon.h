@@ -82,6 +82,10 @@ struct MuonWork {
   int64_t matrices = 0;  ///< orthogonalized here
   double flops = 0;      ///< of their iterations
   std::vector<std::string> names;  ///< of those matrices ("#i" for a parameter outside a sharded model)
+  /// The highest bytes alive in the exchanges and iterations of a sharded model's matrices, and
+  /// when: what the planner plans (src/optim/muon_phases.h, [Note: Muon's step in phases]).
+  int64_t workspace_bytes = 0;
+  std::string workspace_at;
 };
 
 class Muon : public torch::optim::Optimizer, public StepsInBackward {

@@ -34,6 +34,9 @@ struct PlanParam {
   c10::ScalarType dtype = c10::kFloat;
   bool requires_grad = true;    ///< false: frozen (no gradient, no reduction, no optimizer state)
   bool full_precision = false;  ///< kept in its own dtype under mixed precision (BatchNorm)
+  /// In a description for --tp T (PlanModel::tp_size): the dimension tensor parallelism splits
+  /// (`shape` is then one rank's part, the whole T parts along it); -1: replicated.
+  int64_t tp_dim = -1;
   int64_t numel() const;
 };
 
@@ -246,11 +249,18 @@ struct PlanMuon {
   int64_t workspace = 0;
   int workspace_rank = 0;
   std::string workspace_at;      ///< when, e.g. "the second all-to-all"
-  double total_flops = 0;        ///< Newton-Schulz flops of every matrix, per shard group and step
+  /// Newton-Schulz flops per step of the ranks of a shard group (under TP, of its tp groups: a
+  /// replicated matrix is orthogonalized on each tp rank)
+  double total_flops = 0;
   double busiest_flops = 0;      ///< the busiest rank's share (owners balanced over the shard group)
   double newton_schulz_s = 0;    ///< the busiest rank's share at the device's bf16 matmul rate
-  int64_t all_to_all_bytes = 0;  ///< rank 0 sends per step: its pieces to owners, its results back
-  double all_to_all_s = 0;       ///< those two all-to-alls on their link (not hidden)
+  /// What each world rank sends per step: its pieces to owners, its results back (under TP also
+  /// its parts to the whole's owner, the whole's parts back). Owners' shares are uneven.
+  std::vector<int64_t> all_to_all_by_rank;
+  int64_t all_to_all_busiest = 0;  ///< the most a rank sends
+  int all_to_all_busiest_rank = 0;
+  double all_to_all_mean = 0;      ///< over the ranks (traffic.all_to_all: rounded)
+  double all_to_all_s = 0;  ///< the busiest rank's exchange (all-to-alls, the check's all-reduce), not hidden
 };
 
 struct Plan {

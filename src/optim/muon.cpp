@@ -11,6 +11,7 @@
 #include "optim/muon_exchange.h"
 #include "optim/muon_models.h"
 #include "optim/muon_owners.h"
+#include "optim/muon_phases.h"
 #include "optim/muon_tensor_parallel.h"
 #include "optim/newton_schulz.h"
 
@@ -18,6 +19,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <map>
@@ -98,6 +100,37 @@ void apply_update(const Stepped& s, const at::Tensor& orthogonal, const std::vec
   const double lr = muon::adjusted_lr(o.lr(), o.adjust_lr_fn(), shape);
   s.param.mul_(1 - o.lr() * o.weight_decay());
   s.param.add_(orthogonal.view(s.param.sizes()), -lr);
+}
+
+// The owners of a model's matrices ([Note: Muon's owners]): from the whole shapes, which every
+// rank (every tp rank too) sees alike, so every rank chooses the same.
+muon::StepOwners owners_of(const std::vector<const Located*>& matrices, int shard_group_size) {
+  std::vector<muon::MatrixCost> costs;
+  int tp_size = 1;
+  for (const Located* m : matrices) {
+    costs.push_back({muon::iteration_flops(m->whole_shape(), 1), static_cast<int>(m->buffer), m->split()});
+    if (m->split()) tp_size = m->param.tensor_parallel()->tp->size();
+  }
+  return muon::choose_step_owners(costs, shard_group_size, tp_size);
+}
+
+// The step's highest point on this rank, as [Note: Muon's step in phases] counts it.
+void record_workspace(const std::vector<const Located*>& which, const std::vector<muon::ExchangedMatrix>& exchanged,
+                      const std::vector<int>& tp_owners, int me, MuonWork& work) {
+  std::vector<muon::MatrixShare> shares;
+  for (size_t e = 0; e < which.size(); ++e) {
+    const Located& m = *which[e];
+    const std::vector<int64_t> whole = m.whole_shape();
+    const int tp_rank = m.split() ? m.param.tensor_parallel()->tp->rank() : -1;
+    shares.push_back({m.param.name(), whole.at(0), whole.at(1), c10::multiply_integers(m.param.shape()),
+                      exchanged[e].piece_numels.at(me),
+                      m.split(), exchanged[e].owner == me, m.split() && tp_owners[e] == tp_rank});
+  }
+  const muon::StepPhase top = muon::highest(muon::step_phases(shares));
+  if (top.bytes > work.workspace_bytes) {
+    work.workspace_bytes = top.bytes;
+    work.workspace_at = top.at;
+  }
 }
 
 at::Tensor orthogonalize(const at::Tensor& update, const MuonOptions& o) {
@@ -203,11 +236,7 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
   // owners]), whatever is stepped now.
   std::vector<const Stepped*> now(matrices.size(), nullptr);
   for (const auto& s : stepped) now[position.at(s.param.unsafeGetTensorImpl())] = &s;
-  std::vector<muon::MatrixCost> costs;
-  for (const Located* m : matrices) {
-    costs.push_back({muon::iteration_flops(m->whole_shape(), 1), static_cast<int>(m->buffer)});
-  }
-  const std::vector<int> owners = muon::choose_owners(costs, model.view.shard_group().size());
+  const muon::StepOwners owners = owners_of(matrices, model.view.shard_group().size());
   // Where the pieces live (a model's shards share one device: offloaded, the host).
   Exchange& shard_exchange = exchange(model.view.shard_group(), model.model, matrices.front()->param.param().device());
   check_same_matrices_stepped(*shard_exchange.group, now, matrices);
@@ -215,15 +244,18 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
   std::vector<muon::ExchangedMatrix> exchanged;
   std::vector<at::Tensor> pieces;
   std::vector<const Located*> which;  // each exchanged matrix's
+  std::vector<int> tp_owners;         // each exchanged matrix's, in its tp group
   for (size_t i = 0; i < matrices.size(); ++i) {
     if (!now[i]) continue;
     hold_piece_only(model, *matrices[i]);
     pieces.push_back(momentum_update(self, *now[i]).to(at::kBFloat16).reshape(-1));
-    exchanged.push_back({matrices[i]->param.shape(), matrices[i]->param.piece_numels(), owners[i]});
+    exchanged.push_back({matrices[i]->param.shape(), matrices[i]->param.piece_numels(), owners.shard[i]});
     which.push_back(matrices[i]);
+    tp_owners.push_back(owners.tp[i]);
   }
   if (exchanged.empty()) return;
   Collectives& group = *shard_exchange.collectives;
+  record_workspace(which, exchanged, tp_owners, group.rank(), work);
   std::vector<const Stepped*> stepped_now;
   for (const Located* m : which) stepped_now.push_back(now[position.at(m->param.param().unsafeGetTensorImpl())]);
   const auto orthogonalized_here = [&](const at::Tensor& whole, size_t e) {
@@ -239,6 +271,7 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
   std::vector<size_t> split, split_exchanged;  // into `parts` and `exchanged`
   std::vector<at::Tensor> split_parts;
   std::vector<tp::Placement> split_placements;
+  std::vector<int> split_owners;
   size_t k = 0;
   for (size_t e = 0; e < exchanged.size(); ++e) {
     if (exchanged[e].owner != group.rank()) continue;
@@ -247,6 +280,7 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
       split_exchanged.push_back(e);
       split_parts.push_back(parts[k]);
       split_placements.push_back(*which[e]->param.tensor_parallel());
+      split_owners.push_back(tp_owners[e]);
     } else {
       results[k] = orthogonalized_here(parts[k], e);
     }
@@ -258,7 +292,7 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
     Collectives& tp_group =
         *exchange(split_placements.front().tp->group(), model.model, pieces.front().device()).collectives;
     const std::vector<at::Tensor> split_results = muon::orthogonalize_split(
-        tp_group, split_parts, split_placements,
+        tp_group, split_parts, split_placements, split_owners,
         [&](const at::Tensor& whole, size_t i) { return orthogonalized_here(whole, split_exchanged[i]); });
     for (size_t i = 0; i < split.size(); ++i) results[split[i]] = split_results[i];
   }

@@ -22,4 +22,20 @@ std::vector<int> choose_owners(const std::vector<MatrixCost>& matrices, int grou
   return owners;
 }
 
+StepOwners choose_step_owners(const std::vector<MatrixCost>& matrices, int shard_group_size, int tp_size) {
+  StepOwners owners{choose_owners(matrices, shard_group_size), std::vector<int>(matrices.size(), -1)};
+  for (int position = 0; position < shard_group_size; ++position) {
+    std::vector<size_t> split;  // the split matrices this position owns, in order
+    std::vector<MatrixCost> costs;
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      if (!matrices[i].split || owners.shard[i] != position) continue;
+      split.push_back(i);
+      costs.push_back({matrices[i].flops, 0});
+    }
+    const std::vector<int> chosen = choose_owners(costs, tp_size);
+    for (size_t k = 0; k < split.size(); ++k) owners.tp[split[k]] = chosen[k];
+  }
+  return owners;
+}
+
 }  // namespace fsdp::optim::muon

@@ -1,8 +1,6 @@
 #include "optim/muon_tensor_parallel.h"
 
 #include "optim/muon_exchange.h"
-#include "optim/muon_owners.h"
-#include "optim/newton_schulz.h"
 
 #include <fsdp/parallelize.h>
 
@@ -35,17 +33,15 @@ at::Tensor laid_out_by_member(const at::Tensor& whole, const tp::Placement& plac
 
 std::vector<at::Tensor> orthogonalize_split(
     Collectives& group, const std::vector<at::Tensor>& parts, const std::vector<tp::Placement>& placements,
-    const std::function<at::Tensor(const at::Tensor& whole, size_t i)>& orthogonalize) {
-  TORCH_CHECK(parts.size() == placements.size(), "Muon: a placement per tensor-parallel part is needed");
+    const std::vector<int>& owners, const std::function<at::Tensor(const at::Tensor& whole, size_t i)>& orthogonalize) {
+  TORCH_CHECK(parts.size() == placements.size() && parts.size() == owners.size(),
+              "Muon: a placement and an owner per tensor-parallel part are needed");
   if (parts.empty()) return {};
   const int members = group.size(), me = group.rank();
-  std::vector<MatrixCost> costs;
   for (const auto& placement : placements) {
     TORCH_CHECK(placement.tp && placement.tp->size() == members, "Muon: a tensor-parallel part exchanged over a "
                 "group of ", members, " ranks belongs to a tp group of another size");
-    costs.push_back({iteration_flops(placement.global_shape, 1), 0});
   }
-  const std::vector<int> owners = choose_owners(costs, members);
   std::vector<ExchangedMatrix> exchanged;
   std::vector<at::Tensor> flat_parts;
   for (size_t i = 0; i < parts.size(); ++i) {

@@ -29,10 +29,11 @@ namespace fsdp::optim::muon {
 /// Each of `parts` (this rank's tensor-parallel part of a split matrix, whole over FSDP, bf16)
 /// orthogonalized as the whole matrix: returns this rank's part of each result, in the part's
 /// shape. Every member of `group` (collectives over the placements' tp group, or a group beside
-/// it with the same members) calls it with the same matrices in the same order. `orthogonalize(whole, i)` runs
-/// on the owner of matrix i.
+/// it with the same members) calls it with the same matrices in the same order, and the same
+/// `owners` (the member assembling each: StepOwners::tp). `orthogonalize(whole, i)` runs on the
+/// owner of matrix i.
 std::vector<at::Tensor> orthogonalize_split(
     Collectives& group, const std::vector<at::Tensor>& parts, const std::vector<tp::Placement>& placements,
-    const std::function<at::Tensor(const at::Tensor& whole, size_t i)>& orthogonalize);
+    const std::vector<int>& owners, const std::function<at::Tensor(const at::Tensor& whole, size_t i)>& orthogonalize);
 
 }  // namespace fsdp::optim::muon

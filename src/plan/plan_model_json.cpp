@@ -126,6 +126,7 @@ nlohmann::json unit_json(const PlanUnit& u) {
     nlohmann::json param = {{"name", p.name}, {"shape", p.shape}, {"dtype", dtype_name(p.dtype)}};
     if (!p.requires_grad) param["requires_grad"] = false;  // absent: trained, as files before it
     if (p.full_precision) param["full_precision"] = true;
+    if (p.tp_dim >= 0) param["tp_dim"] = p.tp_dim;  // absent: replicated (or no TP)
     params.push_back(std::move(param));
   }
   nlohmann::json unit = {{"name", u.name}, {"params", params}, {"activations", activations_json(u.activations)},
@@ -172,6 +173,13 @@ PlanParam param_from(const nlohmann::json& json, const std::string& where) {
   param.dtype = dtype_field(json, "dtype", where);
   param.requires_grad = flag_field(json, "requires_grad", where, true);
   param.full_precision = flag_field(json, "full_precision", where, false);
+  if (json.contains("tp_dim")) {
+    const nlohmann::json& dim = json.at("tp_dim");
+    if (!dim.is_number_integer() || dim.get<int64_t>() < 0 || dim.get<int64_t>() >= static_cast<int64_t>(param.shape.size())) {
+      refuse(where + ".tp_dim", dim, "one of the shape's dimensions (0-based): the one tensor parallelism splits");
+    }
+    param.tp_dim = dim.get<int64_t>();
+  }
   return param;
 }
 

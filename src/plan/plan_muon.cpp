@@ -3,9 +3,11 @@
 #include <fsdp/muon.h>
 
 #include "optim/muon_owners.h"
+#include "optim/muon_phases.h"
 #include "optim/newton_schulz.h"
 
 #include <algorithm>
+#include <numeric>
 
 namespace fsdp::planning {
 
@@ -13,31 +15,11 @@ namespace {
 
 constexpr int64_t kBf16 = 2;  // bytes of what Muon exchanges and iterates on
 
-// The highest point of Muon::step's exchange and iteration on one rank ([Note: Muon in the
-// plan]): `pieces`, its elements of every matrix; `owned`, the matrices it owns in order.
-void exchange_workspace(int64_t pieces, const std::vector<const MuonMatrix*>& owned, MuonRankWork& work) {
-  const int64_t e = kBf16;
-  int64_t whole = 0, tall = 0;
-  for (const MuonMatrix* m : owned) {
-    whole += m->rows * m->cols;
-    if (m->rows > m->cols) tall += m->rows * m->cols;
-  }
-  auto consider = [&](int64_t bytes, std::string at) {
-    if (bytes > work.workspace) {
-      work.workspace = bytes;
-      work.workspace_at = std::move(at);
-    }
-  };
-  // Beside its pieces (e·pieces) throughout:
-  consider(e * pieces + e * (pieces + whole), "the first all-to-all");
-  consider(e * pieces + e * 2 * whole, "assembling the matrices it owns");
-  int64_t results = 0;
-  for (const MuonMatrix* m : owned) {
-    const int64_t mn = m->rows * m->cols, small = std::min(m->rows, m->cols);
-    consider(e * pieces + e * (whole + results + 2 * mn + 2 * small * small), "orthogonalizing " + m->name);
-    results += mn;
-  }
-  consider(e * pieces + e * (3 * whole + tall + pieces), "the second all-to-all");
+// The whole shape of a parameter described for --tp T: T parts along its tp_dim.
+std::vector<int64_t> whole_shape(const PlanParam& p, int tp_size) {
+  std::vector<int64_t> shape = p.shape;
+  if (p.tp_dim >= 0 && tp_size > 1) shape.at(static_cast<size_t>(p.tp_dim)) *= tp_size;
+  return shape;
 }
 
 }  // namespace
@@ -51,51 +33,68 @@ bool steps_with_muon(const PlanParam& param, bool in_root) {
 }
 
 double MuonOwners::busiest_flops() const {
-  return group_flops.empty() ? 0 : *std::max_element(group_flops.begin(), group_flops.end());
+  return flops.empty() ? 0 : *std::max_element(flops.begin(), flops.end());
 }
+
+double MuonOwners::total_flops() const { return std::accumulate(flops.begin(), flops.end(), 0.0); }
 
 MuonOwners muon_owners(const PlanSetup& setup, int shard_group_size) {
   MuonOwners owners;
   if (!plans_muon(setup.policy.optimizer)) return owners;
   const PlanModel& model = setup.model;
+  const int t = owners.tp_size = setup.policy.tp_size;
   std::vector<optim::muon::MatrixCost> costs;
   for (size_t u = 1; u <= model.units.size(); ++u) {  // the root's are AdamW's
     const PlanUnit& unit = model.units[u - 1];
     for (size_t i = 0; i < unit.params.size(); ++i) {
       const PlanParam& p = unit.params[i];
       if (!steps_with_muon(p, /*in_root=*/false)) continue;
-      const double flops = optim::muon::iteration_flops(p.shape, setup.policy.optimizer.ns_steps);
-      owners.matrices.push_back({p.name, u, i, p.shape[0], p.shape[1], flops, 0});
+      const std::vector<int64_t> whole = whole_shape(p, t);
+      const bool split = p.tp_dim >= 0 && t > 1;
+      const double flops = optim::muon::iteration_flops(whole, setup.policy.optimizer.ns_steps);
+      owners.matrices.push_back({p.name, u, i, whole[0], whole[1], p.numel(), split, flops, 0, -1});
       // The run places by one iteration's flops: the same order as ns_steps of them.
-      costs.push_back({optim::muon::iteration_flops(p.shape, 1), static_cast<int>(u)});
+      costs.push_back({optim::muon::iteration_flops(whole, 1), static_cast<int>(u), split});
     }
   }
-  const std::vector<int> chosen = optim::muon::choose_owners(costs, shard_group_size);
-  owners.group_flops.assign(static_cast<size_t>(shard_group_size), 0.0);
+  const optim::muon::StepOwners chosen = optim::muon::choose_step_owners(costs, shard_group_size, t);
+  owners.flops.assign(static_cast<size_t>(shard_group_size) * t, 0.0);
   for (size_t k = 0; k < owners.matrices.size(); ++k) {
-    owners.matrices[k].owner = chosen[k];
-    owners.group_flops[static_cast<size_t>(chosen[k])] += owners.matrices[k].flops;
+    MuonMatrix& m = owners.matrices[k];
+    m.owner = chosen.shard[k];
+    m.tp_owner = chosen.tp[k];
+    for (int index = 0; index < t; ++index) {  // a replicated matrix: by each tp rank's owner
+      if (!m.split || index == m.tp_owner) owners.flops[static_cast<size_t>(m.owner * t + index)] += m.flops;
+    }
   }
   return owners;
 }
 
-MuonRankWork muon_rank_work(const PlanSetup& setup, const RankLayout& layout, const MuonOwners& owners) {
+MuonRankWork muon_rank_work(const PlanSetup& setup, const RankLayout& layout, const MuonOwners& owners, int tp_index) {
   MuonRankWork work;
   if (!plans_muon(setup.policy.optimizer) || owners.matrices.empty()) return work;
   const int position = layout.rank % layout.shard_group_size;  // shard groups: consecutive ranks
-  int64_t pieces = 0;
-  std::vector<const MuonMatrix*> owned;
+  std::vector<optim::muon::MatrixShare> shares;
+  work.matrices = static_cast<int64_t>(owners.matrices.size());
   for (const MuonMatrix& m : owners.matrices) {
     const int64_t piece = layout.units[m.unit].param_pieces[m.param];
-    pieces += piece;
-    if (m.owner == position) {
-      owned.push_back(&m);
-      work.sent_by_owner += (m.rows * m.cols - piece) * kBf16;
-    } else {
+    const bool owned = m.owner == position, owned_whole = owned && m.split && m.tp_owner == tp_index;
+    shares.push_back({m.name, m.rows, m.cols, m.part, piece, m.split, owned, owned_whole});
+    if (!owned) {
       work.sent_to_owners += piece * kBf16;
+      continue;
+    }
+    work.sent_by_owner += (m.part - piece) * kBf16;
+    if (!m.split) continue;
+    if (owned_whole) {
+      work.sent_by_tp_owner += (m.rows * m.cols - m.part) * kBf16;
+    } else {
+      work.sent_to_tp_owners += m.part * kBf16;
     }
   }
-  exchange_workspace(pieces, owned, work);
+  const optim::muon::StepPhase top = optim::muon::highest(optim::muon::step_phases(shares));
+  work.workspace = top.bytes;
+  work.workspace_at = top.at;
   // The momentum: this rank's pieces, in each matrix's dtype (its flat group's shard dtype).
   for (const UnitLayout& unit : layout.units) {
     for (const FlatGroupLayout& g : unit.flats) work.momentum_bytes += g.muon_piece_numel * g.shard_bytes;
@@ -103,23 +102,45 @@ MuonRankWork muon_rank_work(const PlanSetup& setup, const RankLayout& layout, co
   return work;
 }
 
-std::vector<PlannedCollective> muon_collectives(const PlanSetup& setup, const RankLayout& layout,
-                                                const MuonRankWork& work) {
-  const int f = layout.shard_group_size;
-  if (f == 1 || work.sent_to_owners + work.sent_by_owner == 0) return {};
-  // The shard group is F consecutive ranks; of each rank's F-1 peers, the share on other hosts,
-  // averaged over the group (an all-to-all sends to each peer directly).
-  const int first = layout.rank / f * f, rph = setup.world.ranks_per_host;
+namespace {
+
+// An all-to-all over `members` consecutive ranks from `first` (of `world`, in its own ranks), of
+// `bytes` sent by this rank; the share of each rank's peers on other hosts, averaged over the
+// group (an all-to-all sends to each peer directly).
+PlannedCollective all_to_all(const PlanWorld& world, int first, int members, int64_t bytes) {
+  const int rph = world.ranks_per_host;
   int crossing = 0;
-  for (int a = first; a < first + f; ++a) {
-    for (int b = first; b < first + f; ++b) crossing += a != b && a / rph != b / rph;
+  for (int a = first; a < first + members; ++a) {
+    for (int b = first; b < first + members; ++b) crossing += a != b && a / rph != b / rph;
   }
-  const double share = static_cast<double>(crossing) / (static_cast<double>(f) * (f - 1));
-  PlannedCollective to_owners{PlannedCollective::AllToAll, 0, false, work.sent_to_owners, f - 1, share};
-  to_owners.once_per_step = true;
-  PlannedCollective from_owners = to_owners;
-  from_owners.bytes = work.sent_by_owner;
-  return {to_owners, from_owners};
+  const double share = static_cast<double>(crossing) / (static_cast<double>(members) * (members - 1));
+  PlannedCollective c{PlannedCollective::AllToAll, 0, false, bytes, members - 1, share};
+  c.once_per_step = true;
+  return c;
+}
+
+}  // namespace
+
+std::vector<PlannedCollective> muon_collectives(const PlanSetup& setup, const PlanWorld& full_world,
+                                                const RankLayout& layout, const MuonRankWork& work) {
+  std::vector<PlannedCollective> exchange;
+  const int f = layout.shard_group_size, t = setup.policy.tp_size;
+  // The shard group: F consecutive data-parallel ranks; the tp group: T consecutive world ranks
+  // (data-parallel rank d at tp index i is world rank d*T + i).
+  if (f > 1 && work.matrices > 0) {
+    // Muon's check that every rank of the shard group steps the same matrices: an int32 each.
+    exchange.push_back(shard_group_all_reduce(setup, layout, 4 * work.matrices));
+  }
+  if (f > 1 && work.sent_to_owners + work.sent_by_owner > 0) {
+    const int first = layout.rank / f * f;
+    exchange.push_back(all_to_all(setup.world, first, f, work.sent_to_owners));
+    exchange.push_back(all_to_all(setup.world, first, f, work.sent_by_owner));
+  }
+  if (t > 1 && work.sent_to_tp_owners + work.sent_by_tp_owner > 0) {
+    exchange.push_back(all_to_all(full_world, layout.rank * t, t, work.sent_to_tp_owners));
+    exchange.push_back(all_to_all(full_world, layout.rank * t, t, work.sent_by_tp_owner));
+  }
+  return exchange;
 }
 
 double newton_schulz_seconds(const PlanSetup& setup, const MuonOwners& owners) {

@@ -41,7 +41,9 @@ nlohmann::json muon_json(const PlanMuon& m) {
           {"workspace_bytes", m.workspace}, {"workspace_rank", m.workspace_rank}, {"workspace_at", m.workspace_at},
           {"newton_schulz_flops", m.total_flops},
           {"busiest_rank_flops", m.busiest_flops}, {"newton_schulz_s", m.newton_schulz_s},
-          {"all_to_all_bytes", m.all_to_all_bytes}, {"all_to_all_s", m.all_to_all_s}};
+          {"all_to_all_busiest_bytes", m.all_to_all_busiest}, {"all_to_all_busiest_rank", m.all_to_all_busiest_rank},
+          {"all_to_all_mean_bytes", m.all_to_all_mean}, {"all_to_all_bytes_by_rank", m.all_to_all_by_rank},
+          {"all_to_all_s", m.all_to_all_s}};
 }
 
 // Muon's lines ([Note: Muon in the plan]): what it keeps, what its owners hold, compute and send.
@@ -60,11 +62,12 @@ void muon_lines(std::ostringstream& s, const Plan& plan) {
                 "share %.3g), %.1f ms in compute\n", m.busiest_flops / 1e9, f, m.total_flops / f / 1e9,
                 m.newton_schulz_s * 1000);
   s << text;
-  if (f > 1) {
-    std::snprintf(text, sizeof(text), "    all-to-all per step: %lld bytes sent by rank 0 (updates to owners, "
-                  "results back, in bf16), %.1f ms, not hidden; the reduce-scatter sends %lld\n",
-                  static_cast<long long>(m.all_to_all_bytes), m.all_to_all_s * 1000,
-                  static_cast<long long>(plan.traffic.reduce_scatter));
+  if (m.all_to_all_busiest > 0) {
+    std::snprintf(text, sizeof(text), "    all-to-all per step (updates to owners, results back, in bf16%s): "
+                  "%lld bytes sent by the busiest rank (%d), %.0f on average; %.1f ms, not hidden; the "
+                  "reduce-scatter sends %lld\n", plan.setup.policy.tp_size > 1 ? "; split matrices over the tp group too" : "",
+                  static_cast<long long>(m.all_to_all_busiest), m.all_to_all_busiest_rank, m.all_to_all_mean,
+                  m.all_to_all_s * 1000, static_cast<long long>(plan.traffic.reduce_scatter));
     s << text;
   }
 }
@@ -168,7 +171,7 @@ std::string plan_text(const Plan& plan) {
   if (setup.policy.optimizer.name == "Muon") muon_lines(s, plan);
   s << "  bytes sent per step per rank: all-gather " << t.all_gather << ", reduce-scatter " << t.reduce_scatter
     << ", all-reduce " << t.all_reduce;
-  if (t.all_to_all > 0) s << ", all-to-all " << t.all_to_all;
+  if (t.all_to_all > 0) s << ", all-to-all " << t.all_to_all << " (mean over the ranks)";
   if (setup.policy.tp_size > 1) tp_lines(s, plan);
   s << "; on links within a host " << t.intra_host << ", across hosts "
     << t.cross_host << " (mean over the ranks); " << t.collectives << " collectives\n";

@@ -30,6 +30,22 @@ bool sums_a_frozen_gradient(const PlanUnit& unit, const PlanTpCollective& c) {
   return false;
 }
 
+// Each split parameter's tp_dim names one of its dimensions; a description for --tp T that says
+// nothing is split would plan Muon's exchange of the parts as if every matrix were whole.
+void check_tp_dims(const PlanModel& model, bool muon) {
+  bool any_split = false;
+  for (const PlanUnit* unit : units_of(model)) {
+    for (const PlanParam& p : unit->params) {
+      TORCH_CHECK(p.tp_dim >= -1 && p.tp_dim < static_cast<int64_t>(p.shape.size()), "plan: parameter '", p.name,
+                  "' has tp_dim ", p.tp_dim, " but ", p.shape.size(), " dimensions; give the dimension tensor "
+                  "parallelism splits (0-based), or -1 for a replicated parameter");
+      any_split = any_split || p.tp_dim >= 0;
+    }
+  }
+  TORCH_CHECK(any_split || !muon, "plan: Muon with the model is described for --tp ", model.tp_size, " but no parameter says which "
+              "dimension tensor parallelism splits (tp_dim); describe each split parameter's part and its tp_dim");
+}
+
 }  // namespace
 
 bool tp_spans_hosts(const PlanWorld& world, int tp_size) { return tp_size > world.ranks_per_host; }
@@ -45,9 +61,7 @@ void validate_tensor_parallel(const PlanSetup& setup) {
   TORCH_CHECK(rph >= 1 && (rph % t == 0 || t % rph == 0), "plan: --tp ", t, " and --ranks-per-host ", rph,
               ": a TP group would straddle two hosts (TP groups are consecutive ranks); choose a --tp "
               "that divides the ranks per host (or a multiple of them)");
-  TORCH_CHECK(setup.policy.optimizer.name != "Muon", "plan: Muon with --tp ", t, " is not planned yet (the "
-              "run assembles each split matrix over its tp group, an exchange the planner does not count); "
-              "plan with --tp 1 or AdamW");
+  check_tp_dims(setup.model, setup.policy.optimizer.name == "Muon");
 }
 
 PlanSetup data_parallel_setup(const PlanSetup& setup) {

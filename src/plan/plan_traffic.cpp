@@ -54,6 +54,14 @@ std::vector<PlannedCollective> reduce_collectives(const PlanSetup& setup, const 
   return out;
 }
 
+PlannedCollective shard_group_all_reduce(const PlanSetup& setup, const RankLayout& layout, int64_t bytes) {
+  const Rings rings = rings_of(setup, layout);
+  PlannedCollective c{PlannedCollective::AllReduce, 0, false, ring_all_reduce_bytes(bytes, rings.f), 2 * (rings.f - 1),
+                      rings.shard_cross};
+  c.once_per_step = true;
+  return c;
+}
+
 std::vector<PlannedCollective> program_collectives(const PlanSetup& setup) {
   const int w = setup.world.world_size;
   if (w == 1 || setup.model.step_all_reduce_bytes == 0) return {};

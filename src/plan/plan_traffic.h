@@ -29,6 +29,8 @@ std::vector<PlannedCollective> gather_collectives(const PlanSetup& setup, const 
 /// the replicas.
 std::vector<PlannedCollective> reduce_collectives(const PlanSetup& setup, const RankLayout& layout, size_t unit,
                                                   const FlatGroupLayout& g);
+/// An all-reduce of `bytes` over this rank's shard group, once per step (F > 1).
+PlannedCollective shard_group_all_reduce(const PlanSetup& setup, const RankLayout& layout, int64_t bytes);
 /// The program's own collectives, once per step (gpt_train's loss).
 std::vector<PlannedCollective> program_collectives(const PlanSetup& setup);
 /// A whole step's bytes: every micro-batch gathers; under no_sync only the last one reduces.
