@@ -19,7 +19,8 @@ namespace fsdp::detail {
 // apart, and a save keeps tp rank 0's. Each save compares, over the tp group, two sums of each
 // replicated parameter's FSDP piece (the tp ranks of one dp position hold the same piece of
 // structurally equal buffers): rank 0's are broadcast, each rank flags what differs, and the
-// flags are summed so that every rank knows. Cheap: two numbers per parameter, at a save.
+// flags are summed over the tp group, then over the shard group (a piece may lie on one FSDP
+// position only), so that every rank knows. Cheap: two numbers per parameter, at a save.
 
 namespace {
 
@@ -63,12 +64,13 @@ std::vector<std::string> warn_if_replicas_drifted(const ShardedView& model, cons
   broadcast(group, first, /*root=*/0);
   const at::Tensor differs = (mine != first).any(1).to(at::kDouble);
   all_reduce_sum(group, differs);
+  model.all_reduce_over_shard_group(differs);
   const auto flags = differs.to(at::kCPU);
   std::vector<std::string> drifted;
   for (size_t i = 0; i < replicated.names.size(); ++i) {
     if (flags[static_cast<int64_t>(i)].item<double>() > 0) drifted.push_back(replicated.names[i]);
   }
-  if (!drifted.empty() && group.rank() == 0) {
+  if (!drifted.empty() && model.world().rank() == 0) {
     std::ostringstream names;
     for (size_t i = 0; i < drifted.size(); ++i) names << (i ? ", " : "") << "'" << drifted[i] << "'";
     std::cerr << "fsdp: warning: " << where << ": the replicated parameters " << names.str()
