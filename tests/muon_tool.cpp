@@ -36,7 +36,9 @@ struct MuonNetImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x) {
     return torch::matmul(small(square_unit(wide_unit(tall_unit(x)))), mix.t());
   }
-  torch::nn::Linear tall{nullptr}, wide{nullptr}, square{nullptr}, small{nullptr};
+  // The plan's layers in their holders (parallelize_module refuses a plain member).
+  fsdp::tp::Parallel<torch::nn::Linear> tall{nullptr}, wide{nullptr}, square{nullptr};
+  torch::nn::Linear small{nullptr};
   torch::Tensor mix;
   fsdp::Unit<torch::nn::Linear> tall_unit, wide_unit, square_unit;
 };

@@ -6,6 +6,7 @@
 // 2 x 2 mesh at W = 4 (dist_world4_collectives).
 #include "dist_env.h"
 #include "error_of.h"
+#include "tiny_lm.h"
 
 #include <chrono>
 
@@ -18,67 +19,6 @@
 #include <unistd.h>
 
 namespace fsdp_test {
-namespace {
-
-constexpr int64_t kDim = 12, kHidden = 24, kSeq = 12, kVocab = 36;  // divisible by 1, 2, 3 and 4
-
-// Embedding -> LayerNorm -> Megatron MLP (column-wise up, row-wise down) -> head over the vocabulary.
-struct TinyLmImpl : torch::nn::Module {
-  TinyLmImpl() {
-    embed = register_module("embed", torch::nn::Embedding(kVocab, kDim));
-    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    mlp = register_module("mlp", torch::nn::Sequential());  // only a holder of the MLP's path
-    up = mlp->register_module("up", torch::nn::Linear(kDim, kHidden));
-    down = mlp->register_module("down", torch::nn::Linear(kHidden, kDim));
-    head = register_module("head", torch::nn::Linear(kDim, kVocab));
-  }
-  // Under tensor parallelism: the embedding's output on the sequence shard, the norm and the
-  // residual there, the MLP on the gathered sequence, the head's logits over this rank's
-  // vocabulary. The same code unsplit.
-  torch::Tensor forward(const torch::Tensor& ids) {
-    auto x = norm(embed(ids));
-    x = x + down(torch::gelu(up(x)));
-    return head(x);
-  }
-  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-    if (tp) return tp->cross_entropy(logits, targets);
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, kVocab}), targets.reshape({-1}));
-  }
-
-  fsdp::tp::Parallel<torch::nn::Embedding> embed{nullptr};
-  fsdp::tp::Parallel<torch::nn::LayerNorm> norm{nullptr};
-  torch::nn::Sequential mlp{nullptr};
-  fsdp::tp::Parallel<torch::nn::Linear> up{nullptr}, down{nullptr}, head{nullptr};
-  std::shared_ptr<fsdp::tp::TensorParallel> tp;
-};
-TORCH_MODULE(TinyLm);
-
-using fsdp::tp::Layout;
-
-fsdp::tp::ParallelizePlan tiny_plan() {
-  using namespace fsdp::tp;
-  return {{"embed", RowwiseParallel().output_layout(Layout::ShardSequence)},
-          {"norm", SequenceParallel()},
-          {"mlp.up", ColwiseParallel().input_layout(Layout::ShardSequence)},
-          {"mlp.down", RowwiseParallel().output_layout(Layout::ShardSequence)},
-          {"head", ColwiseParallel().input_layout(Layout::ShardSequence)}};
-}
-
-std::shared_ptr<fsdp::tp::TensorParallel> world_tp() {
-  return std::make_shared<fsdp::tp::TensorParallel>(dist().world);
-}
-
-TinyLm seeded_model() {
-  torch::manual_seed(3);
-  return TinyLm();
-}
-
-std::pair<torch::Tensor, torch::Tensor> batch() {
-  torch::manual_seed(5);
-  return {torch::randint(kVocab, {2, kSeq}, torch::kLong), torch::randint(kVocab, {2, kSeq}, torch::kLong)};
-}
-
-}  // namespace
 
 TEST(TensorParallel, TinyLanguageModelEqualsTheUnsplitModel) {
   // The unsplit model: a residual MLP on the whole sequence.
@@ -142,22 +82,6 @@ TEST(TensorParallel, EachCollectiveSendsItsFormulaAndCountsAsTensorParallel) {
   EXPECT_EQ(fsdp::comm_stats().tp_all_reduce_bytes, 2 * bytes * (t - 1) / t);
 }
 
-TEST(TensorParallel, ALayerCalledAroundItsHolderIsNamedInBackward) {
-  if (dist().world_size() == 1) GTEST_SKIP() << "one rank communicates nothing to skip";
-  // A port that parallelized a plain torch::nn::Linear member: its forward skips the all-reduce.
-  struct PlainImpl : torch::nn::Module {
-    PlainImpl() { fc = register_module("fc", torch::nn::Linear(kDim, kHidden)); }
-    torch::Tensor forward(const torch::Tensor& x) { return fc(x); }
-    torch::nn::Linear fc{nullptr};
-  };
-  auto plain = std::make_shared<PlainImpl>();
-  fsdp::tp::parallelize_module(*plain, world_tp(), {{"fc", fsdp::tp::ColwiseParallel()}});
-  auto loss = plain->forward(torch::randn({2, kDim})).sum();
-  const std::string error = error_of([&] { loss.backward(); });
-  EXPECT_NE(error.find("'fc' was called directly"), std::string::npos) << error;
-  EXPECT_NE(error.find("fsdp::tp::Parallel"), std::string::npos) << error;
-}
-
 TEST(TensorParallel, TorchLoadOfTheUnsplitModelIsNamedNotSummedTwice) {
   if (dist().world_size() == 1) GTEST_SKIP() << "one rank's part is the whole";
   const std::string file = "/tmp/fsdp_tp_whole_" + std::to_string(::getpid()) + ".pt";
@@ -188,7 +112,7 @@ TEST(TensorParallel, APlanThatDoesNotFitTheModelIsRefusedByName) {
   if (tp->size() > 1) {
     struct OddImpl : torch::nn::Module {
       OddImpl() { fc = register_module("fc", torch::nn::Linear(4, 7)); }
-      torch::nn::Linear fc{nullptr};
+      fsdp::tp::Parallel<torch::nn::Linear> fc{nullptr};
     };
     auto odd = std::make_shared<OddImpl>();
     const std::string error = error_of([&] { fsdp::tp::parallelize_module(*odd, tp, {{"fc", fsdp::tp::ColwiseParallel()}}); });

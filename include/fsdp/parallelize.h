@@ -7,8 +7,10 @@
 ///
 /// C++ cannot patch a forward, so a layer that communicates is called through its holder: a
 /// model declares it as `fsdp::tp::Parallel<torch::nn::Linear>` (as a unit is declared
-/// `fsdp::Unit<Block>`), a plain pass-through until the model is parallelized. A layer of the plan
-/// called around its holder is detected: its backward fails naming it.
+/// `fsdp::Unit<Block>`), a plain pass-through until the model is parallelized; `layer(x)` and
+/// `layer->forward(x)` both go through it. A layer of the plan that no Parallel holder holds is
+/// refused by parallelize_module, naming it; one called around its holder otherwise
+/// (`layer.ptr()->forward(x)`) fails in the backward of that forward.
 ///
 /// Example (Megatron's MLP: column-wise, then row-wise; one all-reduce each way):
 ///   struct MlpImpl : torch::nn::Module {
@@ -26,6 +28,7 @@
 ///                                           {"down", fsdp::tp::RowwiseParallel()}});
 ///   auto model = fsdp::fully_shard(mlp, mesh.group("dp"));
 
+#include <fsdp/device_mesh.h>
 #include <fsdp/tensor_parallel.h>
 #include <fsdp/tp_placement.h>
 
@@ -37,6 +40,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -132,6 +136,23 @@ at::Tensor whole_from_parts(const std::vector<at::Tensor>& parts, const Placemen
 /// parallelize_module cuts it; no communication. A replicated one: `whole`.
 at::Tensor part_of_whole(const at::Tensor& whole, const Placement& placement, int rank);
 
+/// The attention heads each tensor-parallel rank runs: `heads` / tp size (a column-wise q, k or v
+/// keeps its ranks' heads, so a model's attention views its activations by this count). Refuses
+/// a tp size that does not divide `heads`, naming both; `what` names them ("key/value heads").
+int64_t local_heads(int64_t heads, int tp_size, const std::string& what = "attention heads");
+int64_t local_heads(int64_t heads, const TensorParallel& tp, const std::string& what = "attention heads");
+
+/// Seeds this process's default generators (CPU, and every CUDA device's: torch::manual_seed)
+/// for dropout under tensor parallelism: `seed` + the index of this rank's tp group, so every rank
+/// of a tp group draws the same masks (a replicated region's activations stay equal, and with them
+/// the replicated parameters: norms, positions) and each group (each data-parallel position) its
+/// own. Megatron's default generator; `tp_dim` names the mesh's tensor-parallel dimension. Call it
+/// after fully_shard, where a 1-D program reseeds with `seed + rank` (docs/porting.md).
+void manual_seed(const DeviceMesh& mesh, uint64_t seed, const std::string& tp_dim = "tp");
+/// The index of this rank's tp group: its coordinates along every dimension but `tp_dim`,
+/// row-major.
+int64_t tp_group_index(const DeviceMesh& mesh, const std::string& tp_dim = "tp");
+
 namespace detail {
 /// What a parallelized layer runs around (or instead of) its own forward.
 class LayerStyle {
@@ -141,6 +162,37 @@ class LayerStyle {
 };
 /// The style of `module`, or null when it is not a parallelized layer.
 LayerStyle* style_of(const torch::nn::Module* module);
+/// Records that a Parallel holder holds `module` (parallelize_module refuses a layer no holder
+/// holds: its every call would skip the communication).
+void mark_held(const std::shared_ptr<torch::nn::Module>& module);
+
+/// Marks its Parallel's module as held, whichever constructor built the holder (inherited ones too).
+struct HolderMark {
+  template <class Holder>
+  explicit HolderMark(const Holder& holder) {
+    if (!holder.is_empty()) mark_held(holder.ptr());
+  }
+};
+
+// [Note: layer->forward through its holder]
+// A LibTorch program calls a layer as `layer->forward(x)`: through a holder's `->` that reaches
+// the module itself and would skip the style. So Parallel's `->` shows the module as
+// ParallelMembers, its own type with a one-tensor `forward` hidden by one that runs the style
+// (as fsdp::Unit's [Note: unit->forward]); it adds no data and is never constructed.
+template <class Impl>
+struct ParallelMembers : Impl {
+  template <class... Args>
+  decltype(auto) forward(Args&&... args) {
+    if constexpr (sizeof...(Args) == 1 && (std::is_convertible_v<Args, const at::Tensor&> && ...)) {
+      Impl& self = *this;
+      LayerStyle* style = style_of(&self);
+      if (!style) return at::Tensor(self.forward(std::forward<Args>(args)...));
+      return style->run(std::forward<Args>(args)..., [&self](const at::Tensor& y) { return at::Tensor(self.forward(y)); });
+    } else {
+      return Impl::forward(std::forward<Args>(args)...);
+    }
+  }
+};
 }  // namespace detail
 
 /// Holds a layer that tensor parallelism may split: declared, built and registered as the holder
@@ -160,6 +212,20 @@ class Parallel : public M {
     return style->run(x, [this](const at::Tensor& y) { return M::operator()(y); });
   }
   at::Tensor forward(const at::Tensor& x) { return (*this)(x); }
+  /// The module's members, `forward` going through the holder ([Note: layer->forward through
+  /// its holder]).
+  auto operator->() {
+    using Impl = typename M::ContainedType;
+    if constexpr (std::is_final_v<Impl>) {
+      return M::operator->();
+    } else {
+      return static_cast<detail::ParallelMembers<Impl>*>(M::operator->());
+    }
+  }
+  auto operator->() const { return M::operator->(); }
+
+ private:
+  detail::HolderMark mark_{*this};
 };
 
 /// A layer held as a torch::nn::AnyModule (a model's choice of norm or attention).
@@ -174,6 +240,9 @@ class Parallel<torch::nn::AnyModule> : public torch::nn::AnyModule {
     if (!style) return torch::nn::AnyModule::forward(x);
     return style->run(x, [this](const at::Tensor& y) { return torch::nn::AnyModule::forward(y); });
   }
+
+ private:
+  detail::HolderMark mark_{*this};
 };
 
 }  // namespace fsdp::tp

@@ -9,6 +9,7 @@
 #include "io/checkpoint_pieces.h"
 #include "io/global_boxes.h"
 #include "io/param_groups.h"
+#include "io/tp_replica_check.h"
 
 #include <ATen/ATen.h>
 
@@ -176,6 +177,7 @@ void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::O
   // The same on every rank (the same optimizers): every rank throws, before any collective.
   const OptimizerSet optimizers(optimizers_in, model, "save_sharded");
   const AgreementGroups world = agreement_groups(model);  // under tensor parallelism, every tp rank's too
+  warn_if_replicas_drifted(model, "save_sharded");  // only tp rank 0's replicated values are saved
   const std::string metadata = folder + "/" + kMetadataFile;
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
   std::vector<ParamGroupMeta> param_groups;

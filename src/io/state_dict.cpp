@@ -5,6 +5,7 @@
 #include <fsdp/param_loader.h>
 
 #include "io/checkpoint_agreement.h"
+#include "io/tp_replica_check.h"
 #include "core/sharded_view.h"
 
 #include <ATen/ATen.h>
@@ -104,6 +105,8 @@ NamedTensors gather_full_params(const ShardedModel& sharded) {
   torch::NoGradGuard no_grad;
   const detail::ShardedView model(sharded);
   const NamedTensors buffers = detail::module_buffers(sharded.module());
+  // A full state keeps tp rank 0's replicated parameters: say so if the others' differ.
+  detail::warn_if_replicas_drifted(model, "the full state dict");
   NamedTensors params;
   for (const auto& buffer : model.buffers()) {
     // Gathered where the collectives run (a GPU's, even when the shards are offloaded).

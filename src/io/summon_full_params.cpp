@@ -3,6 +3,8 @@
 
 #include <fsdp/error_text.h>
 
+#include <fsdp/parallelize.h>
+
 #include "core/sharded_view.h"
 
 #include <ATen/ATen.h>
@@ -18,11 +20,17 @@ namespace fsdp::detail {
 // shard's dtype (full precision under mixed precision), and points every parameter at its place
 // in it; what the parameter pointed at before is kept and restored on exit, so the engine finds
 // its units exactly as it left them. Units only run as plain calls meanwhile (holds_full_params).
+//
+// [Note: a tensor-parallel part shown whole]
+// Under tensor parallelism FSDP's whole parameter is this rank's part; the scope gathers each
+// split one over its tp group too (tp::whole_of, as save_full_params does), so that torch::save
+// writes, and torch::load reads, the model an unsplit program has. On exit each rank keeps its
+// own part of what the parameter holds (tp::part_of_whole) before cutting its FSDP piece.
 struct HeldFullParams {
   struct Param {
     ShardedParam piece;
     at::Tensor before;  // the parameter's data before the scope: a view of its shard
-    at::Tensor whole;   // its whole value, a view of `gathered`
+    at::Tensor whole;   // its whole value: a view of `gathered`, or its tp parts gathered
   };
   explicit HeldFullParams(const ShardedModel& sharded) : model(sharded) {}
   ShardedView model;
@@ -50,6 +58,22 @@ void point_at(const at::Tensor& param, const at::Tensor& data) {
   param.set_data(data);
 }
 
+// The whole parameter from this rank's `part` in the gathered buffer: itself (a view, so that
+// edits in place are kept) unless tensor parallelism split it ([Note: a tensor-parallel part
+// shown whole]); a collective over the tp group then, in the same order on its every rank.
+at::Tensor shown_whole(const ShardedParam& p, const at::Tensor& part) {
+  const auto& placement = p.tensor_parallel();
+  if (!placement || placement->replicated()) return part;
+  return tp::whole_of(part, *placement);
+}
+
+// This rank's tensor-parallel part of a whole value: what its FSDP piece is cut from.
+at::Tensor own_tp_part(const ShardedParam& p, const at::Tensor& whole) {
+  const auto& placement = p.tensor_parallel();
+  if (!placement || placement->replicated()) return whole;
+  return tp::part_of_whole(whole, *placement, placement->tp->rank());
+}
+
 }  // namespace
 
 std::shared_ptr<HeldFullParams> hold_full_params(const ShardedModel& sharded) {
@@ -60,7 +84,7 @@ std::shared_ptr<HeldFullParams> hold_full_params(const ShardedModel& sharded) {
   for (const auto& buffer : model.buffers()) {
     at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
     for (const auto& p : buffer.params()) {
-      held->params.push_back({p, p.param().variable_data(), p.in_whole(full)});
+      held->params.push_back({p, p.param().variable_data(), shown_whole(p, p.in_whole(full))});
     }
     held->gathered.push_back(std::move(full));
   }
@@ -88,7 +112,7 @@ void release_full_params(HeldFullParams& held, bool writeback) noexcept {
       for (auto& p : held.params) values.push_back(value_at_exit(p));
       for (size_t i = 0; i < held.params.size(); ++i) {
         auto& piece = held.params[i].piece;
-        if (!piece.empty()) piece.data().copy_(piece.piece_of(values[i]));
+        if (!piece.empty()) piece.data().copy_(piece.piece_of(own_tp_part(piece, values[i])));
       }
     } catch (const std::exception& e) {
       std::cerr << "fsdp::SummonFullParams: writing the parameters back into the shards failed ("

@@ -135,7 +135,10 @@ at::Tensor StyledLayer::param(const char* which) const {
   TORCH_CHECK(kept == kept_shapes_.end() || found->sizes() == kept->second, "tensor parallelism: '",
               name_, ".", which, "' is ", found->sizes(), " but this rank's part of it is ", kept->second,
               ": it was replaced by another tensor (torch::load of an unsplit model?). Load whole "
-              "parameters before parallelize_module, or a checkpoint of the split model");
+              "parameters before parallelize_module, inside fsdp::SummonFullParams of the sharded "
+              "model, or a checkpoint of the split model. (Inside fsdp::SummonFullParams a "
+              "tensor-parallel model shows whole parameters, to save, load or inspect: run it "
+              "outside the scope, on every rank)");
   return *found;
 }
 

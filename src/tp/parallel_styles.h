@@ -4,6 +4,8 @@
 
 #include <fsdp/parallelize.h>
 
+#include <ATen/core/grad_mode.h>
+
 #include <atomic>
 #include <map>
 #include <vector>
@@ -14,13 +16,14 @@
 namespace fsdp::tp::detail {
 
 /// A layer's style plus what every style shares: the group, the layer's name, and whether its
-/// holder ever ran it (a layer called around its holder would silently skip its communication).
+/// holder ran it (a layer called around its holder would silently skip its communication).
 class StyledLayer : public LayerStyle {
  public:
   StyledLayer(std::shared_ptr<TensorParallel> tp, torch::nn::Module& module, std::string name)
       : tp_(std::move(tp)), module_(&module), name_(std::move(name)) {}
   const std::string& name() const { return name_; }
-  bool ran() const { return ran_; }
+  /// How many times its holder ran it under grad mode ([Note: a layer called around its holder]).
+  int64_t grad_runs() const { return grad_runs_.load(std::memory_order_relaxed); }
   /// Records its parameters' shapes once they are this rank's parts: forward checks them.
   void keep_shapes();
   /// How each of its own parameters (by name: "weight", "bias") lies over the ranks.
@@ -30,12 +33,14 @@ class StyledLayer : public LayerStyle {
 
  protected:
   at::Tensor param(const char* which) const;
-  void mark_ran() { ran_ = true; }
+  void mark_ran() {
+    if (at::GradMode::is_enabled()) grad_runs_.fetch_add(1, std::memory_order_relaxed);
+  }
 
   std::shared_ptr<TensorParallel> tp_;
   torch::nn::Module* module_;  // the registry holds it weakly and drops the style with it
   std::string name_;
-  std::atomic<bool> ran_{false};
+  std::atomic<int64_t> grad_runs_{0};
   std::map<std::string, std::vector<int64_t>> kept_shapes_;
   std::vector<std::pair<std::string, Placement>> placements_;
 };

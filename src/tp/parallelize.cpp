@@ -41,6 +41,7 @@ struct Registry {
   std::mutex mutex;
   std::unordered_map<const torch::nn::Module*, StyleEntry> styles;
   std::unordered_map<const torch::nn::Module*, ScopeEntry> scopes;
+  std::unordered_map<const torch::nn::Module*, std::weak_ptr<torch::nn::Module>> held;  // by a Parallel
 };
 
 // How many layers were ever parallelized in this process: while none, a holder's call (every
@@ -123,16 +124,42 @@ void sum_gradient_over_ranks(at::Tensor& param, std::shared_ptr<TensorParallel> 
   });
 }
 
-// A split parameter whose gradient arrives though its layer never ran through its holder: the
-// layer was called directly and skipped its communication.
+// [Note: a layer called around its holder]
+// A layer's call that skips its holder skips its communication and gives wrong values silently.
+// `layer->forward(x)` goes through the holder ([Note: layer->forward through its holder]); a
+// layer of the plan that no fsdp::tp::Parallel holds is refused by parallelize_module (check_held),
+// before any forward. What is left (`layer.ptr()->forward(x)`, `*layer`, a Sequential of the
+// layers) is caught in backward: a split parameter's gradient arrives, but its holder ran no
+// forward under grad mode since this hook last fired (a count per hook, not a flag once set:
+// every backward is checked, not only the first). A second backward of one graph
+// (retain_graph) is refused alike.
 void check_ran_through_holder(at::Tensor& param, std::shared_ptr<detail::StyledLayer> layer) {
   if (!param.requires_grad()) return;
-  param.register_hook([layer](const at::Tensor&) {
-    TORCH_CHECK(layer->ran(), "tensor parallelism: '", layer->name(), "' was called directly, not "
+  auto seen = std::make_shared<int64_t>(0);  // the holder's grad-mode runs at this hook's last call
+  param.register_hook([layer, seen](const at::Tensor&) {
+    const int64_t runs = layer->grad_runs();
+    TORCH_CHECK(runs > *seen, "tensor parallelism: '", layer->name(), "' was called directly, not "
                 "through its fsdp::tp::Parallel holder, so its communication did not run: declare it "
-                "as fsdp::tp::Parallel<...> in the model and call it as `layer(x)`");
+                "as fsdp::tp::Parallel<...> in the model and call it as `layer(x)` or `layer->forward(x)`");
+    *seen = runs;
     return at::Tensor();
   });
+}
+
+// A layer of the plan that communicates must be held by an fsdp::tp::Parallel: called through any
+// other holder (a plain torch::nn::Linear member) it would skip its communication on every call.
+// A SequenceParallel layer runs as it is, so any holder will do.
+void check_held(const std::string& path, torch::nn::Module& module, const ParallelStyle& style) {
+  if (std::holds_alternative<SequenceParallel>(style)) return;
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = r.held.find(&module);
+  const bool held = it != r.held.end() && !it->second.expired();
+  TORCH_CHECK(held, "parallelize_module: '", path, "' (", style_name(style), ") is not held by an "
+              "fsdp::tp::Parallel holder, so calling it would skip its communication and give wrong "
+              "values: declare it in the model as fsdp::tp::Parallel<...> of the holder it was (a ",
+              module.name(), "), e.g. `fsdp::tp::Parallel<torch::nn::Linear> ", path.substr(path.rfind('.') + 1),
+              "{nullptr};`, and call it as `", path.substr(path.rfind('.') + 1), "(x)` or `->forward(x)`");
 }
 
 struct Split {
@@ -252,6 +279,7 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
                 "holder or std::make_shared), as LibTorch's modules are");
     r.scopes[&model] = {owner, tp};
   }
+  for (const auto& [path, style] : chosen) check_held(path, *modules[path], *style);
   for (const auto& [path, style] : chosen) {
     torch::nn::Module& module = *modules[path];
     Split split = apply_style(module, path, *style, tp, inside_prepared(path));
@@ -336,6 +364,12 @@ LayerStyle* style_of(const torch::nn::Module* module) {
     return nullptr;
   }
   return it->second.style.get();
+}
+
+void mark_held(const std::shared_ptr<torch::nn::Module>& module) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.held[module.get()] = module;
 }
 
 }  // namespace detail
