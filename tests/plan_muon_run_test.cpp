@@ -66,6 +66,33 @@ std::vector<double> from_every_rank(double value) {
   return std::vector<double>(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
 }
 
+// Muon's second step on `model` (the first makes the momentum): the all-to-all bytes this rank
+// sent and the highest rise of its tensor memory during the step.
+struct MeasuredStep {
+  int64_t sent = 0;
+  double rise = 0;
+};
+template <typename Model>
+MeasuredStep measure_second_step(Model& model, fsdp::optim::Muon& muon, torch::optim::AdamW& adamw, int64_t width) {
+  auto backward = [&] {
+    muon.zero_grad();
+    adamw.zero_grad();
+    model(torch::randn({4, width})).pow(2).sum().backward();
+  };
+  backward();
+  muon.step();
+  adamw.step();
+  backward();
+  const int64_t before = fsdp::comm_stats().all_to_all_bytes;
+  fsdp::reset_peak_memory();
+  const int64_t held = fsdp::memory_stats().current_bytes;
+  muon.step();
+  MeasuredStep measured{fsdp::comm_stats().all_to_all_bytes - before,
+                        static_cast<double>(fsdp::memory_stats().peak_bytes - held)};
+  adamw.step();
+  return measured;
+}
+
 TEST(PlannerMuon, PlannedExchangeMomentumAndFlopsAreTheRunsOnEveryWorld) {
   const int w = dist().world_size();
   torch::manual_seed(0);
@@ -75,22 +102,9 @@ TEST(PlannerMuon, PlannedExchangeMomentumAndFlopsAreTheRunsOnEveryWorld) {
   fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
   torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
   torch::manual_seed(1 + dist().rank());
-  auto backward = [&] {
-    muon.zero_grad();
-    adamw.zero_grad();
-    model(torch::randn({4, 160})).pow(2).sum().backward();
-  };
-  backward();
-  muon.step();  // the first step makes the momentum: the second is measured
-  adamw.step();
-  backward();
-  const int64_t before = fsdp::comm_stats().all_to_all_bytes;
-  fsdp::reset_peak_memory();
-  const int64_t held = fsdp::memory_stats().current_bytes;
-  muon.step();
-  const int64_t sent = fsdp::comm_stats().all_to_all_bytes - before;
-  const std::vector<double> rises = from_every_rank(static_cast<double>(fsdp::memory_stats().peak_bytes - held));
-  adamw.step();
+  const MeasuredStep step = measure_second_step(model, muon, adamw, 160);
+  const int64_t sent = step.sent;
+  const std::vector<double> rises = from_every_rank(step.rise);
   int64_t momentum = 0;
   for (const auto& [impl, state] : muon.state()) {
     const auto& s = static_cast<const fsdp::optim::MuonParamState&>(*state);
@@ -196,21 +210,9 @@ TEST(PlannerMuon, TensorParallelExchangeFlopsAndWorkspaceAreTheRunsOnEveryRank) 
   fsdp::optim::Muon muon(split.matrices, fsdp::optim::MuonOptions(0.02));
   torch::optim::AdamW adamw(split.others, torch::optim::AdamWOptions(1e-3));
   torch::manual_seed(1 + mesh.coordinate("dp"));  // each tp rank of a dp rank: the same batch
-  auto backward = [&] {
-    muon.zero_grad();
-    adamw.zero_grad();
-    model(torch::randn({4, SplitNetImpl::kDim})).pow(2).sum().backward();
-  };
-  backward();
-  muon.step();
-  adamw.step();
-  backward();
-  const int64_t before = fsdp::comm_stats().all_to_all_bytes;
-  fsdp::reset_peak_memory();
-  const int64_t held = fsdp::memory_stats().current_bytes;
-  muon.step();
-  const double rise = static_cast<double>(fsdp::memory_stats().peak_bytes - held);
-  const int64_t sent = fsdp::comm_stats().all_to_all_bytes - before;
+  const MeasuredStep step = measure_second_step(model, muon, adamw, SplitNetImpl::kDim);
+  const double rise = step.rise;
+  const int64_t sent = step.sent;
   const fsdp::optim::MuonWork work = muon.last_step_work();
 
   fsdp::PlanSetup setup;
