@@ -591,12 +591,16 @@ fsdp::Plan choose_configuration(TrainOptions& o, const PlanFlags& flags, fsdp::D
   space.peak_margin = fsdp::kPlanPeakMargin;
   space.cpu_offload = {false, true};  // searched where it applies (a GPU, its host's bandwidths)
   if (!flags.tp_sizes.empty()) {
-    // What gpt_train --tp does not run yet (command_line.cpp's check_tensor_parallel_flags).
+    // What gpt_train --tp does not run yet (command_line.cpp's check_tensor_parallel_flags), and
+    // what the planner does not plan under --tp (plan_tensor_parallel.cpp): checkpoints do run.
+    TORCH_CHECK(!o.muon, "--auto --tp-sizes: the planner does not plan --optimizer muon under --tp yet "
+                "(gpt_train --tp trains it): drop --tp-sizes to search --tp ", o.tp, " alone, or give --tp T "
+                "without --auto");
     const std::vector<std::pair<bool, const char*>> not_with_tp = {
-        {o.muon, "--optimizer muon"}, {!o.checkpoint_dir.empty() || o.save_every > 0, "--checkpoint-dir / --save-every"},
         {!o.eval_tokens.empty(), "--eval-tokens"}, {o.sample_bytes > 0, "--sample"}};
     for (const auto& [given, flag] : not_with_tp) {
-      TORCH_CHECK(!given, "--auto --tp-sizes: --tp does not run with ", flag, " yet; drop one of them");
+      TORCH_CHECK(!given, "--auto --tp-sizes: gpt_train --tp does not run with ", flag,
+                  " yet; drop one of them");
     }
     search_tp_sizes(flags, o, setup, space);
   }
