@@ -210,7 +210,9 @@ void PlannedUnit::allocate_gradients() {
 // its plan by that shard: 1.049 for full fp32 AC b1 x2 and x4 (W = 2; 1.046 at W = 3, 1.044 at
 // W = 4), 1.033-1.039 for the bf16 rows, on an idle or a loaded machine alike, and once 1.11
 // beside another build, past both the grid's 10% and --auto's margin (1.087); counted to the
-// reduction's end, those rows read at most 1.02 and a starved thread has the margin to itself.
+// reduction's end, every row reads at most 1.03 at W = 1-4 under a load of 7 on two cores (the
+// accumulating rows 0.91-1.02: below 1 when a reduction ends before the next backward), and a
+// starved thread has --auto's margin to itself.
 void PlannedUnit::reduce(bool counted) {
   while (!step_.reductions.empty()) step_.reductions.front()->free_reduced();
   int64_t output = 0;
