@@ -402,6 +402,27 @@ def reset_optimizer_cases(t, tmp, ck):
     alone = bt.sharded("--reset-optimizer")
     t.fails("--reset-optimizer without --resume", alone, "--reset-optimizer", "--resume")
     every_step_skipped(t, tmp)
+    muon_freeze_cases(t, tmp)
+
+
+def muon_freeze_cases(t, tmp):
+    """--optimizer muon's param groups follow --freeze (a frozen matrix is in neither optimizer):
+    a resume whose --freeze differs is named by the parameter and the flag, not blamed on the
+    library's param groups nor on a missing "AdamW state"."""
+    muon = ["--optimizer", "muon", "--layers", "2"]
+    for name, saved_freeze, resumed_freeze, needles in (
+            ("muon resume with --freeze added", [], ["--freeze", "h.0.attn"],
+             ("h.0.attn", "trained in the saved run", "--freeze 'h.0.attn' freezes it now",
+              "saved run's --freeze")),
+            ("muon resume of a frozen matrix that trains now", ["--freeze", "h.0.attn"], [],
+             ("'h.0.attn.c_attn.weight' was frozen in the saved run", "trains now",
+              "saved run's --freeze"))):
+        ck = tmp / name.replace(" ", "-")
+        made = bt.sharded(*muon, *saved_freeze, "--save-every", "2", "--checkpoint-dir", str(ck))
+        if made.rc != 0:
+            raise RuntimeError(f"the {name} setup run failed:\n" + made.output)
+        refused_intact(t, name, ck, lambda: resume(ck, *muon, *resumed_freeze, n=1), *needles,
+                       absent=("param group", "AdamW state"))
 
 
 def every_step_skipped(t, tmp):

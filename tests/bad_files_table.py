@@ -59,8 +59,10 @@ def tensor_names(safetensors):
 
 
 def write_index(folder, file_of):
-    """An index naming, for each tensor of the folder's shard, the file `file_of(tensor)`."""
-    weight_map = {name: file_of(name) for name in tensor_names(folder / SHARD)}
+    """An index naming, for each tensor of the folder's shard, the file `file_of(tensor)` (None:
+    an empty weight_map)."""
+    names = tensor_names(folder / SHARD) if file_of else []
+    weight_map = {name: file_of(name) for name in names}
     (folder / INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
@@ -154,6 +156,9 @@ def hf_cases(t, tmp):
     shard_fifo = copy_of(indexed, "shard-fifo", lambda c: replace_with_fifo(c / SHARD))
     refused(t, "HF index names a shard that is a FIFO",
             bt.sharded("--init-from-hf", str(shard_fifo)), SHARD, "is a FIFO", "regular file")
+    empty_map = copy_of(indexed, "empty-map", lambda c: write_index(c, None))
+    refused(t, "HF index with an empty weight_map", bt.sharded("--init-from-hf", str(empty_map)),
+            INDEX, '"weight_map" is empty')
     shutil.copy(indexed / SHARD, tmp / "hf-cases" / "x.safetensors")  # exists, beside the folder
     up = copy_of(indexed, "up", lambda c: write_index(c, lambda _: "../x.safetensors"))
     refused(t, "HF index names ../x.safetensors (it exists)",

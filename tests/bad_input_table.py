@@ -299,6 +299,26 @@ def auto_keeps_its_cap(t):
             ran.rc == 0 and named, "" if named else "the replaced --strategy is not named")
 
 
+def tensor_parallel_messages(t, tmp):
+    """Under --tp the flags at fault are named: hybrid's shard group against the data-parallel
+    size (world / tp), not the "world size" of the dp group; --auto --tp-sizes runs with
+    checkpoints (gpt_train --tp saves and resumes them) and with Muon (planned under --tp)."""
+    bad = sharded("--tp", "2", "--strategy", "hybrid", "--shard-group-size", "3", n=4, timeout=60)
+    t.fails("--tp 2 --shard-group-size 3 at W=4", bad, "--shard-group-size 3",
+            "data-parallel size 2 (4 ranks / --tp 2)")
+    t.check("... not blamed on the world size", "no `world size 2`", bad,
+            "world size 2" not in bad.output, "names the dp group's size as the world size")
+    ck = tmp / "auto-tp-ck"
+    ran = sharded("--auto", "--max-memory-gb", "1", "--tp-sizes", "1,2", "--save-every", "2",
+                  "--checkpoint-dir", str(ck), n=2, timeout=90)
+    saved = (ck / "latest").exists()
+    t.check("--auto --tp-sizes 1,2 --save-every 2", "exit 0, a checkpoint saved", ran,
+            ran.rc == 0 and saved and "does not run with" not in ran.output)
+    muon = sharded("--auto", "--max-memory-gb", "1", "--tp-sizes", "1,2", "--optimizer", "muon", n=2, timeout=90)
+    t.check("--auto --tp-sizes 1,2 --optimizer muon", "exit 0: Muon is planned under --tp", muon,
+            muon.rc == 0 and "does not plan" not in muon.output)
+
+
 def per_rank_outputs(t, tmp):
     """At W = 2 a per-rank output without {rank} would be one file written by both ranks."""
     for flag in ("--metrics", "--trace"):
@@ -378,6 +398,13 @@ def token_file_messages(t, tmp):
     t.fails("--data-tokens, llm.c header with a wrong magic",
             run([FSDPRUN, "--nproc-per-node", "1", GPT, *TINY, "--data-tokens", str(near_miss)]),
             "--data-tokens " + str(near_miss), "magic number is 20240521", "20240520")
+    swapped = tmp / "swapped.bin"  # llm.c's header and ids written big-endian (byte-swapped)
+    header = array.array("i", [20240520, 1, 4096] + [0] * 253)
+    header.byteswap()
+    swapped.write_bytes(header.tobytes() + bytes(8192))
+    t.fails("--data-tokens, llm.c header byte-swapped (big-endian)",
+            run([FSDPRUN, "--nproc-per-node", "1", GPT, *TINY, "--vocab", "65536", "--data-tokens", str(swapped)]),
+            "--data-tokens " + str(swapped), "byte-swapped", "little-endian")
 
 
 def hf_config_readings(t, tmp):
@@ -690,6 +717,12 @@ def cases(t):
             ("--freeze matching nothing", ["--freeze", "h.0.atn"], ("--freeze 'h.0.atn'", "matches no parameter")),
             ("--freeze h.0 with --deferred-init", ["--freeze", "h.0.attn", "--deferred-init"],
              ("--freeze 'h.0.attn'", "relative to a block")),
+            ("--freeze . (every parameter)", ["--freeze", "."],
+             ("--freeze '.'", "every parameter", "nothing would train")),
+            ("--tp-sizes without --auto", ["--tp-sizes", "1,2"], ("--tp-sizes", "--plan or --auto")),
+            ("--batches without --auto", ["--batches", "1,2"], ("--batches", "--plan or --auto")),
+            ("--auto --batches", ["--auto", "--max-memory-gb", "1", "--batches", "1,2"],
+             ("--batches", "--auto tries the divisors of --batch")),
             ("--device gpu", ["--device", "gpu"], "--device:"),
             ("--cpu-offload with --device cpu", ["--cpu-offload"], ("--cpu-offload", "--device cuda")),
             ("--cpu-offload with --reference", ["--reference", "--cpu-offload"],
@@ -729,6 +762,7 @@ def cases(t):
         port_of_a_running_job(t)
         step_in_backward_where_it_cannot_apply(t)
         auto_keeps_its_cap(t)
+        tensor_parallel_messages(t, tmp)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

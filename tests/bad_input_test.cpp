@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
 
 namespace fsdp_test {
 namespace {
@@ -110,6 +111,40 @@ TEST(BadInput, SyncModuleStatesTakesRankZerosInitialisation) {
     ASSERT_NE(expected, nullptr) << "unexpected " << name;
     EXPECT_TRUE(torch::equal(tensor, *expected)) << name;
   }
+}
+
+// One step of `optimizer` on the awkward model's rows (every rank the same rows).
+void odd_step(torch::optim::Optimizer& optimizer, const std::function<torch::Tensor(const torch::Tensor&)>& forward) {
+  auto [x, y] = odd_batch(0, 4);
+  optimizer.zero_grad();
+  torch::mse_loss(forward(x), y).backward();
+  optimizer.step();
+}
+
+// The library's optimizers built and stepped before fully_shard hold state of the whole shapes:
+// the next step names the cause and the fix, not ATen's "size of tensor a must match".
+template <class Optimizer, class Options>
+void expect_stepped_before_shard_is_named(const Options& options, const char* optimizer_name) {
+  OddNet net = make_odd_net(1);
+  Optimizer optimizer(net->parameters(), options);
+  odd_step(optimizer, [&](const torch::Tensor& x) { return net(x); });
+  auto model = fsdp::fully_shard(net, *dist().world);
+  try {
+    odd_step(optimizer, [&](const torch::Tensor& x) { return model(x); });
+    FAIL() << optimizer_name << " stepped state of the whole shapes on the shards";
+  } catch (const c10::Error& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_NE(message.find(optimizer_name), std::string::npos) << message;
+    EXPECT_NE(message.find("build the optimizer after fully_shard"), std::string::npos) << message;
+  }
+}
+
+TEST(BadInput, AnOptimizerThatSteppedBeforeFullyShardIsNamed) {
+  if (dist().world_size() < 2) GTEST_SKIP() << "one rank keeps each parameter whole, in its shape";
+  expect_stepped_before_shard_is_named<fsdp::optim::AdamW>(torch::optim::AdamWOptions(1e-3),
+                                                           "fsdp::optim::AdamW");
+  expect_stepped_before_shard_is_named<fsdp::optim::SGD>(torch::optim::SGDOptions(0.1).momentum(0.9),
+                                                         "fsdp::optim::SGD");
 }
 
 }  // namespace

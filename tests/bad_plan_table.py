@@ -85,6 +85,9 @@ def model_json_cases(t, tmp):
          ("units[0].activations.saved", "2^63")),
         ("--model-json sequence_tokens -5", set_in("sequence_tokens", -5),
          ("sequence_tokens", "-5")),
+        # Planned as "0 tokens/s" before; the file is named with the key.
+        ("--model-json sequence_tokens 0", set_in("sequence_tokens", 0),
+         ("--model-json_sequence_tokens_0.json", "sequence_tokens is 0", "count >= 1")),
         ("--model-json forward_flops -1", set_in("units", 0, "forward_flops", -1.0),
          ("units[0].forward_flops", "finite number >= 0")),
         ("--model-json a parameter named twice",
@@ -174,6 +177,17 @@ def hf_cases(t, tmp):
     refused(t, "fsdp_plan config.json tie_word_embeddings \"true\" (a string)",
             bt.run([PLAN, *hf_only, "--init-from-hf", str(quoted)]),
             "config.json", '"tie_word_embeddings" must be true or false')
+    null_tie = hf_folder(tmp, "hf-null-tie")
+    config = json.loads((null_tie / "config.json").read_text())
+    for model_type in ("gpt2", "llama"):  # a Llama read null as false: untied, silently
+        config.update(model_type=model_type, tie_word_embeddings=None)
+        if model_type == "llama":
+            config.update(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, max_position_embeddings=16)
+        (null_tie / "config.json").write_text(json.dumps(config))
+        refused(t, f"fsdp_plan config.json ({model_type}) tie_word_embeddings null",
+                bt.run([PLAN, *hf_only, "--init-from-hf", str(null_tie)]),
+                "config.json", '"tie_word_embeddings" is null', "true or false")
     untyped = hf_folder(tmp, "hf-untyped", model_type=None)
     refused(t, "fsdp_plan config.json without model_type",
             bt.run([PLAN, *hf_only, "--init-from-hf", str(untyped)]), "config.json", 'has no "model_type"')
@@ -189,6 +203,12 @@ def flag_cases(t, tmp):
     refused(t, "--layers 1024 --ranks 1048576",
             bt.run([PLAN, "--gpu", "h200", "--layers", "1024", "--ranks", "1048576"], timeout=20),
             "1048576 ranks x 1025 units", "unit-ranks", "fewer ranks")
+    # The search's flags without the cap that starts a search: refused, not the --tp 1 plan.
+    for flag, value in (("--tp-sizes", "1,2"), ("--batches", "1,2")):
+        refused(t, f"fsdp_plan {flag} without --max-memory-gb", plan(flag, value),
+                flag, "needs --max-memory-gb")
+        refused(t, f"gpt_train --plan {flag} without --max-memory-gb",
+                bt.run([bt.GPT, "--plan", *TINY_PLAN, *bt.DATA, flag, value]), flag, "needs --max-memory-gb")
     refused(t, "--tflops-fp32 1e-300", plan("--tflops-fp32", "1e-300"), "--tflops-fp32", "1e-300")
     refused(t, "--memory-gb 1e300", plan("--memory-gb", "1e300"), "--memory-gb", "1e300")
     refused(t, "--latency-us 1e300", plan("--latency-us", "1e300"), "--latency-us")

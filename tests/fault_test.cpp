@@ -65,5 +65,26 @@ TEST(Fault, PeerThatStallsTimesOutWithAClearError) {
   EXPECT_NE(message.find("failed"), std::string::npos) << message;
 }
 
+// SummonFullParams built on rank 0 alone (inside `if (rank == 0)`): rank 0 fails naming the scope
+// and the fix, in one line without a C++ backtrace, which a program that does not catch it prints.
+TEST(Fault, SummonOnOneRankFailsInOneClearLine) {
+  ASSERT_EQ(dist().world_size(), 2);
+  auto model = fsdp::fully_shard(make_odd_net(1), *dist().world);
+  if (dist().rank() == 1) {
+    std::fflush(nullptr);
+    _exit(0);  // goes on without the scope (here: ends), as a rank outside `if (rank == 0)` does
+  }
+  try {
+    fsdp::SummonFullParams full(model);
+    ADD_FAILURE() << "the scope was built without rank 1";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what();  // what std::terminate prints
+    EXPECT_NE(what.find("SummonFullParams"), std::string::npos) << what;
+    EXPECT_NE(what.find("every rank must build the scope"), std::string::npos) << what;
+    EXPECT_EQ(what.find("Exception raised from"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+}
+
 }  // namespace
 }  // namespace fsdp_test

@@ -48,7 +48,10 @@ gpt::TrainOptions small_llama(int64_t batch = 2) {
 }
 
 // The numbers fsdp_plan printed for these two runs before the planner knew TP (commit 1213727,
-// `fsdp_plan ... --json`): a plan at T = 1 is that plan, to the byte and the step time's last bit.
+// `fsdp_plan ... --json`): a plan at T = 1 is that plan, to the byte and the step time's last bit;
+// but the Llama's peak, which since issue 59 also holds a reduction's output (accumulating, from
+// a temporary) until the reduction is taken as finished ([Note: the plan's reduced gradients]):
+// 4163072 then, + 90752.
 TEST(PlannerTp, TpOneIsThePlanBeforeTensorParallelism) {
   gpt::TrainOptions gpt2 = small_gpt();
   const fsdp::Plan a = fsdp::plan(run_setup(gpt2, 8, 4));
@@ -66,7 +69,7 @@ TEST(PlannerTp, TpOneIsThePlanBeforeTensorParallelism) {
   llama.fsdp.strategy(fsdp::ShardingStrategy::HybridShard).shard_group_size(8).activation_checkpointing(true);
   llama.grad_accum = 2;
   const fsdp::Plan b = fsdp::plan(run_setup(llama, 16, 8));
-  EXPECT_EQ(b.peak_bytes, 4163072);
+  EXPECT_EQ(b.peak_bytes, 4163072 + 90752);
   EXPECT_EQ(b.traffic.all_gather, 2770880);
   EXPECT_EQ(b.traffic.reduce_scatter, 3000704);
   EXPECT_EQ(b.traffic.all_reduce, 428679);

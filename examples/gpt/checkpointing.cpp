@@ -3,6 +3,7 @@
 #include "hf_folder.h"
 #include "model_settings.h"
 #include "options.h"
+#include "saved_freeze.h"
 #include "trainer.h"
 
 #include <map>
@@ -265,9 +266,10 @@ void check_adamw_step(const nlohmann::json& param, int64_t step, bool optimizer_
       param.contains("optimizer_step") ? param["optimizer_step"] : nlohmann::json();
   if (adamw.is_null()) {
     TORCH_CHECK(!optimizer_stepped || is_frozen(o, name), metadata, ": parameter '", name, "' trains but has no AdamW "
-                "state (optimizer_step null): the checkpoint was saved without it or edited, and "
-                "AdamW would restart silently; pass --reset-optimizer to restart AdamW from these "
-                "parameters on purpose, or resume from a complete checkpoint");
+                "state (optimizer_step null): it was frozen in the saved run (resume with its --freeze), or the "
+                "checkpoint was saved without it or edited, and AdamW would restart silently; pass "
+                "--reset-optimizer to restart AdamW from these parameters on purpose, or resume from a "
+                "complete checkpoint");
     return;
   }
   TORCH_CHECK(adamw.is_number_integer() && adamw.get<int64_t>() >= 1 &&
@@ -460,6 +462,7 @@ void check_resumable(const std::string& path, const TrainOptions& o) {
   if (meta.is_null()) return;
   check_same_run(meta.value("extra", nlohmann::json()), path, o);
   check_same_optimizers(meta, path, o);
+  check_same_freeze(meta, path, o);
   check_saved_state(meta, path, o);
 }
 

@@ -1,5 +1,6 @@
 #include "command_line.h"
 
+#include "search_flags.h"
 #include "tensor_parallel_plan.h"
 
 #include "data.h"
@@ -352,6 +353,7 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   if (!cl.data_tokens.empty()) cl.train.data = cl.data_tokens;
   if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
   if (std::string error = check_model_flags(app, cl.train.model); !error.empty()) return error;
+  if (std::string error = check_search_flags(app, cl, /*planning=*/true); !error.empty()) return error;
   if (cl.device != "cpu") cl.train.fsdp.device(c10::Device(cl.device == "cuda" ? "cuda:0" : cl.device));
   return "";
 }
@@ -396,6 +398,7 @@ std::string finish_options(const CLI::App& app, CommandLine& cl) {
     return "--auto needs --max-memory-gb X: the memory each rank may use";
   }
   if (cl.autoplan && cl.reference) return "--auto plans the sharded run, not --reference";
+  if (std::string error = check_search_flags(app, cl, /*planning=*/false); !error.empty()) return error;
   if (cl.autoplan) cl.replaced_by_auto = flags_auto_replaces(app, cl);
   std::string error = apply_data_and_hf_flags(app, cl.data_tokens, cl.train);
   if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);

@@ -38,6 +38,11 @@ TokenLayout token_layout(std::ifstream& in, const std::string& path, const std::
     in.read(reinterpret_cast<char*>(header.data()), kLlmcHeaderBytes);
     in.seekg(0);
   }
+  // A big-endian copy (byte-swapped on another machine): read as ids it would train on noise.
+  TORCH_CHECK(__builtin_bswap32(static_cast<uint32_t>(header[0])) != kLlmcMagic, flag, " ", path,
+              " starts with llm.c's magic ", kLlmcMagic, " byte-swapped (a big-endian copy): llm.c's "
+              "token files are little-endian; swap its bytes back (numpy's byteswap(), header and ids) "
+              "or write it again with llm.c's scripts");
   TORCH_CHECK(!near_miss_header(header), flag, " ", path, " starts with an llm.c header (version ",
               header[1], ", ", header[2], " tokens) whose magic number is ", header[0], ", not ",
               kLlmcMagic, "; write llm.c's magic ", kLlmcMagic, " (or, for nanoGPT's layout, no header)");

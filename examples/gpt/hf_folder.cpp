@@ -55,6 +55,9 @@ std::vector<std::string> weight_files(const fs::path& dir, json* weight_map) {
   TORCH_CHECK(parsed.contains("weight_map") && parsed["weight_map"].is_object(), index.string(),
               " has no \"weight_map\" object of tensor name -> file");
   *weight_map = parsed["weight_map"];
+  TORCH_CHECK(!weight_map->empty(), index.string(), ": its \"weight_map\" is empty (it names no "
+              "tensor's file), so no weights would load; copy the index that save_pretrained wrote "
+              "with its folder");
   std::set<std::string> files;
   for (const auto& [tensor, file] : weight_map->items()) {
     TORCH_CHECK(file.is_string(), index.string(), ": the file of '", tensor, "' is not a string");
@@ -107,8 +110,11 @@ double positive_number(const json& config, const std::string& key, double fallba
 }
 
 bool boolean(const json& config, const std::string& key, bool fallback, const std::string& path) {
-  if (!config.contains(key) || config[key].is_null()) return fallback;
+  if (!config.contains(key)) return fallback;
   const json& value = config[key];
+  // transformers refuses a null flag (its configs' fields are typed bool): no default is read into it.
+  TORCH_CHECK(!value.is_null(), path, ": \"", key, "\" is null; write true or false (transformers "
+              "refuses null), or leave the key out for the default");
   TORCH_CHECK(value.is_boolean(), path, ": \"", key, "\" must be true or false, got ",
               fsdp::json_excerpt(value), " (a JSON ", value.type_name(), "; write it without quotes)");
   return value.get<bool>();

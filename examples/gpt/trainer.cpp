@@ -70,12 +70,37 @@ void check_freeze_patterns(const TrainOptions& o) {
                                   "'attn.c_attn', or the root's 'wpe')"
                                 : " (e.g. 'wpe', 'h.0.attn', 'ln_f')");
   }
+  // Else autograd's "element 0 of tensors does not require grad" at the first backward.
+  const bool trains = std::any_of(names.begin(), names.end(), [&](const std::string& n) { return !is_frozen(o, n); });
+  std::string given;
+  for (const auto& pattern : o.freeze) given += " --freeze '" + pattern + "'";
+  TORCH_CHECK(trains, given.substr(1), " freezes every parameter of the model: nothing would train; freeze "
+              "fewer (e.g. 'h.0.' for one block, 'wte' for the embedding)");
 }
+
+namespace {
+
+// Under --tp, hybrid sharding shards over the data-parallel ranks (world / tp), not the world: the
+// library's check would name the dp group's size as "the world size".
+void check_shard_group_under_tp(const TrainOptions& o, int world) {
+  const int f = o.fsdp.shard_group_size(), dp = world / o.tp;
+  if (f == 0 || !fsdp::is_hybrid(o.fsdp.strategy())) return;
+  const std::string sizes = "the data-parallel size " + std::to_string(dp) + " (" + std::to_string(world) +
+                            " ranks / --tp " + std::to_string(o.tp) + ")";
+  TORCH_CHECK(dp % f == 0, "--shard-group-size ", f, " does not divide ", sizes, ": under --tp, hybrid "
+              "sharding splits the data-parallel ranks into groups of F; pick F among the divisors of ", dp);
+  TORCH_CHECK(dp / f >= 2, "--shard-group-size ", f, " with ", sizes, " leaves a single replica group: "
+              "hybrid needs at least 2; use --strategy full (or grad_op), a smaller --shard-group-size, "
+              "or a smaller --tp");
+}
+
+}  // namespace
 
 std::shared_ptr<fsdp::DeviceMesh> make_mesh(const TrainOptions& o, fsdp::Distributed* dist) {
   if (!dist || o.tp == 1) return nullptr;
   TORCH_CHECK(dist->world_size() % o.tp == 0, "--tp ", o.tp, " does not divide the ", dist->world_size(),
               " ranks; launch a multiple of --tp ranks");
+  check_shard_group_under_tp(o, dist->world_size());
   return std::make_shared<fsdp::DeviceMesh>(
       dist->world, std::vector<fsdp::MeshDim>{{"dp", dist->world_size() / o.tp}, {"tp", o.tp}});
 }

@@ -4,6 +4,7 @@
 #include "comm/collectives.h"
 
 #include "comm/host_collectives.h"
+#include "util/plain_error.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -35,10 +36,11 @@ std::string describe_peers(const ProcessGroup& group, PeersWaitedOn peers) {
 
 [[noreturn]] void fail(const ProcessGroup& group, const char* what, PeersWaitedOn peers,
                        const std::string& cause) {
-  TORCH_CHECK(false, "fsdp: ", what, " on rank ", group.rank(), " of process group '", group.name(),
-              "' failed (", describe_peers(group, peers), "): ", cause,
-              "\nA peer rank has probably died, stalled, or runs a different model or "
-              "execution order; its own log names the cause.");
+  // One line, no backtrace: a program that does not catch it prints just this.
+  throw_plain_error("fsdp: " + std::string(what) + " on rank " + std::to_string(group.rank()) +
+                    " of process group '" + group.name() + "' failed (" + describe_peers(group, peers) +
+                    "): " + cause + ". A peer rank has probably died, stalled, or runs a different "
+                    "model or execution order; its own log names the cause.");
 }
 
 // Device tensors go through a host copy (the group's backend is Gloo), as do non-contiguous ones.

@@ -1,4 +1,5 @@
 #include "comm/shm_segment.h"
+#include "util/plain_error.h"
 
 #include <c10/util/Exception.h>
 
@@ -369,10 +370,11 @@ bool ShmSegment::peer_exited(int peer) const {
 }
 
 void ShmSegment::fail(const char* op, int peer, const std::string& cause) const {
-  TORCH_CHECK(false, "fsdp: ", op, " (shared memory) on rank ", group_.rank(), " of process group '",
-              group_.name(), "' failed (waiting for ", group_.describe_member(peer), "): ", cause,
-              "\nA peer rank has probably died, stalled, or runs a different model or execution "
-              "order; its own log names the cause.");
+  // One line, no backtrace: a program that does not catch it prints just this.
+  throw_plain_error("fsdp: " + std::string(op) + " (shared memory) on rank " + std::to_string(group_.rank()) +
+                    " of process group '" + group_.name() + "' failed (waiting for " +
+                    group_.describe_member(peer) + "): " + cause + ". A peer rank has probably died, "
+                    "stalled, or runs a different model or execution order; its own log names the cause.");
 }
 
 }  // namespace fsdp

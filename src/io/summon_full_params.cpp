@@ -6,6 +6,7 @@
 #include <fsdp/parallelize.h>
 
 #include "core/sharded_view.h"
+#include "util/plain_error.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -81,12 +82,20 @@ std::shared_ptr<HeldFullParams> hold_full_params(const ShardedModel& sharded) {
   const ShardedView& model = held->model;
   reshard_between_steps(model);
   torch::NoGradGuard no_grad;
-  for (const auto& buffer : model.buffers()) {
-    at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
-    for (const auto& p : buffer.params()) {
-      held->params.push_back({p, p.param().variable_data(), shown_whole(p, p.in_whole(full))});
+  try {
+    for (const auto& buffer : model.buffers()) {
+      at::Tensor full = buffer.gather_whole(buffer.shard().to(model.compute_device()));
+      for (const auto& p : buffer.params()) {
+        held->params.push_back({p, p.param().variable_data(), shown_whole(p, p.in_whole(full))});
+      }
+      held->gathered.push_back(std::move(full));
     }
-    held->gathered.push_back(std::move(full));
+  } catch (const std::exception& e) {
+    // Most often the scope was built on some ranks only (inside `if (rank == 0)`): said first,
+    // in one line (uncaught, what() is printed whole).
+    throw_plain_error("fsdp::SummonFullParams: gathering the whole model failed; every rank must build "
+                      "the scope at the same point (build it before `if (rank == 0)`, not inside): " +
+                      message_of(e));
   }
   for (auto& p : held->params) point_at(p.piece.param(), p.whole);
   model.set_full_params_held(true);

@@ -27,6 +27,7 @@ AdamWParamState& state_of(torch::optim::AdamW& optimizer, const at::Tensor& p, b
   }
   auto* adam = dynamic_cast<AdamWParamState*>(slot.get());
   TORCH_CHECK(adam, "fsdp::optim::AdamW: the state of a parameter is not AdamW's");
+  fused::check_state_shape(adam->exp_avg(), p, "fsdp::optim::AdamW");
   return *adam;
 }
 

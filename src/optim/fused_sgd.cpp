@@ -45,6 +45,7 @@ void SGD::add_to_batches(std::map<std::string, FusedBatch>& batches, const at::T
     auto* sgd = dynamic_cast<SGDParamState*>(slot.get());
     TORCH_CHECK(sgd, "fsdp::optim::SGD: the state of a parameter is not SGD's");
     buffer = sgd->momentum_buffer();
+    if (buffer.defined()) fused::check_state_shape(buffer, p, "fsdp::optim::SGD");
   }
   FusedBatch& batch = batches[fused::batch_key(p) + (first_step ? "/first" : "")];
   batch.first_step = first_step;

@@ -262,6 +262,10 @@ PlanModel plan_model_from_json(const nlohmann::json& json) {
   m.units = items_of(list_field(json, "units", ""), "units", unit_from);
   check_unique_names(m);
   m.sequence_tokens = size_field(json, "sequence_tokens", "", true);
+  // 0 tokens would plan a step that trains on nothing ("0 tokens/s").
+  if (m.sequence_tokens == 0) {
+    refuse("sequence_tokens", json.at("sequence_tokens"), "a count >= 1 (the tokens of one sequence)");
+  }
   m.input_bytes_per_sequence = size_field(json, "input_bytes_per_sequence", "", false);
   m.resident_bytes = size_field(json, "resident_bytes", "", false);
   m.step_all_reduce_bytes = size_field(json, "step_all_reduce_bytes", "", false);

@@ -136,6 +136,7 @@ class PlannedUnit final : public ScheduledUnit, private UnitMoments {
   bool unsharded_ = false;
   int gather_ = -1;      // the transfer of its all-gathers, until waited for
   int reduction_ = -1;   // the transfer of its reductions, until the end of backward
+  int64_t reduce_output_ = 0;  // its reduction's output, held until the reduction is taken as finished
   bool backward_ran_ = false;
   bool no_sync_ = false;
 };
@@ -196,19 +197,22 @@ void PlannedUnit::allocate_gradients() {
 
 // [Note: the plan's reduced gradients]
 // A unit's reduction is issued: the unsharded gradients of the units before it are taken as freed
-// now (the root's, the last, at once; the end of backward waits for it), and the reduction's
-// output, before it lands in the gradient shard, is counted at this moment only. That is the
-// plan's timing of the lane, not the limiter's promise: the limiter only makes the next unit's
-// slot or gradient wait until at most one reduction is in flight. A reduction that runs late (its
-// communication thread starved on a loaded host) overlaps the next unit's backward: its gradient
-// is planned there, its temporaries (the output, the collective's buffers) are not. Delaying each
-// reduction on the communication thread by 0-40 ms moved the rows of
-// Planner.PredictedPeakAndBytesMatchTheRunOnEveryRank by up to 0.10 of their plans, to 1.05 (full
-// fp32 AC b1 x2, peak during the next unit's backward): the likely start of its row at 1.11 on a
-// loaded machine, which was not reproduced here (1.11 is one unit's gradient above the plan, what
-// the grid reads with two reductions let in flight: docs/mutation-testing.md). Planning each
-// reduction's temporaries until the limiter ends it would cover the 1.05, and raise the plan's
-// peaks.
+// now (the root's, the last, at once; the end of backward waits for it). That is the plan's timing
+// of the lane, not the limiter's promise: the limiter only makes the next unit's slot or gradient
+// wait until at most one reduction is in flight, so a reduction may still run through the next
+// unit's backward. Its gradient is planned there; so is its output (a shard of the reduce dtype
+// before it lands in the gradient shard: mixed precision, or a sum added to the shard from a
+// temporary), held in `workspace` from the issue until the reduction is taken as finished (the
+// next unit's reduction, or the end of backward), as a communication thread that runs it beside
+// the next unit's backward (always, on a CPU; longer when it is starved on a loaded host) keeps
+// it. Counted at the issue alone, as before, the grid
+// (Planner.PredictedPeakAndBytesMatchTheRunOnEveryRank) read every row with such an output above
+// its plan by that shard: 1.049 for full fp32 AC b1 x2 and x4 (W = 2; 1.046 at W = 3, 1.044 at
+// W = 4), 1.033-1.039 for the bf16 rows, on an idle or a loaded machine alike, and once 1.11
+// beside another build, past both the grid's 10% and --auto's margin (1.087); counted to the
+// reduction's end, every row reads at most 1.03 at W = 1-4 under a load of 7 on two cores (the
+// accumulating rows 0.91-1.02: below 1 when a reduction ends before the next backward), and a
+// starved thread has --auto's margin to itself.
 void PlannedUnit::reduce(bool counted) {
   while (!step_.reductions.empty()) step_.reductions.front()->free_reduced();
   int64_t output = 0;
@@ -220,7 +224,9 @@ void PlannedUnit::reduce(bool counted) {
     output += gradients_held() ? g.accumulating_reduce_output : g.reduce_output;
     for (auto& c : reduce_collectives(step_.setup, step_.layout, index_, g)) reductions.push_back(c);
   }
-  step_.timeline.check(output, "reduction of " + unit_label(unit_));
+  reduce_output_ = output;
+  now().workspace += output;
+  step_.timeline.check(0, "reduction of " + unit_label(unit_));
   if (unit_.trainable) reduction_ = step_.issue(PlannedTransfer::Reduction, index_, reductions);
   if (counted) step_.limiter.reduction_issued(index_, reduction_);
   step_.reductions.push_back(this);
@@ -232,6 +238,8 @@ void PlannedUnit::free_reduced() {
   if (it == step_.reductions.end()) return;
   step_.reductions.erase(it);
   now().unsharded_grads -= unsharded_grad();
+  now().workspace -= reduce_output_;
+  reduce_output_ = 0;
 }
 
 void PlannedUnit::finish_backward() {

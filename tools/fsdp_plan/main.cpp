@@ -38,6 +38,16 @@ nlohmann::json read_json(const std::string& path) {
   }
 }
 
+// The description's errors name its JSON path; the file is named here.
+fsdp::PlanModel model_of_json(const std::string& path) {
+  const nlohmann::json json = read_json(path);
+  try {
+    return fsdp::plan_model_from_json(json);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "--model-json ", path, ": ", e.what_without_backtrace());
+  }
+}
+
 // --write-model-json replaces a file (atomically: a new file renamed over it); anything else at
 // the path (a FIFO would block the write forever, a folder cannot be replaced) is refused.
 void write_json(const std::string& path, const nlohmann::json& description) {
@@ -58,7 +68,7 @@ int run(gpt::CommandLine& cl, const ModelSource& source) {
     setup.model = gpt::describe_gpt(o.model, setup.model.compute_dtype, setup.model.resident_bytes,
                                     gpt::GptCode::MinGpt, setup.policy.tp_size);
   }
-  if (!source.json.empty()) setup.model = fsdp::plan_model_from_json(read_json(source.json));
+  if (!source.json.empty()) setup.model = model_of_json(source.json);
   if (!source.write_json.empty()) write_json(source.write_json, fsdp::plan_model_json(setup.model));
   gpt::print_plan(o, setup, cl.planner);
   return 0;
