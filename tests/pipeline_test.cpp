@@ -17,13 +17,13 @@ namespace fsdp_test {
 
 namespace {
 
-constexpr int64_t kVocab = 32, kDim = 16, kBlocks = 4, kBatch = 8, kTokens = 6;
+constexpr int64_t kPpVocab = 32, kPpDim = 16, kPpBlocks = 4, kPpBatch = 8, kPpTokens = 6;
 
 struct PpBlockImpl : torch::nn::Module {
   PpBlockImpl() {
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    fc1 = register_module("fc1", torch::nn::Linear(kDim, 2 * kDim));
-    fc2 = register_module("fc2", torch::nn::Linear(2 * kDim, kDim));
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kPpDim})));
+    fc1 = register_module("fc1", torch::nn::Linear(kPpDim, 2 * kPpDim));
+    fc2 = register_module("fc2", torch::nn::Linear(2 * kPpDim, kPpDim));
   }
   torch::Tensor forward(torch::Tensor x) { return x + fc2->forward(torch::gelu(fc1->forward(ln->forward(x)))); }
   torch::nn::LayerNorm ln{nullptr};
@@ -33,14 +33,14 @@ TORCH_MODULE(PpBlock);
 
 struct PpNetImpl : torch::nn::Module {
   PpNetImpl() {
-    wte = register_module("wte", torch::nn::Embedding(kVocab, kDim));
+    wte = register_module("wte", torch::nn::Embedding(kPpVocab, kPpDim));
     h = register_module("h", torch::nn::ModuleList());
-    for (int i = 0; i < kBlocks; ++i) {
+    for (int i = 0; i < kPpBlocks; ++i) {
       blocks.push_back(PpBlock());
       h->push_back(blocks.back());
     }
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    head = register_module("head", torch::nn::Linear(kDim, kVocab));
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kPpDim})));
+    head = register_module("head", torch::nn::Linear(kPpDim, kPpVocab));
   }
   torch::Tensor forward(torch::Tensor ids) {
     torch::Tensor x = wte->forward(ids);
@@ -55,7 +55,7 @@ struct PpNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(PpNet);
 
-PpNet seeded_net() {
+PpNet seeded_pp_net() {
   torch::manual_seed(0);  // LibTorch seeds each process at random: the same model on every rank
   return PpNet();
 }
@@ -63,7 +63,7 @@ PpNet seeded_net() {
 // The model's forward, as a chain of its own modules.
 std::vector<fsdp::pp::Part> parts_of(PpNet& net) {
   std::vector<fsdp::pp::Part> parts{{"wte", torch::nn::AnyModule(net->wte)}};
-  for (int i = 0; i < kBlocks; ++i) {
+  for (int i = 0; i < kPpBlocks; ++i) {
     parts.push_back({"h." + std::to_string(i), torch::nn::AnyModule(net->blocks[static_cast<size_t>(i)])});
   }
   parts.push_back({"ln_f", torch::nn::AnyModule(net->ln_f)});
@@ -80,16 +80,16 @@ std::vector<std::vector<std::string>> split_for(int stages) {
 
 torch::Tensor summed_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, kVocab}), targets.reshape({-1}),
+      logits.reshape({-1, kPpVocab}), targets.reshape({-1}),
       torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
 }
 
-struct Batch {
+struct PpBatch {
   torch::Tensor ids, targets;
 };
-Batch batch_of_step(int step) {
+PpBatch batch_of_step(int step) {
   torch::manual_seed(100 + step);
-  return {torch::randint(kVocab, {kBatch, kTokens}, torch::kLong), torch::randint(kVocab, {kBatch, kTokens}, torch::kLong)};
+  return {torch::randint(kPpVocab, {kPpBatch, kPpTokens}, torch::kLong), torch::randint(kPpVocab, {kPpBatch, kPpTokens}, torch::kLong)};
 }
 
 // Trains the pipelined model and the unsplit one side by side; compares losses and parameters.
@@ -97,21 +97,21 @@ void expect_pipeline_equals_unsplit(fsdp::pp::Schedule schedule, int microbatche
   const int world = fsdp_test::dist().world_size();
   if (world > 3) GTEST_SKIP() << "the splits cover pp = 1, 2, 3";
   fsdp::DeviceMesh mesh(dist().world, {{"pp", world}, {"dp", 1}});
-  PpNet net = seeded_net();
+  PpNet net = seeded_pp_net();
   fsdp::pp::Stage stage(*net, parts_of(net), split_for(world), mesh.coordinate("pp"));
   fsdp::pp::Pipeline pipe(std::move(stage), mesh.group_ptr("pp"), summed_cross_entropy,
                           fsdp::pp::PipelineOptions().schedule(schedule).microbatches(microbatches));
   torch::optim::AdamW optim(pipe.stage().parameters(), torch::optim::AdamWOptions(1e-2));
 
-  PpNet reference = seeded_net();
+  PpNet reference = seeded_pp_net();
   torch::optim::AdamW reference_optim(reference->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < 6; ++step) {
-    const Batch b = batch_of_step(step);
+    const PpBatch b = batch_of_step(step);
     optim.zero_grad();
     const double loss = pipe.step(b.ids, b.targets);
     optim.step();
     reference_optim.zero_grad();
-    torch::Tensor reference_loss = torch::nn::functional::cross_entropy(reference->forward(b.ids).reshape({-1, kVocab}),
+    torch::Tensor reference_loss = torch::nn::functional::cross_entropy(reference->forward(b.ids).reshape({-1, kPpVocab}),
                                                                         b.targets.reshape({-1}));
     reference_loss.backward();
     reference_optim.step();
@@ -137,7 +137,7 @@ TEST(Pipeline, GPipeWithFewerMicroBatchesThanStagesRuns) {
 }
 
 TEST(Pipeline, StagesKeepTheModelsOwnNames) {
-  PpNet net = seeded_net();
+  PpNet net = seeded_pp_net();
   fsdp::pp::Stage last(*net, parts_of(net), split_for(2), 1);
   EXPECT_EQ(last.part_names(), (std::vector<std::string>{"h.1", "h.2", "h.3", "ln_f", "head"}));
   EXPECT_TRUE(last.named_parameters().contains("h.3.fc1.weight"));
@@ -146,14 +146,14 @@ TEST(Pipeline, StagesKeepTheModelsOwnNames) {
 }
 
 TEST(Pipeline, WrongSplitsAreRefusedByName) {
-  PpNet net = seeded_net();
+  PpNet net = seeded_pp_net();
   auto error = error_of([&] { fsdp::pp::Stage(*net, parts_of(net), {{"wte", "h.0"}, {"h.9", "ln_f", "head"}}, 0); });
   EXPECT_NE(error.find("'h.9' is no part of the forward chain"), std::string::npos) << error;
   error = error_of([&] { fsdp::pp::Stage(*net, parts_of(net), {{"wte", "h.2"}, {"h.1", "h.3", "ln_f", "head"}}, 0); });
   EXPECT_NE(error.find("stages must take the forward chain in order"), std::string::npos) << error;
   error = error_of([&] { fsdp::pp::Stage(*net, parts_of(net), {{"wte", "h.0"}, {"ln_f", "head"}}, 0); });
   EXPECT_NE(error.find("part 'h.1' is in no stage"), std::string::npos) << error;
-  PpNet other = seeded_net();
+  PpNet other = seeded_pp_net();
   auto parts = parts_of(net);
   parts[0].module = torch::nn::AnyModule(other->wte);
   error = error_of([&] { fsdp::pp::Stage(*net, parts, split_for(1), 0); });

@@ -85,8 +85,10 @@ class StepRun {
     mb.output = stage_.forward(mb.input);
     if (!stage_.is_last()) return;
     // The mean over the step's tokens, normalized once: this micro-batch's sum over the step's count.
-    mb.output = loss_sum_(mb.output, targets_.at(static_cast<size_t>(index)).to(device())) /
-                static_cast<double>(tokens_);
+    at::Tensor summed = loss_sum_(mb.output, targets_.at(static_cast<size_t>(index)).to(device()));
+    TORCH_CHECK(summed.numel() == 1, "pipeline: the loss function returned ", summed.sizes(),
+                "; it must return the micro-batch's loss summed over its tokens (one number)");
+    mb.output = summed / static_cast<double>(tokens_);
     loss_sum_of_step_ += mb.output.item<double>();
   }
 
