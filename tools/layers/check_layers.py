@@ -10,7 +10,7 @@ import re
 import sys
 
 # Lowest first: a layer may include from itself and the layers before it.
-LAYERS = ["util", "launch", "comm", "device", "tp", "core", "optim", "io", "plan"]
+LAYERS = ["util", "launch", "comm", "device", "tp", "core", "optim", "io", "pp", "plan"]
 
 # Public headers (include/fsdp/) by the layer whose sources implement them.
 PUBLIC = {
@@ -27,6 +27,7 @@ PUBLIC = {
     "fused_sgd.h": "optim", "steps_in_backward.h": "optim", "muon.h": "optim",
     "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
+    "pipeline.h": "pp",
     "plan.h": "plan",
     "fsdp.h": "plan",  # the umbrella header: everything
 }

@@ -1,0 +1,106 @@
+// A stage: a contiguous run of the model's parts, its parameters under the model's own names
+// ([Note: pipeline stages and schedules]).
+#include <fsdp/pipeline.h>
+
+#include <c10/util/Exception.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fsdp::pp {
+
+namespace {
+
+bool is_under_module(const std::string& name, const std::string& prefix) {
+  return name == prefix || (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+                            name[prefix.size()] == '.');
+}
+
+// Each part must be the model's own module of that name (not a copy), so that names are the model's.
+void check_parts(torch::nn::Module& model, const std::vector<Part>& parts) {
+  std::map<std::string, const torch::nn::Module*> modules;
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) modules[item.key()] = item.value().get();
+  std::map<std::string, int> seen;
+  for (const Part& part : parts) {
+    auto found = modules.find(part.name);
+    TORCH_CHECK(found != modules.end(), "pipeline: part '", part.name, "' is not a module of the model ",
+                "(its names are those of model.named_modules(), e.g. \"h.3\")");
+    TORCH_CHECK(!part.module.is_empty() && part.module.ptr().get() == found->second, "pipeline: part '", part.name,
+                "' is not the model's module of that name: give the model's own module, not a copy");
+    TORCH_CHECK(seen[part.name]++ == 0, "pipeline: part '", part.name, "' is listed twice");
+  }
+}
+
+// The stage of each part; throws unless every part is selected once and the stages follow the chain.
+std::vector<int> stage_of_parts(const std::vector<Part>& parts, const std::vector<std::vector<std::string>>& fqns) {
+  std::vector<int> stage_of(parts.size(), -1);
+  for (size_t s = 0; s < fqns.size(); ++s) {
+    TORCH_CHECK(!fqns[s].empty(), "pipeline: stage ", s, " has no modules; give each stage at least one");
+    for (const std::string& fqn : fqns[s]) {
+      bool selected = false;
+      for (size_t p = 0; p < parts.size(); ++p) {
+        if (!is_under_module(parts[p].name, fqn)) continue;
+        TORCH_CHECK(stage_of[p] < 0 || stage_of[p] == static_cast<int>(s), "pipeline: part '", parts[p].name,
+                    "' is in stage ", stage_of[p], " and stage ", s, "; give each module to one stage");
+        stage_of[p] = static_cast<int>(s);
+        selected = true;
+      }
+      TORCH_CHECK(selected, "pipeline: stage ", s, "'s module '", fqn, "' is no part of the forward chain ",
+                  "nor above one; name a part (e.g. \"h.3\") or a module holding parts (\"h\")");
+    }
+  }
+  for (size_t p = 0; p < parts.size(); ++p) {
+    TORCH_CHECK(stage_of[p] >= 0, "pipeline: part '", parts[p].name, "' is in no stage; every part of the ",
+                "forward chain must be given to a stage");
+    TORCH_CHECK(p == 0 || stage_of[p] >= stage_of[p - 1], "pipeline: part '", parts[p].name, "' (stage ",
+                stage_of[p], ") follows '", parts[p - 1].name, "' (stage ", stage_of[p - 1],
+                "); stages must take the forward chain in order");
+  }
+  return stage_of;
+}
+
+// The model's parameters under the given parts; every parameter must be under some part.
+torch::OrderedDict<std::string, torch::Tensor> parameters_under(torch::nn::Module& model,
+                                                                const std::vector<Part>& all,
+                                                                const std::vector<Part>& mine) {
+  torch::OrderedDict<std::string, torch::Tensor> out;
+  for (const auto& item : model.named_parameters()) {
+    bool in_chain = false, in_stage = false;
+    for (const Part& part : all) in_chain = in_chain || is_under_module(item.key(), part.name);
+    for (const Part& part : mine) in_stage = in_stage || is_under_module(item.key(), part.name);
+    TORCH_CHECK(in_chain, "pipeline: parameter '", item.key(), "' is in no part of the forward chain, so no ",
+                "stage would train it; hold it in a module that is a part");
+    if (in_stage) out.insert(item.key(), item.value());
+  }
+  return out;
+}
+
+}  // namespace
+
+Stage::Stage(torch::nn::Module& model, std::vector<Part> parts,
+             const std::vector<std::vector<std::string>>& module_fqns_per_stage, int index)
+    : index_(index), num_stages_(static_cast<int>(module_fqns_per_stage.size())) {
+  TORCH_CHECK(index >= 0 && index < num_stages_, "pipeline: stage ", index, " of ", num_stages_,
+              " (module_fqns_per_stage has one list per stage)");
+  check_parts(model, parts);
+  const std::vector<int> stage_of = stage_of_parts(parts, module_fqns_per_stage);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    if (stage_of[p] == index) parts_.push_back(parts[p]);
+  }
+  named_parameters_ = parameters_under(model, parts, parts_);
+}
+
+std::vector<std::string> Stage::part_names() const {
+  std::vector<std::string> out;
+  for (const Part& part : parts_) out.push_back(part.name);
+  return out;
+}
+
+torch::Tensor Stage::forward(torch::Tensor x) {
+  for (Part& part : parts_) x = part.module.forward<torch::Tensor>(std::move(x));
+  return x;
+}
+
+}  // namespace fsdp::pp
