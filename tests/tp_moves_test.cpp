@@ -1,6 +1,7 @@
 // Each parallel style's described moves (fsdp::tp::moves_of, [Note: a style's two readers]) are
 // what its layer issues: one styled layer (or module) of each kind run forward and backward, its
-// comm_stats tp_* bytes against the described moves' sent_bytes, kind by kind. The planner
+// comm_stats tp_* bytes against the described moves' sent_bytes, forward's and backward's
+// apart, kind by kind. The planner
 // counts TP's bytes from these descriptions alone. tp = W (dist_world1/2/3).
 #include "dist_env.h"
 #include "tiny_lm.h"
@@ -80,24 +81,41 @@ fsdp::tp::StyledShape shape_of(Host& host, const Case& c, const std::string& pat
   return shape;
 }
 
-Bytes described(Host& host, const Case& c, int64_t tp) {
-  Bytes out;
+// Forward's and backward's bytes, each by kind.
+struct Step {
+  Bytes forward, backward;
+};
+
+int64_t& of_kind(Bytes& b, fsdp::tp::Move::Kind kind) {
+  return kind == fsdp::tp::Move::AllGather ? b.all_gather : kind == fsdp::tp::Move::ReduceScatter ? b.reduce_scatter
+                                                                                                  : b.all_reduce;
+}
+
+Step described(Host& host, const Case& c, int64_t tp) {
+  Step out;
   for (const auto& [path, style] : c.plan) {
     for (const fsdp::tp::Move& move : fsdp::tp::moves_of(style, shape_of(host, c, path))) {
       const int64_t bytes = *fsdp::tp::sent_bytes(move, tp, 4) * (move.per_sequence ? kSequences : 1);
-      (move.kind == fsdp::tp::Move::AllGather       ? out.all_gather
-       : move.kind == fsdp::tp::Move::ReduceScatter ? out.reduce_scatter
-                                                    : out.all_reduce) += bytes;
+      of_kind(move.backward ? out.backward : out.forward, move.kind) += bytes;
     }
   }
   return out;
 }
 
-Bytes issued(Host& host, const Case& c, fsdp::tp::TensorParallel& tp) {
-  fsdp::reset_comm_stats();
-  c.run(host, tp).sum().backward();
+Bytes tp_bytes() {
   const fsdp::CommStats s = fsdp::comm_stats();
   return {s.tp_all_gather_bytes, s.tp_reduce_scatter_bytes, s.tp_all_reduce_bytes};
+}
+
+Step issued(Host& host, const Case& c, fsdp::tp::TensorParallel& tp) {
+  fsdp::reset_comm_stats();
+  const torch::Tensor y = c.run(host, tp);
+  Step out;
+  out.forward = tp_bytes();
+  fsdp::reset_comm_stats();
+  y.sum().backward();
+  out.backward = tp_bytes();
+  return out;
 }
 
 // Inputs alike on every rank: [sequences, kSeq, width], whole or this rank's part.
@@ -143,10 +161,17 @@ TEST(TpMoves, EachStyleMovesWhatItDescribes) {
     torch::manual_seed(3);
     Host host;
     auto tp = world_tp();
-    const Bytes want = described(host, c, tp->size());
+    const Step want = described(host, c, tp->size());
     fsdp::tp::parallelize_module(*host, tp, c.plan);
-    EXPECT_EQ(issued(host, c, *tp), want) << c.name << " at tp " << tp->size();
-    if (tp->size() > 1) EXPECT_GT(want.all_gather + want.reduce_scatter + want.all_reduce, 0) << c.name;
+    const Step got = issued(host, c, *tp);
+    EXPECT_EQ(got.forward, want.forward) << c.name << ": forward at tp " << tp->size();
+    EXPECT_EQ(got.backward, want.backward) << c.name << ": backward at tp " << tp->size();
+    const Bytes& f = want.forward;
+    const Bytes& b = want.backward;
+    const int64_t total = f.all_gather + f.reduce_scatter + f.all_reduce + b.all_gather + b.reduce_scatter + b.all_reduce;
+    if (tp->size() > 1) {
+      EXPECT_GT(total, 0) << c.name << " moves something";
+    }
   }
 }
 
