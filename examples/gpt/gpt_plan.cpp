@@ -6,6 +6,7 @@
 #include "model_family.h"
 #include "options.h"
 #include "plan_counting.h"
+#include "plan_tp_moves.h"
 #include "tensor_parallel_plan.h"
 #include "trainer.h"
 
@@ -69,6 +70,9 @@ fsdp::PlanUnit block_unit(const GPTConfig& config, const GptLayers& layers, int6
   unit.name = "h." + std::to_string(i);
   unit.params = params_of(layers.block, unit.name + ".", block_parallel_plan(config), tp);
   family_of(config).describe_block(config, e, code, tp, unit);
+  // What its styled layers move, as the family's plan styles them ([Note: a style's two readers]).
+  unit.tp_collectives = styled_tp_collectives(layers.block, unit.name + ".", block_parallel_plan(config),
+                                              config.max_seq, e, tp);
   return unit;
 }
 
@@ -82,37 +86,6 @@ int64_t final_norm_saved(LayerKind kind, int64_t T, int64_t Ts, int64_t C, int64
     return sum({product({T, C, e}), 4 * Ts, e < 4 ? sum({product({Ts, C, e}), product({Ts, C, 4})}) : 0});
   }
   return sum({product({T, C, e}), 8 * Ts});
-}
-
-// The root's TP collectives: the vocabulary-parallel embedding's output reduce-scattered along
-// the sequence (backward: its gradient gathered), the head's input gathered (backward: its
-// gradient reduce-scattered), loss parallelism's row maxima gathered (fp32: (tp-1)·T·4 per
-// sequence) and its sums all-reduced (2T floats), and the replicated parameters' gradients
-// all-reduced: ln_f's, GPT-2's wpe whole ([positions, C]).
-std::vector<fsdp::PlanTpCollective> root_tp_collectives(const GPTConfig& config, const GptLayers& layers,
-                                                        int64_t e, int64_t tp) {
-  using K = fsdp::PlanTpCollective;
-  const int64_t T = config.max_seq, C = config.dim;
-  if (tp == 1) return {};
-  std::vector<K> out = {
-      tp_sequence_collective(K::ReduceScatter, false, "the token embedding's output", T, C, e, tp),
-      tp_sequence_collective(K::AllGather, false, "the head's input", T, C, e, tp),
-      {K::AllGather, "the loss's row maxima (fp32)", false, true, product({tp - 1, T, 4}), ""},
-      {K::AllReduce, "the loss's sums (fp32)", false, true, tp_all_reduce_bytes(2 * T, 4, tp), ""},
-      tp_sequence_collective(K::ReduceScatter, true, "the head's input gradient", T, C, e, tp),
-  };
-  const fsdp::tp::ParallelizePlan plan = root_parallel_plan(config);
-  for (const Layer& layer : layers.root()) {
-    const fsdp::tp::ParallelStyle* style = fsdp::tp::style_for(plan, layer.name);
-    for (const fsdp::PlanParam& param : layer_params(layer, "")) {
-      if (!style || !fsdp::tp::split_of(*style, own_name(param.name), layer.kind == LayerKind::Embedding).gradient_summed) {
-        continue;
-      }
-      out.push_back(tp_replicated_gradient(param.name, param.numel(), e, tp));
-    }
-  }
-  out.push_back(tp_sequence_collective(K::AllGather, true, "the token embedding's output gradient", T, C, e, tp));
-  return out;
 }
 
 // The root: the layers before and after the blocks (the embeddings, ln_f, minGPT's head).

@@ -37,6 +37,7 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,10 +96,12 @@ using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequencePar
 using ParallelizePlan = std::vector<std::pair<std::string, ParallelStyle>>;
 
 // [Note: a style's two readers]
-// What a style does to a layer's parameters is said once, without tensors (split_of):
-// parallelize_module cuts the parameters by it, and the planner (fsdp_plan) sizes each rank's
-// parameters and counts the gradient all-reduces by it, applying a model's own plan to its layer
-// table (style_for), so that a model family's plan is all the planner needs to know of it.
+// What a style does is said once, without tensors: what it splits (split_of) and what it moves
+// (moves_of). parallelize_module cuts the parameters by split_of and its layers issue the
+// collectives moves_of lists (src/tp/parallel_styles.cpp; tests/tp_moves_test.cpp checks the two
+// agree byte for byte through comm_stats); the planner (fsdp_plan) sizes each rank's parameters
+// by split_of and counts TP's bytes by moves_of, applying a model's own plan to its layer table
+// (style_for, input_prepared), so that a model family's plan is all the planner needs to know of it.
 
 /// What a style does to one of a layer's own parameters.
 struct ParamSplit {
@@ -113,6 +116,46 @@ ParamSplit split_of(const ParallelStyle& style, const std::string& name, bool em
 /// The style `plan` gives the module at `path` (PyTorch's matching: as many components, each
 /// matching, '*' any one), or null.
 const ParallelStyle* style_for(const ParallelizePlan& plan, const std::string& path);
+/// Whether the module at `path` runs inside a module that `plan` gives a PrepareModuleInput
+/// gathering its input (ShardSequence -> Replicate): a column-wise layer there takes that input
+/// as it is and moves nothing of its own (q, k and v share the attention's one gather).
+bool input_prepared(const ParallelizePlan& plan, const std::string& path);
+
+/// One collective a style issues, without tensors.
+struct Move {
+  enum Kind { AllGather, ReduceScatter, AllReduce } kind = AllGather;
+  bool backward = false;       ///< issued by backward (else by forward)
+  std::string what;            ///< "input", "output", "input's gradient", "bias's gradient"
+  int64_t elements = 0;        ///< the whole tensor's: gathered, or before its scatter
+  bool per_sequence = true;    ///< an activation's, per sequence; else a parameter's gradient,
+                               ///< once per backward
+  std::string parameter;       ///< the parameter whose gradient it sums (as `params` names it)
+};
+
+/// A styled layer's (or module's) sizes, whole, as moves_of reads them.
+struct StyledShape {
+  int64_t sequence = 0;      ///< tokens of one whole sequence
+  int64_t in_features = 0;   ///< its input's width (a module's: its first layer's input)
+  int64_t out_features = 0;  ///< its output's width (an Embedding's: its rows' width)
+  bool embedding = false;
+  bool input_prepared = false;  ///< inside a gathering PrepareModuleInput (input_prepared)
+  /// Its parameters, by name as split_of takes them ("weight"; a SequenceParallel module's its
+  /// children's too: "ln_q.weight"), with their whole element counts.
+  std::vector<std::pair<std::string, int64_t>> params;
+};
+
+/// What `style` moves for one layer of `shape`, in issue order: forward's re-layouts of its input
+/// and output (ColwiseParallel with a ShardSequence input: its input all-gathered along the
+/// sequence, the input's gradient reduce-scattered; a Replicate input: the gradient all-reduced;
+/// a Replicate output: all-gathered along the features. RowwiseParallel: its output
+/// reduce-scattered (ShardSequence; backward all-gathers the gradient) or all-reduced. A
+/// PrepareModuleInput: its input gathered, the gradient reduce-scattered; or chunked, the gradient
+/// all-gathered), then the all-reduces of the gradients split_of says are summed.
+std::vector<Move> moves_of(const ParallelStyle& style, const StyledShape& shape);
+/// What one of `tp_size` ranks sends for `move` of `element_bytes` elements (the ring's, as
+/// comm_stats counts them): (T-1)/T·n·e to all-gather or reduce-scatter n elements,
+/// 2(T-1)/T·n·e to all-reduce them; nullopt beyond int64.
+std::optional<int64_t> sent_bytes(const Move& move, int64_t tp_size, int64_t element_bytes);
 
 /// Splits the parameters of the plan's layers over `tp`'s ranks (each keeps its part, from the
 /// model's current values: build every rank's model alike, e.g. from one seed), and makes them

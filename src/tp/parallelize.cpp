@@ -15,7 +15,6 @@
 
 #include <map>
 #include <mutex>
-#include <set>
 #include <unordered_map>
 
 namespace fsdp::tp {
@@ -259,17 +258,6 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
     TORCH_CHECK(any, "parallelize_module: the plan's '", pattern, "' matches no module of the model "
                 "(paths are like '", modules.empty() ? std::string("h.0.attn") : modules.begin()->first, "')");
   }
-  std::set<std::string> prepared;  // modules whose input a PrepareModuleInput gathers
-  for (const auto& [path, style] : chosen) {
-    const auto* prepare = std::get_if<PrepareModuleInput>(style);
-    if (prepare && prepare->desired_input_layout() == Layout::Replicate) prepared.insert(path);
-  }
-  const auto inside_prepared = [&](const std::string& path) {
-    for (const auto& p : prepared) {
-      if (path.rfind(p + ".", 0) == 0) return true;
-    }
-    return false;
-  };
   // Every parameter replicated over `tp` unless a style splits it.
   {
     auto& r = registry();
@@ -282,7 +270,7 @@ void parallelize_module(torch::nn::Module& model, std::shared_ptr<TensorParallel
   for (const auto& [path, style] : chosen) check_held(path, *modules[path], *style);
   for (const auto& [path, style] : chosen) {
     torch::nn::Module& module = *modules[path];
-    Split split = apply_style(module, path, *style, tp, inside_prepared(path));
+    Split split = apply_style(module, path, *style, tp, input_prepared(plan, path));  // as moves_of reads it
     auto own = module.named_parameters(/*recurse=*/false);
     for (auto& [which, placement] : split.parts) {
       at::Tensor& param = *own.find(which);

@@ -86,11 +86,6 @@ void Gpt2Family::describe_block(const GPTConfig& config, int64_t e, GptCode code
   // q, k, v for attention and of its output (4TC).
   unit.forward_memory_bytes = 14.0 * T * C * e * share;
   unit.forward_ops = 16;
-  // The norms' weights and biases and the row-wise layers' biases are replicated over TP.
-  unit.tp_collectives = block_tp_collectives(
-      unit.name, T, C, e, tp,
-      {{"ln_1.weight", C}, {"ln_1.bias", C}, {"attn.c_proj.bias", C}, {"ln_2.weight", C}, {"ln_2.bias", C},
-       {"mlp.c_proj.bias", C}});
 }
 
 }  // namespace gpt

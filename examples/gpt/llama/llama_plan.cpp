@@ -56,7 +56,7 @@ fsdp::PlanActivations llama_block_activations(const GPTConfig& config, int64_t e
 }  // namespace
 
 // What a Llama block computes: its products (2 flops per multiply-add) and other ops' traffic,
-// a tp-th of it on each TP rank; and its TP collectives.
+// a tp-th of it on each TP rank (its TP collectives: its styles', plan_tp_moves.cpp).
 void LlamaFamily::describe_block(const GPTConfig& config, int64_t e, GptCode, int64_t tp,
                                  fsdp::PlanUnit& unit) const {
   const double T = static_cast<double>(config.max_seq), C = static_cast<double>(config.dim);
@@ -78,8 +78,6 @@ void LlamaFamily::describe_block(const GPTConfig& config, int64_t e, GptCode, in
   unit.forward_memory_bytes = ((one_pass ? 16.0 : 32.0) * T * C +
                                (6.0 * T * C + (one_pass ? 2.0 : 6.0) * T * (q + kv) + 5.0 * T * I) * e) * share;
   unit.forward_ops = one_pass ? 12 : 30;
-  unit.tp_collectives = block_tp_collectives(unit.name, config.max_seq, config.dim, e, tp,
-                                             {{"ln_1.weight", config.dim}, {"ln_2.weight", config.dim}});
 }
 
 }  // namespace gpt

@@ -20,8 +20,9 @@ namespace gpt {
 //   inverse RMS; the input itself is not kept.
 // On one of tp tensor-parallel ranks the norms run inside the attention, on the gathered sequence
 // and the rank's H/tp and KV/tp heads: T whole, the heads this rank's. Their weights are replicated
-// (tensor_parallel_plan.cpp marks every norm of the block table so), their gradients, each rank's
-// from its heads, all-reduced over the tp ranks: d elements each.
+// (tensor_parallel_plan.cpp marks every norm of the block table SequenceParallel), their gradients,
+// each rank's from its heads, all-reduced over the tp ranks: d elements each, counted from that
+// style (plan_tp_moves.cpp), not here.
 void Qwen3Family::describe_block(const GPTConfig& config, int64_t e, GptCode code, int64_t tp,
                                  fsdp::PlanUnit& unit) const {
   llama_family().describe_block(config, e, code, tp, unit);
@@ -36,10 +37,6 @@ void Qwen3Family::describe_block(const GPTConfig& config, int64_t e, GptCode cod
   const double normed = static_cast<double>(T) * static_cast<double>(heads_here * d);  // this rank's
   unit.forward_memory_bytes += (one_pass ? 8.0 : 16.0) * normed;
   unit.forward_ops += one_pass ? 2 : 12;
-  if (tp == 1) return;
-  for (const char* norm : {"attn.ln_q.weight", "attn.ln_k.weight"}) {
-    unit.tp_collectives.push_back(tp_replicated_gradient(unit.name + "." + norm, d, e, tp));
-  }
 }
 
 // torchtitan's Qwen3 plan: the Llama's (q, k, v, gate and up column-wise, o and down row-wise).
