@@ -73,6 +73,10 @@ fsdp::PlanLinks plan_links(const PlanFlags& flags, const fsdp::PlanDevice& devic
 /// The search's candidate batches per rank (--batch alone when none are given).
 std::vector<int64_t> search_batches(const PlanFlags& flags, int64_t batch);
 
+/// The planner's model of run `o` at --tp `tp`: its family's description at the run's compute
+/// dtype, --freeze's parameters marked frozen.
+fsdp::PlanModel describe_run_model(const TrainOptions& o, int tp);
+
 /// The search's TP sizes (--tp-sizes; "all": tp_sizes_for's), each with the GPT described for it.
 void search_tp_sizes(const PlanFlags& flags, const TrainOptions& o, const fsdp::PlanSetup& setup,
                      fsdp::SearchSpace& space);
