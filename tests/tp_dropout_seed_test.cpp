@@ -3,6 +3,7 @@
 // a tp group are named at the next full-state save ([Note: replicas that drifted apart] in
 // src/io/tp_replica_check.cpp). tp 2 where the world is even, else nothing to compare.
 #include "dist_env.h"
+#include "shared_folder.h"
 #include "tiny_lm.h"
 
 #include <gtest/gtest.h>
@@ -29,7 +30,7 @@ TEST(TensorParallelMesh, ManualSeedGivesOneGeneratorStatePerTpGroup) {
   }
 }
 
-TEST(TensorParallelMesh, ReplicatedParametersThatDriftedApartAreNamedAtTheFullStateSave) {
+TEST(TensorParallelMesh, ReplicatedParametersThatDriftedApartAreNamedAtTheFullStateAndCheckpointSaves) {
   const int world = dist().world_size();
   if (world % 2 != 0) GTEST_SKIP() << "needs an even world";
   fsdp::DeviceMesh mesh(dist().world, {{"dp", world / 2}, {"tp", 2}});
@@ -54,6 +55,18 @@ TEST(TensorParallelMesh, ReplicatedParametersThatDriftedApartAreNamedAtTheFullSt
     EXPECT_NE(warning.find("the replicated parameters 'norm.weight' differ across the ranks of a "
                            "tensor-parallel group"), std::string::npos) << warning;
     EXPECT_NE(warning.find("fsdp::tp::manual_seed(mesh, seed)"), std::string::npos) << warning;
+  }
+
+  // The same at a checkpoint's save, which keeps tp rank 0's values of the replicated ones.
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1));
+  const std::string folder = shared_folder("tp-dropout-seed", "drifted");
+  testing::internal::CaptureStderr();
+  fsdp::save_checkpoint(model, optimizer, folder, 1);
+  const std::string at_save = testing::internal::GetCapturedStderr();
+  remove_shared(folder);
+  if (reports) {
+    EXPECT_NE(at_save.find("save_sharded: the replicated parameters 'norm.weight' differ across the ranks"),
+              std::string::npos) << at_save;
   }
 }
 

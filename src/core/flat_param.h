@@ -143,6 +143,8 @@ class FlatParam {
   /// step's gradients. Gradients zeroed in place (set_to_none = false), or kept to accumulate,
   /// keep it.
   void release_cleared_grad_shard();
+  /// The gradient shard while it holds its bytes (until release_cleared_grad_shard); else undefined.
+  at::Tensor held_grad_shard() const { return grad_shard_released_ ? at::Tensor() : grad_shard_; }
 
   // Storage of the unsharded buffers, freed and refilled in place: see [Note: storage reuse].
   void allocate_full();

@@ -2,6 +2,8 @@
 
 #include "launch/host_placement.h"
 
+#include <fsdp/tensor_parallel.h>
+
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 
@@ -62,6 +64,7 @@ FsdpState::~FsdpState() { device_.reset(); }
 
 void FsdpState::pre_forward(ParamGroup& unit) {
   if (unit.is_root()) {
+    check_gradient_scaling();  // before any unit releases its gradient shard
     for (auto& each : units_) each->take_in_rebound_params();  // [Note: a parameter rebound from outside]
   } else {
     check_root_is_running(unit);
@@ -161,6 +164,42 @@ void FsdpState::finish_backward() {
 void FsdpState::backward_ends() {
   unit_collectives_->backward_ends();  // the optimizer may write the shards next
   order_checked_ = true;
+  if (!groups_holding_pieces().empty()) gradient_watch_.record(watched_buffers());
+}
+
+std::vector<WatchedBuffer> FsdpState::watched_buffers() {
+  std::vector<WatchedBuffer> buffers;
+  for (auto& unit : units_) {
+    for (FlatGroup& g : unit->flats()) buffers.push_back({&g.flat, &unit->name()});
+  }
+  return buffers;
+}
+
+// [Note: gradients scaled by each rank alone] (core/gradient_watch.cpp): compared over the
+// groups whose ranks hold different pieces, the shard group and the tp group, which this forward
+// needs anyway (replicas hold equal gradients; a rank-0-only evaluation of a NO_SHARD model must
+// not wait on the others). With neither, every rank holds whole gradients: nothing to compare.
+std::vector<ProcessGroup*> FsdpState::groups_holding_pieces() {
+  std::vector<ProcessGroup*> groups;
+  if (shard_group_->size() > 1) groups.push_back(shard_group_.get());
+  for (auto& unit : units_) {
+    for (const FlatGroup& g : unit->flats()) {
+      for (const FlatEntry& e : g.flat.entries()) {
+        if (e.tensor_parallel && e.tensor_parallel->tp->size() > 1) {
+          groups.push_back(&e.tensor_parallel->tp->group());
+          return groups;
+        }
+      }
+    }
+  }
+  return groups;
+}
+
+void FsdpState::check_gradient_scaling() {
+  const auto groups = groups_holding_pieces();
+  if (groups.empty()) return;
+  const bool prints = world_.rank() == 0 && (groups.back() == shard_group_.get() || groups.back()->rank() == 0);
+  gradient_watch_.check(watched_buffers(), groups, compute_device(), prints);
 }
 
 }  // namespace fsdp

@@ -6,6 +6,7 @@
 
 #include "comm/collectives.h"
 #include "device/device.h"
+#include "core/gradient_watch.h"
 #include "core/gradients_reduced_hook.h"
 #include "core/param_group.h"
 #include "core/rate_limiter.h"
@@ -69,6 +70,12 @@ class FsdpState final : public UnitEvents, private StepListener {
   void check_root_is_running(const ParamGroup& unit) const;
   /// Queued on the autograd engine when the root's backward is reached.
   void finish_backward();
+  /// Every buffer of the model, unit by unit, for the gradient watch.
+  std::vector<WatchedBuffer> watched_buffers();
+  /// The groups over which ranks hold different pieces of the gradients (none: all whole).
+  std::vector<ProcessGroup*> groups_holding_pieces();
+  /// Gradients scaled by each rank alone (LibTorch's clip_grad_norm_) before this forward?
+  void check_gradient_scaling();
 
   // StepListener
   void step_begins() override;
@@ -89,6 +96,7 @@ class FsdpState final : public UnitEvents, private StepListener {
   std::vector<std::shared_ptr<ParamGroup>> units_;  // units_[0] is the root
   StepConductor conductor_;
   detail::GradientsReducedHook gradients_reduced_hook_;
+  GradientWatch gradient_watch_;
   bool finish_queued_ = false;
   bool full_params_held_ = false;  // inside a SummonFullParams scope
   bool order_checked_ = false;  // the first iteration's order was compared across ranks
