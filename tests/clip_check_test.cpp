@@ -61,7 +61,10 @@ bool named(const std::string& printed) { return printed.find(kWarning) != std::s
 }  // namespace
 
 TEST(ClipCheck, LibTorchsClipGradNormOnAShardedModelIsNamedAtTheNextForward) {
+  const int64_t checked_before = fsdp::comm_stats().check_bytes;
   const std::string printed = printed_by_odd_net(Clip::LibTorchNorm);
+  // The check's all-reduces are counted apart from the per-step kinds (none at W = 1).
+  EXPECT_EQ(fsdp::comm_stats().check_bytes > checked_before, dist().world_size() > 1);
   if (dist().world_size() == 1) {
     EXPECT_FALSE(named(printed)) << "one rank: LibTorch's norm is the true one\n" << printed;
   } else if (dist().rank() == 0) {
@@ -82,9 +85,11 @@ TEST(ClipCheck, FsdpClipGradNormAndLibTorchsClipGradValueAreNotNamed) {
 }
 
 TEST(ClipCheck, LibTorchsClipGradNormUnderNoShardIsRightAndNotNamed) {
+  const int64_t checked_before = fsdp::comm_stats().check_bytes;
   const std::string printed =
       printed_by_odd_net(Clip::LibTorchNorm, fsdp::FullyShardOptions().strategy(fsdp::ShardingStrategy::NoShard));
   EXPECT_FALSE(named(printed)) << printed;
+  EXPECT_EQ(fsdp::comm_stats().check_bytes, checked_before) << "whole gradients on every rank: nothing compared";
 }
 
 TEST(ClipCheck, LibTorchsClipGradNormUnderHybridShardIsNamedOnce) {

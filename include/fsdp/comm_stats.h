@@ -21,6 +21,9 @@ struct CommStats {
   int64_t tp_all_gather_bytes = 0;
   int64_t tp_reduce_scatter_bytes = 0;
   int64_t tp_all_reduce_bytes = 0;
+  /// The library's checks that run on some steps only (the gradient watch's all-reduces: after
+  /// the first three backwards and every 100th): in no per-step formula, so apart.
+  int64_t check_bytes = 0;
 };
 
 CommStats comm_stats();

@@ -66,6 +66,19 @@ class TensorParallelCounting {
   bool outer_;
 };
 
+/// While one lives, the collectives this thread runs count as the library's occasional checks
+/// (comm_stats().check_bytes), whatever their kind.
+class CheckCounting {
+ public:
+  CheckCounting();
+  ~CheckCounting();
+  CheckCounting(const CheckCounting&) = delete;
+  CheckCounting& operator=(const CheckCounting&) = delete;
+
+ private:
+  bool outer_;
+};
+
 /// Whom a collective waits on: this rank's ring neighbours, or every other member of the group.
 enum class PeersWaitedOn { RingNeighbours, AllMembers };
 /// Runs `collective` (`what`, over `group`), turning whatever the backend throws (a timeout, a

@@ -19,10 +19,13 @@ struct Counters {
   std::atomic<int64_t> tp_all_gather{0};
   std::atomic<int64_t> tp_reduce_scatter{0};
   std::atomic<int64_t> tp_all_reduce{0};
+  std::atomic<int64_t> checks{0};
 };
 
 // Set while this thread runs a tensor-parallel collective (TensorParallelCounting).
 thread_local bool counting_tensor_parallel = false;
+// Set while this thread runs one of the library's occasional checks (CheckCounting).
+thread_local bool counting_checks = false;
 
 Counters& counters() {
   static Counters instance;
@@ -30,6 +33,7 @@ Counters& counters() {
 }
 
 std::atomic<int64_t>& counter_of(CollectiveKind kind) {
+  if (counting_checks) return counters().checks;
   if (counting_tensor_parallel) {
     if (kind == CollectiveKind::AllGather) return counters().tp_all_gather;
     if (kind == CollectiveKind::ReduceScatter) return counters().tp_reduce_scatter;
@@ -60,6 +64,10 @@ TensorParallelCounting::TensorParallelCounting() : outer_(counting_tensor_parall
 
 TensorParallelCounting::~TensorParallelCounting() { counting_tensor_parallel = outer_; }
 
+CheckCounting::CheckCounting() : outer_(counting_checks) { counting_checks = true; }
+
+CheckCounting::~CheckCounting() { counting_checks = outer_; }
+
 CommStats comm_stats() {
   CommStats s;
   s.all_gather_bytes = counters().all_gather.load();
@@ -70,6 +78,7 @@ CommStats comm_stats() {
   s.tp_all_gather_bytes = counters().tp_all_gather.load();
   s.tp_reduce_scatter_bytes = counters().tp_reduce_scatter.load();
   s.tp_all_reduce_bytes = counters().tp_all_reduce.load();
+  s.check_bytes = counters().checks.load();
   return s;
 }
 
@@ -82,6 +91,7 @@ void reset_comm_stats() {
   counters().tp_all_gather = 0;
   counters().tp_reduce_scatter = 0;
   counters().tp_all_reduce = 0;
+  counters().checks = 0;
 }
 
 }  // namespace fsdp

@@ -1,5 +1,7 @@
 #include "core/gradient_watch.h"
 
+#include "comm/collectives.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -36,11 +38,17 @@ constexpr int64_t kSamples = 16, kFirstChecks = 3, kCheckEvery = 100;
 
 bool check_due(int64_t backward) { return backward <= kFirstChecks || backward % kCheckEvery == 0; }
 
-// The kept elements of `shard`: up to kSamples, evenly spaced.
-at::Tensor sampled(const at::Tensor& shard) {
+// The kept elements of `shard`, on the host: up to kSamples, evenly spaced. Read in place on
+// the host (no tensor allocated: the step's memory is exact); a GPU's are copied over, which
+// waits for backward's kernels on the few steps that check.
+std::vector<double> sampled(const at::Tensor& shard) {
   const int64_t n = shard.numel();
   const int64_t step = std::max<int64_t>(1, n / kSamples);
-  return shard.slice(0, 0, n, step).narrow(0, 0, std::min(n, kSamples));
+  at::Tensor picked = shard.slice(0, 0, n, step).narrow(0, 0, std::min(n, kSamples));
+  if (!picked.is_cpu()) picked = picked.to(at::kCPU);
+  std::vector<double> values;
+  for (int64_t i = 0; i < picked.numel(); ++i) values.push_back(picked[i].item<double>());
+  return values;
 }
 
 // Relative rounding of one multiplication in `dtype`, with room.
@@ -50,14 +58,19 @@ double tolerance(c10::ScalarType dtype) {
 }
 
 // [1, c, c²] when every kept element was scaled by one factor c; [0, 0, 0] otherwise.
-std::array<double, 3> factor_of(const at::Tensor& before, const at::Tensor& now, double tol) {
-  const at::Tensor was = before.to(at::kCPU, at::kDouble), is = now.to(at::kCPU, at::kDouble);
-  const at::Tensor usable = (was != 0) & at::isfinite(was) & at::isfinite(is);
-  if (!usable.any().item<bool>()) return {0, 0, 0};
-  const at::Tensor a = was.masked_select(usable), b = is.masked_select(usable);
-  const double c = b.abs().sum().item<double>() / a.abs().sum().item<double>();
-  const bool one_factor = ((b - c * a).abs() <= tol * (c * a).abs() + 1e-30).all().item<bool>();
-  if (!one_factor) return {0, 0, 0};
+std::array<double, 3> factor_of(const std::vector<double>& was, const std::vector<double>& is, double tol) {
+  double sum_was = 0, sum_is = 0;
+  for (size_t i = 0; i < was.size() && i < is.size(); ++i) {
+    if (was[i] == 0 || !std::isfinite(was[i]) || !std::isfinite(is[i])) continue;
+    sum_was += std::abs(was[i]);
+    sum_is += std::abs(is[i]);
+  }
+  if (sum_was == 0) return {0, 0, 0};
+  const double c = sum_is / sum_was;
+  for (size_t i = 0; i < was.size() && i < is.size(); ++i) {
+    if (was[i] == 0 || !std::isfinite(was[i]) || !std::isfinite(is[i])) continue;
+    if (std::abs(is[i] - c * was[i]) > tol * std::abs(c * was[i])) return {0, 0, 0};  // not one factor
+  }
   return {1, c, c * c};
 }
 
@@ -69,10 +82,9 @@ void GradientWatch::record(const std::vector<WatchedBuffer>& buffers) {
   bool any = false;
   for (const WatchedBuffer& b : buffers) any = any || b.flat->has_sharded_grads();
   if (!any || !check_due(++backwards_)) return;
-  torch::NoGradGuard no_grad;
   for (const WatchedBuffer& b : buffers) {
     const at::Tensor shard = b.flat->has_sharded_grads() ? b.flat->held_grad_shard() : at::Tensor();
-    kept_.push_back(shard.defined() ? sampled(shard).clone() : at::Tensor());
+    kept_.push_back(shard.defined() ? sampled(shard) : std::vector<double>());
   }
 }
 
@@ -84,7 +96,7 @@ void GradientWatch::check(const std::vector<WatchedBuffer>& buffers, const std::
   std::vector<double> tol(buffers.size(), tolerance(at::kFloat));
   for (size_t i = 0; i < buffers.size() && i < kept_.size(); ++i) {
     const at::Tensor shard = buffers[i].flat->held_grad_shard();
-    if (!kept_[i].defined() || !shard.defined()) continue;
+    if (kept_[i].empty() || !shard.defined()) continue;
     tol[i] = tolerance(shard.scalar_type());
     mine[i] = factor_of(kept_[i], sampled(shard), tol[i]);
   }
@@ -94,7 +106,10 @@ void GradientWatch::check(const std::vector<WatchedBuffer>& buffers, const std::
     for (int j = 0; j < 3; ++j) sums[static_cast<int64_t>(i)][j] = mine[i][static_cast<size_t>(j)];
   }
   sums = sums.to(device);
-  for (ProcessGroup* group : groups) all_reduce_sum(*group, sums);
+  {
+    CheckCounting counting;  // on some steps only: apart from the per-step bytes
+    for (ProcessGroup* group : groups) all_reduce_sum(*group, sums);
+  }
   const at::Tensor all = sums.to(at::kCPU);
   for (size_t i = 0; i < mine.size(); ++i) {
     const double k = all[static_cast<int64_t>(i)][0].item<double>();
@@ -107,8 +122,8 @@ void GradientWatch::check(const std::vector<WatchedBuffer>& buffers, const std::
       std::ostringstream text;
       const std::string& unit = *buffers[i].unit;
       text << std::setprecision(3) << "fsdp: warning: after backward the gradients of "
-           << (unit.empty() ? std::string("the root unit") : "unit '" + unit + "'") << " were scaled by a factor that differs across the ranks (" << mine[i][1] << " on this rank, "
-           << mean << " on average over " << k << " ranks): LibTorch's torch::nn::utils::clip_grad_norm_ on a "
+           << (unit.empty() ? std::string("the root unit") : "unit '" + unit + "'")
+           << " were scaled by a factor that differs across the ranks (" << mine[i][1] << " on this rank, " << mean << " on average over " << k << " ranks): LibTorch's torch::nn::utils::clip_grad_norm_ on a "
            "sharded or tensor-parallel model takes each rank's own norm (of its pieces) and clips by it, so the "
            "step trains no single model. Clip with fsdp::clip_grad_norm_(model->parameters(), max_norm): the "
            "norm over every rank and both dimensions\n";

@@ -29,7 +29,7 @@ class GradientWatch {
 
  private:
   int64_t backwards_ = 0;
-  std::vector<at::Tensor> kept_;  // per buffer; undefined: nothing kept
+  std::vector<std::vector<double>> kept_;  // per buffer, on the host; empty: nothing kept
   bool warned_ = false;
 };
 

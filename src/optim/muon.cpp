@@ -8,12 +8,14 @@
 #include "core/sharded_view.h"
 #include "device/device.h"
 #include "optim/fused_step.h"
+#include "optim/muon_checks.h"
 #include "optim/muon_exchange.h"
 #include "optim/muon_models.h"
 #include "optim/muon_owners.h"
 #include "optim/muon_phases.h"
 #include "optim/muon_tensor_parallel.h"
 #include "optim/newton_schulz.h"
+#include "util/trace.h"
 
 #include <fsdp/parallelize.h>
 
@@ -30,6 +32,8 @@
 namespace fsdp::optim {
 namespace {
 
+using muon::check_matrix;
+using muon::hold_piece_only;
 using muon::Located;
 using muon::ModelParams;
 
@@ -38,42 +42,6 @@ struct Stepped {
   at::Tensor param, grad;
   const MuonOptions* options;
 };
-
-// A forward without a backward may have left a unit unsharded ([Note: resharding between
-// steps]): the parameter must be its piece again before it is stepped.
-void hold_piece_only(const ModelParams& model, const Located& m) {
-  const detail::ShardedBuffer& buffer = model.view.buffers().at(m.buffer);
-  if (!buffer.holds_shard_only()) buffer.reshard_unless_in_backward();
-  TORCH_CHECK(buffer.holds_shard_only(), "fsdp::optim::Muon: unit '", buffer.unit_name(),
-              "' is unsharded while its parameter '", m.param.name(), "' is stepped; step after "
-              "backward has finished");
-}
-
-// Every rank of the group must step the same matrices (they meet in the exchanges): a rank whose
-// gradients differ in which are defined would pair the wrong pieces. One small all-reduce checks it.
-void check_same_matrices_stepped(ProcessGroup& group, const std::vector<const Stepped*>& now,
-                                 const std::vector<const Located*>& matrices) {
-  if (group.size() == 1) return;
-  at::Tensor counts = at::zeros({static_cast<int64_t>(now.size())}, at::kInt);
-  auto count = counts.accessor<int, 1>();
-  for (size_t i = 0; i < now.size(); ++i) count[i] = now[i] ? 1 : 0;
-  all_reduce_sum(group, counts);
-  for (size_t i = 0; i < now.size(); ++i) {
-    const int ranks = count[i];
-    TORCH_CHECK(ranks == 0 || ranks == group.size(), "fsdp::optim::Muon: parameter '",
-                matrices[i]->param.name(), "' has a gradient on ", ranks, " of the ", group.size(),
-                " ranks of its shard group; every rank must step the same parameters (a gradient set "
-                "or cleared by hand on some ranks only?)");
-  }
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) { return c10::str(c10::IntArrayRef(shape)); }
-
-void check_matrix(const std::vector<int64_t>& shape, const std::string& which) {
-  TORCH_CHECK(shape.size() == 2, "fsdp::optim::Muon: ", which, " has shape ", shape_text(shape),
-              ": Muon steps 2-D matrices only. Give it to AdamW instead (fsdp::optim::split_for_muon "
-              "splits a model's parameters: hidden matrices for Muon, the rest for AdamW)");
-}
 
 // torch.optim.Muon's momentum and Nesterov steps on `s` (a whole parameter or a rank's piece):
 // the update the iteration orthogonalizes.
@@ -136,6 +104,8 @@ void record_workspace(const std::vector<const Located*>& which, const std::vecto
 at::Tensor orthogonalize(const at::Tensor& update, const MuonOptions& o) {
   return muon::orthogonalize(update, o.ns_coefficients(), o.ns_steps(), o.eps());
 }
+
+const std::string kTraceLabel = "muon";  // the step's phases in a --trace
 
 }  // namespace
 
@@ -239,19 +209,27 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
   const muon::StepOwners owners = owners_of(matrices, model.view.shard_group().size());
   // Where the pieces live (a model's shards share one device: offloaded, the host).
   Exchange& shard_exchange = exchange(model.view.shard_group(), model.model, matrices.front()->param.param().device());
-  check_same_matrices_stepped(*shard_exchange.group, now, matrices);
+  {
+    TraceSpan span("muon matrix check", kTraceLabel, TraceLane::Communication);
+    std::vector<bool> stepped_here;
+    for (const Stepped* s : now) stepped_here.push_back(s != nullptr);
+    muon::check_same_matrices_stepped(*shard_exchange.group, stepped_here, matrices);
+  }
 
   std::vector<muon::ExchangedMatrix> exchanged;
   std::vector<at::Tensor> pieces;
   std::vector<const Located*> which;  // each exchanged matrix's
   std::vector<int> tp_owners;         // each exchanged matrix's, in its tp group
-  for (size_t i = 0; i < matrices.size(); ++i) {
-    if (!now[i]) continue;
-    hold_piece_only(model, *matrices[i]);
-    pieces.push_back(momentum_update(self, *now[i]).to(at::kBFloat16).reshape(-1));
-    exchanged.push_back({matrices[i]->param.shape(), matrices[i]->param.piece_numels(), owners.shard[i]});
-    which.push_back(matrices[i]);
-    tp_owners.push_back(owners.tp[i]);
+  {
+    TraceSpan span("muon momentum", kTraceLabel, TraceLane::Compute);
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      if (!now[i]) continue;
+      hold_piece_only(model, *matrices[i]);
+      pieces.push_back(momentum_update(self, *now[i]).to(at::kBFloat16).reshape(-1));
+      exchanged.push_back({matrices[i]->param.shape(), matrices[i]->param.piece_numels(), owners.shard[i]});
+      which.push_back(matrices[i]);
+      tp_owners.push_back(owners.tp[i]);
+    }
   }
   if (exchanged.empty()) return;
   Collectives& group = *shard_exchange.collectives;
@@ -263,10 +241,14 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
     work.matrices += 1;
     work.flops += muon::iteration_flops(which[e]->whole_shape(), o.ns_steps());
     work.names.push_back(which[e]->param.name());
+    TraceSpan span("muon orthogonalize", kTraceLabel, TraceLane::Compute);
     return orthogonalize(whole, o);
   };
   // This rank's part of each matrix it owns in its shard group, whole over FSDP.
-  const std::vector<at::Tensor> parts = muon::gather_to_owners(group, exchanged, pieces);
+  const std::vector<at::Tensor> parts = [&] {
+    TraceSpan span("muon all-to-all to the owners", kTraceLabel, TraceLane::Communication);
+    return muon::gather_to_owners(group, exchanged, pieces);
+  }();
   std::vector<at::Tensor> results(parts.size());
   std::vector<size_t> split, split_exchanged;  // into `parts` and `exchanged`
   std::vector<at::Tensor> split_parts;
@@ -296,8 +278,11 @@ void Muon::Impl::step_model(Muon& self, const ModelParams& model, const std::vec
         [&](const at::Tensor& whole, size_t i) { return orthogonalized_here(whole, split_exchanged[i]); });
     for (size_t i = 0; i < split.size(); ++i) results[split[i]] = split_results[i];
   }
-  const std::vector<at::Tensor> mine =
-      muon::scatter_from_owners(group, exchanged, results, pieces.front().options());
+  const std::vector<at::Tensor> mine = [&] {
+    TraceSpan span("muon all-to-all from the owners", kTraceLabel, TraceLane::Communication);
+    return muon::scatter_from_owners(group, exchanged, results, pieces.front().options());
+  }();
+  TraceSpan apply_span("muon apply", kTraceLabel, TraceLane::Compute);
   for (size_t e = 0; e < exchanged.size(); ++e) apply_update(*stepped_now[e], mine[e], which[e]->whole_shape());
 }
 

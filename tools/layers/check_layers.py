@@ -42,7 +42,7 @@ FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state
 # (unit_runtime, unit_slot) or the handle (sharded_model), which sit above them.
 CORE_TIERS = [
     {"flat_layout", "unit_rules", "step_conductor", "limiter_count", "unit_order", "buffer_storage", "flat_param",
-     "rate_limiter", "model_check", "options", "output_tensors", "gradients_reduced_hook"},
+     "rate_limiter", "model_check", "options", "output_tensors", "gradients_reduced_hook", "gradient_watch"},
     {"unit_comm"},
     {"unit_collectives", "unit_env"},
     {"param_group"},
