@@ -21,6 +21,11 @@ struct CommStats {
   int64_t tp_all_gather_bytes = 0;
   int64_t tp_reduce_scatter_bytes = 0;
   int64_t tp_all_reduce_bytes = 0;
+  /// Pipeline parallelism's point-to-point sends (fsdp::pp): each activation and each gradient
+  /// between stages on two ranks, its 80-byte header (dtype, dimensions, 8 sizes as int64)
+  /// included, and the gradients of tied weights exchanged between the ranks holding them.
+  /// Hand-offs between two stages on one rank move nothing. docs/pipeline-parallel.md has the formula.
+  int64_t pp_send_bytes = 0;
 };
 
 CommStats comm_stats();

@@ -66,9 +66,23 @@ struct Part {
   torch::nn::AnyModule module;
 };
 
-/// The stages on pp rank `rank` of `num_stages` over `pp_size` ranks ("loop" placement: V = 1,
-/// stage s on rank s). The extension point for V stages per rank.
-std::vector<int> stages_of_rank(int rank, int pp_size, int num_stages);
+/// Where stages sit on the pp ranks ([Note: V stages per rank]). Loop: stage s on rank s % P
+/// (GPipe, 1F1B: V = 1; interleaved 1F1B: V >= 1). V: rank r holds stages r and 2P-1-r (ZBV).
+enum class Placement { Loop, V };
+
+/// The stages on pp rank `rank` of `num_stages` over `pp_size` ranks, in increasing order. Throws
+/// unless the stages divide evenly over the ranks (V placement: exactly two per rank).
+std::vector<int> stages_of_rank(int rank, int pp_size, int num_stages, Placement placement = Placement::Loop);
+/// The pp rank that runs `stage`.
+int rank_of_stage(int stage, int pp_size, int num_stages, Placement placement = Placement::Loop);
+
+/// A parameter of a stage that is the same tensor as a parameter of another stage (GPT-2's wte.weight
+/// and head.weight): found from the model, not declared ([Note: tied weights across stages]).
+struct TiedParameter {
+  std::string name;                ///< this stage's name for it
+  std::vector<std::string> names;  ///< every name of the tensor in the model, in the model's order
+  std::vector<int> stages;         ///< the stages holding one of those names, increasing
+};
 
 /// Stage `index` of `model`: the parts named by module_fqns_per_stage[index].
 class Stage {
@@ -89,13 +103,21 @@ class Stage {
   torch::Tensor forward(torch::Tensor x);
   /// This stage's parameters under the model's own names.
   torch::OrderedDict<std::string, torch::Tensor> named_parameters() const { return named_parameters_; }
-  std::vector<torch::Tensor> parameters() const { return named_parameters_.values(); }
+  /// Each tensor once (a weight tied inside the stage is registered under two names).
+  std::vector<torch::Tensor> parameters() const;
+  /// This stage's parameters that other stages hold too (tied weights).
+  const std::vector<TiedParameter>& tied_parameters() const { return tied_; }
+  /// The model's parameters that no part of this stage holds: a stage whose backward reaches one
+  /// used another stage's weight without holding it (refused after the step, by name).
+  const torch::OrderedDict<std::string, torch::Tensor>& other_stages_parameters() const { return others_; }
 
  private:
   int index_;
   int num_stages_;
   std::vector<Part> parts_;  // this stage's
   torch::OrderedDict<std::string, torch::Tensor> named_parameters_;
+  std::vector<TiedParameter> tied_;
+  torch::OrderedDict<std::string, torch::Tensor> others_;
 };
 
 enum class ActionKind {
@@ -105,6 +127,8 @@ enum class ActionKind {
   SendActivation,  ///< the micro-batch's output to the next stage
   RecvGradient,    ///< the gradient of the micro-batch's output from the next stage
   Backward,
+  BackwardInput,   ///< the gradient of the micro-batch's input only (ZBV's I), graph kept
+  BackwardWeight,  ///< the gradient of the stage's weights for that micro-batch (ZBV's W)
   SendGradient,    ///< the gradient of the micro-batch's input to the previous stage
   ReduceScatter,   ///< the stage's summed gradients, once, after its last backward (FSDP)
   Reshard,         ///< free the gathered parameters (FSDP)
@@ -119,12 +143,24 @@ struct Action {
   }
 };
 
-enum class Schedule { GPipe, OneFOneB };
+/// GPipe and 1F1B: one stage per rank. Interleaved1F1B (Megatron, torch's ScheduleInterleaved1F1B):
+/// V >= 1 stages per rank, loop placement. ZBV (torch's ScheduleZBVZeroBubble): two stages per
+/// rank, V placement, the backward split into input (BackwardInput) and weight (BackwardWeight).
+enum class Schedule { GPipe, OneFOneB, Interleaved1F1B, ZBV };
+
+/// Where `schedule` puts its stages.
+Placement placement_of(Schedule schedule);
 
 /// The actions of `stage` of `num_stages` for `microbatches` micro-batches, in the order they
-/// run. Throws for 1F1B with fewer micro-batches than stages, naming the fix.
+/// run, for the one-stage-per-rank schedules (GPipe, 1F1B; rank_actions gives every schedule's).
+/// Throws for 1F1B with fewer micro-batches than stages, naming the fix.
 std::vector<Action> schedule_actions(Schedule schedule, int num_stages, int microbatches, int stage);
-/// "UNSHARD F0 SA0 F1 SA1 RG0 B0 ..." (RA/SA/RG/SG: recv/send activation/gradient).
+/// The actions of pp rank `rank` of `pp_size` (all its stages') for `microbatches` micro-batches,
+/// in the order they run. Throws for a count of stages the schedule cannot place or a count of
+/// micro-batches it refuses, naming the fix ([Note: V stages per rank]).
+std::vector<Action> rank_actions(Schedule schedule, int pp_size, int num_stages, int microbatches, int rank);
+/// "UNSHARD F0 SA0 F1 SA1 RG0 B0 ..." (RA/SA/RG/SG: recv/send activation/gradient; I/W: backward
+/// input/weight). A list of several stages prefixes each action with its stage: "2F0".
 std::string to_string(const std::vector<Action>& actions);
 std::string to_string(Schedule schedule);
 
@@ -148,12 +184,20 @@ struct PipelineOptions {
   TORCH_ARG(int, microbatches) = 1;
 };
 
-/// Runs this rank's stage in its schedule, one step at a time.
+class TiedWeights;
+class BorrowedWeights;
+
+/// Runs this rank's stages in their schedule, one step at a time.
 class Pipeline {
  public:
   /// `pp`: the pipeline's group (stage s on member s). Checks the schedule for this size now.
   Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options = {},
            std::shared_ptr<StageSharding> sharding = nullptr);
+  /// This rank's stages (stages_of_rank for the schedule's placement, any order), several for
+  /// interleaved 1F1B and ZBV. Tied weights held on several ranks are made equal now (the first
+  /// holding stage's values) and have their gradients summed over those ranks after each step.
+  Pipeline(std::vector<Stage> stages, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum,
+           PipelineOptions options = {}, std::shared_ptr<StageSharding> sharding = nullptr);
 
   /// One forward and backward of the step's batch: `inputs` are read on the first stage,
   /// `targets` on the last (every rank may pass both). Gradients are accumulated into the stage's
@@ -161,16 +205,25 @@ class Pipeline {
   /// tokens (targets.numel()), on every rank.
   double step(const torch::Tensor& inputs, const torch::Tensor& targets);
 
-  Stage& stage() { return stage_; }
+  /// This rank's only stage (throws when it runs several: stages()).
+  Stage& stage();
+  /// This rank's stages, in increasing index.
+  std::vector<Stage>& stages() { return stages_; }
+  /// Every parameter of this rank's stages once (a weight tied across two local stages is one
+  /// tensor): what the optimizer takes.
+  std::vector<torch::Tensor> parameters() const;
   const std::vector<Action>& actions() const { return actions_; }
 
  private:
-  Stage stage_;
+  std::vector<Stage> stages_;
   std::shared_ptr<ProcessGroup> pp_;
   LossFn loss_sum_;
   PipelineOptions options_;
   std::shared_ptr<StageSharding> sharding_;
   std::vector<Action> actions_;
+  std::vector<int> rank_of_;  // the pp rank of each stage
+  std::shared_ptr<TiedWeights> tied_;
+  std::shared_ptr<BorrowedWeights> borrowed_;
 };
 
 }  // namespace fsdp::pp
