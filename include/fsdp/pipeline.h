@@ -1,9 +1,11 @@
 #pragma once
 /// Pipeline parallelism (fsdp::pp): a LibTorch model split into stages by the names of its own
-/// modules, one stage per rank of the pipeline's process group (the mesh dimension "pp",
-/// outermost), run by a schedule that is a list of actions per rank (GPipe, 1F1B).
+/// modules, one or several stages per rank of the pipeline's process group (the mesh dimension
+/// "pp", outermost), run by a schedule that is a list of actions per rank (GPipe, 1F1B,
+/// interleaved 1F1B, ZBV).
 ///
-/// Example (2 stages; the model's forward is the chain wte -> h.0 .. h.3 -> ln_f -> head):
+/// Example (2 stages; the model's forward is the chain wte -> h.0 .. h.3 -> ln_f -> head; several
+/// stages per rank: [Note: V stages per rank]):
 ///   fsdp::DeviceMesh mesh(dist->world, {{"pp", 2}, {"dp", 1}});
 ///   std::vector<fsdp::pp::Part> parts{{"wte", model->wte}, {"h.0", model->blocks[0]}, ...,
 ///                                     {"ln_f", model->ln_f}, {"head", model->head}};
@@ -23,9 +25,7 @@
 // weight"), never a stage-local index: a checkpoint of a stage is keyed as the unsplit model's.
 // module_fqns_per_stage is torchtitan's module_fqns_per_model_part: one list per stage; a name
 // selects the part of that name and every part below it ("h" selects "h.0", "h.1", ...). Splits
-// may be uneven. Placement is "loop": stage s on pp rank s. V stages per rank (interleaved 1F1B,
-// ZBV) would give a rank several Stage objects: the Action already carries its stage index and
-// stages_of_rank() is the one place that maps ranks to stages; neither is built beyond V = 1.
+// may be uneven. Where stages run is the schedule's placement ([Note: V stages per rank]).
 //
 // A schedule is data: schedule_actions() gives each rank's list (Unshard, Recv/Forward/Send for
 // each micro-batch, Recv/Backward/Send, ReduceScatter, Reshard), which tests compare with
@@ -40,11 +40,44 @@
 // The loss is the mean over the step's tokens, normalized once: each micro-batch's summed loss
 // (the LossFn returns a sum) is divided by the step's token count before its backward, so the
 // sum of the micro-batches' gradients is the unsplit model's gradient of its mean loss, and the
-// step's loss (their sum) is returned on every rank (broadcast from the last stage).
+// step's loss (their sum) is returned on every rank (an all-reduce over the pp group, in which
+// only the last stage's rank adds a loss; the same reduction carries the borrowed-weight check).
 //
 // FSDP inside a stage is not built yet: StageSharding is where it plugs in (Unshard before the
 // first forward, ReduceScatter and Reshard after the last backward: the actions are already in
 // every list and run as no-ops for an unsharded stage).
+//
+// [Note: V stages per rank]
+// A rank may run several stages: Pipeline takes this rank's Stage objects (each built on the
+// same split, its index one that stages_of_rank gives for the schedule's placement), and every
+// Action names its stage. Loop placement puts stage s on rank s % P (interleaved 1F1B: rank r
+// runs r, r+P, ...); V placement puts stages r and 2P-1-r on rank r (ZBV), so the last stage is
+// on rank 0 beside the first. Messages are tagged per boundary and micro-batch; between two
+// stages of one rank (V's turn at stages P-1, P; any P = 1) the tensor is handed over in memory
+// and counts no bytes. A schedule is built as an order of computations per rank (F, B, or ZBV's
+// I and W for (stage, micro-batch)) and expanded: a receive before each, a send after. ZBV's I
+// is torch::autograd::grad w.r.t. the stage's input with the graph kept; its W is backward with
+// the stage's weights as inputs, which frees the graph: the weights get exactly the full
+// backward's gradient. Fewer micro-batches than stages: GPipe runs; 1F1B refuses (its warm-up
+// would wait forever); interleaved 1F1B runs with one round of all M micro-batches when M < P,
+// and refuses an M > P that does not split into floor(M/P) equal rounds; ZBV runs (its order for
+// 2P-1 micro-batches with the ones past M left out). The schedule tests run every list as the
+// runner does to check that none waits forever.
+//
+// [Note: tied weights across stages]
+// GPT-2's head weight is its embedding's tensor, registered under both names; with the first
+// and last stage on different ranks each rank's copy is trained by its own stage. Ties are found,
+// not declared: a Stage compares the model's parameters by tensor (TiedParameter lists every
+// name and the stages holding it), so a tie the user forgot cannot train silently wrong. The
+// pipeline makes every copy equal at construction (the first holding stage's values), and after
+// each step's last backward replaces each copy's gradient by the sum of every holding rank's
+// (point-to-point, added in rank order, so the sums and the values after the optimizer step stay
+// bitwise equal). A tie inside one rank is one tensor (autograd sums it; parameters() gives it
+// once). A weight tied only in forward (the head calling F::linear(x, wte->weight) without
+// registering it) leaves no trace in the parameters: the step then sees a tensor that no local
+// stage holds gain a gradient and every rank throws, naming it on the rank that found it.
+// The sum runs after the whole list (after ReduceScatter): where FSDP shards a stage, the merge
+// with StageSharding decides whether it sums the full gradients (before) or the shards (after).
 
 #include <fsdp/distributed.h>
 
