@@ -227,15 +227,18 @@ class Pipeline {
   Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options = {},
            std::shared_ptr<StageSharding> sharding = nullptr);
   /// This rank's stages (stages_of_rank for the schedule's placement, any order), several for
-  /// interleaved 1F1B and ZBV. Tied weights held on several ranks are made equal now (the first
-  /// holding stage's values) and have their gradients summed over those ranks after each step.
+  /// interleaved 1F1B and ZBV; throws naming the stages the schedule puts here if they differ.
+  /// Tied weights held on several ranks are made equal now (the first holding stage's values: the
+  /// ranks holding a tie construct their Pipelines together) and have their gradients summed
+  /// over those ranks after each step.
   Pipeline(std::vector<Stage> stages, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum,
            PipelineOptions options = {}, std::shared_ptr<StageSharding> sharding = nullptr);
 
   /// One forward and backward of the step's batch: `inputs` are read on the first stage,
   /// `targets` on the last (every rank may pass both). Gradients are accumulated into the stage's
-  /// parameters (zero them before, step after). Returns the step's loss, the mean over its
-  /// tokens (targets.numel()), on every rank.
+  /// parameters (zero them before, step after); a tied weight's is the sum over the stages holding
+  /// it. Returns the step's loss, the mean over its tokens (targets.numel()), on every rank. Every
+  /// rank throws if a stage used a weight it does not hold ([Note: tied weights across stages]).
   double step(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   /// This rank's only stage (throws when it runs several: stages()).

@@ -42,7 +42,7 @@ class StepRun {
  public:
   StepRun(std::vector<Stage>& stages, std::vector<int> rank_of, ProcessGroup& pp, const LossFn& loss_sum,
           StageSharding& sharding, int microbatches)
-      : pp_(pp), loss_sum_(loss_sum), sharding_(sharding), messages_(pp, std::move(rank_of), microbatches) {
+      : loss_sum_(loss_sum), sharding_(sharding), messages_(pp, std::move(rank_of), microbatches) {
     for (Stage& stage : stages) {
       stages_[stage.index()] = &stage;
       mbs_[stage.index()].resize(static_cast<size_t>(microbatches));
@@ -154,7 +154,6 @@ class StepRun {
     return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   }
 
-  ProcessGroup& pp_;
   const LossFn& loss_sum_;
   StageSharding& sharding_;
   StageMessages messages_;
