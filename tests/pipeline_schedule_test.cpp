@@ -8,7 +8,8 @@
 
 #include <gtest/gtest.h>
 
-#include <set>
+#include <algorithm>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -157,43 +158,63 @@ TEST(PipelineSchedule, ZbvSplitsTheBackwardAndDefersWeights) {
 
 namespace {
 
-// Runs every rank's list as the runner does (a receive waits for its send; a send never waits)
-// and checks that all of them reach their end, each micro-batch going forward once and backward
-// once (B, or I then W) on every stage, after its forward. Returns what went wrong, or "".
-std::string run_lists(Schedule schedule, int pp, int stages, int microbatches) {
+// Every rank's list run as the runner runs it (a receive waits for its send; a send never waits),
+// each computation (F, B, I, W) taking one unit of time and messages none.
+struct ListsRun {
+  std::string error;          // "" when every list reached its end, every micro-batch through every stage
+  std::vector<int64_t> busy;  // per rank: units spent computing
+  int64_t makespan = 0;       // when the last rank finished
+};
+
+ListsRun run_lists(Schedule schedule, int pp, int stages, int microbatches) {
   using fsdp::pp::ActionKind;
   std::vector<std::vector<fsdp::pp::Action>> lists;
   for (int r = 0; r < pp; ++r) lists.push_back(fsdp::pp::rank_actions(schedule, pp, stages, microbatches, r));
+  ListsRun out;
+  out.busy.assign(static_cast<size_t>(pp), 0);
+  std::vector<int64_t> clock(static_cast<size_t>(pp), 0);
   std::vector<size_t> next(static_cast<size_t>(pp), 0);
-  std::set<std::tuple<int, int, int>> done;  // (kind, stage, micro-batch)
+  std::map<std::tuple<int, int, int>, int64_t> done;  // (kind, stage, micro-batch) -> when it ended
   auto key = [](ActionKind k, int s, int mb) { return std::make_tuple(static_cast<int>(k), s, mb); };
+  auto computes = [](ActionKind k) {
+    return k == ActionKind::Forward || k == ActionKind::Backward || k == ActionKind::BackwardInput ||
+           k == ActionKind::BackwardWeight;
+  };
   for (bool moved = true; moved;) {
     moved = false;
-    for (int r = 0; r < pp; ++r) {
-      auto& list = lists[static_cast<size_t>(r)];
-      for (size_t& i = next[static_cast<size_t>(r)]; i < list.size(); ++i) {
-        const auto& a = list[i];
-        if (a.kind == ActionKind::RecvActivation && !done.count(key(ActionKind::SendActivation, a.stage - 1, a.microbatch))) break;
-        if (a.kind == ActionKind::RecvGradient && !done.count(key(ActionKind::SendGradient, a.stage + 1, a.microbatch))) break;
+    for (size_t r = 0; r < lists.size(); ++r) {
+      for (size_t& i = next[r]; i < lists[r].size(); ++i) {
+        const auto& a = lists[r][i];
+        auto sent = done.end();
+        if (a.kind == ActionKind::RecvActivation) sent = done.find(key(ActionKind::SendActivation, a.stage - 1, a.microbatch));
+        if (a.kind == ActionKind::RecvGradient) sent = done.find(key(ActionKind::SendGradient, a.stage + 1, a.microbatch));
+        const bool receives = a.kind == ActionKind::RecvActivation || a.kind == ActionKind::RecvGradient;
+        if (receives && sent == done.end()) break;
+        if (receives) clock[r] = std::max(clock[r], sent->second);
         const bool forwarded = done.count(key(ActionKind::Forward, a.stage, a.microbatch)) > 0;
-        if ((a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) && !forwarded) return "backward before forward";
-        if (a.kind == ActionKind::BackwardWeight && !done.count(key(ActionKind::BackwardInput, a.stage, a.microbatch))) return "W before I";
-        if (!done.insert(key(a.kind, a.stage, a.microbatch)).second && a.microbatch >= 0) return "an action twice";
+        if ((a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardInput) && !forwarded) out.error = "backward before forward";
+        if (a.kind == ActionKind::BackwardWeight && !done.count(key(ActionKind::BackwardInput, a.stage, a.microbatch))) out.error = "W before I";
+        if (computes(a.kind)) {
+          clock[r] += 1;
+          out.busy[r] += 1;
+        }
+        if (!done.emplace(key(a.kind, a.stage, a.microbatch), clock[r]).second && a.microbatch >= 0) out.error = "an action twice";
         moved = true;
       }
     }
   }
-  for (int r = 0; r < pp; ++r) {
-    if (next[static_cast<size_t>(r)] < lists[static_cast<size_t>(r)].size()) return "rank " + std::to_string(r) + " waits forever";
+  out.makespan = *std::max_element(clock.begin(), clock.end());
+  for (size_t r = 0; r < lists.size(); ++r) {
+    if (next[r] < lists[r].size()) out.error = "rank " + std::to_string(r) + " waits forever";
   }
-  const bool split = schedule == Schedule::ZBV;
+  const ActionKind last = schedule == Schedule::ZBV ? ActionKind::BackwardWeight : ActionKind::Backward;
   for (int s = 0; s < stages; ++s) {
     for (int mb = 0; mb < microbatches; ++mb) {
-      if (!done.count(key(ActionKind::Forward, s, mb))) return "a forward missing";
-      if (!done.count(key(split ? ActionKind::BackwardWeight : ActionKind::Backward, s, mb))) return "a backward missing";
+      if (!done.count(key(ActionKind::Forward, s, mb))) out.error = "a forward missing";
+      if (!done.count(key(last, s, mb))) out.error = "a backward missing";
     }
   }
-  return "";
+  return out;
 }
 
 }  // namespace
@@ -203,16 +224,41 @@ std::string run_lists(Schedule schedule, int pp, int stages, int microbatches) {
 TEST(PipelineSchedule, EveryListRunsToItsEndWithEveryMicroBatchThroughEveryStage) {
   for (int pp = 1; pp <= 4; ++pp) {
     for (int m = 1; m <= 9; ++m) {
-      EXPECT_EQ(run_lists(Schedule::GPipe, pp, pp, m), "") << "GPipe P=" << pp << " M=" << m;
+      EXPECT_EQ(run_lists(Schedule::GPipe, pp, pp, m).error, "") << "GPipe P=" << pp << " M=" << m;
       if (m >= pp) {
-        EXPECT_EQ(run_lists(Schedule::OneFOneB, pp, pp, m), "") << "1F1B P=" << pp << " M=" << m;
+        EXPECT_EQ(run_lists(Schedule::OneFOneB, pp, pp, m).error, "") << "1F1B P=" << pp << " M=" << m;
       }
-      EXPECT_EQ(run_lists(Schedule::ZBV, pp, 2 * pp, m), "") << "ZBV P=" << pp << " M=" << m;
+      EXPECT_EQ(run_lists(Schedule::ZBV, pp, 2 * pp, m).error, "") << "ZBV P=" << pp << " M=" << m;
       if (m > pp && m % (m / pp) != 0) continue;  // refused (InterleavedOneFOneBRefuses...)
       for (int v = 1; v <= 3; ++v) {
-        EXPECT_EQ(run_lists(Schedule::Interleaved1F1B, pp, v * pp, m), "")
+        EXPECT_EQ(run_lists(Schedule::Interleaved1F1B, pp, v * pp, m).error, "")
             << "Interleaved1F1B P=" << pp << " V=" << v << " M=" << m;
       }
+    }
+  }
+}
+
+// The idle fraction of every rank, with a computation taking one unit and messages none, is the
+// documented bubble: (P-1)/(M+P-1) for GPipe and 1F1B, (P-1)/(V*M+P-1) for interleaved 1F1B
+// (B counted as one unit, as F), and for ZBV (F, I, W one unit each) (P-1)/(6M+P-1) from M = 2P.
+TEST(PipelineSchedule, EachRanksIdleFractionIsTheBubbleFormula) {
+  auto expect_bubble = [](Schedule schedule, int pp, int v, int m, int64_t denominator) {
+    const ListsRun run = run_lists(schedule, pp, v * pp, m);
+    ASSERT_EQ(run.error, "");
+    for (int r = 0; r < pp; ++r) {
+      const int64_t idle = run.makespan - run.busy[static_cast<size_t>(r)];
+      // idle / makespan == (P-1) / denominator, in integers.
+      EXPECT_EQ(idle * denominator, (pp - 1) * run.makespan)
+          << fsdp::pp::to_string(schedule) << " P=" << pp << " V=" << v << " M=" << m << " rank " << r << ": idle "
+          << idle << " of " << run.makespan;
+    }
+  };
+  for (int pp = 2; pp <= 4; ++pp) {
+    for (int m : {pp, 2 * pp, 4 * pp}) {
+      expect_bubble(Schedule::GPipe, pp, 1, m, m + pp - 1);
+      expect_bubble(Schedule::OneFOneB, pp, 1, m, m + pp - 1);
+      for (int v = 1; v <= 3; ++v) expect_bubble(Schedule::Interleaved1F1B, pp, v, m, v * m + pp - 1);
+      if (m >= 2 * pp) expect_bubble(Schedule::ZBV, pp, 2, m, 6 * m + pp - 1);
     }
   }
 }
