@@ -407,6 +407,30 @@ TEST(Pipeline, AWeightUsedByAStageThatDoesNotHoldItIsRefusedByName) {
   }
 }
 
+// Each rank built its model from its own seed: the tie's copies are made the first stage's at
+// construction (the other parameters are each one stage's and stay as built).
+TEST(Pipeline, TheTiesCopiesAreMadeEqualAtConstruction) {
+  const int world = fsdp_test::dist().world_size();
+  if (world == 1 || world > 3) GTEST_SKIP() << "needs the embedding and the head on two ranks";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", world}, {"dp", 1}});
+  const int rank = mesh.coordinate("pp");
+  torch::manual_seed(1000 + rank);
+  PpTiedNet net = std::make_shared<PpTiedNetImpl<PpTiedHead>>();
+  const torch::Tensor built_here = net->wte->weight.detach().clone();
+  const auto schedule = fsdp::pp::Schedule::Interleaved1F1B;
+  fsdp::pp::Pipeline pipe(stages_here(net, world, rank, schedule), mesh.group_ptr("pp"), summed_cross_entropy,
+                          fsdp::pp::PipelineOptions().schedule(schedule).microbatches(2));
+  torch::Tensor first_copy = net->wte->weight.detach().clone();
+  fsdp::broadcast(*mesh.group_ptr("pp"), first_copy, 0);
+  if (rank == rank_holding(2 * world - 1, world, schedule)) {
+    EXPECT_FALSE(torch::equal(built_here, first_copy)) << "the ranks' seeds gave one value: nothing is tested";
+    EXPECT_TRUE(torch::equal(net->head->weight, first_copy));
+  }
+  if (rank == 0) {
+    EXPECT_TRUE(torch::equal(net->wte->weight, built_here));
+  }
+}
+
 TEST(Pipeline, StagesTheScheduleDoesNotPutOnThisRankAreRefusedByName) {
   PpTiedNet net = seeded_tied_net<PpTiedNet>();
   auto group = dist().world;
