@@ -139,7 +139,7 @@ fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
           a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes,
           a.all_to_all_bytes - b.all_to_all_bytes, a.tp_all_gather_bytes - b.tp_all_gather_bytes,
           a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes,
-          a.tp_all_reduce_bytes - b.tp_all_reduce_bytes};
+          a.tp_all_reduce_bytes - b.tp_all_reduce_bytes, a.pp_send_bytes - b.pp_send_bytes};
 }
 
 // A GPU runs the work queued on it after the host has moved on: wait for it before reading the

@@ -24,6 +24,11 @@ struct CommStats {
   /// The library's checks that run on some steps only (the gradient watch's all-reduces: after
   /// the first three backwards and every 100th): in no per-step formula, so apart.
   int64_t check_bytes = 0;
+  /// Pipeline parallelism's point-to-point sends (fsdp::pp): each activation and each gradient
+  /// between stages on two ranks, its 80-byte header (dtype, dimensions, 8 sizes as int64)
+  /// included, and the gradients of tied weights exchanged between the ranks holding them.
+  /// Hand-offs between two stages on one rank move nothing. docs/pipeline-parallel.md has the formula.
+  int64_t pp_send_bytes = 0;
 };
 
 CommStats comm_stats();

@@ -1,9 +1,11 @@
 #pragma once
 /// Pipeline parallelism (fsdp::pp): a LibTorch model split into stages by the names of its own
-/// modules, one stage per rank of the pipeline's process group (the mesh dimension "pp",
-/// outermost), run by a schedule that is a list of actions per rank (GPipe, 1F1B).
+/// modules, one or several stages per rank of the pipeline's process group (the mesh dimension
+/// "pp", outermost), run by a schedule that is a list of actions per rank (GPipe, 1F1B,
+/// interleaved 1F1B, ZBV).
 ///
-/// Example (2 stages; the model's forward is the chain wte -> h.0 .. h.3 -> ln_f -> head):
+/// Example (2 stages; the model's forward is the chain wte -> h.0 .. h.3 -> ln_f -> head; several
+/// stages per rank: [Note: V stages per rank]):
 ///   fsdp::DeviceMesh mesh(dist->world, {{"pp", 2}, {"dp", 1}});
 ///   std::vector<fsdp::pp::Part> parts{{"wte", model->wte}, {"h.0", model->blocks[0]}, ...,
 ///                                     {"ln_f", model->ln_f}, {"head", model->head}};
@@ -23,9 +25,7 @@
 // weight"), never a stage-local index: a checkpoint of a stage is keyed as the unsplit model's.
 // module_fqns_per_stage is torchtitan's module_fqns_per_model_part: one list per stage; a name
 // selects the part of that name and every part below it ("h" selects "h.0", "h.1", ...). Splits
-// may be uneven. Placement is "loop": stage s on pp rank s. V stages per rank (interleaved 1F1B,
-// ZBV) would give a rank several Stage objects: the Action already carries its stage index and
-// stages_of_rank() is the one place that maps ranks to stages; neither is built beyond V = 1.
+// may be uneven. Where stages run is the schedule's placement ([Note: V stages per rank]).
 //
 // A schedule is data: schedule_actions() gives each rank's list (Unshard, Recv/Forward/Send for
 // each micro-batch, Recv/Backward/Send, ReduceScatter, Reshard), which tests compare with
@@ -40,11 +40,44 @@
 // The loss is the mean over the step's tokens, normalized once: each micro-batch's summed loss
 // (the LossFn returns a sum) is divided by the step's token count before its backward, so the
 // sum of the micro-batches' gradients is the unsplit model's gradient of its mean loss, and the
-// step's loss (their sum) is returned on every rank (broadcast from the last stage).
+// step's loss (their sum) is returned on every rank (an all-reduce over the pp group, in which
+// only the last stage's rank adds a loss; the same reduction carries the borrowed-weight check).
 //
 // FSDP inside a stage is not built yet: StageSharding is where it plugs in (Unshard before the
 // first forward, ReduceScatter and Reshard after the last backward: the actions are already in
 // every list and run as no-ops for an unsharded stage).
+//
+// [Note: V stages per rank]
+// A rank may run several stages: Pipeline takes this rank's Stage objects (each built on the
+// same split, its index one that stages_of_rank gives for the schedule's placement), and every
+// Action names its stage. Loop placement puts stage s on rank s % P (interleaved 1F1B: rank r
+// runs r, r+P, ...); V placement puts stages r and 2P-1-r on rank r (ZBV), so the last stage is
+// on rank 0 beside the first. Messages are tagged per boundary and micro-batch; between two
+// stages of one rank (V's turn at stages P-1, P; any P = 1) the tensor is handed over in memory
+// and counts no bytes. A schedule is built as an order of computations per rank (F, B, or ZBV's
+// I and W for (stage, micro-batch)) and expanded: a receive before each, a send after. ZBV's I
+// is torch::autograd::grad w.r.t. the stage's input with the graph kept; its W is backward with
+// the stage's weights as inputs, which frees the graph: the weights get exactly the full
+// backward's gradient. Fewer micro-batches than stages: GPipe runs; 1F1B refuses (its warm-up
+// would wait forever); interleaved 1F1B runs with one round of all M micro-batches when M < P,
+// and refuses an M > P that does not split into floor(M/P) equal rounds; ZBV runs (its order for
+// 2P-1 micro-batches with the ones past M left out). The schedule tests run every list as the
+// runner does to check that none waits forever.
+//
+// [Note: tied weights across stages]
+// GPT-2's head weight is its embedding's tensor, registered under both names; with the first
+// and last stage on different ranks each rank's copy is trained by its own stage. Ties are found,
+// not declared: a Stage compares the model's parameters by tensor (TiedParameter lists every
+// name and the stages holding it), so a tie the user forgot cannot train silently wrong. The
+// pipeline makes every copy equal at construction (the first holding stage's values), and after
+// each step's last backward replaces each copy's gradient by the sum of every holding rank's
+// (point-to-point, added in rank order, so the sums and the values after the optimizer step stay
+// bitwise equal). A tie inside one rank is one tensor (autograd sums it; parameters() gives it
+// once). A weight tied only in forward (the head calling F::linear(x, wte->weight) without
+// registering it) leaves no trace in the parameters: the step then sees a tensor that no local
+// stage holds gain a gradient and every rank throws, naming it on the rank that found it.
+// The sum runs after the whole list (after ReduceScatter): where FSDP shards a stage, the merge
+// with StageSharding decides whether it sums the full gradients (before) or the shards (after).
 
 #include <fsdp/distributed.h>
 
@@ -66,9 +99,23 @@ struct Part {
   torch::nn::AnyModule module;
 };
 
-/// The stages on pp rank `rank` of `num_stages` over `pp_size` ranks ("loop" placement: V = 1,
-/// stage s on rank s). The extension point for V stages per rank.
-std::vector<int> stages_of_rank(int rank, int pp_size, int num_stages);
+/// Where stages sit on the pp ranks ([Note: V stages per rank]). Loop: stage s on rank s % P
+/// (GPipe, 1F1B: V = 1; interleaved 1F1B: V >= 1). V: rank r holds stages r and 2P-1-r (ZBV).
+enum class Placement { Loop, V };
+
+/// The stages on pp rank `rank` of `num_stages` over `pp_size` ranks, in increasing order. Throws
+/// unless the stages divide evenly over the ranks (V placement: exactly two per rank).
+std::vector<int> stages_of_rank(int rank, int pp_size, int num_stages, Placement placement = Placement::Loop);
+/// The pp rank that runs `stage`.
+int rank_of_stage(int stage, int pp_size, int num_stages, Placement placement = Placement::Loop);
+
+/// A parameter of a stage that is the same tensor as a parameter of another stage (GPT-2's wte.weight
+/// and head.weight): found from the model, not declared ([Note: tied weights across stages]).
+struct TiedParameter {
+  std::string name;                ///< this stage's name for it
+  std::vector<std::string> names;  ///< every name of the tensor in the model, in the model's order
+  std::vector<int> stages;         ///< the stages holding one of those names, increasing
+};
 
 /// Stage `index` of `model`: the parts named by module_fqns_per_stage[index].
 class Stage {
@@ -89,13 +136,21 @@ class Stage {
   torch::Tensor forward(torch::Tensor x);
   /// This stage's parameters under the model's own names.
   torch::OrderedDict<std::string, torch::Tensor> named_parameters() const { return named_parameters_; }
-  std::vector<torch::Tensor> parameters() const { return named_parameters_.values(); }
+  /// Each tensor once (a weight tied inside the stage is registered under two names).
+  std::vector<torch::Tensor> parameters() const;
+  /// This stage's parameters that other stages hold too (tied weights).
+  const std::vector<TiedParameter>& tied_parameters() const { return tied_; }
+  /// The model's parameters that no part of this stage holds: a stage whose backward reaches one
+  /// used another stage's weight without holding it (refused after the step, by name).
+  const torch::OrderedDict<std::string, torch::Tensor>& other_stages_parameters() const { return others_; }
 
  private:
   int index_;
   int num_stages_;
   std::vector<Part> parts_;  // this stage's
   torch::OrderedDict<std::string, torch::Tensor> named_parameters_;
+  std::vector<TiedParameter> tied_;
+  torch::OrderedDict<std::string, torch::Tensor> others_;
 };
 
 enum class ActionKind {
@@ -105,6 +160,8 @@ enum class ActionKind {
   SendActivation,  ///< the micro-batch's output to the next stage
   RecvGradient,    ///< the gradient of the micro-batch's output from the next stage
   Backward,
+  BackwardInput,   ///< the gradient of the micro-batch's input only (ZBV's I), graph kept
+  BackwardWeight,  ///< the gradient of the stage's weights for that micro-batch (ZBV's W)
   SendGradient,    ///< the gradient of the micro-batch's input to the previous stage
   ReduceScatter,   ///< the stage's summed gradients, once, after its last backward (FSDP)
   Reshard,         ///< free the gathered parameters (FSDP)
@@ -119,12 +176,24 @@ struct Action {
   }
 };
 
-enum class Schedule { GPipe, OneFOneB };
+/// GPipe and 1F1B: one stage per rank. Interleaved1F1B (Megatron, torch's ScheduleInterleaved1F1B):
+/// V >= 1 stages per rank, loop placement. ZBV (torch's ScheduleZBVZeroBubble): two stages per
+/// rank, V placement, the backward split into input (BackwardInput) and weight (BackwardWeight).
+enum class Schedule { GPipe, OneFOneB, Interleaved1F1B, ZBV };
+
+/// Where `schedule` puts its stages.
+Placement placement_of(Schedule schedule);
 
 /// The actions of `stage` of `num_stages` for `microbatches` micro-batches, in the order they
-/// run. Throws for 1F1B with fewer micro-batches than stages, naming the fix.
+/// run, for the one-stage-per-rank schedules (GPipe, 1F1B; rank_actions gives every schedule's).
+/// Throws for 1F1B with fewer micro-batches than stages, naming the fix.
 std::vector<Action> schedule_actions(Schedule schedule, int num_stages, int microbatches, int stage);
-/// "UNSHARD F0 SA0 F1 SA1 RG0 B0 ..." (RA/SA/RG/SG: recv/send activation/gradient).
+/// The actions of pp rank `rank` of `pp_size` (all its stages') for `microbatches` micro-batches,
+/// in the order they run. Throws for a count of stages the schedule cannot place or a count of
+/// micro-batches it refuses, naming the fix ([Note: V stages per rank]).
+std::vector<Action> rank_actions(Schedule schedule, int pp_size, int num_stages, int microbatches, int rank);
+/// "UNSHARD F0 SA0 F1 SA1 RG0 B0 ..." (RA/SA/RG/SG: recv/send activation/gradient; I/W: backward
+/// input/weight). A list of several stages prefixes each action with its stage: "2F0".
 std::string to_string(const std::vector<Action>& actions);
 std::string to_string(Schedule schedule);
 
@@ -148,29 +217,49 @@ struct PipelineOptions {
   TORCH_ARG(int, microbatches) = 1;
 };
 
-/// Runs this rank's stage in its schedule, one step at a time.
+class TiedWeights;
+class BorrowedWeights;
+
+/// Runs this rank's stages in their schedule, one step at a time.
 class Pipeline {
  public:
   /// `pp`: the pipeline's group (stage s on member s). Checks the schedule for this size now.
   Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options = {},
            std::shared_ptr<StageSharding> sharding = nullptr);
+  /// This rank's stages (stages_of_rank for the schedule's placement, any order), several for
+  /// interleaved 1F1B and ZBV; throws naming the stages the schedule puts here if they differ.
+  /// Tied weights held on several ranks are made equal now (the first holding stage's values: the
+  /// ranks holding a tie construct their Pipelines together) and have their gradients summed
+  /// over those ranks after each step.
+  Pipeline(std::vector<Stage> stages, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum,
+           PipelineOptions options = {}, std::shared_ptr<StageSharding> sharding = nullptr);
 
   /// One forward and backward of the step's batch: `inputs` are read on the first stage,
   /// `targets` on the last (every rank may pass both). Gradients are accumulated into the stage's
-  /// parameters (zero them before, step after). Returns the step's loss, the mean over its
-  /// tokens (targets.numel()), on every rank.
+  /// parameters (zero them before, step after); a tied weight's is the sum over the stages holding
+  /// it. Returns the step's loss, the mean over its tokens (targets.numel()), on every rank. Every
+  /// rank throws if a stage used a weight it does not hold ([Note: tied weights across stages]).
   double step(const torch::Tensor& inputs, const torch::Tensor& targets);
 
-  Stage& stage() { return stage_; }
+  /// This rank's only stage (throws when it runs several: stages()).
+  Stage& stage();
+  /// This rank's stages, in increasing index.
+  std::vector<Stage>& stages() { return stages_; }
+  /// Every parameter of this rank's stages once (a weight tied across two local stages is one
+  /// tensor): what the optimizer takes.
+  std::vector<torch::Tensor> parameters() const;
   const std::vector<Action>& actions() const { return actions_; }
 
  private:
-  Stage stage_;
+  std::vector<Stage> stages_;
   std::shared_ptr<ProcessGroup> pp_;
   LossFn loss_sum_;
   PipelineOptions options_;
   std::shared_ptr<StageSharding> sharding_;
   std::vector<Action> actions_;
+  std::vector<int> rank_of_;  // the pp rank of each stage
+  std::shared_ptr<TiedWeights> tied_;
+  std::shared_ptr<BorrowedWeights> borrowed_;
 };
 
 }  // namespace fsdp::pp

@@ -1,6 +1,7 @@
 // The bytes each kind of collective sent from this process, summed over every process group and
 // every Collectives implementation (comm_stats.h).
 #include "comm/collectives.h"
+#include "comm/point_to_point.h"
 
 #include <fsdp/comm_stats.h>
 
@@ -20,6 +21,7 @@ struct Counters {
   std::atomic<int64_t> tp_reduce_scatter{0};
   std::atomic<int64_t> tp_all_reduce{0};
   std::atomic<int64_t> checks{0};
+  std::atomic<int64_t> pp_send{0};
 };
 
 // Set while this thread runs a tensor-parallel collective (TensorParallelCounting).
@@ -58,6 +60,8 @@ std::atomic<int64_t>& counter_of(CollectiveKind kind) {
 
 void count_sent_bytes(CollectiveKind kind, int64_t bytes) { counter_of(kind) += bytes; }
 
+void count_point_to_point_bytes(int64_t bytes) { counters().pp_send += bytes; }
+
 TensorParallelCounting::TensorParallelCounting() : outer_(counting_tensor_parallel) {
   counting_tensor_parallel = true;
 }
@@ -79,6 +83,7 @@ CommStats comm_stats() {
   s.tp_reduce_scatter_bytes = counters().tp_reduce_scatter.load();
   s.tp_all_reduce_bytes = counters().tp_all_reduce.load();
   s.check_bytes = counters().checks.load();
+  s.pp_send_bytes = counters().pp_send.load();
   return s;
 }
 
@@ -92,6 +97,7 @@ void reset_comm_stats() {
   counters().tp_reduce_scatter = 0;
   counters().tp_all_reduce = 0;
   counters().checks = 0;
+  counters().pp_send = 0;
 }
 
 }  // namespace fsdp

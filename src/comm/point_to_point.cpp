@@ -46,6 +46,7 @@ PendingSend send_to(ProcessGroup& group, const at::Tensor& t, int dst, int tag) 
   const std::string what = with_peer("send", group, dst);
   run_guarded(group, what.c_str(), PeersWaitedOn::AllMembers,
               [&] { work = group.backend().send(tensors, dst, tag); });
+  count_point_to_point_bytes(static_cast<int64_t>(tensors[0].nbytes()));
   return PendingSend(group, std::move(work), tensors[0], dst);
 }
 

@@ -27,6 +27,8 @@ class PendingSend {
 
 /// Starts sending `t` (any device; contiguous or not) to member `dst` of `group` under `tag`.
 PendingSend send_to(ProcessGroup& group, const at::Tensor& t, int dst, int tag);
+/// Adds to comm_stats().pp_send_bytes (send_to counts every send it starts).
+void count_point_to_point_bytes(int64_t bytes);
 /// t <- what member `src` sent under `tag` (same element count and dtype); blocks, up to the
 /// group's timeout.
 void recv_from(ProcessGroup& group, const at::Tensor& t, int src, int tag);

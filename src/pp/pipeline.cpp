@@ -1,24 +1,25 @@
-// The runner: executes this rank's list of actions for one step ([Note: pipeline stages and
-// schedules]).
+// The runner: executes this rank's list of actions for one step, over one stage or several
+// ([Note: pipeline stages and schedules], [Note: V stages per rank]).
 #include <fsdp/pipeline.h>
 
-#include "pp/activation_channel.h"
+#include "pp/borrowed_weights.h"
+#include "pp/stage_messages.h"
+#include "pp/tied_weights.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace fsdp::pp {
 
 namespace {
-
-// Tags of micro-batch mb's messages: its activation (header, values), its gradient (header, values).
-int activation_tag(int mb) { return 4 * mb; }
-int gradient_tag(int mb) { return 4 * mb + 2; }
 
 std::vector<at::Tensor> split_batch(const at::Tensor& batch, int microbatches, const char* what) {
   TORCH_CHECK(batch.defined() && batch.dim() >= 1 && batch.size(0) % microbatches == 0, "pipeline: the step's ",
@@ -28,133 +29,233 @@ std::vector<at::Tensor> split_batch(const at::Tensor& batch, int microbatches, c
   return batch.chunk(microbatches, 0);
 }
 
-// What one step keeps of each micro-batch between its forward and its backward.
+// What one step keeps of each micro-batch on each stage between its forward and its backward.
 struct MicroBatchState {
-  at::Tensor input;     // the stage's input (a leaf that requires grad, past the first stage)
-  at::Tensor output;    // the stage's output (the scaled loss on the last stage)
-  at::Tensor grad;      // the gradient of the output, from the next stage
+  at::Tensor input;       // the stage's input (a leaf that requires grad, past the first stage)
+  at::Tensor output;      // the stage's output (the scaled loss on the last stage)
+  at::Tensor grad;        // the gradient of the output, from the next stage
+  at::Tensor input_grad;  // the input's gradient, when computed apart from the weights' (ZBV's I)
 };
 
 // One step's state on this rank, and what each action does to it.
 class StepRun {
  public:
-  StepRun(Stage& stage, ProcessGroup& pp, const LossFn& loss_sum, StageSharding& sharding, int microbatches)
-      : stage_(stage), pp_(pp), loss_sum_(loss_sum), sharding_(sharding), mbs_(static_cast<size_t>(microbatches)) {}
+  StepRun(std::vector<Stage>& stages, std::vector<int> rank_of, ProcessGroup& pp, const LossFn& loss_sum,
+          StageSharding& sharding, int microbatches)
+      : loss_sum_(loss_sum), sharding_(sharding), messages_(pp, std::move(rank_of), microbatches) {
+    for (Stage& stage : stages) {
+      stages_[stage.index()] = &stage;
+      mbs_[stage.index()].resize(static_cast<size_t>(microbatches));
+    }
+  }
 
   void set_batch(const at::Tensor& inputs, const at::Tensor& targets, int microbatches) {
-    if (stage_.is_first()) inputs_ = split_batch(inputs, microbatches, "inputs");
-    if (stage_.is_last()) {
+    if (stages_.begin()->second->is_first()) inputs_ = split_batch(inputs, microbatches, "inputs");
+    if (stages_.rbegin()->second->is_last()) {
       targets_ = split_batch(targets, microbatches, "targets");
       tokens_ = targets.numel();
     }
   }
 
   void run(const Action& a) {
-    MicroBatchState* mb = a.microbatch >= 0 ? &mbs_.at(static_cast<size_t>(a.microbatch)) : nullptr;
+    Stage& stage = *stages_.at(a.stage);
+    MicroBatchState* mb = a.microbatch >= 0 ? &mbs_.at(a.stage).at(static_cast<size_t>(a.microbatch)) : nullptr;
     switch (a.kind) {
       case ActionKind::Unshard: return sharding_.unshard();
       case ActionKind::ReduceScatter: return sharding_.reduce_scatter();
       case ActionKind::Reshard: return sharding_.reshard();
-      case ActionKind::RecvActivation: return recv_activation(*mb, a.microbatch);
-      case ActionKind::Forward: return forward(*mb, a.microbatch);
+      case ActionKind::RecvActivation: return recv_activation(stage, *mb, a.microbatch);
+      case ActionKind::Forward: return forward(stage, *mb, a.microbatch);
       case ActionKind::SendActivation:
-        return send_message(pp_, mb->output.detach(), stage_.index() + 1, activation_tag(a.microbatch), sends_);
-      case ActionKind::RecvGradient: return recv_gradient(*mb, a.microbatch);
+        return messages_.send_activation(stage.index(), a.microbatch, mb->output.detach());
+      case ActionKind::RecvGradient: return recv_gradient(stage, *mb, a.microbatch);
       case ActionKind::Backward: return backward(*mb);
-      case ActionKind::SendGradient: return send_gradient(*mb, a.microbatch);
+      case ActionKind::BackwardInput: return backward_input(*mb);
+      case ActionKind::BackwardWeight: return backward_weight(stage, *mb);
+      case ActionKind::SendGradient: return send_gradient(stage, *mb, a.microbatch);
     }
   }
 
-  // Every send has left; the step's loss (the last stage's) on every rank.
+  // Every message has left; the step's loss sum (the last stage's; 0 on other ranks).
   double finish() {
-    for (PendingSend& send : sends_) send.wait();
-    sends_.clear();
-    at::Tensor loss = at::tensor({loss_sum_of_step_}, at::kDouble);
-    broadcast(pp_, loss, pp_.size() - 1);
-    return loss.item<double>();
+    messages_.finish();
+    return loss_sum_of_step_;
   }
 
  private:
-  void recv_activation(MicroBatchState& mb, int index) {
-    at::Tensor input = recv_message(pp_, stage_.index() - 1, activation_tag(index)).to(device());
+  void recv_activation(Stage& stage, MicroBatchState& mb, int index) {
+    at::Tensor input = messages_.recv_activation(stage.index(), index).to(device(stage));
     mb.input = at::isFloatingType(input.scalar_type()) ? input.requires_grad_(true) : input;
   }
 
-  void forward(MicroBatchState& mb, int index) {
-    if (stage_.is_first()) mb.input = inputs_.at(static_cast<size_t>(index)).to(device());
-    mb.output = stage_.forward(mb.input);
-    if (!stage_.is_last()) return;
+  void forward(Stage& stage, MicroBatchState& mb, int index) {
+    if (stage.is_first()) mb.input = inputs_.at(static_cast<size_t>(index)).to(device(stage));
+    mb.output = stage.forward(mb.input);
+    if (!stage.is_last()) return;
     // The mean over the step's tokens, normalized once: this micro-batch's sum over the step's count.
-    at::Tensor summed = loss_sum_(mb.output, targets_.at(static_cast<size_t>(index)).to(device()));
+    at::Tensor summed = loss_sum_(mb.output, targets_.at(static_cast<size_t>(index)).to(device(stage)));
     TORCH_CHECK(summed.numel() == 1, "pipeline: the loss function returned ", summed.sizes(),
                 "; it must return the micro-batch's loss summed over its tokens (one number)");
     mb.output = summed / static_cast<double>(tokens_);
     loss_sum_of_step_ += mb.output.item<double>();
   }
 
-  void recv_gradient(MicroBatchState& mb, int index) {
-    mb.grad = recv_message(pp_, stage_.index() + 1, gradient_tag(index)).to(device());
-    TORCH_CHECK(mb.grad.sizes() == mb.output.sizes(), "pipeline: stage ", stage_.index() + 1,
+  void recv_gradient(Stage& stage, MicroBatchState& mb, int index) {
+    mb.grad = messages_.recv_gradient(stage.index(), index).to(device(stage));
+    TORCH_CHECK(mb.grad.sizes() == mb.output.sizes(), "pipeline: stage ", stage.index() + 1,
                 " sent a gradient of shape ", mb.grad.sizes(), " for micro-batch ", index, "'s output of shape ",
                 mb.output.sizes(), "; the stages disagree on the model or the micro-batches");
   }
 
+  // The output's gradient (none for the last stage's loss: d loss / d loss = 1).
+  static std::vector<at::Tensor> output_grads(const MicroBatchState& mb) {
+    return mb.grad.defined() ? std::vector<at::Tensor>{mb.grad} : std::vector<at::Tensor>{};
+  }
+
   void backward(MicroBatchState& mb) {
-    if (stage_.is_last()) {
-      mb.output.backward();
-    } else {
-      torch::autograd::backward({mb.output}, {mb.grad});
+    torch::autograd::backward({mb.output}, output_grads(mb));
+    mb.output = at::Tensor();
+    mb.grad = at::Tensor();
+  }
+
+  // ZBV's I: the input's gradient alone, the graph kept for the weights' (W). The first stage's
+  // input (token ids) has none: its W runs the whole backward.
+  void backward_input(MicroBatchState& mb) {
+    if (!mb.input.requires_grad()) return;
+    mb.input_grad = torch::autograd::grad({mb.output}, {mb.input}, output_grads(mb), /*retain_graph=*/true,
+                                          /*create_graph=*/false, /*allow_unused=*/true)[0];
+  }
+
+  // ZBV's W: the weights' gradients of the same micro-batch, accumulated into them; the graph freed.
+  void backward_weight(Stage& stage, MicroBatchState& mb) {
+    std::vector<at::Tensor> weights;
+    for (const at::Tensor& p : stage.parameters()) {
+      if (p.requires_grad()) weights.push_back(p);
+    }
+    if (!weights.empty()) {
+      torch::autograd::backward({mb.output}, output_grads(mb), /*retain_graph=*/false, /*create_graph=*/false,
+                                weights);
     }
     mb.output = at::Tensor();
     mb.grad = at::Tensor();
   }
 
-  void send_gradient(MicroBatchState& mb, int index) {
-    at::Tensor grad = mb.input.requires_grad() && mb.input.grad().defined() ? mb.input.grad()
-                                                                            : at::zeros_like(mb.input);
-    send_message(pp_, grad, stage_.index() - 1, gradient_tag(index), sends_);
+  void send_gradient(Stage& stage, MicroBatchState& mb, int index) {
+    at::Tensor grad = mb.input_grad.defined() ? mb.input_grad
+                      : mb.input.requires_grad() && mb.input.grad().defined() ? mb.input.grad()
+                                                                                : at::zeros_like(mb.input);
+    messages_.send_gradient(stage.index(), index, grad);
     mb.input = at::Tensor();
+    mb.input_grad = at::Tensor();
   }
 
-  c10::Device device() const {
-    const auto params = stage_.parameters();
+  static c10::Device device(const Stage& stage) {
+    const auto params = stage.parameters();
     return params.empty() ? c10::Device(c10::kCPU) : params.front().device();
   }
 
-  Stage& stage_;
-  ProcessGroup& pp_;
   const LossFn& loss_sum_;
   StageSharding& sharding_;
-  std::vector<MicroBatchState> mbs_;
+  StageMessages messages_;
+  std::map<int, Stage*> stages_;                        // this rank's, by index
+  std::map<int, std::vector<MicroBatchState>> mbs_;  // by stage index, then micro-batch
   std::vector<at::Tensor> inputs_, targets_;
   int64_t tokens_ = 0;
   double loss_sum_of_step_ = 0;
-  std::vector<PendingSend> sends_;
 };
+
+std::vector<Stage> one_stage(Stage stage) {
+  std::vector<Stage> out;
+  out.push_back(std::move(stage));
+  return out;
+}
+
+std::string indices_of(const std::vector<int>& stages) {
+  std::string out;
+  for (int s : stages) out += (out.empty() ? "" : ", ") + std::to_string(s);
+  return "{" + out + "}";
+}
+
+// This rank's stages must be the ones the schedule's placement puts here, built on one split.
+void check_stages(std::vector<Stage>& stages, const ProcessGroup& pp, Schedule schedule) {
+  TORCH_CHECK(!stages.empty(), "pipeline: no stage; give this rank's stages (stages_of_rank)");
+  std::sort(stages.begin(), stages.end(), [](const Stage& a, const Stage& b) { return a.index() < b.index(); });
+  const int num_stages = stages.front().num_stages();
+  std::vector<int> given;
+  for (const Stage& stage : stages) {
+    TORCH_CHECK(stage.num_stages() == num_stages, "pipeline: this rank's stages come from splits into ",
+                num_stages, " and ", stage.num_stages(), " stages; build them from one module_fqns_per_stage");
+    given.push_back(stage.index());
+  }
+  const std::vector<int> expected = stages_of_rank(pp.rank(), pp.size(), num_stages, placement_of(schedule));
+  TORCH_CHECK(given == expected, "pipeline: pp rank ", pp.rank(), " was given stages ", indices_of(given),
+              " of ", num_stages, "; schedule ", to_string(schedule), " puts stages ", indices_of(expected),
+              " here: build them with fsdp::pp::stages_of_rank(mesh.coordinate(\"pp\"), pp size, ", num_stages,
+              ", fsdp::pp::placement_of(schedule))");
+}
 
 }  // namespace
 
 Pipeline::Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options,
                    std::shared_ptr<StageSharding> sharding)
-    : stage_(std::move(stage)),
+    : Pipeline(one_stage(std::move(stage)), std::move(pp), std::move(loss_sum), options, std::move(sharding)) {}
+
+Pipeline::Pipeline(std::vector<Stage> stages, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum,
+                   PipelineOptions options, std::shared_ptr<StageSharding> sharding)
+    : stages_(std::move(stages)),
       pp_(std::move(pp)),
       loss_sum_(std::move(loss_sum)),
       options_(options),
       sharding_(sharding ? std::move(sharding) : std::make_shared<StageSharding>()) {
   TORCH_CHECK(pp_, "pipeline: no pp process group (give mesh.group_ptr(\"pp\"))");
-  const std::vector<int> mine = stages_of_rank(pp_->rank(), pp_->size(), stage_.num_stages());
-  TORCH_CHECK(std::find(mine.begin(), mine.end(), stage_.index()) != mine.end(), "pipeline: stage ",
-              stage_.index(), " does not run on pp rank ", pp_->rank(), "; build Stage with the rank's ",
-              "coordinate along \"pp\" (mesh.coordinate(\"pp\"))");
   TORCH_CHECK(loss_sum_, "pipeline: no loss function (a micro-batch's loss summed over its tokens)");
-  actions_ = schedule_actions(options_.schedule(), stage_.num_stages(), options_.microbatches(), stage_.index());
+  check_stages(stages_, *pp_, options_.schedule());
+  const int num_stages = stages_.front().num_stages();
+  actions_ = rank_actions(options_.schedule(), pp_->size(), num_stages, options_.microbatches(), pp_->rank());
+  for (int s = 0; s < num_stages; ++s) {
+    rank_of_.push_back(rank_of_stage(s, pp_->size(), num_stages, placement_of(options_.schedule())));
+  }
+  tied_ = std::make_shared<TiedWeights>(stages_, rank_of_, pp_->rank());
+  tied_->make_equal(*pp_);
+  borrowed_ = std::make_shared<BorrowedWeights>(stages_);
+}
+
+Stage& Pipeline::stage() {
+  TORCH_CHECK(stages_.size() == 1, "pipeline: this rank runs ", stages_.size(), " stages; use stages()");
+  return stages_.front();
+}
+
+std::vector<torch::Tensor> Pipeline::parameters() const {
+  std::vector<torch::Tensor> out;
+  std::set<const c10::TensorImpl*> seen;
+  for (const Stage& stage : stages_) {
+    for (const torch::Tensor& p : stage.parameters()) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(p);
+    }
+  }
+  return out;
 }
 
 double Pipeline::step(const torch::Tensor& inputs, const torch::Tensor& targets) {
-  StepRun run(stage_, *pp_, loss_sum_, *sharding_, options_.microbatches());
+  borrowed_->before_step();
+  StepRun run(stages_, rank_of_, *pp_, loss_sum_, *sharding_, options_.microbatches());
   run.set_batch(inputs, targets, options_.microbatches());
   for (const Action& action : actions_) run.run(action);
-  return run.finish();
+  const double loss_sum = run.finish();  // 0 but on the last stage's rank
+  tied_->sum_gradients(*pp_);
+  // The loss to every rank, and whether any rank found a borrowed weight, in one reduction: every
+  // rank then throws together rather than leaving the others waiting.
+  const std::string borrowed = borrowed_->after_step();
+  at::Tensor outcome = at::zeros({1 + pp_->size()}, at::kDouble);
+  outcome[0] = loss_sum;
+  outcome[1 + pp_->rank()] = borrowed.empty() ? 0.0 : 1.0;
+  all_reduce_sum(*pp_, outcome);
+  TORCH_CHECK(borrowed.empty(), borrowed);
+  for (int r = 0; r < pp_->size(); ++r) {
+    TORCH_CHECK(outcome[1 + r].item<double>() == 0.0, "pipeline: pp rank ", r, " found a weight that one of its ",
+                "stages uses without holding it (the error there names it); its gradient would be lost");
+  }
+  return outcome[0].item<double>();
 }
 
 }  // namespace fsdp::pp

@@ -2,9 +2,12 @@
 // ([Note: pipeline stages and schedules]).
 #include <fsdp/pipeline.h>
 
+#include "pp/tied_weights.h"
+
 #include <c10/util/Exception.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,18 +64,19 @@ std::vector<int> stage_of_parts(const std::vector<Part>& parts, const std::vecto
   return stage_of;
 }
 
-// The model's parameters under the given parts; every parameter must be under some part.
-torch::OrderedDict<std::string, torch::Tensor> parameters_under(torch::nn::Module& model,
-                                                                const std::vector<Part>& all,
-                                                                const std::vector<Part>& mine) {
-  torch::OrderedDict<std::string, torch::Tensor> out;
+// Every parameter of the model under each of its names, with the stage holding that name; every
+// parameter must be under some part.
+std::vector<ParameterPlace> places_of_parameters(torch::nn::Module& model, const std::vector<Part>& parts,
+                                                 const std::vector<int>& stage_of_part) {
+  std::vector<ParameterPlace> out;
   for (const auto& item : model.named_parameters()) {
-    bool in_chain = false, in_stage = false;
-    for (const Part& part : all) in_chain = in_chain || is_under_module(item.key(), part.name);
-    for (const Part& part : mine) in_stage = in_stage || is_under_module(item.key(), part.name);
-    TORCH_CHECK(in_chain, "pipeline: parameter '", item.key(), "' is in no part of the forward chain, so no ",
+    int stage = -1;
+    for (size_t p = 0; p < parts.size() && stage < 0; ++p) {
+      if (is_under_module(item.key(), parts[p].name)) stage = stage_of_part[p];
+    }
+    TORCH_CHECK(stage >= 0, "pipeline: parameter '", item.key(), "' is in no part of the forward chain, so no ",
                 "stage would train it; hold it in a module that is a part");
-    if (in_stage) out.insert(item.key(), item.value());
+    out.push_back({item.key(), item.value(), stage});
   }
   return out;
 }
@@ -89,7 +93,20 @@ Stage::Stage(torch::nn::Module& model, std::vector<Part> parts,
   for (size_t p = 0; p < parts.size(); ++p) {
     if (stage_of[p] == index) parts_.push_back(parts[p]);
   }
-  named_parameters_ = parameters_under(model, parts, parts_);
+  const std::vector<ParameterPlace> places = places_of_parameters(model, parts, stage_of);
+  for (const ParameterPlace& place : places) {
+    (place.stage == index ? named_parameters_ : others_).insert(place.name, place.tensor);
+  }
+  tied_ = ties_of_stage(places, index);
+}
+
+std::vector<torch::Tensor> Stage::parameters() const {
+  std::vector<torch::Tensor> out;
+  std::set<const c10::TensorImpl*> seen;
+  for (const auto& item : named_parameters_) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.push_back(item.value());
+  }
+  return out;
 }
 
 std::vector<std::string> Stage::part_names() const {

@@ -1,0 +1,53 @@
+#pragma once
+// Tied weights across stages ([Note: tied weights across stages]): found from the model (a tensor
+// registered under two names held by different stages), made equal over the pp ranks holding
+// them, their gradients summed over those ranks after each step.
+
+#include <fsdp/distributed.h>
+#include <fsdp/pipeline.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace fsdp::pp {
+
+/// A parameter of the model under one of its names, and the stage whose part holds that name.
+struct ParameterPlace {
+  std::string name;
+  at::Tensor tensor;
+  int stage;
+};
+
+/// The parameters of stage `index` that are the same tensor as a parameter of another stage.
+std::vector<TiedParameter> ties_of_stage(const std::vector<ParameterPlace>& places, int index);
+
+/// This rank's tied tensors that other pp ranks hold too, and what the pipeline does with them.
+class TiedWeights {
+ public:
+  /// `rank_of`: the pp rank of each stage.
+  TiedWeights(const std::vector<Stage>& local_stages, const std::vector<int>& rank_of, int rank);
+
+  /// Every holder gets the values of the tensor's first holding stage (the model may have been
+  /// built from another seed on each rank).
+  void make_equal(ProcessGroup& pp);
+  /// Each holder's gradient becomes the sum of every holder's, added in pp rank order (so the sums,
+  /// and the values after the optimizer step, are bitwise equal on every holder).
+  void sum_gradients(ProcessGroup& pp);
+
+ private:
+  struct Tie {
+    std::string name;        // the tensor's first name in the model
+    at::Tensor tensor;       // this rank's copy
+    std::vector<int> ranks;  // the pp ranks holding it, increasing (this one included)
+  };
+  // The ties this rank shares with `peer`, in the same order on both ranks (their tags).
+  std::vector<const Tie*> shared_with(int peer) const;
+  int tag_of(const Tie& tie, int peer) const;
+
+  int rank_;
+  std::vector<Tie> ties_;  // ordered by name
+};
+
+}  // namespace fsdp::pp
