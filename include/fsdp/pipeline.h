@@ -47,6 +47,8 @@
 // every list and run as no-ops for an unsharded stage).
 
 #include <fsdp/distributed.h>
+#include <fsdp/options.h>
+#include <fsdp/sharded_model.h>
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -70,6 +72,9 @@ struct Part {
 /// stage s on rank s). The extension point for V stages per rank.
 std::vector<int> stages_of_rank(int rank, int pp_size, int num_stages);
 
+class StageSharding;
+class ShardedStage;
+
 /// Stage `index` of `model`: the parts named by module_fqns_per_stage[index].
 class Stage {
  public:
@@ -91,11 +96,26 @@ class Stage {
   torch::OrderedDict<std::string, torch::Tensor> named_parameters() const { return named_parameters_; }
   std::vector<torch::Tensor> parameters() const { return named_parameters_.values(); }
 
+  /// FSDP inside the stage: shards its parameters over `dp`, the stage's data-parallel ranks
+  /// (mesh.group("dp")), as one FSDP unit that the pipeline gathers once per step and whose
+  /// gradients it reduces once per step ([Note: FSDP inside a stage]). Every rank of `dp` calls it
+  /// (a collective). Between steps the parameters (the same tensors, under the same names) are
+  /// this rank's 1-D shards, as after fsdp::fully_shard. Strategies: all; mixed precision: yes.
+  /// Throws, naming the option and the fix, for activation_checkpointing, cpu_offload,
+  /// reshard_after_forward, a part held by an fsdp::Unit, or a stage sharded twice.
+  void fully_shard(ProcessGroup& dp, FullyShardOptions options = {});
+  bool is_sharded() const { return sharded_ != nullptr; }
+  /// The stage's sharded model (gather_full_params, checkpoints, clipping); throws unless sharded.
+  ShardedModel sharded_model() const;
+  /// What the schedule's Unshard, ReduceScatter and Reshard do for this stage (nothing unless sharded).
+  std::shared_ptr<StageSharding> sharding() const;
+
  private:
   int index_;
   int num_stages_;
   std::vector<Part> parts_;  // this stage's
   torch::OrderedDict<std::string, torch::Tensor> named_parameters_;
+  std::shared_ptr<ShardedStage> sharded_;  // set by fully_shard
 };
 
 enum class ActionKind {
@@ -146,12 +166,18 @@ struct PipelineOptions {
   TORCH_ARG(Schedule, schedule) = Schedule::OneFOneB;
   /// The step's batch (dim 0) is split into this many equal micro-batches.
   TORCH_ARG(int, microbatches) = 1;
+  /// A sharded stage (Stage::fully_shard) frees its gathered parameters after every micro-batch's
+  /// backward and gathers them again before its next forward or backward: M all-gathers a step
+  /// instead of one, for the memory of the unsharded parameters between micro-batches. The
+  /// gradients are still reduced once, after the last backward.
+  TORCH_ARG(bool, reshard_after_microbatch) = false;
 };
 
 /// Runs this rank's stage in its schedule, one step at a time.
 class Pipeline {
  public:
   /// `pp`: the pipeline's group (stage s on member s). Checks the schedule for this size now.
+  /// `sharding`: the stage's own (Stage::sharding()) unless given; not both.
   Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options = {},
            std::shared_ptr<StageSharding> sharding = nullptr);
 

@@ -38,8 +38,13 @@ struct MicroBatchState {
 // One step's state on this rank, and what each action does to it.
 class StepRun {
  public:
-  StepRun(Stage& stage, ProcessGroup& pp, const LossFn& loss_sum, StageSharding& sharding, int microbatches)
-      : stage_(stage), pp_(pp), loss_sum_(loss_sum), sharding_(sharding), mbs_(static_cast<size_t>(microbatches)) {}
+  StepRun(Stage& stage, ProcessGroup& pp, const LossFn& loss_sum, StageSharding& sharding, const PipelineOptions& options)
+      : stage_(stage),
+        pp_(pp),
+        loss_sum_(loss_sum),
+        sharding_(sharding),
+        reshard_after_microbatch_(options.reshard_after_microbatch()),
+        mbs_(static_cast<size_t>(options.microbatches())) {}
 
   void set_batch(const at::Tensor& inputs, const at::Tensor& targets, int microbatches) {
     if (stage_.is_first()) inputs_ = split_batch(inputs, microbatches, "inputs");
@@ -50,6 +55,13 @@ class StepRun {
   }
 
   void run(const Action& a) {
+    const bool computes = a.kind == ActionKind::Forward || a.kind == ActionKind::Backward;
+    if (reshard_after_microbatch_ && computes) sharding_.unshard();  // gathered again, if resharded
+    run_action(a);
+    if (reshard_after_microbatch_ && a.kind == ActionKind::Backward) sharding_.reshard();
+  }
+
+  void run_action(const Action& a) {
     MicroBatchState* mb = a.microbatch >= 0 ? &mbs_.at(static_cast<size_t>(a.microbatch)) : nullptr;
     switch (a.kind) {
       case ActionKind::Unshard: return sharding_.unshard();
@@ -125,12 +137,20 @@ class StepRun {
   ProcessGroup& pp_;
   const LossFn& loss_sum_;
   StageSharding& sharding_;
+  bool reshard_after_microbatch_;
   std::vector<MicroBatchState> mbs_;
   std::vector<at::Tensor> inputs_, targets_;
   int64_t tokens_ = 0;
   double loss_sum_of_step_ = 0;
   std::vector<PendingSend> sends_;
 };
+
+// The stage's own sharding (Stage::fully_shard) or the one given, not both.
+std::shared_ptr<StageSharding> sharding_of(const Stage& stage, std::shared_ptr<StageSharding> given) {
+  TORCH_CHECK(!(given && stage.is_sharded()), "pipeline: stage ", stage.index(), " is sharded (Stage::fully_shard) ",
+              "and a StageSharding was given too; give neither, the stage's own is used");
+  return given ? std::move(given) : stage.sharding();
+}
 
 }  // namespace
 
@@ -140,7 +160,7 @@ Pipeline::Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_su
       pp_(std::move(pp)),
       loss_sum_(std::move(loss_sum)),
       options_(options),
-      sharding_(sharding ? std::move(sharding) : std::make_shared<StageSharding>()) {
+      sharding_(sharding_of(stage_, std::move(sharding))) {
   TORCH_CHECK(pp_, "pipeline: no pp process group (give mesh.group_ptr(\"pp\"))");
   const std::vector<int> mine = stages_of_rank(pp_->rank(), pp_->size(), stage_.num_stages());
   TORCH_CHECK(std::find(mine.begin(), mine.end(), stage_.index()) != mine.end(), "pipeline: stage ",
@@ -151,7 +171,7 @@ Pipeline::Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_su
 }
 
 double Pipeline::step(const torch::Tensor& inputs, const torch::Tensor& targets) {
-  StepRun run(stage_, *pp_, loss_sum_, *sharding_, options_.microbatches());
+  StepRun run(stage_, *pp_, loss_sum_, *sharding_, options_);
   run.set_batch(inputs, targets, options_.microbatches());
   for (const Action& action : actions_) run.run(action);
   return run.finish();

@@ -2,6 +2,8 @@
 // ([Note: pipeline stages and schedules]).
 #include <fsdp/pipeline.h>
 
+#include "pp/stage_sharding.h"
+
 #include <c10/util/Exception.h>
 
 #include <map>
@@ -99,6 +101,7 @@ std::vector<std::string> Stage::part_names() const {
 }
 
 torch::Tensor Stage::forward(torch::Tensor x) {
+  if (sharded_) return sharded_->forward(x);  // through its FSDP unit ([Note: FSDP inside a stage])
   for (Part& part : parts_) x = part.module.forward<torch::Tensor>(std::move(x));
   return x;
 }
