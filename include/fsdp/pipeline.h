@@ -14,6 +14,9 @@
 ///   torch::optim::AdamW optim(pipe.stage().parameters(), torch::optim::AdamWOptions(1e-3));
 ///   for (...) { optim.zero_grad(); double loss = pipe.step(ids, targets); optim.step(); }
 ///
+/// FSDP inside each stage (a {{"pp", P}, {"dp", D}} mesh; each dp rank passes its share of the batch):
+///   stage.fully_shard(mesh.group("dp"), fsdp::FullyShardOptions());  // before building the Pipeline
+///
 // [Note: pipeline stages and schedules]
 // A stage is a contiguous run of the model's parts. C++ cannot call an arbitrary child's forward
 // (a ModuleList holds type-erased modules), so the program lists its model's forward as a chain
@@ -42,9 +45,13 @@
 // sum of the micro-batches' gradients is the unsplit model's gradient of its mean loss, and the
 // step's loss (their sum) is returned on every rank (broadcast from the last stage).
 //
-// FSDP inside a stage is not built yet: StageSharding is where it plugs in (Unshard before the
-// first forward, ReduceScatter and Reshard after the last backward: the actions are already in
-// every list and run as no-ops for an unsharded stage).
+// FSDP inside a stage (the FSDP paper's section 7.1.1): Stage::fully_shard shards the stage over
+// its dp ranks as one FSDP unit (its parts under the model's own names), and the stage's
+// StageSharding runs the stage-wide actions: Unshard gathers once and holds the parameters for
+// every micro-batch (their backwards add into one unsharded gradient, no_sync), ReduceScatter
+// reduces that sum once after the last backward, Reshard frees them; reshard_after_microbatch
+// gathers once per micro-batch instead. For an unsharded stage the actions are no-ops. What does
+// not compose is refused by name ([Note: FSDP inside a stage] in src/pp/stage_sharding.cpp).
 
 #include <fsdp/distributed.h>
 #include <fsdp/options.h>
@@ -184,7 +191,10 @@ class Pipeline {
   /// One forward and backward of the step's batch: `inputs` are read on the first stage,
   /// `targets` on the last (every rank may pass both). Gradients are accumulated into the stage's
   /// parameters (zero them before, step after). Returns the step's loss, the mean over its
-  /// tokens (targets.numel()), on every rank.
+  /// tokens (targets.numel()), on every rank. With a sharded stage each dp rank passes an equal
+  /// share of the global batch: the gradients are the global batch's (the dp reduction averages
+  /// the ranks' means), and the loss returned is this rank's share's mean (average it over "dp"
+  /// for the global one).
   double step(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   Stage& stage() { return stage_; }
