@@ -38,7 +38,8 @@ struct MicroBatchState {
 // One step's state on this rank, and what each action does to it.
 class StepRun {
  public:
-  StepRun(Stage& stage, ProcessGroup& pp, const LossFn& loss_sum, StageSharding& sharding, const PipelineOptions& options)
+  StepRun(Stage& stage, ProcessGroup& pp, const LossFn& loss_sum, StageSharding& sharding,
+          const PipelineOptions& options)
       : stage_(stage),
         pp_(pp),
         loss_sum_(loss_sum),

@@ -45,7 +45,7 @@ namespace {
 
 struct StageModuleImpl : torch::nn::Module {
   explicit StageModuleImpl(const std::vector<Part>& stage_parts) : parts(stage_parts) {
-    std::map<std::string, std::shared_ptr<torch::nn::Module>> containers{{"", nullptr}};
+    std::map<std::string, std::shared_ptr<torch::nn::Module>> containers;  // by prefix ("h")
     for (const Part& part : parts) register_nested(part.name, part.module.ptr(), containers);
   }
 
@@ -63,7 +63,9 @@ struct StageModuleImpl : torch::nn::Module {
       const std::string prefix = name.substr(0, dot);
       auto& container = containers[prefix];
       // A plain module holding the parts under a prefix ("h" of "h.1").
-      if (!container) container = parent->register_module(name.substr(start, dot - start), std::make_shared<torch::nn::Module>());
+      if (!container) {
+        container = parent->register_module(name.substr(start, dot - start), std::make_shared<torch::nn::Module>());
+      }
       parent = container.get();
       start = dot + 1;
     }
