@@ -312,6 +312,12 @@ TEST(PipelineFsdp, WhatDoesNotComposeIsRefusedByName) {
     error = refusal(fsdp::FullyShardOptions());
     EXPECT_NE(error.find("is held by an fsdp::Unit"), std::string::npos) << error;
   }
+  error = error_of([&] {
+    fsdp::pp::Pipeline(stage, mesh.group_ptr("pp"), summed_cross_entropy,
+                       fsdp::pp::PipelineOptions().reshard_after_microbatch(true));
+  });
+  EXPECT_NE(error.find("reshard_after_microbatch(true) on stage"), std::string::npos) << error;
+  EXPECT_NE(error.find("which is not sharded"), std::string::npos) << error;
   stage.fully_shard(mesh.group("dp"));
   error = refusal(fsdp::FullyShardOptions());
   EXPECT_NE(error.find("is sharded already"), std::string::npos) << error;

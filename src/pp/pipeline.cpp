@@ -147,9 +147,13 @@ class StepRun {
 };
 
 // The stage's own sharding (Stage::fully_shard) or the one given, not both.
-std::shared_ptr<StageSharding> sharding_of(const Stage& stage, std::shared_ptr<StageSharding> given) {
+std::shared_ptr<StageSharding> sharding_of(const Stage& stage, std::shared_ptr<StageSharding> given,
+                                           const PipelineOptions& options) {
   TORCH_CHECK(!(given && stage.is_sharded()), "pipeline: stage ", stage.index(), " is sharded (Stage::fully_shard) ",
               "and a StageSharding was given too; give neither, the stage's own is used");
+  TORCH_CHECK(!options.reshard_after_microbatch() || given || stage.is_sharded(), "pipeline: ",
+              "PipelineOptions::reshard_after_microbatch(true) on stage ", stage.index(), ", which is not sharded: ",
+              "there is nothing to reshard; call Stage::fully_shard(mesh.group(\"dp\")) first, or leave it off");
   return given ? std::move(given) : stage.sharding();
 }
 
@@ -161,7 +165,7 @@ Pipeline::Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_su
       pp_(std::move(pp)),
       loss_sum_(std::move(loss_sum)),
       options_(options),
-      sharding_(sharding_of(stage_, std::move(sharding))) {
+      sharding_(sharding_of(stage_, std::move(sharding), options_)) {
   TORCH_CHECK(pp_, "pipeline: no pp process group (give mesh.group_ptr(\"pp\"))");
   const std::vector<int> mine = stages_of_rank(pp_->rank(), pp_->size(), stage_.num_stages());
   TORCH_CHECK(std::find(mine.begin(), mine.end(), stage_.index()) != mine.end(), "pipeline: stage ",
