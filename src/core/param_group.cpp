@@ -378,13 +378,8 @@ void ParamGroup::finish_backward() {
   backward_ran_ = false;
 }
 
-// [Note: units held unsharded]
-// A pipeline stage runs several forwards and backwards (its micro-batches) per step: it gathers
-// its units once, holds them unsharded (the conductor's flag: neither a forward's end nor a
-// backward's reshards them) with no_sync on, so every backward adds into the kept unsharded
-// gradient, and reduces that sum here, once, after its last backward. The reduction is the one a
-// synchronising backward would issue (reduce_plan: the dtype, the division by the ranks, the
-// addition to a gradient the optimizer kept), waited for at once.
+// [Note: units held unsharded] (core/unshard_hold.cpp): the reduction a synchronising backward
+// would issue (reduce_plan), waited for at once.
 void ParamGroup::reduce_kept_gradients() {
   for (FlatGroup& g : flats_) {
     if (!g.trainable() || !g.full_grad_kept) continue;

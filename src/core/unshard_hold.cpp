@@ -1,4 +1,4 @@
-// A sharded model held unsharded across forwards and backwards ([Note: units held unsharded]).
+// A sharded model held unsharded across forwards and backwards.
 #include "core/unshard_hold.h"
 
 #include "core/fsdp_state.h"
@@ -8,6 +8,16 @@
 #include <c10/util/Exception.h>
 
 namespace fsdp::detail {
+
+// [Note: units held unsharded]
+// A pipeline stage runs several forwards and backwards (its micro-batches) per step: it gathers
+// its units once, holds them unsharded (the conductor's flag: neither a forward's end nor a
+// backward's reshards them) with no_sync on, so every backward adds into the kept unsharded
+// gradient, and reduces that sum once, after its last backward (ParamGroup::
+// reduce_kept_gradients: the reduction a synchronising backward would issue, with its dtype, the
+// division by the ranks and the addition to a gradient the optimizer kept). Released, the units
+// reshard; gradients not reduced yet stay kept, so a stage may reshard between micro-batches and
+// gather again (PipelineOptions::reshard_after_microbatch) and still reduce once.
 
 void hold_unsharded(const ShardedModel& model) {
   FsdpState& state = engine_of(model);

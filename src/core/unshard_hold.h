@@ -1,7 +1,7 @@
 #pragma once
 // A sharded model held unsharded across several forwards and backwards, for the layers above
 // (a pipeline stage's micro-batches): gathered once, its gradients summed unsharded and reduced
-// once, resharded when told ([Note: units held unsharded] in core/param_group.cpp).
+// once, resharded when told ([Note: units held unsharded] in core/unshard_hold.cpp).
 
 #include <fsdp/sharded_model.h>
 
