@@ -16,6 +16,9 @@
 ///   torch::optim::AdamW optim(pipe.stage().parameters(), torch::optim::AdamWOptions(1e-3));
 ///   for (...) { optim.zero_grad(); double loss = pipe.step(ids, targets); optim.step(); }
 ///
+/// FSDP inside each stage (a {{"pp", P}, {"dp", D}} mesh; each dp rank passes its share of the batch):
+///   stage.fully_shard(mesh.group("dp"), fsdp::FullyShardOptions());  // before building the Pipeline
+///
 // [Note: pipeline stages and schedules]
 // A stage is a contiguous run of the model's parts. C++ cannot call an arbitrary child's forward
 // (a ModuleList holds type-erased modules), so the program lists its model's forward as a chain
@@ -43,9 +46,13 @@
 // step's loss (their sum) is returned on every rank (an all-reduce over the pp group, in which
 // only the last stage's rank adds a loss; the same reduction carries the borrowed-weight check).
 //
-// FSDP inside a stage is not built yet: StageSharding is where it plugs in (Unshard before the
-// first forward, ReduceScatter and Reshard after the last backward: the actions are already in
-// every list and run as no-ops for an unsharded stage).
+// FSDP inside a stage (the FSDP paper's section 7.1.1): Stage::fully_shard shards the stage over
+// its dp ranks as one FSDP unit (its parts under the model's own names), and the stage's
+// StageSharding runs the stage-wide actions: Unshard gathers once and holds the parameters for
+// every micro-batch (their backwards add into one unsharded gradient, no_sync), ReduceScatter
+// reduces that sum once after the last backward, Reshard frees them; reshard_after_microbatch
+// gathers once per micro-batch instead. For an unsharded stage the actions are no-ops. What does
+// not compose is refused by name ([Note: FSDP inside a stage] in src/pp/stage_sharding.cpp).
 //
 // [Note: V stages per rank]
 // A rank may run several stages: Pipeline takes this rank's Stage objects (each built on the
@@ -76,10 +83,11 @@
 // once). A weight tied only in forward (the head calling F::linear(x, wte->weight) without
 // registering it) leaves no trace in the parameters: the step then sees a tensor that no local
 // stage holds gain a gradient and every rank throws, naming it on the rank that found it.
-// The sum runs after the whole list (after ReduceScatter): where FSDP shards a stage, the merge
-// with StageSharding decides whether it sums the full gradients (before) or the shards (after).
+// Tied weights across stages with FSDP inside them are refused by name (not built).
 
 #include <fsdp/distributed.h>
+#include <fsdp/options.h>
+#include <fsdp/sharded_model.h>
 
 #include <torch/arg.h>
 #include <torch/nn/module.h>
@@ -117,6 +125,9 @@ struct TiedParameter {
   std::vector<int> stages;         ///< the stages holding one of those names, increasing
 };
 
+class StageSharding;
+class ShardedStage;
+
 /// Stage `index` of `model`: the parts named by module_fqns_per_stage[index].
 class Stage {
  public:
@@ -144,6 +155,20 @@ class Stage {
   /// used another stage's weight without holding it (refused after the step, by name).
   const torch::OrderedDict<std::string, torch::Tensor>& other_stages_parameters() const { return others_; }
 
+  /// FSDP inside the stage: shards its parameters over `dp`, the stage's data-parallel ranks
+  /// (mesh.group("dp")), as one FSDP unit that the pipeline gathers once per step and whose
+  /// gradients it reduces once per step ([Note: FSDP inside a stage]). Every rank of `dp` calls it
+  /// (a collective). Between steps the parameters (the same tensors, under the same names) are
+  /// this rank's 1-D shards, as after fsdp::fully_shard. Strategies: all; mixed precision: yes.
+  /// Throws, naming the option and the fix, for activation_checkpointing, cpu_offload,
+  /// reshard_after_forward, a part held by an fsdp::Unit, or a stage sharded twice.
+  void fully_shard(ProcessGroup& dp, FullyShardOptions options = {});
+  bool is_sharded() const { return sharded_ != nullptr; }
+  /// The stage's sharded model (gather_full_params, checkpoints, clipping); throws unless sharded.
+  ShardedModel sharded_model() const;
+  /// What the schedule's Unshard, ReduceScatter and Reshard do for this stage (nothing unless sharded).
+  std::shared_ptr<StageSharding> sharding() const;
+
  private:
   int index_;
   int num_stages_;
@@ -151,6 +176,7 @@ class Stage {
   torch::OrderedDict<std::string, torch::Tensor> named_parameters_;
   std::vector<TiedParameter> tied_;
   torch::OrderedDict<std::string, torch::Tensor> others_;
+  std::shared_ptr<ShardedStage> sharded_;  // set by fully_shard
 };
 
 enum class ActionKind {
@@ -215,6 +241,11 @@ struct PipelineOptions {
   TORCH_ARG(Schedule, schedule) = Schedule::OneFOneB;
   /// The step's batch (dim 0) is split into this many equal micro-batches.
   TORCH_ARG(int, microbatches) = 1;
+  /// A sharded stage (Stage::fully_shard) frees its gathered parameters after every micro-batch's
+  /// backward and gathers them again before its next forward or backward: M all-gathers a step
+  /// instead of one, for the memory of the unsharded parameters between micro-batches. The
+  /// gradients are still reduced once, after the last backward.
+  TORCH_ARG(bool, reshard_after_microbatch) = false;
 };
 
 class TiedWeights;
@@ -224,6 +255,7 @@ class BorrowedWeights;
 class Pipeline {
  public:
   /// `pp`: the pipeline's group (stage s on member s). Checks the schedule for this size now.
+  /// `sharding`: the stage's own (Stage::sharding()) unless given; not both.
   Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options = {},
            std::shared_ptr<StageSharding> sharding = nullptr);
   /// This rank's stages (stages_of_rank for the schedule's placement, any order), several for
@@ -239,6 +271,9 @@ class Pipeline {
   /// parameters (zero them before, step after); a tied weight's is the sum over the stages holding
   /// it. Returns the step's loss, the mean over its tokens (targets.numel()), on every rank. Every
   /// rank throws if a stage used a weight it does not hold ([Note: tied weights across stages]).
+  /// With a sharded stage each dp rank passes an equal share of the global batch: the gradients
+  /// are the global batch's (the dp reduction averages the ranks' means), and the loss returned is
+  /// this rank's share's mean (average it over "dp" for the global one).
   double step(const torch::Tensor& inputs, const torch::Tensor& targets);
 
   /// This rank's only stage (throws when it runs several: stages()).
@@ -255,7 +290,7 @@ class Pipeline {
   std::shared_ptr<ProcessGroup> pp_;
   LossFn loss_sum_;
   PipelineOptions options_;
-  std::shared_ptr<StageSharding> sharding_;
+  std::vector<std::shared_ptr<StageSharding>> shardings_;  // each stage's, in stages_' order
   std::vector<Action> actions_;
   std::vector<int> rank_of_;  // the pp rank of each stage
   std::shared_ptr<TiedWeights> tied_;

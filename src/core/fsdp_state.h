@@ -40,6 +40,8 @@ class FsdpState final : public UnitEvents, private StepListener {
   c10::Device compute_device() const { return device_->device(); }
   const FullyShardOptions& options() const { return options_; }
   void set_no_sync(bool no_sync) { conductor_.set_no_sync(no_sync); }
+  /// [Note: units held unsharded]
+  void set_hold_unsharded(bool hold) { conductor_.set_hold_unsharded(hold); }
   /// Inside a SummonFullParams scope every parameter is whole and units are plain calls.
   bool full_params_held() const { return full_params_held_; }
   void set_full_params_held(bool held) { full_params_held_ = held; }

@@ -251,7 +251,9 @@ bool ParamGroup::hook_backward(const std::vector<at::Tensor>& inputs, const std:
 }
 
 void ParamGroup::end_forward(bool reshard) {
-  if (reshard) {
+  if (env_.conductor.holds_unsharded()) {
+    // Held: the parameters stay gathered, and in use, for the next forwards and backwards.
+  } else if (reshard) {
     reshard_all();
   } else {
     for (FlatGroup& g : flats_) park(g);
@@ -301,6 +303,10 @@ void ParamGroup::post_backward(FlatGroup& g) {
   if (is_first(g)) record_span("backward", label_, TraceLane::Compute, span_start_);
   if (g.trainable()) g.flat.complete_full_grad();
   order_.gradient_complete(index_of(g), is_first(g), gradient_path(g));
+}
+
+void ParamGroup::free_params(size_t flat) {
+  if (!env_.conductor.holds_unsharded()) reshard(flats_[flat]);
 }
 
 void ParamGroup::settle_gradient(size_t flat, bool counted) {
@@ -368,8 +374,20 @@ void ParamGroup::finish_backward() {
     }
     g.backward_state = BackwardState::Idle;
   }
-  reshard_all();  // e.g. a prefetched unit whose backward never ran
+  if (!env_.conductor.holds_unsharded()) reshard_all();  // e.g. a prefetched unit whose backward never ran
   backward_ran_ = false;
+}
+
+// [Note: units held unsharded] (core/unshard_hold.cpp): the reduction a synchronising backward
+// would issue (reduce_plan), waited for at once.
+void ParamGroup::reduce_kept_gradients() {
+  for (FlatGroup& g : flats_) {
+    if (!g.trainable() || !g.full_grad_kept) continue;
+    g.backward_state = BackwardState::Reducing;
+    issue_reduce_scatter(g, /*counted=*/false);
+  }
+  no_sync_ = false;
+  finish_backward();
 }
 
 torch::autograd::variable_list GradAccumulatedHook::operator()(

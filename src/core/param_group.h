@@ -134,6 +134,11 @@ class ParamGroup final : public ScheduledUnit,
   /// (its gathered values are out of date). Called at every root forward and between steps.
   void take_in_rebound_params();
 
+  /// [Note: units held unsharded] The backwards held unsharded kept their summed unsharded
+  /// gradients (no_sync): reduce them into the gradient shards now, once, and wait. The
+  /// parameters stay unsharded (the gradients point at the shard once they are resharded).
+  void reduce_kept_gradients();
+
   /// A unit built by fully_shard_deferred learns its module path once the whole model exists.
   void set_name(const std::string& name);
   /// Sharded when every flat group is; Unsharded when every one is usable; else Unsharding.
@@ -146,7 +151,7 @@ class ParamGroup final : public ScheduledUnit,
   void issue_gathers() override;
   void wait_gathers() override { wait_unshard(); }
   void allocate_gradients() override;
-  void free_params(size_t flat) override { reshard(flats_[flat]); }
+  void free_params(size_t flat) override;
   void settle_gradient(size_t flat, bool counted) override;
 
   /// Whether any flat group needs a separate unsharded buffer (FlatParam::needs_unshard).

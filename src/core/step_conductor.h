@@ -83,6 +83,10 @@ class StepConductor {
   void shards_may_change() { listener_.shards_may_change(); }
 
   void set_no_sync(bool no_sync) { no_sync_ = no_sync; }
+  /// [Note: units held unsharded] While set, no unit reshards: not after its forward, not after
+  /// its backward (a pipeline stage keeps its parameters for all its micro-batches).
+  void set_hold_unsharded(bool hold) { hold_unsharded_ = hold; }
+  bool holds_unsharded() const { return hold_unsharded_; }
   /// Between the root's pre_forward and post_forward.
   bool root_forward_running() const { return root_forward_running_; }
   /// The units other than the root that started a forward in this step, in order.
@@ -99,6 +103,7 @@ class StepConductor {
   std::vector<ScheduledUnit*> previous_forward_order_;  // the last iteration's
   bool root_forward_running_ = false;
   bool no_sync_ = false;  // inside a NoSyncGuard: keep unsharded gradients, reduce nothing
+  bool hold_unsharded_ = false;  // [Note: units held unsharded]
 };
 
 }  // namespace fsdp

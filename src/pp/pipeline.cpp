@@ -40,12 +40,15 @@ struct MicroBatchState {
 // One step's state on this rank, and what each action does to it.
 class StepRun {
  public:
-  StepRun(std::vector<Stage>& stages, std::vector<int> rank_of, ProcessGroup& pp, const LossFn& loss_sum,
-          StageSharding& sharding, int microbatches)
-      : loss_sum_(loss_sum), sharding_(sharding), messages_(pp, std::move(rank_of), microbatches) {
-    for (Stage& stage : stages) {
-      stages_[stage.index()] = &stage;
-      mbs_[stage.index()].resize(static_cast<size_t>(microbatches));
+  StepRun(std::vector<Stage>& stages, const std::vector<std::shared_ptr<StageSharding>>& shardings,
+          std::vector<int> rank_of, ProcessGroup& pp, const LossFn& loss_sum, const PipelineOptions& options)
+      : loss_sum_(loss_sum),
+        reshard_after_microbatch_(options.reshard_after_microbatch()),
+        messages_(pp, std::move(rank_of), options.microbatches()) {
+    for (size_t i = 0; i < stages.size(); ++i) {
+      stages_[stages[i].index()] = &stages[i];
+      shardings_[stages[i].index()] = shardings[i].get();
+      mbs_[stages[i].index()].resize(static_cast<size_t>(options.microbatches()));
     }
   }
 
@@ -58,12 +61,20 @@ class StepRun {
   }
 
   void run(const Action& a) {
+    StageSharding& sharding = *shardings_.at(a.stage);
+    const bool computes = a.kind == ActionKind::Forward || a.kind == ActionKind::Backward;
+    if (reshard_after_microbatch_ && computes) sharding.unshard();  // gathered again, if resharded
+    run_action(a, sharding);
+    if (reshard_after_microbatch_ && a.kind == ActionKind::Backward) sharding.reshard();
+  }
+
+  void run_action(const Action& a, StageSharding& sharding) {
     Stage& stage = *stages_.at(a.stage);
     MicroBatchState* mb = a.microbatch >= 0 ? &mbs_.at(a.stage).at(static_cast<size_t>(a.microbatch)) : nullptr;
     switch (a.kind) {
-      case ActionKind::Unshard: return sharding_.unshard();
-      case ActionKind::ReduceScatter: return sharding_.reduce_scatter();
-      case ActionKind::Reshard: return sharding_.reshard();
+      case ActionKind::Unshard: return sharding.unshard();
+      case ActionKind::ReduceScatter: return sharding.reduce_scatter();
+      case ActionKind::Reshard: return sharding.reshard();
       case ActionKind::RecvActivation: return recv_activation(stage, *mb, a.microbatch);
       case ActionKind::Forward: return forward(stage, *mb, a.microbatch);
       case ActionKind::SendActivation:
@@ -155,9 +166,10 @@ class StepRun {
   }
 
   const LossFn& loss_sum_;
-  StageSharding& sharding_;
+  bool reshard_after_microbatch_;
   StageMessages messages_;
   std::map<int, Stage*> stages_;                        // this rank's, by index
+  std::map<int, StageSharding*> shardings_;             // each stage's, by index
   std::map<int, std::vector<MicroBatchState>> mbs_;  // by stage index, then micro-batch
   std::vector<at::Tensor> inputs_, targets_;
   int64_t tokens_ = 0;
@@ -194,6 +206,33 @@ void check_stages(std::vector<Stage>& stages, const ProcessGroup& pp, Schedule s
               ", fsdp::pp::placement_of(schedule))");
 }
 
+// The stage's own sharding (Stage::fully_shard) or the one given, not both.
+std::shared_ptr<StageSharding> sharding_of(const Stage& stage, std::shared_ptr<StageSharding> given,
+                                           const PipelineOptions& options) {
+  TORCH_CHECK(!(given && stage.is_sharded()), "pipeline: stage ", stage.index(), " is sharded (Stage::fully_shard) ",
+              "and a StageSharding was given too; give neither, the stage's own is used");
+  TORCH_CHECK(!options.reshard_after_microbatch() || given || stage.is_sharded(), "pipeline: ",
+              "PipelineOptions::reshard_after_microbatch(true) on stage ", stage.index(), ", which is not sharded: ",
+              "there is nothing to reshard; call Stage::fully_shard(mesh.group(\"dp\")) first, or leave it off");
+  return given ? std::move(given) : stage.sharding();
+}
+
+// FSDP inside stages with what is not built beside it, refused by name.
+void check_sharded_stages_compose(const std::vector<Stage>& stages, Schedule schedule) {
+  for (const Stage& stage : stages) {
+    if (!stage.is_sharded()) continue;
+    TORCH_CHECK(schedule != Schedule::ZBV, "pipeline: stage ", stage.index(), " is sharded (Stage::fully_shard) "
+                "and the schedule is ZBV, whose backward is split into input and weight gradients: FSDP inside "
+                "its stages is not built; use Interleaved1F1B, OneFOneB or GPipe, or leave the stages unsharded");
+    for (const Stage& other : stages) {
+      TORCH_CHECK(other.tied_parameters().empty(), "pipeline: stage ", stage.index(), " is sharded (Stage::"
+                  "fully_shard) and stage ", other.index(), " holds '", other.tied_parameters().front().name,
+                  "', a weight tied across stages: the tie's gradient sum over sharded stages is not built; "
+                  "untie the weight or leave the stages unsharded");
+    }
+  }
+}
+
 }  // namespace
 
 Pipeline::Pipeline(Stage stage, std::shared_ptr<ProcessGroup> pp, LossFn loss_sum, PipelineOptions options,
@@ -205,11 +244,12 @@ Pipeline::Pipeline(std::vector<Stage> stages, std::shared_ptr<ProcessGroup> pp, 
     : stages_(std::move(stages)),
       pp_(std::move(pp)),
       loss_sum_(std::move(loss_sum)),
-      options_(options),
-      sharding_(sharding ? std::move(sharding) : std::make_shared<StageSharding>()) {
+      options_(options) {
   TORCH_CHECK(pp_, "pipeline: no pp process group (give mesh.group_ptr(\"pp\"))");
   TORCH_CHECK(loss_sum_, "pipeline: no loss function (a micro-batch's loss summed over its tokens)");
   check_stages(stages_, *pp_, options_.schedule());
+  for (const Stage& stage : stages_) shardings_.push_back(sharding_of(stage, sharding, options_));
+  check_sharded_stages_compose(stages_, options_.schedule());
   const int num_stages = stages_.front().num_stages();
   actions_ = rank_actions(options_.schedule(), pp_->size(), num_stages, options_.microbatches(), pp_->rank());
   for (int s = 0; s < num_stages; ++s) {
@@ -238,7 +278,7 @@ std::vector<torch::Tensor> Pipeline::parameters() const {
 
 double Pipeline::step(const torch::Tensor& inputs, const torch::Tensor& targets) {
   borrowed_->before_step();
-  StepRun run(stages_, rank_of_, *pp_, loss_sum_, *sharding_, options_.microbatches());
+  StepRun run(stages_, shardings_, rank_of_, *pp_, loss_sum_, options_);
   run.set_batch(inputs, targets, options_.microbatches());
   for (const Action& action : actions_) run.run(action);
   const double loss_sum = run.finish();  // 0 but on the last stage's rank

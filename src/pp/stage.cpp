@@ -3,6 +3,7 @@
 #include <fsdp/pipeline.h>
 
 #include "pp/tied_weights.h"
+#include "pp/stage_sharding.h"
 
 #include <c10/util/Exception.h>
 
@@ -116,6 +117,7 @@ std::vector<std::string> Stage::part_names() const {
 }
 
 torch::Tensor Stage::forward(torch::Tensor x) {
+  if (sharded_) return sharded_->forward(x);  // through its FSDP unit ([Note: FSDP inside a stage])
   for (Part& part : parts_) x = part.module.forward<torch::Tensor>(std::move(x));
   return x;
 }

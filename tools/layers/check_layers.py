@@ -48,7 +48,7 @@ CORE_TIERS = [
     {"param_group"},
     {"fsdp_state"},
     {"model_collectives", "unit_groups", "sharded_view", "sharded_model", "unit_slot",
-     "unit_runtime"},
+     "unit_runtime", "unshard_hold"},
     {"shard_pipeline"},
     {"deferred_init", "fully_shard", "activation_checkpoint", "auto_wrap"},
 ]
@@ -57,9 +57,10 @@ CORE_TIERS = [
 # parameters and their entries are core's own; the layers above see the sharded model through
 # core/sharded_view.h, and the planner reads the engine's tensor-free rules ([Note: one rulebook,
 # two readers]), runs its step conductor ([Note: one schedule, two kinds of units]) and each
-# unit's order with the limiter's counts ([Note: one order inside a unit]).
+# unit's order with the limiter's counts ([Note: one order inside a unit]); a pipeline stage holds its
+# model unsharded across micro-batches through core/unshard_hold.h ([Note: units held unsharded]).
 CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h", "limiter_count.h",
-                  "unit_order.h"}
+                  "unit_order.h", "unshard_hold.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")

@@ -1,0 +1,427 @@
+// FSDP inside each pipeline stage (the FSDP paper's section 7.1.1) on a 2 x 2 mesh (pp outermost:
+// stage s on the dp pair with pp coordinate s, sharded over it): a model of a user's shape split
+// unevenly, trained 6 AdamW steps by 1F1B and GPipe under each strategy, against the unsplit
+// model trained on the same global batch in this process (plain LibTorch, no library code):
+// losses and the gathered parameters, by the model's own names. The bytes each step moves are
+// counted by fsdp's comm stats and checked against the stage's parameter count: one all-gather
+// and one reduce-scatter a step, not one per micro-batch; M all-gathers when resharding after
+// each micro-batch. What does not compose is refused by name.
+#include "dist_env.h"
+#include "error_of.h"
+
+#include <fsdp/comm_stats.h>
+#include <fsdp/fully_shard.h>
+#include <fsdp/pipeline.h>
+#include <fsdp/state_dict.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fsdp_test {
+// Named, not anonymous: the unity build compiles this file with pipeline_test.cpp's helpers.
+namespace pipeline_fsdp {
+
+constexpr int64_t kVocab = 32, kDim = 16, kBlocks = 4, kGlobalBatch = 16, kTokens = 6;
+constexpr int kPp = 2, kDp = 2, kMicrobatches = 4, kSteps = 6;
+constexpr double kLr = 1e-2;
+
+struct StageBlockImpl : torch::nn::Module {
+  StageBlockImpl() {
+    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    fc1 = register_module("fc1", torch::nn::Linear(kDim, 2 * kDim));
+    fc2 = register_module("fc2", torch::nn::Linear(2 * kDim, kDim));
+  }
+  torch::Tensor forward(torch::Tensor x) { return x + fc2->forward(torch::gelu(fc1->forward(ln->forward(x)))); }
+  torch::nn::LayerNorm ln{nullptr};
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(StageBlock);
+
+struct StagedNetImpl : torch::nn::Module {
+  StagedNetImpl() {
+    wte = register_module("wte", torch::nn::Embedding(kVocab, kDim));
+    h = register_module("h", torch::nn::ModuleList());
+    for (int i = 0; i < kBlocks; ++i) {
+      blocks.push_back(StageBlock());
+      h->push_back(blocks.back());
+    }
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
+    head = register_module("head", torch::nn::Linear(kDim, kVocab));
+  }
+  torch::Tensor forward(torch::Tensor ids) {
+    torch::Tensor x = wte->forward(ids);
+    for (auto& block : blocks) x = block->forward(x);
+    return head->forward(ln_f->forward(x));
+  }
+  torch::nn::Embedding wte{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  std::vector<StageBlock> blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(StagedNet);
+
+StagedNet seeded_net() {
+  torch::manual_seed(0);  // the same model on every rank and in the reference
+  return StagedNet();
+}
+
+std::vector<fsdp::pp::Part> parts_of(StagedNet& net) {
+  std::vector<fsdp::pp::Part> parts{{"wte", torch::nn::AnyModule(net->wte)}};
+  for (int i = 0; i < kBlocks; ++i) {
+    parts.push_back({"h." + std::to_string(i), torch::nn::AnyModule(net->blocks[static_cast<size_t>(i)])});
+  }
+  parts.push_back({"ln_f", torch::nn::AnyModule(net->ln_f)});
+  parts.push_back({"head", torch::nn::AnyModule(net->head)});
+  return parts;
+}
+
+// Uneven: one block with the embedding, three with the norm and the head.
+const std::vector<std::vector<std::string>> kSplit{{"wte", "h.0"}, {"h.1", "h.2", "h.3", "ln_f", "head"}};
+
+// In fp32 also under mixed precision (a bf16 sum of a micro-batch's losses keeps 3 digits).
+torch::Tensor summed_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.to(torch::kFloat).reshape({-1, kVocab}), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+
+struct GlobalBatch {
+  torch::Tensor ids, targets;
+};
+GlobalBatch global_batch(int step) {
+  torch::manual_seed(200 + step);
+  return {torch::randint(kVocab, {kGlobalBatch, kTokens}, torch::kLong),
+          torch::randint(kVocab, {kGlobalBatch, kTokens}, torch::kLong)};
+}
+// This dp rank's equal share of the global batch's rows.
+torch::Tensor share_of(const torch::Tensor& global, int dp_rank) {
+  return global.chunk(kDp, 0)[static_cast<size_t>(dp_rank)];
+}
+
+struct Config {
+  fsdp::pp::Schedule schedule = fsdp::pp::Schedule::OneFOneB;
+  fsdp::FullyShardOptions fsdp;
+  bool reshard_after_microbatch = false;
+};
+
+std::string describe(const Config& c) {
+  return fsdp::pp::to_string(c.schedule) + " " + fsdp::to_string(c.fsdp.strategy()) +
+         (c.reshard_after_microbatch ? " reshard_after_microbatch" : "");
+}
+
+// One rank's pipeline: its stage of its own copy of the model, sharded over its dp group.
+struct ShardedPipeline {
+  explicit ShardedPipeline(const Config& c)
+      : mesh(dist().world, {{"pp", kPp}, {"dp", kDp}}), net(seeded_net()) {
+    fsdp::pp::Stage stage(*net, parts_of(net), kSplit, mesh.coordinate("pp"));
+    stage.fully_shard(mesh.group("dp"), c.fsdp);
+    pipe = std::make_unique<fsdp::pp::Pipeline>(
+        std::move(stage), mesh.group_ptr("pp"), summed_cross_entropy,
+        fsdp::pp::PipelineOptions().schedule(c.schedule).microbatches(kMicrobatches).reshard_after_microbatch(
+            c.reshard_after_microbatch));
+  }
+  // The step's loss over the global batch: the mean of the dp ranks' means (equal shares).
+  double step(const GlobalBatch& b) {
+    const int dp_rank = mesh.coordinate("dp");
+    const double local = pipe->step(share_of(b.ids, dp_rank), share_of(b.targets, dp_rank));
+    torch::Tensor sum = torch::tensor({local}, torch::kDouble);
+    fsdp::all_reduce_sum(mesh.group("dp"), sum);
+    return sum.item<double>() / kDp;
+  }
+
+  fsdp::DeviceMesh mesh;
+  StagedNet net;
+  std::unique_ptr<fsdp::pp::Pipeline> pipe;
+};
+
+bool skipped_off_world4() { return dist().world_size() != kPp * kDp; }
+
+// Trains the sharded pipeline and the unsplit model side by side; compares losses, then the
+// stage's gathered parameters with the reference's of the same names.
+struct Tolerance {
+  double loss = 1e-5, param = 1e-5;  // fp32
+};
+void expect_sharded_pipeline_equals_unsplit(const Config& c, Tolerance tolerance = {}) {
+  SCOPED_TRACE(describe(c));
+  ShardedPipeline run(c);
+  torch::optim::AdamW optim(run.pipe->stage().parameters(), torch::optim::AdamWOptions(kLr));
+  StagedNet reference = seeded_net();
+  torch::optim::AdamW reference_optim(reference->parameters(), torch::optim::AdamWOptions(kLr));
+  double max_loss_difference = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    const GlobalBatch b = global_batch(step);
+    optim.zero_grad();
+    const double loss = run.step(b);
+    optim.step();
+    reference_optim.zero_grad();
+    torch::Tensor reference_loss = torch::nn::functional::cross_entropy(
+        reference->forward(b.ids).reshape({-1, kVocab}), b.targets.reshape({-1}));
+    reference_loss.backward();
+    reference_optim.step();
+    EXPECT_NEAR(loss, reference_loss.item<double>(), tolerance.loss) << "step " << step;
+    max_loss_difference = std::max(max_loss_difference, std::abs(loss - reference_loss.item<double>()));
+  }
+  const auto whole = reference->named_parameters();
+  const auto gathered = fsdp::gather_full_params(run.pipe->stage().sharded_model());
+  ASSERT_EQ(gathered.size(), run.pipe->stage().named_parameters().size());
+  double max_param_difference = 0;
+  for (const auto& [name, value] : gathered) {
+    ASSERT_TRUE(run.pipe->stage().named_parameters().contains(name)) << name << " is not a name of the stage";
+    ASSERT_TRUE(whole.contains(name)) << name << " is not a name of the unsplit model";
+    const double difference = (value - whole[name]).abs().max().item<double>();
+    EXPECT_LE(difference, tolerance.param) << name;
+    max_param_difference = std::max(max_param_difference, difference);
+  }
+  std::printf("pipeline+fsdp %s pp=%d dp=%d M=%d stage %d: losses within %.3g, parameters within %.3g\n",
+              describe(c).c_str(), kPp, kDp, kMicrobatches, run.mesh.coordinate("pp"), max_loss_difference,
+              max_param_difference);
+}
+
+// Elements of this rank's stage, from the unsplit model's parameters of the stage's names.
+int64_t stage_numel(const fsdp::pp::Stage& stage) {
+  StagedNet whole = seeded_net();
+  int64_t numel = 0;
+  for (const auto& item : whole->named_parameters()) {
+    if (stage.named_parameters().contains(item.key())) numel += item.value().numel();
+  }
+  return numel;
+}
+
+struct StepBytes {
+  int64_t all_gather = 0, reduce_scatter = 0, all_reduce = 0;
+};
+// What the second step of `c` sends (the first warms nothing up that the formula ignores, but a
+// steady step is what a run repeats).
+StepBytes bytes_of_a_step(const Config& c, int64_t* numel) {
+  ShardedPipeline run(c);
+  *numel = stage_numel(run.pipe->stage());
+  torch::optim::SGD optim(run.pipe->stage().parameters(), torch::optim::SGDOptions(1e-2));
+  StepBytes bytes;
+  for (int step = 0; step < 2; ++step) {
+    const GlobalBatch b = global_batch(step);
+    const int dp_rank = run.mesh.coordinate("dp");
+    optim.zero_grad();
+    const auto before = fsdp::comm_stats();
+    run.pipe->step(share_of(b.ids, dp_rank), share_of(b.targets, dp_rank));
+    const auto after = fsdp::comm_stats();
+    optim.step();
+    bytes = {after.all_gather_bytes - before.all_gather_bytes,
+             after.reduce_scatter_bytes - before.reduce_scatter_bytes,
+             after.all_reduce_bytes - before.all_reduce_bytes};
+  }
+  return bytes;
+}
+
+TEST(PipelineFsdp, OneFOneBEqualsTheUnsplitModel) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  expect_sharded_pipeline_equals_unsplit({fsdp::pp::Schedule::OneFOneB, fsdp::FullyShardOptions(), false});
+}
+
+TEST(PipelineFsdp, GPipeEqualsTheUnsplitModel) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  expect_sharded_pipeline_equals_unsplit({fsdp::pp::Schedule::GPipe, fsdp::FullyShardOptions(), false});
+}
+
+TEST(PipelineFsdp, EveryStrategyEqualsTheUnsplitModel) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  using fsdp::ShardingStrategy;
+  for (const auto& options : {fsdp::FullyShardOptions().strategy(ShardingStrategy::ShardGradOp),
+                              fsdp::FullyShardOptions().strategy(ShardingStrategy::NoShard),
+                              fsdp::FullyShardOptions().strategy(ShardingStrategy::HybridShard).shard_group_size(1)}) {
+    expect_sharded_pipeline_equals_unsplit({fsdp::pp::Schedule::OneFOneB, options, false});
+  }
+}
+
+TEST(PipelineFsdp, ReshardingAfterEachMicroBatchEqualsTheUnsplitModel) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  expect_sharded_pipeline_equals_unsplit({fsdp::pp::Schedule::OneFOneB, fsdp::FullyShardOptions(), true});
+  expect_sharded_pipeline_equals_unsplit({fsdp::pp::Schedule::GPipe, fsdp::FullyShardOptions(), true});
+}
+
+// bf16 compute and activations between stages, fp32 reductions and master weights, against the
+// fp32 reference: the losses (~3.5) within 1e-2 (bf16 keeps 3 digits); a parameter within
+// 2 lr a step (an AdamW update is at most ~lr, and a bf16 gradient may flip a tiny one's sign).
+TEST(PipelineFsdp, MixedPrecisionTrainsTheUnsplitModelWithinBf16Rounding) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  const auto bf16 = fsdp::MixedPrecision().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat);
+  expect_sharded_pipeline_equals_unsplit(
+      {fsdp::pp::Schedule::OneFOneB, fsdp::FullyShardOptions().mixed_precision(bf16), false},
+      {1e-2, 2 * kLr * kSteps});
+}
+
+// The pipeline's own all-reduce each step over pp: the loss and each rank's borrowed-weight flag,
+// P + 1 doubles, of which a ring sends 2 (P - 1) / P.
+constexpr int64_t kPipelineAllReduce = 2 * (kPp - 1) * 8 * (kPp + 1) / kPp;
+
+// One rank's shard of the stage's flat parameter is ceil(N / D) fp32 elements; the ring sends
+// D - 1 shards per all-gather and per reduce-scatter.
+TEST(PipelineFsdp, GathersAndReducesOncePerStepNotPerMicroBatch) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  for (const auto schedule : {fsdp::pp::Schedule::OneFOneB, fsdp::pp::Schedule::GPipe}) {
+    int64_t numel = 0;
+    const StepBytes once = bytes_of_a_step({schedule, fsdp::FullyShardOptions(), false}, &numel);
+    const int64_t shard_bytes = 4 * ((numel + kDp - 1) / kDp);
+    EXPECT_EQ(once.all_gather, (kDp - 1) * shard_bytes) << fsdp::pp::to_string(schedule);
+    EXPECT_EQ(once.reduce_scatter, (kDp - 1) * shard_bytes) << fsdp::pp::to_string(schedule);
+    EXPECT_EQ(once.all_reduce, kPipelineAllReduce) << fsdp::pp::to_string(schedule);
+    const StepBytes each = bytes_of_a_step({schedule, fsdp::FullyShardOptions(), true}, &numel);
+    EXPECT_EQ(each.all_gather, kMicrobatches * (kDp - 1) * shard_bytes) << fsdp::pp::to_string(schedule);
+    EXPECT_EQ(each.reduce_scatter, (kDp - 1) * shard_bytes) << fsdp::pp::to_string(schedule);
+    std::printf("pipeline+fsdp %s stage of %lld elements: all-gather %lld bytes a step (%lld resharding after "
+                "each of %d micro-batches), reduce-scatter %lld\n",
+                fsdp::pp::to_string(schedule).c_str(), (long long)numel, (long long)once.all_gather,
+                (long long)each.all_gather, kMicrobatches, (long long)once.reduce_scatter);
+  }
+}
+
+TEST(PipelineFsdp, NoShardAllReducesOncePerStep) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  int64_t numel = 0;
+  const StepBytes bytes = bytes_of_a_step(
+      {fsdp::pp::Schedule::OneFOneB, fsdp::FullyShardOptions().strategy(fsdp::ShardingStrategy::NoShard), false},
+      &numel);
+  EXPECT_EQ(bytes.all_gather, 0);
+  EXPECT_EQ(bytes.reduce_scatter, 0);
+  // A ring all-reduce of the stage's 4N bytes over D ranks sends 2 (D - 1) / D of them.
+  EXPECT_EQ(bytes.all_reduce, 2 * (kDp - 1) * 4 * numel / kDp + kPipelineAllReduce);
+}
+
+TEST(PipelineFsdp, WhatDoesNotComposeIsRefusedByName) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", kPp}, {"dp", kDp}});
+  StagedNet net = seeded_net();
+  fsdp::pp::Stage stage(*net, parts_of(net), kSplit, mesh.coordinate("pp"));
+  auto refusal = [&](const fsdp::FullyShardOptions& options) {
+    return error_of([&] { stage.fully_shard(mesh.group("dp"), options); });
+  };
+  std::string error = refusal(fsdp::FullyShardOptions().activation_checkpointing(true));
+  EXPECT_NE(error.find("activation_checkpointing does not compose with a sharded pipeline stage"), std::string::npos)
+      << error;
+  error = refusal(fsdp::FullyShardOptions().cpu_offload(true));
+  EXPECT_NE(error.find("cpu_offload does not compose"), std::string::npos) << error;
+  error = refusal(fsdp::FullyShardOptions().reshard_after_forward(true));
+  EXPECT_NE(error.find("use PipelineOptions::reshard_after_microbatch(true)"), std::string::npos) << error;
+  {
+    fsdp::Unit<StageBlock> unit(net->blocks[static_cast<size_t>(kBlocks - 1)]);  // h.3: the last stage's
+    fsdp::Unit<StageBlock> first(net->blocks[0]);                                // h.0: the first stage's
+    error = refusal(fsdp::FullyShardOptions());
+    EXPECT_NE(error.find("is held by an fsdp::Unit"), std::string::npos) << error;
+  }
+  error = error_of([&] {
+    fsdp::pp::Pipeline(stage, mesh.group_ptr("pp"), summed_cross_entropy,
+                       fsdp::pp::PipelineOptions().reshard_after_microbatch(true));
+  });
+  EXPECT_NE(error.find("reshard_after_microbatch(true) on stage"), std::string::npos) << error;
+  EXPECT_NE(error.find("which is not sharded"), std::string::npos) << error;
+  stage.fully_shard(mesh.group("dp"));
+  error = refusal(fsdp::FullyShardOptions());
+  EXPECT_NE(error.find("is sharded already"), std::string::npos) << error;
+  error = error_of([&] {
+    fsdp::pp::Pipeline(stage, mesh.group_ptr("pp"), summed_cross_entropy, fsdp::pp::PipelineOptions(),
+                       std::make_shared<fsdp::pp::StageSharding>());
+  });
+  EXPECT_NE(error.find("is sharded (Stage::fully_shard) and a StageSharding was given too"), std::string::npos)
+      << error;
+}
+
+// Interleaved 1F1B with two sharded stages on each pp rank (loop placement: rank 0 runs stages 0
+// and 2, rank 1 runs 1 and 3), each stage its own FSDP unit over dp, each gathered and reduced
+// once a step (a stage run without its hold still trains exactly, gathering per micro-batch:
+// only the bytes show it).
+TEST(PipelineFsdp, InterleavedWithTwoShardedStagesPerRankEqualsTheUnsplitModel) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  const std::vector<std::vector<std::string>> split{{"wte", "h.0"}, {"h.1"}, {"h.2"}, {"h.3", "ln_f", "head"}};
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", kPp}, {"dp", kDp}});
+  StagedNet net = seeded_net();
+  const auto schedule = fsdp::pp::Schedule::Interleaved1F1B;
+  std::vector<fsdp::pp::Stage> stages;
+  for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), kPp, 4, fsdp::pp::placement_of(schedule))) {
+    stages.emplace_back(*net, parts_of(net), split, s);
+    stages.back().fully_shard(mesh.group("dp"));
+  }
+  fsdp::pp::Pipeline pipe(std::move(stages), mesh.group_ptr("pp"), summed_cross_entropy,
+                          fsdp::pp::PipelineOptions().schedule(schedule).microbatches(kMicrobatches));
+  torch::optim::AdamW optim(pipe.parameters(), torch::optim::AdamWOptions(kLr));
+  StagedNet reference = seeded_net();
+  torch::optim::AdamW reference_optim(reference->parameters(), torch::optim::AdamWOptions(kLr));
+  const int dp_rank = mesh.coordinate("dp");
+  int64_t once_per_step = 0;  // each local stage gathered once a step, and reduced once
+  for (const fsdp::pp::Stage& stage : pipe.stages()) once_per_step += (kDp - 1) * 4 * ((stage_numel(stage) + kDp - 1) / kDp);
+  for (int step = 0; step < kSteps; ++step) {
+    const GlobalBatch b = global_batch(step);
+    optim.zero_grad();
+    const auto before = fsdp::comm_stats();
+    torch::Tensor loss = torch::tensor({pipe.step(share_of(b.ids, dp_rank), share_of(b.targets, dp_rank))},
+                                       torch::kDouble);
+    const auto after = fsdp::comm_stats();
+    EXPECT_EQ(after.all_gather_bytes - before.all_gather_bytes, once_per_step) << "step " << step;
+    EXPECT_EQ(after.reduce_scatter_bytes - before.reduce_scatter_bytes, once_per_step) << "step " << step;
+    fsdp::all_reduce_sum(mesh.group("dp"), loss);
+    optim.step();
+    reference_optim.zero_grad();
+    torch::Tensor reference_loss = torch::nn::functional::cross_entropy(
+        reference->forward(b.ids).reshape({-1, kVocab}), b.targets.reshape({-1}));
+    reference_loss.backward();
+    reference_optim.step();
+    EXPECT_NEAR(loss.item<double>() / kDp, reference_loss.item<double>(), 1e-5) << "step " << step;
+  }
+  const auto whole = reference->named_parameters();
+  for (fsdp::pp::Stage& stage : pipe.stages()) {
+    for (const auto& [name, value] : fsdp::gather_full_params(stage.sharded_model())) {
+      EXPECT_LE((value - whole[name]).abs().max().item<double>(), 1e-5) << name;
+    }
+  }
+}
+
+// A head whose weight is another module's tensor, registered under its own name too.
+struct TiedHeadImpl : torch::nn::Module {
+  explicit TiedHeadImpl(torch::Tensor shared) { weight = register_parameter("weight", std::move(shared)); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight); }
+  torch::Tensor weight;
+};
+TORCH_MODULE(TiedHead);
+
+TEST(PipelineFsdp, ZbvAndTiedWeightsBesideShardedStagesAreRefusedByName) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", kPp}, {"dp", kDp}});
+  {
+    StagedNet net = seeded_net();
+    const auto schedule = fsdp::pp::Schedule::ZBV;
+    const std::vector<std::vector<std::string>> split{{"wte", "h.0"}, {"h.1"}, {"h.2"}, {"h.3", "ln_f", "head"}};
+    std::vector<fsdp::pp::Stage> stages;
+    for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), kPp, 4, fsdp::pp::placement_of(schedule))) {
+      stages.emplace_back(*net, parts_of(net), split, s);
+      stages.back().fully_shard(mesh.group("dp"));
+    }
+    const std::string error = error_of([&] {
+      fsdp::pp::Pipeline(std::move(stages), mesh.group_ptr("pp"), summed_cross_entropy,
+                         fsdp::pp::PipelineOptions().schedule(schedule).microbatches(kMicrobatches));
+    });
+    EXPECT_NE(error.find("the schedule is ZBV"), std::string::npos) << error;
+    EXPECT_NE(error.find("FSDP inside its stages is not built"), std::string::npos) << error;
+  }
+  StagedNet tied = seeded_net();
+  TiedHead head(tied->wte->weight);  // GPT-2's tie: the head's weight is the embedding's tensor
+  tied->replace_module("head", head);
+  auto parts = parts_of(tied);
+  parts.back() = {"head", torch::nn::AnyModule(head)};
+  fsdp::pp::Stage stage(*tied, parts, kSplit, mesh.coordinate("pp"));
+  stage.fully_shard(mesh.group("dp"));
+  const std::string error = error_of([&] {
+    fsdp::pp::Pipeline(std::move(stage), mesh.group_ptr("pp"), summed_cross_entropy,
+                       fsdp::pp::PipelineOptions().microbatches(kMicrobatches));
+  });
+  EXPECT_NE(error.find("a weight tied across stages"), std::string::npos) << error;
+}
+
+}  // namespace pipeline_fsdp
+}  // namespace fsdp_test
