@@ -8,6 +8,7 @@
 // each micro-batch. What does not compose is refused by name.
 #include "dist_env.h"
 #include "error_of.h"
+#include "pipeline_model.h"
 
 #include <fsdp/comm_stats.h>
 #include <fsdp/fully_shard.h>
@@ -29,60 +30,12 @@ namespace fsdp_test {
 // Named, not anonymous: the unity build compiles this file with pipeline_test.cpp's helpers.
 namespace pipeline_fsdp {
 
-constexpr int64_t kVocab = 32, kDim = 16, kBlocks = 4, kGlobalBatch = 16, kTokens = 6;
+constexpr int64_t kVocab = kPpVocab, kBlocks = kPpBlocks, kGlobalBatch = 16, kTokens = 6;
 constexpr int kPp = 2, kDp = 2, kMicrobatches = 4, kSteps = 6;
 constexpr double kLr = 1e-2;
 
-struct StageBlockImpl : torch::nn::Module {
-  StageBlockImpl() {
-    ln = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    fc1 = register_module("fc1", torch::nn::Linear(kDim, 2 * kDim));
-    fc2 = register_module("fc2", torch::nn::Linear(2 * kDim, kDim));
-  }
-  torch::Tensor forward(torch::Tensor x) { return x + fc2->forward(torch::gelu(fc1->forward(ln->forward(x)))); }
-  torch::nn::LayerNorm ln{nullptr};
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
-};
-TORCH_MODULE(StageBlock);
-
-struct StagedNetImpl : torch::nn::Module {
-  StagedNetImpl() {
-    wte = register_module("wte", torch::nn::Embedding(kVocab, kDim));
-    h = register_module("h", torch::nn::ModuleList());
-    for (int i = 0; i < kBlocks; ++i) {
-      blocks.push_back(StageBlock());
-      h->push_back(blocks.back());
-    }
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({kDim})));
-    head = register_module("head", torch::nn::Linear(kDim, kVocab));
-  }
-  torch::Tensor forward(torch::Tensor ids) {
-    torch::Tensor x = wte->forward(ids);
-    for (auto& block : blocks) x = block->forward(x);
-    return head->forward(ln_f->forward(x));
-  }
-  torch::nn::Embedding wte{nullptr};
-  torch::nn::ModuleList h{nullptr};
-  std::vector<StageBlock> blocks;
-  torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(StagedNet);
-
-StagedNet seeded_net() {
-  torch::manual_seed(0);  // the same model on every rank and in the reference
-  return StagedNet();
-}
-
-std::vector<fsdp::pp::Part> parts_of(StagedNet& net) {
-  std::vector<fsdp::pp::Part> parts{{"wte", torch::nn::AnyModule(net->wte)}};
-  for (int i = 0; i < kBlocks; ++i) {
-    parts.push_back({"h." + std::to_string(i), torch::nn::AnyModule(net->blocks[static_cast<size_t>(i)])});
-  }
-  parts.push_back({"ln_f", torch::nn::AnyModule(net->ln_f)});
-  parts.push_back({"head", torch::nn::AnyModule(net->head)});
-  return parts;
-}
+using StagedNet = PpNet;
+StagedNet seeded_net() { return seeded_pp_net(); }  // the same model on every rank and in the reference
 
 // Uneven: one block with the embedding, three with the norm and the head.
 const std::vector<std::vector<std::string>> kSplit{{"wte", "h.0"}, {"h.1", "h.2", "h.3", "ln_f", "head"}};
@@ -311,8 +264,8 @@ TEST(PipelineFsdp, WhatDoesNotComposeIsRefusedByName) {
   error = refusal(fsdp::FullyShardOptions().reshard_after_forward(true));
   EXPECT_NE(error.find("use PipelineOptions::reshard_after_microbatch(true)"), std::string::npos) << error;
   {
-    fsdp::Unit<StageBlock> unit(net->blocks[static_cast<size_t>(kBlocks - 1)]);  // h.3: the last stage's
-    fsdp::Unit<StageBlock> first(net->blocks[0]);                                // h.0: the first stage's
+    fsdp::Unit<PpBlock> unit(net->blocks[static_cast<size_t>(kBlocks - 1)]);  // h.3: the last stage's
+    fsdp::Unit<PpBlock> first(net->blocks[0]);                                // h.0: the first stage's
     error = refusal(fsdp::FullyShardOptions());
     EXPECT_NE(error.find("is held by an fsdp::Unit"), std::string::npos) << error;
   }
