@@ -14,6 +14,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
 namespace fsdp_test {
 namespace {
 
@@ -60,20 +65,31 @@ int64_t count_between(int from, int to) { return (from + 2 * to) % 3 + 1; }
 // Every implementation of the device seam's all_to_all on the host (the ring's, shared memory's,
 // staged through host copies) puts what each member sent this rank, in member order, and counts
 // what left for the others (Muon's exchanges run on it).
-TEST(Collectives, AllToAllDeliversEachMembersPartInOrder) {
-  fsdp::ProcessGroup& world = *dist().world;
-  const int w = world.size(), me = world.rank();
+// What each member sends each other: counts(from, to) elements, sent_value's values.
+struct AllToAllCase {
   std::vector<int64_t> send_numels, receive_numels;
+  at::Tensor send, expected;
+  int64_t to_others = 0;
+};
+AllToAllCase all_to_all_case(int w, int me, const std::function<int64_t(int, int)>& counts) {
+  AllToAllCase c;
   std::vector<float> send_values, expected_values;
   for (int r = 0; r < w; ++r) {
-    send_numels.push_back(count_between(me, r));
-    receive_numels.push_back(count_between(r, me));
-    for (int64_t k = 0; k < count_between(me, r); ++k) send_values.push_back(sent_value(me, r, k));
-    for (int64_t k = 0; k < count_between(r, me); ++k) expected_values.push_back(sent_value(r, me, k));
+    c.send_numels.push_back(counts(me, r));
+    c.receive_numels.push_back(counts(r, me));
+    for (int64_t k = 0; k < counts(me, r); ++k) send_values.push_back(sent_value(me, r, k));
+    for (int64_t k = 0; k < counts(r, me); ++k) expected_values.push_back(sent_value(r, me, k));
+    c.to_others += r == me ? 0 : counts(me, r);
   }
-  const at::Tensor send = at::tensor(send_values), expected = at::tensor(expected_values);
-  int64_t to_others = 0;
-  for (int r = 0; r < w; ++r) to_others += r == me ? 0 : count_between(me, r);
+  c.send = at::tensor(send_values);
+  c.expected = at::tensor(expected_values);
+  return c;
+}
+
+TEST(Collectives, AllToAllDeliversEachMembersPartInOrder) {
+  fsdp::ProcessGroup& world = *dist().world;
+  const AllToAllCase c = all_to_all_case(world.size(), world.rank(), count_between);
+  const auto& [send_numels, receive_numels, send, expected, to_others] = c;
   std::vector<std::pair<const char*, std::unique_ptr<fsdp::Collectives>>> implementations;
   implementations.emplace_back("ring", fsdp::make_ring_collectives(world));
   implementations.emplace_back("host (shared memory on one host)", fsdp::host_collectives(world, 1 << 16));
@@ -84,6 +100,24 @@ TEST(Collectives, AllToAllDeliversEachMembersPartInOrder) {
     collectives->all_to_all(received, send, send_numels, receive_numels);
     expect_bitwise(expected, received, name);
     EXPECT_EQ(fsdp::comm_stats().all_to_all_bytes - before, 4 * to_others) << name;
+  }
+}
+
+// Through shared memory with the smallest slots (a page, split among the peers): one message of
+// several rounds' worth, the others of one round or none, so that every rank runs the rounds the
+// largest message of any pair needs, also with nothing left to send.
+TEST(Collectives, AllToAllThroughSharedMemoryRunsTheRoundsOfTheLargestMessage) {
+  fsdp::ProcessGroup& world = *dist().world;
+  const int w = world.size();
+  auto counts = [w](int from, int to) -> int64_t { return from == w - 1 && to == 0 ? 1500 : (from + to) % 2 * 37; };
+  const AllToAllCase c = all_to_all_case(w, world.rank(), counts);
+  auto collectives = fsdp::host_collectives(world, 256);
+  for (int repeat = 0; repeat < 2; ++repeat) {  // the rounds stay in step across calls
+    at::Tensor received = at::full({c.expected.numel()}, -1.0f);
+    const int64_t before = fsdp::comm_stats().all_to_all_bytes;
+    collectives->all_to_all(received, c.send, c.send_numels, c.receive_numels);
+    expect_bitwise(c.expected, received, "shared memory, small slots");
+    EXPECT_EQ(fsdp::comm_stats().all_to_all_bytes - before, 4 * c.to_others);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iostream>
 #include <vector>
 
@@ -89,9 +90,44 @@ class ShmCollectives final : public Collectives, public PublishingCollectives {
   int rank() const override { return group_.rank(); }
   int size() const override { return group_.size(); }
 
+  // [Note: all-to-all through the segment]
+  // Each round every rank writes into its slot, for each peer, the next piece of what it sends
+  // that peer (at the peer's place, as reduce_scatter_sum lays its pieces out), and copies from
+  // each peer's slot the next piece meant for it. The rounds are as many as the largest message
+  // of any pair needs, which a first round tells every rank (one number each): then every rank
+  // runs them all, also one with less to send. A copy in and a copy out per byte, against Gloo's
+  // sockets over loopback (Muon's exchange: ~3 ms for 0.37 MB each way on 2 busy cores).
   void all_to_all(const at::Tensor& received, const at::Tensor& send, const std::vector<int64_t>& send_numels,
                   const std::vector<int64_t>& receive_numels) override {
-    backend_all_to_all(group_, received, send, send_numels, receive_numels);
+    check_all_to_all(size(), received, send, send_numels, receive_numels);
+    const at::Tensor in = send.contiguous();
+    check_dense(in, "all_to_all");
+    check_dense(received, "all_to_all");
+    const int w = size(), r = rank();
+    const int64_t es = in.element_size();
+    const std::vector<int64_t> sent_at = offsets_of(send_numels), received_at = offsets_of(receive_numels);
+    copy_bytes(bytes_of(received) + received_at[r] * es, bytes_of(in) + sent_at[r] * es, send_numels[r] * es);
+    if (w > 1) {
+      const int64_t piece = elements_per_round(es, w - 1);
+      const int64_t most = largest_message(send_numels);
+      for (int64_t first = 0; first < most; first += piece) {
+        uint8_t* out = segment_->begin_write("all_to_all");
+        for (int to = 0; to < w; ++to) {
+          if (to == r) continue;
+          copy_bytes(out + piece_index(to, r) * piece * es, bytes_of(in) + (sent_at[to] + first) * es,
+                     part_of(send_numels[to], first, piece) * es);
+        }
+        segment_->publish();
+        for (int k = 1; k < w; ++k) {
+          const int peer = (r + k) % w;
+          copy_bytes(bytes_of(received) + (received_at[peer] + first) * es,
+                     segment_->wait_published(peer, "all_to_all") + piece_index(r, peer) * piece * es,
+                     part_of(receive_numels[peer], first, piece) * es);
+        }
+        segment_->end_round();
+      }
+    }
+    count_all_to_all_bytes(r, in, send_numels);
   }
 
   void all_gather(const at::Tensor& full, const at::Tensor& shard) override {
@@ -237,6 +273,32 @@ class ShmCollectives final : public Collectives, public PublishingCollectives {
   static void check_dense(const at::Tensor& t, const char* op) {
     TORCH_CHECK(t.is_cpu() && t.is_contiguous(), "fsdp: ", op,
                 " (shared memory) takes a contiguous CPU tensor; call .contiguous() first");
+  }
+
+  static std::vector<int64_t> offsets_of(const std::vector<int64_t>& numels) {
+    std::vector<int64_t> offsets(numels.size(), 0);
+    for (size_t i = 1; i < numels.size(); ++i) offsets[i] = offsets[i - 1] + numels[i - 1];
+    return offsets;
+  }
+
+  // Elements of a message of `numel` in the round that starts at element `first`.
+  static int64_t part_of(int64_t numel, int64_t first, int64_t piece) {
+    return std::clamp<int64_t>(numel - first, 0, piece);
+  }
+
+  // The largest message any rank sends any peer: a round of one number from each rank.
+  int64_t largest_message(const std::vector<int64_t>& send_numels) {
+    int64_t most = 0;
+    for (int to = 0; to < size(); ++to) most = to == rank() ? most : std::max(most, send_numels[to]);
+    std::memcpy(segment_->begin_write("all_to_all"), &most, sizeof(most));
+    segment_->publish();
+    for (int k = 1; k < size(); ++k) {
+      int64_t theirs = 0;
+      std::memcpy(&theirs, segment_->wait_published((rank() + k) % size(), "all_to_all"), sizeof(theirs));
+      most = std::max(most, theirs);
+    }
+    segment_->end_round();
+    return most;
   }
 
   // How many elements fit in a slot split into `pieces` (64-byte aligned pieces).
