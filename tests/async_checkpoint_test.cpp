@@ -29,10 +29,10 @@ namespace o = torch::optim;
 constexpr int64_t kSavedStep = 2;
 
 // A sharded BatchNormNet (buffers too) and its AdamW, trained `steps` steps.
-struct Run {
+struct Trained {
   fsdp::Unit<BatchNormNet> model;
   std::unique_ptr<o::AdamW> optimizer;
-  explicit Run(int steps) : model(fresh()), optimizer(make_optimizer(model)) { train(0, steps); }
+  explicit Trained(int steps) : model(fresh()), optimizer(make_optimizer(model)) { train(0, steps); }
   static fsdp::Unit<BatchNormNet> fresh() {
     torch::manual_seed(11);
     return fsdp::fully_shard(BatchNormNet(), *dist().world);
@@ -80,7 +80,7 @@ void expect_bitwise_equal(const fsdp::NamedTensors& got, const fsdp::NamedTensor
 
 // The state of the checkpoint `folder`, loaded into a fresh model and optimizer.
 fsdp::NamedTensors loaded_state(const std::string& folder) {
-  Run fresh(0);
+  Trained fresh(0);
   fsdp::load_sharded(fresh.model, *fresh.optimizer, folder);
   return fresh.state();
 }
@@ -96,7 +96,7 @@ int64_t largest_file(const std::string& folder) {
 }
 
 TEST(AsyncSave, FolderIsByteIdenticalToASynchronousSave) {
-  Run run(kSavedStep);
+  Trained run(kSavedStep);
   const std::string dir = shared_folder("async-save", "identical");
   const std::string sync_folder = fsdp::save_checkpoint(run.model, *run.optimizer, dir + "/sync", kSavedStep);
   auto saving = fsdp::save_checkpoint_async(run.model, *run.optimizer, dir + "/async", kSavedStep);
@@ -110,7 +110,7 @@ TEST(AsyncSave, FolderIsByteIdenticalToASynchronousSave) {
   barrier();
   const auto want = folder_files(sync_folder);
   EXPECT_GT(want.size(), 2u);
-  for (const std::string& other : {saving.folder(), dir + "/waves/step-00000002"}) {
+  for (const std::string& other : std::vector<std::string>{saving.folder(), dir + "/waves/step-00000002"}) {
     const auto got = folder_files(other);
     ASSERT_EQ(got.size(), want.size()) << other;
     for (const auto& [name, bytes] : want) EXPECT_TRUE(got.count(name) && got.at(name) == bytes) << other << "/" << name;
@@ -121,7 +121,7 @@ TEST(AsyncSave, FolderIsByteIdenticalToASynchronousSave) {
 }
 
 TEST(AsyncSave, TrainingGoesOnWhileItWritesAndTheStepsStateIsSaved) {
-  Run run(kSavedStep);
+  Trained run(kSavedStep);
   const auto at_save = run.state();
   const std::string dir = shared_folder("async-save", "training");
   std::promise<void> trained;
@@ -142,7 +142,7 @@ TEST(AsyncSave, TrainingGoesOnWhileItWritesAndTheStepsStateIsSaved) {
 }
 
 TEST(AsyncSave, AWriteErrorComesFromWaitOnEveryRankNamingTheFolder) {
-  Run run(kSavedStep);
+  Trained run(kSavedStep);
   const std::string dir = shared_folder("async-save", "error");
   fsdp::save_checkpoint(run.model, *run.optimizer, dir, 1);
   // Folders where the shard files would go: their renames fail (as root too, unlike permissions).
@@ -168,7 +168,7 @@ TEST(AsyncSave, AWriteErrorComesFromWaitOnEveryRankNamingTheFolder) {
 }
 
 TEST(AsyncSave, TheNextSaveCompletesThePreviousOne) {
-  Run run(kSavedStep);
+  Trained run(kSavedStep);
   const std::string dir = shared_folder("async-save", "next");
   auto first = fsdp::save_checkpoint_async(run.model, *run.optimizer, dir, kSavedStep);
   run.train(kSavedStep, kSavedStep + 1);
@@ -181,7 +181,7 @@ TEST(AsyncSave, TheNextSaveCompletesThePreviousOne) {
 }
 
 TEST(AsyncSave, ABudgetBelowOneShardFileIsRefusedNamingBothSizes) {
-  Run run(kSavedStep);
+  Trained run(kSavedStep);
   const std::string dir = shared_folder("async-save", "budget");
   const std::string error = error_of([&] {
     fsdp::save_checkpoint_async(run.model, *run.optimizer, dir, kSavedStep, {}, 0,

@@ -64,9 +64,13 @@ void complete(AsyncSaveState& state) {
 
 namespace {
 
-// Files [first, last) of the snapshot written, or the error that stopped them ("").
-std::string write_wave(SaveSnapshot& snapshot, size_t first, size_t last, const SaveHooks& hooks) {
-  return try_local([&] { write_snapshot(snapshot, first, last, hooks); });
+// Stages files [first, last) of the snapshot in the arena and, unless they are the last wave,
+// writes them; returns the error that stopped it ("").
+std::string stage_wave(AsyncSaveState& state, size_t first, size_t last, bool write) {
+  return try_local([&] {
+    if (state.arena) state.arena->stage(state.snapshot.files, first, last);
+    if (write) write_snapshot(state.snapshot, first, last, {});
+  });
 }
 
 // Stages the snapshot's files wave by wave: every wave but the last written here (the arena is
@@ -84,9 +88,8 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
   });
   throw_if_any_failed(snapshot.world, error, "save_checkpoint_async: cannot stage " + snapshot.folder);
   if (waves.empty()) waves.emplace_back(0, snapshot.files.size());  // hooks run, as in a synchronous save
-  for (size_t w = 0; w + 1 < waves.size() && state.write_error.empty(); ++w) {
-    state.arena->stage(snapshot.files, waves[w].first, waves[w].second);
-    state.write_error = write_wave(snapshot, waves[w].first, waves[w].second, {});
+  for (size_t w = 0; w < waves.size() && state.write_error.empty(); ++w) {
+    state.write_error = stage_wave(state, waves[w].first, waves[w].second, /*write=*/w + 1 < waves.size());
   }
   if (!state.write_error.empty()) {
     snapshot.files.clear();  // the unstaged files are views of the live tensors: never written
@@ -94,9 +97,8 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
     return;
   }
   const auto [first, last] = waves.back();
-  if (state.arena) state.arena->stage(snapshot.files, first, last);
   state.writer = std::thread([&state, first = first, last = last, hooks] {
-    state.write_error = write_wave(state.snapshot, first, last, hooks);
+    state.write_error = try_local([&] { write_snapshot(state.snapshot, first, last, hooks); });
     state.written = true;
   });
 }
