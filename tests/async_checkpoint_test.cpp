@@ -19,6 +19,8 @@
 #include <future>
 #include <iterator>
 #include <map>
+#include <optional>
+#include <stdexcept>
 
 namespace fsdp_test {
 namespace {
@@ -85,14 +87,19 @@ fsdp::NamedTensors loaded_state(const std::string& folder) {
   return fresh.state();
 }
 
-// The largest file of `folder`, in bytes: a budget that stages this rank's files one or two at a
-// time rather than all at once.
-int64_t largest_file(const std::string& folder) {
-  int64_t largest = 0;
-  for (const auto& item : fs::directory_iterator(folder)) {
-    largest = std::max<int64_t>(largest, static_cast<int64_t>(item.file_size()));
+// An asynchronous save of `run` into `dir` with the smallest budget (a multiple of the arena's
+// 64-byte alignment) that holds each of a rank's files: a rank with several stages in waves.
+fsdp::AsyncSave save_with_smallest_budget(Trained& run, const std::string& dir) {
+  for (int64_t budget = 64;; budget += 64) {
+    std::optional<fsdp::AsyncSave> saving;
+    const std::string refused = error_of([&] {
+      saving = fsdp::save_checkpoint_async(run.model, *run.optimizer, dir, kSavedStep, {}, 0,
+                                           fsdp::AsyncSaveOptions().staging_budget_bytes(budget));
+    });
+    if (saving) return *saving;
+    EXPECT_NE(refused.find("more than the staging budget"), std::string::npos) << refused;
+    if (budget > (int64_t{1} << 20)) throw std::runtime_error("no budget holds the files: " + refused);
   }
-  return largest;
 }
 
 TEST(AsyncSave, FolderIsByteIdenticalToASynchronousSave) {
@@ -103,10 +110,12 @@ TEST(AsyncSave, FolderIsByteIdenticalToASynchronousSave) {
   saving.wait();
   EXPECT_TRUE(saving.done());
   // A budget below one rank's shards: staged and written in waves of whole files.
-  const int64_t budget = largest_file(sync_folder) + 4096;
-  fsdp::save_checkpoint_async(run.model, *run.optimizer, dir + "/waves", kSavedStep, {}, 0,
-                              fsdp::AsyncSaveOptions().staging_budget_bytes(budget))
-      .wait();
+  auto in_waves = save_with_smallest_budget(run, dir + "/waves");
+  in_waves.wait();
+  auto ranks_in_waves = torch::full({1}, in_waves.staged_waves() > 1 ? 1.0 : 0.0);
+  fsdp::all_reduce_sum(*dist().world, ranks_in_waves);
+  EXPECT_GT(ranks_in_waves.item<double>(), 0) << "no rank staged in waves: the test proves nothing";
+  EXPECT_EQ(saving.staged_waves(), 1);
   barrier();
   const auto want = folder_files(sync_folder);
   EXPECT_GT(want.size(), 2u);

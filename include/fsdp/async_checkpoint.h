@@ -69,6 +69,9 @@ class AsyncSave {
   /// Whether this rank's background write has finished (not a collective; wait() still
   /// publishes the checkpoint).
   bool done() const;
+  /// How many waves this rank staged its shard files in (1 when the budget holds them all; 0
+  /// for a rank that writes none): a budget's cost in stalls.
+  int staged_waves() const;
   /// The step folder being written.
   const std::string& folder() const;
 

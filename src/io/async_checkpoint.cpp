@@ -26,6 +26,7 @@ struct AsyncSaveState {
   std::unique_ptr<StagingArena> arena;
   std::thread writer;  // writes the last wave; the only thread besides the caller's
   std::atomic<bool> written{false};
+  int staged_waves = 0;
   std::string write_error;  // this rank's, once written
   std::mutex completing;    // wait() from two threads completes once
   bool completed = false;
@@ -87,6 +88,7 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
     state.arena = std::make_unique<StagingArena>(budget, pinned);
   });
   throw_if_any_failed(snapshot.world, error, "save_checkpoint_async: cannot stage " + snapshot.folder);
+  state.staged_waves = static_cast<int>(waves.size());
   if (waves.empty()) waves.emplace_back(0, snapshot.files.size());  // hooks run, as in a synchronous save
   for (size_t w = 0; w < waves.size() && state.write_error.empty(); ++w) {
     state.write_error = stage_wave(state, waves[w].first, waves[w].second, /*write=*/w + 1 < waves.size());
@@ -136,6 +138,8 @@ void AsyncSave::wait() const {
 }
 
 bool AsyncSave::done() const { return state_->written.load(); }
+
+int AsyncSave::staged_waves() const { return state_->staged_waves; }
 
 const std::string& AsyncSave::folder() const { return state_->snapshot.folder; }
 
