@@ -37,21 +37,21 @@ struct AsyncSaveState {
   }
 };
 
+namespace {
+
+// This process's pending save ([Note: one save at a time]).
 std::shared_ptr<AsyncSaveState>& pending_save() {
   static std::shared_ptr<AsyncSaveState> pending;
   return pending;
 }
 
-namespace {
-
 // Joins this rank's write, agrees on every rank's, then metadata.json and `latest` (collectives).
-}  // namespace
-
 void complete(AsyncSaveState& state) {
   std::lock_guard<std::mutex> lock(state.completing);
   if (!state.completed) {
     state.completed = true;
     if (state.writer.joinable()) state.writer.join();
+    state.snapshot.files.clear();  // what a failed write left staged
     state.arena.reset();  // its copies are written: the memory goes back before the collectives
     try {
       complete_snapshot(state.snapshot, state.write_error);
@@ -62,8 +62,6 @@ void complete(AsyncSaveState& state) {
   }
   if (state.failure) std::rethrow_exception(state.failure);
 }
-
-namespace {
 
 // Stages files [first, last) of the snapshot in the arena and, unless they are the last wave,
 // writes them; returns the error that stopped it ("").
