@@ -45,12 +45,13 @@ def children_of(pid):
     return found
 
 
-def kill_during_save(bin_dir, corpus, ckpt):
+def kill_during_save(bin_dir, corpus, ckpt, *flags):
     """Resume from `ckpt` (step 10), train 2 steps, start saving step 12 slowly, SIGKILL every rank
-    once their shard files exist (before the metadata)."""
+    once their shard files exist (before the metadata). `flags`: "--async-save" kills the
+    background thread's write."""
     command = [f"{bin_dir}/fsdprun", "--nproc-per-node", "2", f"{bin_dir}/checkpoint_tool",
                "--data", corpus, "--batch", "3", "--load", ckpt, "--steps", "2", "--save", ckpt,
-               "--pause-after-shard-files", "60000"]
+               "--pause-after-shard-files", "60000", *flags]
     launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     folder = Path(ckpt) / "step-00000012"
     deadline = time.time() + 120

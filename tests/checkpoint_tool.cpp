@@ -2,11 +2,12 @@
 // checkpoints, printing (rank 0) what tests/checkpoint_e2e.py and bench/checkpoint compare:
 //   loss STEP VALUE                       the global loss of every step it trains (%.17g)
 //   digest WHEN PARAMS OPTIMIZER          hashes of the full parameters and full AdamW state
-//   resumed_step N / load_seconds S / save_seconds S BYTES
+//   resumed_step N / load_seconds S / save_seconds S BYTES / stall_seconds S (--async-save)
 #include "data.h"
 #include "gpt.h"
 #include "checkpointing.h"
 
+#include <fsdp/async_checkpoint.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>
 
@@ -85,6 +86,10 @@ int main(int argc, char** argv) {
   app.add_option("--pause-after-shard-files", pause_after_shard_files_ms,
                  "milliseconds each writing rank sleeps between its shard files and the metadata "
                  "of --save (a save the tests kill half-way)");
+  bool async_save = false;
+  app.add_flag("--async-save", async_save,
+               "--save with fsdp::save_checkpoint_async, then wait() (--pause-after-shard-files then "
+               "pauses its background thread)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -143,8 +148,17 @@ int main(int argc, char** argv) {
           std::this_thread::sleep_for(std::chrono::milliseconds(pause_after_shard_files_ms));
         };
       }
-      const std::string folder =
-          fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}}, 0, hooks);
+      std::string folder;
+      if (async_save) {
+        auto saving = fsdp::save_checkpoint_async(model, *optim, save_dir, step, {{"step", step}}, 0,
+                                                  fsdp::AsyncSaveOptions().hooks(hooks));
+        // What training waits for: the staging, not the write.
+        if (print) std::printf("stall_seconds %.6f\n", seconds_since(start));
+        saving.wait();
+        folder = saving.folder();
+      } else {
+        folder = fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}}, 0, hooks);
+      }
       if (print) std::printf("save_seconds %.6f %lld\n", seconds_since(start), (long long)folder_bytes(folder));
     }
     std::fflush(stdout);

@@ -5,7 +5,7 @@ saves a sharded checkpoint; then, in Python:
   no_dist=True) assembles full parameters bitwise equal to fsdp's own full state dict
   (gpt_train --save-full: gathered by fsdp-cpp's collectives, not read from the files), and full
   AdamW state bitwise equal to fsdp::gather_full_optimizer_state (checkpoint_tool
-  --dump-full-state);
+  --dump-full-state), from fsdp::save_checkpoint and from fsdp::save_checkpoint_async alike;
 - a checkpoint of two optimizers over one model (checkpoint_state_tool --optimizer muon+adamw:
   fsdp::optim::Muon's momentum_buffer for the matrices beside AdamW's exp_avg, exp_avg_sq and
   step for the rest) reads the same way, bitwise equal to fsdp::gather_full_optimizer_state, and
@@ -149,6 +149,10 @@ def main(bin_dir, corpus):
         full_state = torch.load(tmp / "tool-full.pt")
         assert any(k.endswith(".exp_avg") for k in full_state), "no optimizer state to compare"
         state = check_dcp_full_load(tmp / "tool" / "step-00000003", full_state)
+        # The same from an asynchronous save (fsdp::save_checkpoint_async's background thread).
+        launch(bin_dir, 2, "checkpoint_tool", "--data", corpus, "--batch", 3, "--steps", 3,
+               "--save", tmp / "tool-async", "--async-save", "--dump-full-state", tmp / "tool-async-full.pt")
+        check_dcp_full_load(tmp / "tool-async" / "step-00000003", torch.load(tmp / "tool-async-full.pt"))
         two = check_two_optimizers(bin_dir, tmp)
 
         resumed = gpt_train(bin_dir, corpus, 3, SAVED_STEP + 2, "--checkpoint-dir", tmp / "ckpt",
@@ -168,7 +172,7 @@ def main(bin_dir, corpus):
             worst = max(worst, relative)
     print(f"dcp interop: safe_open read {files} shard files; dcp.load(no_dist) gave {params} "
           f"parameters bitwise equal to gpt_train's full state dict and {state} parameters + AdamW "
-          f"tensors bitwise equal to fsdp's gathered ones, and {two} tensors of a Muon+AdamW "
+          f"tensors bitwise equal to fsdp's gathered ones (from a synchronous and an asynchronous save), and {two} tensors of a Muon+AdamW "
           f"checkpoint likewise; FSDP2 at W=3 from gpt_train's W=2 "
           f"checkpoint: losses of steps {SAVED_STEP} and {SAVED_STEP + 1} within {worst:.2g} "
           "relative of gpt_train resumed at W=3")

@@ -7,6 +7,7 @@
 #include "trainer.h"
 
 #include <map>
+#include <fsdp/async_checkpoint.h>
 #include <fsdp/bounded_json.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/file_checks.h>
@@ -158,8 +159,19 @@ nlohmann::json load_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimize
   return fsdp::load_sharded(model, *optimizers.adamw, path);
 }
 
+// --async-save: fsdp::save_checkpoint_async, completed by the next save; the last one (the run's
+// end) waited for at once, so that the run ends with it published.
 void save_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers, const std::string& dir,
-                     int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks& hooks) {
+                     int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks& hooks,
+                     const TrainOptions& o) {
+  if (o.async_save) {
+    const auto options = fsdp::AsyncSaveOptions().hooks(hooks);
+    auto saving = optimizers.muon
+                      ? fsdp::save_checkpoint_async(model, optimizers.saved(), dir, next_step, extra, kKeepLast, options)
+                      : fsdp::save_checkpoint_async(model, *optimizers.adamw, dir, next_step, extra, kKeepLast, options);
+    if (next_step == o.steps) saving.wait();
+    return;
+  }
   if (optimizers.muon) {
     fsdp::save_checkpoint(model, optimizers.saved(), dir, next_step, extra, kKeepLast, hooks);
   } else {
@@ -312,7 +324,7 @@ void save_checkpoint_if_due(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
     };
   }
   save_checkpoint(model, optimizers, dir, next_step, describe_run(o, next_step, optimizers.has_state()),
-                  hooks);
+                  hooks, o);
 }
 
 namespace {

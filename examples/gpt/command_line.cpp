@@ -209,6 +209,9 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
       ->check(real_at_least(0));
   app.add_option("--save-every", o.save_every, "save a sharded checkpoint every N steps and at the end")
       ->check(integer_in(1, kMaxCount, "omit the flag to save no checkpoints"));
+  app.add_flag("--async-save", o.async_save,
+               "with --save-every: write each checkpoint in the background while training goes on "
+               "(the next save, and the end of the run, wait for it)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "folder of sharded checkpoints (step-N/ and latest)");
   app.add_option("--resume", cl.resume,
                  "continue from the newest checkpoint in --checkpoint-dir (an error if it holds "

@@ -65,6 +65,9 @@ std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
   if (o.save_every > 0 && o.checkpoint_dir.empty()) {
     return "--save-every needs --checkpoint-dir DIR (where to write the checkpoints)";
   }
+  if (o.async_save && o.save_every == 0) {
+    return "--async-save applies to --save-every N (the saves it makes asynchronous); add it, or drop --async-save";
+  }
   if (o.reset_optimizer && !o.resume) {
     return "--reset-optimizer applies to --resume (what it loads); drop it, or add --resume";
   }

@@ -120,6 +120,9 @@ constexpr int64_t kMaxMetadataBytes = int64_t{256} << 20;
 
 /// A test seam of save_sharded and save_checkpoint: code run at a chosen moment of a save.
 struct SaveHooks {
+  /// Runs on every rank that writes shard files, before the first (an asynchronous save's on its
+  /// background thread, once staged): tests hold a save there while training goes on.
+  std::function<void()> before_shard_files;
   /// Runs on every rank that writes shard files, once they are written and before the
   /// metadata.json that completes the folder: tests stall a save there to kill it half-way.
   std::function<void()> after_shard_files;

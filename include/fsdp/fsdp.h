@@ -2,6 +2,7 @@
 /// fsdp-cpp: fully sharded data parallel training for LibTorch. Include this one header.
 
 #include <fsdp/auto_wrap.h>
+#include <fsdp/async_checkpoint.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/clip.h>
 #include <fsdp/comm_stats.h>

@@ -7,6 +7,8 @@
 
 #include "io/checkpoint_agreement.h"
 #include "io/checkpoint_format.h"
+#include "io/pending_save.h"
+#include "io/step_folders.h"
 #include "core/sharded_view.h"
 
 #include <c10/util/Exception.h>
@@ -176,6 +178,17 @@ std::pair<fs::path, std::string> nested_checkpoint_dir(const std::string& dir) {
   return {};
 }
 
+}  // namespace
+
+std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& optimizer,
+                            const std::string& dir, int64_t step, const nlohmann::json& extra,
+                            int keep_last, const SaveHooks& hooks) {
+  return save_checkpoint(model, std::vector<torch::optim::Optimizer*>{&optimizer}, dir, step, extra, keep_last,
+                         hooks);
+}
+
+namespace detail {
+
 // `extra` with the step save_checkpoint was given, so that load_sharded returns it (the caller's
 // own "step", when it passes one, must be that step: a checkpoint stating two steps would resume
 // from one of them at random).
@@ -193,43 +206,44 @@ nlohmann::json extra_with_step(const nlohmann::json& extra, int64_t step) {
   return out;
 }
 
-}  // namespace
-
-std::string save_checkpoint(const ShardedModel& model, torch::optim::Optimizer& optimizer,
-                            const std::string& dir, int64_t step, const nlohmann::json& extra,
-                            int keep_last, const SaveHooks& hooks) {
-  return save_checkpoint(model, std::vector<torch::optim::Optimizer*>{&optimizer}, dir, step, extra, keep_last,
-                         hooks);
-}
-
-std::string save_checkpoint(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
-                            const std::string& dir, int64_t step, const nlohmann::json& extra,
-                            int keep_last, const SaveHooks& hooks) {
-  using namespace detail;
+std::string unpublished_step_folder(const AgreementGroups& world, const std::string& dir, int64_t step) {
   TORCH_CHECK(step >= 0, "save_checkpoint: step must be >= 0, got ", step);
-  const nlohmann::json extra_and_step = extra_with_step(extra, step);
-  const AgreementGroups world = agreement_groups(ShardedView(model));  // with the tp ranks, if any
   const std::string name = step_folder_name(step);
-  std::string error = try_local([&] {
+  const std::string error = try_local([&] {
     if (world.rank() != 0) return;
     TORCH_CHECK(read_latest_name(dir) != name, dir, "/", name, " is the published checkpoint; "
                 "saving step ", step, " again would overwrite it in place (save another step)");
   });
   throw_if_any_failed(world, error, "save_checkpoint");
+  return name;
+}
 
-  const std::string folder = dir + "/" + name;
-  save_sharded(model, optimizers, folder, extra_and_step, hooks);
+void publish_step_folder(const AgreementGroups& world, const std::string& dir, const std::string& name,
+                         int keep_last) {
   // Publishing: `latest` names the new folder only now that it is complete.
-  error = try_local([&] {
+  const std::string error = try_local([&] {
     if (world.rank() != 0) return;
     const std::string text = name + "\n";
     write_file_atomically(dir + "/" + kLatestFile, std::vector<char>(text.begin(), text.end()));
     prune(dir, keep_last, name);
   });
-  throw_if_any_failed(world, error, "save_checkpoint: cannot publish " + folder);
-  return folder;
+  throw_if_any_failed(world, error, "save_checkpoint: cannot publish " + dir + "/" + name);
 }
 
+}  // namespace detail
+
+std::string save_checkpoint(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
+                            const std::string& dir, int64_t step, const nlohmann::json& extra,
+                            int keep_last, const SaveHooks& hooks) {
+  using namespace detail;
+  wait_for_pending_save();  // an asynchronous save still writing publishes first
+  const nlohmann::json extra_and_step = extra_with_step(extra, step);
+  const AgreementGroups world = agreement_groups(ShardedView(model));  // with the tp ranks, if any
+  const std::string name = unpublished_step_folder(world, dir, step);
+  save_sharded(model, optimizers, dir + "/" + name, extra_and_step, hooks);
+  publish_step_folder(world, dir, name, keep_last);
+  return dir + "/" + name;
+}
 
 void check_checkpoint_dir_alone(const std::string& dir) {
   const auto [outer, outer_mark] = enclosing_checkpoint_dir(dir);

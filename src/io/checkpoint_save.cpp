@@ -1,7 +1,7 @@
 // Saving a sharded checkpoint (include/fsdp/checkpoint.h): each writing rank's pieces of the
 // parameters and of the optimizer's state to its shard files (rank 0's first also the model's
 // buffers, whole), then metadata.json, written last by rank 0 ([Note: checkpoint agreement]
-// between the phases).
+// between the phases; [Note: a save as a snapshot] for the phases themselves).
 #include <fsdp/checkpoint.h>
 #include <fsdp/safetensors.h>
 
@@ -9,6 +9,8 @@
 #include "io/checkpoint_pieces.h"
 #include "io/global_boxes.h"
 #include "io/param_groups.h"
+#include "io/pending_save.h"
+#include "io/save_snapshot.h"
 #include "io/tp_replica_check.h"
 
 #include <ATen/ATen.h>
@@ -22,13 +24,6 @@ namespace fsdp::detail {
 namespace {
 
 namespace fs = std::filesystem;
-
-// The tensors of one shard file: for each box, the parameter's and its optimizer state's views.
-struct ShardFileContents {
-  NamedTensors tensors;
-  nlohmann::json sharding_info = nlohmann::json::object();  // DCP_SHARDING_INFO
-  std::vector<PieceMeta> pieces;
-};
 
 // torch.distributed.checkpoint's HuggingFaceStorageReader reads a box's place in the full tensor
 // from the file's __metadata__: {"DCP_SHARDING_INFO": "{KEY: {\"saved_offsets\": [...]}}"}.
@@ -85,100 +80,83 @@ void add_buffers(ShardFileContents& contents, const NamedTensors& buffers) {
   }
 }
 
-// Writes this rank's shard files; returns their descriptions for metadata.json, and (rank 0)
-// `buffers` described in `buffer_metas`.
-std::vector<FileMeta> write_shard_files(const ShardedView& model, const OptimizerSet& optimizers,
-                                        const AgreementGroups& groups, const NamedTensors& buffers,
-                                        const std::string& folder, std::vector<BufferMeta>& buffer_metas) {
-  auto contents_by_file = shard_files_contents(model, optimizers, groups);
-  const bool holds_buffers = groups.rank() == 0 && !buffers.empty();
-  if (holds_buffers) {
-    if (contents_by_file.empty()) contents_by_file.resize(1);
-    add_buffers(contents_by_file[0], buffers);
-  }
-  std::vector<std::string> kinds = optimizers.kinds_in_use();
-  kinds.insert(kinds.end(), {"param", "step"});
-  std::vector<FileMeta> files;
-  for (size_t k = 0; k < contents_by_file.size(); ++k) {
-    ShardFileContents& contents = contents_by_file[k];
-    FileMeta file;
-    // Under tensor parallelism each tp rank's shard group writes its own files.
-    const int shard = model.shard_rank() * groups.tp_size() + groups.tp_rank();
-    file.name = shard_file_name(shard, static_cast<int>(k),
-                                static_cast<int>(contents_by_file.size()));
-    const WrittenFile written = save_safetensors(
-        folder + "/" + file.name, contents.tensors,
-        {{"DCP_SHARDING_INFO", contents.sharding_info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}});
-    file.bytes = written.bytes;
-    std::map<std::string, uint32_t> crc_of_key;
-    for (size_t t = 0; t < contents.tensors.size(); ++t) {
-      crc_of_key[contents.tensors[t].first] = written.tensor_crc32[t];
-    }
-    for (auto& piece : contents.pieces) {
-      for (const auto& kind : kinds) {
-        auto it = crc_of_key.find(tensor_key(kind, piece.param));
-        if (it != crc_of_key.end()) piece.crc32[kind] = it->second;
-      }
-    }
-    if (holds_buffers && k == 0) {
-      buffer_metas = describe_buffers(buffers);
-      for (auto& b : buffer_metas) {
-        b.file = file.name;
-        b.crc32 = crc_of_key.at(b.name);
-      }
-    }
-    file.pieces = std::move(contents.pieces);
-    files.push_back(std::move(file));
-  }
-  return files;
-}
-
-CheckpointMeta build_metadata(const ShardedView& model, const OptimizerSet& optimizers,
-                              const AgreementGroups& groups, const std::vector<BufferMeta>& buffers,
-                              const std::vector<ParamGroupMeta>& param_groups,
-                              const std::vector<std::string>& descriptions,
-                              const nlohmann::json& extra) {
+// Everything metadata.json says but the files: written by rank 0 once every rank wrote.
+CheckpointMeta metadata_without_files(const ShardedView& model, const OptimizerSet& optimizers,
+                                      const AgreementGroups& groups,
+                                      const std::vector<ParamGroupMeta>& param_groups,
+                                      const nlohmann::json& extra) {
   CheckpointMeta meta;
   meta.optimizer = optimizers.name();
   meta.optimizers = optimizers.names();
-  meta.buffers = buffers;
   meta.param_groups = param_groups;
   meta.world_size = groups.size();
   meta.tp_size = groups.tp_size();
   meta.shard_group_size = model.shard_group_size();
   meta.strategy = to_string(model.options().strategy());
   meta.params = describe_model(model, optimizers);
-  for (const auto& description : descriptions) {
-    if (description.empty()) continue;  // a replica that wrote nothing
-    for (const auto& file : nlohmann::json::parse(description)) {
-      meta.files.push_back(parse_file_meta(file));
-    }
-  }
   meta.extra = extra;
   return meta;
 }
 
-}  // namespace
-
-}  // namespace fsdp
-
-namespace fsdp {
-
-void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer, const std::string& folder,
-                  const nlohmann::json& extra, const SaveHooks& hooks) {
-  save_sharded(sharded, std::vector<torch::optim::Optimizer*>{&optimizer}, folder, extra, hooks);
+// This rank's shard files' tensors (views of the live ones), rank 0's first with the buffers.
+void add_shard_files(SaveSnapshot& snapshot, const ShardedView& model, const OptimizerSet& optimizers,
+                     const NamedTensors& buffers) {
+  snapshot.files = shard_files_contents(model, optimizers, snapshot.world);
+  snapshot.holds_buffers = snapshot.world.rank() == 0 && !buffers.empty();
+  if (snapshot.holds_buffers) {
+    if (snapshot.files.empty()) snapshot.files.resize(1);
+    add_buffers(snapshot.files[0], buffers);
+    snapshot.buffers = describe_buffers(buffers);
+  }
+  snapshot.kinds = optimizers.kinds_in_use();
+  snapshot.kinds.insert(snapshot.kinds.end(), {"param", "step"});
+  // Under tensor parallelism each tp rank's shard group writes its own files.
+  snapshot.shard = model.shard_rank() * snapshot.world.tp_size() + snapshot.world.tp_rank();
 }
 
-void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
-                  const std::string& folder, const nlohmann::json& extra, const SaveHooks& hooks) {
-  using namespace detail;
+// Writes shard file `k` of this rank's snapshot; returns its description for metadata.json.
+FileMeta write_shard_file(SaveSnapshot& snapshot, size_t k) {
+  ShardFileContents& contents = snapshot.files[k];
+  FileMeta file;
+  file.name = shard_file_name(snapshot.shard, static_cast<int>(k), static_cast<int>(snapshot.files.size()));
+  const WrittenFile written = save_safetensors(
+      snapshot.folder + "/" + file.name, contents.tensors,
+      {{"DCP_SHARDING_INFO", contents.sharding_info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}});
+  file.bytes = written.bytes;
+  std::map<std::string, uint32_t> crc_of_key;
+  for (size_t t = 0; t < contents.tensors.size(); ++t) {
+    crc_of_key[contents.tensors[t].first] = written.tensor_crc32[t];
+  }
+  for (auto& piece : contents.pieces) {
+    for (const auto& kind : snapshot.kinds) {
+      auto it = crc_of_key.find(tensor_key(kind, piece.param));
+      if (it != crc_of_key.end()) piece.crc32[kind] = it->second;
+    }
+  }
+  if (snapshot.holds_buffers && k == 0) {
+    for (auto& b : snapshot.buffers) {
+      b.file = file.name;
+      b.crc32 = crc_of_key.at(b.name);
+    }
+  }
+  file.pieces = std::move(contents.pieces);
+  contents = ShardFileContents{};  // written: its tensors (a staging arena's) are free again
+  return file;
+}
+
+}  // namespace
+
+SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
+                           const std::string& folder, const nlohmann::json& extra) {
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
   const OptimizerSet optimizers(optimizers_in, model, "save_sharded");
-  const AgreementGroups world = agreement_groups(model);  // under tensor parallelism, every tp rank's too
+  SaveSnapshot snapshot;
+  snapshot.folder = folder;
+  snapshot.world = agreement_groups(model);  // under tensor parallelism, every tp rank's too
+  const AgreementGroups& world = snapshot.world;
   warn_if_replicas_drifted(model, "save_sharded");  // only tp rank 0's replicated values are saved
-  const std::string metadata = folder + "/" + kMetadataFile;
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
   std::vector<ParamGroupMeta> param_groups;
   std::string error = try_local([&] { param_groups = describe_param_groups(model, optimizers, "save_sharded"); });
@@ -187,35 +165,68 @@ void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::O
   error = try_local([&] {
     if (world.rank() != 0) return;
     fs::create_directories(folder);
-    fs::remove(metadata);
+    fs::remove(folder + "/" + kMetadataFile);
   });
   throw_if_any_failed(world, error, "save_sharded: cannot prepare " + folder);
-
   // One shard file per shard of the first replica (the others hold the same values).
-  const bool writer = model.first_replica();
-  std::string description;
-  std::vector<BufferMeta> buffer_metas;  // rank 0's
+  snapshot.writer = model.first_replica();
   error = try_local([&] {
-    if (!writer) return;
-    nlohmann::json files = nlohmann::json::array();
-    for (const auto& file : write_shard_files(model, optimizers, world, buffers, folder, buffer_metas)) {
-      files.push_back(to_json(file));
-    }
-    description = files.dump();
-    if (hooks.after_shard_files) hooks.after_shard_files();
+    if (snapshot.writer) add_shard_files(snapshot, model, optimizers, buffers);
+    if (world.rank() == 0) snapshot.meta = metadata_without_files(model, optimizers, world, param_groups, extra);
   });
-  throw_if_any_failed(world, error, "save_sharded: cannot write " + folder);
+  throw_if_any_failed(world, error, "save_sharded: cannot save " + folder);
+  return snapshot;
+}
 
-  const auto descriptions = all_gather_strings(world, description);
-  error = try_local([&] {
+void write_snapshot(SaveSnapshot& snapshot, size_t first, size_t last, const SaveHooks& hooks) {
+  if (!snapshot.writer) return;
+  nlohmann::json files = snapshot.description.empty() ? nlohmann::json::array()
+                                                      : nlohmann::json::parse(snapshot.description);
+  if (first == 0 && hooks.before_shard_files) hooks.before_shard_files();
+  for (size_t k = first; k < last && k < snapshot.files.size(); ++k) {
+    files.push_back(to_json(write_shard_file(snapshot, k)));
+  }
+  snapshot.description = files.dump();
+  if (last >= snapshot.files.size() && hooks.after_shard_files) hooks.after_shard_files();
+}
+
+void complete_snapshot(SaveSnapshot& snapshot, const std::string& write_error) {
+  const AgreementGroups& world = snapshot.world;
+  throw_if_any_failed(world, write_error, "save_sharded: cannot write " + snapshot.folder);
+  const auto descriptions = all_gather_strings(world, snapshot.writer ? snapshot.description : "");
+  const std::string error = try_local([&] {
     if (world.rank() != 0) return;
-    const CheckpointMeta meta = build_metadata(model, optimizers, world, buffer_metas, param_groups, descriptions, extra);
-    check_matches_model(meta, describe_model(model, optimizers), metadata);  // a complete layout
-    check_buffers_match(meta, describe_buffers(buffers), metadata);
+    CheckpointMeta& meta = snapshot.meta;
+    for (const auto& description : descriptions) {
+      if (description.empty()) continue;  // a replica that wrote nothing
+      for (const auto& file : nlohmann::json::parse(description)) meta.files.push_back(parse_file_meta(file));
+    }
+    meta.buffers = snapshot.buffers;
+    const std::string metadata = snapshot.folder + "/" + kMetadataFile;
+    check_matches_model(meta, meta.params, metadata);  // a complete layout
+    check_buffers_match(meta, snapshot.buffers, metadata);
     const std::string text = to_json(meta).dump(1);
     write_file_atomically(metadata, std::vector<char>(text.begin(), text.end()));
   });
-  throw_if_any_failed(world, error, "save_sharded: cannot complete " + folder);
+  throw_if_any_failed(world, error, "save_sharded: cannot complete " + snapshot.folder);
+}
+
+}  // namespace fsdp::detail
+
+namespace fsdp {
+
+void save_sharded(const ShardedModel& sharded, torch::optim::Optimizer& optimizer, const std::string& folder,
+                  const nlohmann::json& extra, const SaveHooks& hooks) {
+  save_sharded(sharded, std::vector<torch::optim::Optimizer*>{&optimizer}, folder, extra, hooks);
+}
+
+void save_sharded(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers,
+                  const std::string& folder, const nlohmann::json& extra, const SaveHooks& hooks) {
+  detail::wait_for_pending_save();  // an asynchronous save still writing comes first
+  detail::SaveSnapshot snapshot = detail::take_snapshot(sharded, optimizers, folder, extra);
+  const std::string error = detail::try_local(
+      [&] { detail::write_snapshot(snapshot, 0, snapshot.files.size(), hooks); });
+  detail::complete_snapshot(snapshot, error);
 }
 
 }  // namespace fsdp
