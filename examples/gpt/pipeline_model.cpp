@@ -47,6 +47,9 @@ PipelineChain pipeline_chain(GPT& gpt) {
   auto blocks = std::dynamic_pointer_cast<torch::nn::ModuleListImpl>(gpt->named_children()["h"]);
   TORCH_CHECK(blocks, "the GPT has no block list h");
   chain.view->register_module("h", blocks);
+  // A sharded stage is one FSDP unit: the blocks' own fsdp::Unit holders let go of them (they
+  // stay in the list h; the GPT's forward, which calls them through the holders, is not used).
+  gpt->h.clear();
   for (size_t i = 0; i < blocks->size(); ++i) {
     Block block(std::dynamic_pointer_cast<BlockImpl>(blocks->ptr(i)));
     chain.parts.push_back({"h." + std::to_string(i), torch::nn::AnyModule(block)});

@@ -23,6 +23,8 @@ struct PipelineChain {
   std::shared_ptr<torch::nn::Module> view;  // the chain's modules under the GPT's names
   std::vector<fsdp::pp::Part> parts;        // wte, [wpe], h.0 .. h.L-1, ln_f, lm_head | head
 };
+/// The chain of `gpt`, whose own forward is not used afterwards (its fsdp::Unit holders of the
+/// blocks are released: a sharded stage is one FSDP unit).
 PipelineChain pipeline_chain(GPT& gpt);
 
 /// The modules of each of `num_stages` stages: the embeddings with the first blocks, the final

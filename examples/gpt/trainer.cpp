@@ -132,11 +132,20 @@ std::string generate(fsdp::Unit<GPT>& model, const c10::Device& device, const st
 }
 
 fsdp::CommStats comm_difference(const fsdp::CommStats& a, const fsdp::CommStats& b) {
-  return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
-          a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes,
-          a.all_to_all_bytes - b.all_to_all_bytes, a.tp_all_gather_bytes - b.tp_all_gather_bytes,
-          a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes,
-          a.tp_all_reduce_bytes - b.tp_all_reduce_bytes, a.pp_send_bytes - b.pp_send_bytes};
+  // Field by field: a positional list would put a field's difference into its neighbour's slot
+  // (pp_send_bytes went to check_bytes).
+  fsdp::CommStats d;
+  d.all_gather_bytes = a.all_gather_bytes - b.all_gather_bytes;
+  d.reduce_scatter_bytes = a.reduce_scatter_bytes - b.reduce_scatter_bytes;
+  d.all_reduce_bytes = a.all_reduce_bytes - b.all_reduce_bytes;
+  d.broadcast_bytes = a.broadcast_bytes - b.broadcast_bytes;
+  d.all_to_all_bytes = a.all_to_all_bytes - b.all_to_all_bytes;
+  d.tp_all_gather_bytes = a.tp_all_gather_bytes - b.tp_all_gather_bytes;
+  d.tp_reduce_scatter_bytes = a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes;
+  d.tp_all_reduce_bytes = a.tp_all_reduce_bytes - b.tp_all_reduce_bytes;
+  d.check_bytes = a.check_bytes - b.check_bytes;
+  d.pp_send_bytes = a.pp_send_bytes - b.pp_send_bytes;
+  return d;
 }
 
 namespace {
