@@ -324,7 +324,7 @@ def pipeline_under_sharding(t):
     refused by the flags at fault: a head tied to wte across stages (GPT-2), and ZBV."""
     tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", n=4, timeout=60)
     t.fails("--pp 2 at dp 2, GPT-2's tied head", tied, "--model gpt2", "tied to wte", "dp 1")
-    zbv = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--pp-schedule", "zbv",
+    zbv = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
                   "--model", "llama", n=4, timeout=60)
     t.fails("--pp 2 --pp-schedule zbv at dp 2", zbv, "--pp-schedule zbv at dp 2", "dp 1")
 

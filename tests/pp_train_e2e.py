@@ -5,7 +5,8 @@
 the reference's at every step, and the pipeline sent activations (bytes_pp_send > 0). Layouts:
 GPT-2 (its head tied to wte across the first and last stage) and Llama under 1F1B at pp 2 x dp 1
 with 3 blocks (split 2 + 1); Llama under GPipe at pp 2 x dp 2 (each stage sharded over dp);
-interleaved 1F1B (2 stages per rank) and ZBV at pp 2 on 4 blocks.
+interleaved 1F1B (2 stages per rank) and ZBV at pp 2 on 4 blocks; Qwen3 under 1F1B at pp 2 x dp 2
+on 3 blocks.
 
     pp_train_e2e.py BIN_DIR [--only NAME,...]"""
 import json
@@ -21,14 +22,20 @@ BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else set()
 GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
 COMMON = ["--dim", 32, "--heads", 4, "--seq", 16, "--batch", 2, "--steps", 6, "--lr", 3e-3, "--seed", 5]
-FAMILIES = {"gpt2": ["--model", "gpt2"], "llama": ["--model", "llama", "--kv-heads", 2, "--ffn-dim", 64]}
+FAMILIES = {"gpt2": ["--model", "gpt2"], "llama": ["--model", "llama", "--kv-heads", 2, "--ffn-dim", 64],
+            "qwen3": ["--model", "qwen3", "--kv-heads", 2, "--ffn-dim", 64]}
 # (name, family, world, pp, layers, microbatches, flags of the pipeline run)
 LAYOUTS = [("gpt2-1f1b-uneven", "gpt2", 2, 2, 3, 4, ["--pp-schedule", "1f1b"]),
            ("llama-1f1b-uneven", "llama", 2, 2, 3, 4, ["--pp-schedule", "1f1b"]),
            ("llama-gpipe-dp2", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe"]),
            ("gpt2-interleaved", "gpt2", 2, 2, 4, 4, ["--pp-schedule", "interleaved-1f1b",
                                                      "--stages-per-rank", 2]),
-           ("llama-zbv", "llama", 2, 2, 4, 3, ["--pp-schedule", "zbv"])]
+           ("llama-zbv", "llama", 2, 2, 4, 3, ["--pp-schedule", "zbv"]),
+           ("qwen3-1f1b-dp2-uneven", "qwen3", 4, 2, 3, 2, ["--pp-schedule", "1f1b"])]
+# The split rank 0 prints: 3 blocks over 2 stages are 2 + 1, the embeddings first, the head last.
+SPLITS = {"gpt2-1f1b-uneven": "stage 0 [wte wpe h.0 h.1] stage 1 [h.2 ln_f head]",
+          "gpt2-interleaved": "stage 0 [wte wpe h.0] stage 1 [h.1] stage 2 [h.2] stage 3 [h.3 ln_f head]",
+          "qwen3-1f1b-dp2-uneven": "stage 0 [wte h.0 h.1] stage 1 [h.2 ln_f lm_head]"}
 TOLERANCE = 1e-5
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "60"}
 for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -54,6 +61,8 @@ def check(tmp, name, family, world, pp, layers, micro, flags):
     out = run([FSDPRUN, "--nproc-per-node", world, GPT, "--pp", pp, "--microbatches", micro, *flags,
                *model, "--metrics", metrics, "--log-every", 2])
     expected = [s["loss"] for s in steps(ref)]
+    if name in SPLITS:
+        assert SPLITS[name] in out, f"{name}: the split is not {SPLITS[name]}:\n{out}"
     shown = re.search(r"step +6/6 \| loss ([0-9.]+)", out)  # rank 0's progress line
     assert shown and abs(float(shown.group(1)) - expected[-1]) < 1e-4, f"{name}: no progress line of the loss:\n{out}"
     worst = 0.0

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <vector>
@@ -43,11 +44,27 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   return fsdp::DeviceMesh(dist.world, {{"pp", o.pp}, {"dp", dp}});
 }
 
-// This rank's stages of the GPT, each sharded over dp when dp > 1.
+// Rank 0's line of the split: "pipeline: 2 stages (1f1b, 4 micro-batches) over pp 2 x dp 1:
+// stage 0 [wte wpe h.0 h.1] stage 1 [h.2 ln_f head]".
+void print_split(const TrainOptions& o, const fsdp::DeviceMesh& mesh,
+                 const std::vector<std::vector<std::string>>& modules) {
+  std::string line = "pipeline: " + std::to_string(modules.size()) + " stages (" + o.pp_schedule + ", " +
+                     std::to_string(o.microbatches) + " micro-batches) over pp " + std::to_string(o.pp) +
+                     " x dp " + std::to_string(mesh.size("dp")) + ":";
+  for (size_t s = 0; s < modules.size(); ++s) {
+    line += " stage " + std::to_string(s) + " [";
+    for (size_t i = 0; i < modules[s].size(); ++i) line += (i ? " " : "") + modules[s][i];
+    line += "]";
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// This rank's stages of the GPT (`modules`: each stage's), each sharded over dp when dp > 1.
 std::vector<fsdp::pp::Stage> build_stages(const TrainOptions& o, fsdp::DeviceMesh& mesh,
-                                          const PipelineChain& chain, fsdp::pp::Schedule schedule) {
-  const int num_stages = o.pp * o.stages_per_rank;
-  const auto modules = stage_modules(chain, o.model.layers, num_stages);
+                                          const PipelineChain& chain, fsdp::pp::Schedule schedule,
+                                          const std::vector<std::vector<std::string>>& modules) {
+  const int num_stages = static_cast<int>(modules.size());
   std::vector<fsdp::pp::Stage> stages;
   for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), o.pp, num_stages,
                                         fsdp::pp::placement_of(schedule))) {
@@ -146,7 +163,9 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   gpt->to(compute_device(o));
   const PipelineChain chain = pipeline_chain(gpt);
   const fsdp::pp::Schedule schedule = pipeline_schedule(o.pp_schedule);
-  fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule), mesh.group_ptr("pp"), summed_lm_loss,
+  const auto modules = stage_modules(chain, o.model.layers, o.pp * o.stages_per_rank);
+  if (dist.rank() == 0) print_split(o, mesh, modules);
+  fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule, modules), mesh.group_ptr("pp"), summed_lm_loss,
                           fsdp::pp::PipelineOptions().schedule(schedule).microbatches(o.microbatches));
   TrainOptimizers optimizers = pipeline_optimizers(o, pipe);
   const PipelineRun run{o, dist, corpus, pipe, optimizers, mesh.size("dp"), mesh.coordinate("dp")};
