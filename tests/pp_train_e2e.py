@@ -2,7 +2,8 @@
 --microbatches M --batch B` trains what `gpt_train --reference --world-size W/P --grad-accum M
 --batch B` trains (micro-batch m of dp rank d is the reference's micro-batch m's rows d·B..). For
 6 steps in fp32 the loss every rank reports (the last stage's, averaged over dp) is within 1e-5 of
-the reference's at every step, and the pipeline sent activations (bytes_pp_send > 0). Layouts:
+the reference's at every step, and each rank's bytes_pp_send is docs/pipeline-parallel.md's
+formula for its stages (M micro-batches of B rows: a wrong micro-batch count shows there). Layouts:
 GPT-2 (its head tied to wte across the first and last stage) and Llama under 1F1B at pp 2 x dp 1
 with 3 blocks (split 2 + 1); Llama under GPipe at pp 2 x dp 2 (each stage sharded over dp);
 interleaved 1F1B (2 stages per rank) and ZBV at pp 2 on 4 blocks; Qwen3 under 1F1B at pp 2 x dp 2
@@ -52,6 +53,29 @@ def steps(path):
     return [line for line in map(json.loads, Path(path).read_text().splitlines()) if "step" in line]
 
 
+def rank_of_stage(stage, pp, stages, schedule):
+    """docs/pipeline-parallel.md: loop placement (stage s on rank s % P), ZBV's V (r and 2P-1-r)."""
+    if schedule == "zbv":
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def pp_bytes(pp_rank, pp, family, micro, flags):
+    """What pp rank `pp_rank` sends a step (docs/pipeline-parallel.md, "Bytes sent"): M·(a + h)
+    for each boundary of its stages with another rank (a: one micro-batch's activation, fp32;
+    h: the 80-byte header), and GPT-2's tied head when the first and last stage are on two ranks."""
+    schedule = flags[flags.index("--pp-schedule") + 1]
+    per_rank = flags[flags.index("--stages-per-rank") + 1] if "--stages-per-rank" in flags else 1
+    stages = pp * (2 if schedule == "zbv" else per_rank)
+    dim, batch, seq = COMMON[1], COMMON[COMMON.index("--batch") + 1], COMMON[COMMON.index("--seq") + 1]
+    a, h = batch * seq * dim * 4, 80
+    place = lambda s: rank_of_stage(s, pp, stages, schedule)
+    crossings = sum((s + 1 < stages and place(s + 1) != pp_rank) + (s > 0 and place(s - 1) != pp_rank)
+                    for s in range(stages) if place(s) == pp_rank)
+    tie = 256 * dim * 4 if family == "gpt2" and place(0) != place(stages - 1) else 0
+    return micro * (a + h) * crossings + tie
+
+
 def check(tmp, name, family, world, pp, layers, micro, flags):
     data = ["--data", str(tmp / "text.txt")]
     model = [*FAMILIES[family], "--layers", layers, *COMMON, *data]
@@ -72,7 +96,9 @@ def check(tmp, name, family, world, pp, layers, micro, flags):
         diffs = [abs(g["loss"] - e) for g, e in zip(got, expected)]
         worst = max(worst, *diffs)
         assert max(diffs) < TOLERANCE, f"{name} rank {rank}: losses {[g['loss'] for g in got]} vs reference {expected}"
-        assert all(g["bytes_pp_send"] > 0 for g in got), f"{name} rank {rank}: no pp bytes sent"
+        sent = pp_bytes(rank // (world // pp), pp, family, micro, flags)
+        assert all(g["bytes_pp_send"] == sent for g in got), \
+            f"{name} rank {rank}: pp bytes {[g['bytes_pp_send'] for g in got]}, expected {sent}"
     print(f"{name}: {world} ranks, pp {pp}: 6 steps, max |loss - reference| = {worst:.2e} "
           f"(first {expected[0]:.6f}, last {expected[-1]:.6f})")
 
