@@ -33,7 +33,7 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   const bool several_stages = o.pp * o.stages_per_rank > 1;
   TORCH_CHECK(dp == 1 || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp, " at dp ", dp, " (",
               world, " ranks): the head is tied to wte (",
-              o.model.family == "gpt2" ? "--model gpt2" : "--tied-head",
+              o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
               "), a weight shared by the first and the last stage, and FSDP inside a stage does not "
               "train a weight tied across stages yet; use an untied head (--model llama) or dp 1 "
               "(--pp equal to the ranks)");
