@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import bad_input_pipeline  # noqa: E402  (gpt_train --pp's rows)
+
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 TABLE = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/bad_input_table.md")
 GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
@@ -317,16 +319,6 @@ def tensor_parallel_messages(t, tmp):
     muon = sharded("--auto", "--max-memory-gb", "1", "--tp-sizes", "1,2", "--optimizer", "muon", n=2, timeout=90)
     t.check("--auto --tp-sizes 1,2 --optimizer muon", "exit 0: Muon is planned under --tp", muon,
             muon.rc == 0 and "does not plan" not in muon.output)
-
-
-def pipeline_under_sharding(t):
-    """gpt_train --pp at dp 2 (4 ranks): what FSDP inside a stage does not compose with yet is
-    refused by the flags at fault: a head tied to wte across stages (GPT-2), and ZBV."""
-    tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", n=4, timeout=60)
-    t.fails("--pp 2 at dp 2, GPT-2's tied head", tied, "--model gpt2", "tied to wte", "dp 1")
-    zbv = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
-                  "--model", "llama", n=4, timeout=60)
-    t.fails("--pp 2 --pp-schedule zbv at dp 2", zbv, "--pp-schedule zbv at dp 2", "dp 1")
 
 
 def per_rank_outputs(t, tmp):
@@ -748,32 +740,7 @@ def cases(t):
             ("--tp 2 with --reference", ["--tp", "2", "--reference"], ("--tp", "--world-size WORLD/tp")),
             ("--tp 2 with --sample", ["--tp", "2", "--sample", "10"], ("--tp", "--sample")),
             ("--tp 2 on one rank", ["--tp", "2"], ("--tp 2 does not divide the 1 ranks",)),
-            # gpt_train --pp: what does not compose with a pipeline yet, named with why.
-            *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
-              for flags, named in (
-                  (["--reference"], "--reference"), (["--tp", "2"], "--tp"),
-                  (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck")], "--checkpoint-dir/--save-every"),
-                  (["--export-hf", str(tmp / "pp-hf")], "--export-hf"),
-                  (["--save-full", str(tmp / "pp-full.pt")], "--save-full"),
-                  (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
-                  (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
-                  (["--activation-checkpointing"], "--activation-checkpointing"),
-                  (["--cpu-offload"], "--cpu-offload"), (["--optimizer", "muon"], "--optimizer muon"),
-                  (["--clip", "1"], "--clip"), (["--grad-accum", "2"], "--grad-accum"),
-                  (["--param-dtype", "bf16"], "--param-dtype"), (["--sample", "4"], "--sample"),
-                  (["--deferred-init"], "--deferred-init"), (["--freeze", "ln_f"], "--freeze"),
-                  (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
-                  (["--step-in-backward"], "--step-in-backward"))],
-            ("--pp 2 --plan", ["--pp", "2", "--plan"], ("--pp", "planner does not model pipeline")),
-            ("--microbatches without --pp", ["--microbatches", "2"], ("--microbatches only applies with --pp",)),
-            ("--pp 2 --stages-per-rank 2 under 1f1b", ["--pp", "2", "--layers", "4", "--stages-per-rank", "2"],
-             ("--stages-per-rank 2 needs --pp-schedule interleaved-1f1b or zbv",)),
-            ("--pp-schedule zbv --stages-per-rank 3", ["--pp", "2", "--pp-schedule", "zbv", "--stages-per-rank", "3"],
-             ("--pp-schedule zbv places 2 stages per rank",)),
-            ("--pp 2 with 1 block", ["--pp", "2", "--microbatches", "2"], ("--layers >= 2", "got --layers 1")),
-            ("--pp 2 1f1b --microbatches 1", ["--pp", "2", "--layers", "2"], ("--microbatches 1",)),
-            ("--pp 2 on one rank", ["--pp", "2", "--layers", "2", "--microbatches", "2"],
-             ("--pp 2 does not divide the 1 ranks",)),
+            *bad_input_pipeline.flag_cases(tmp),  # gpt_train --pp
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)
@@ -799,7 +766,7 @@ def cases(t):
         step_in_backward_where_it_cannot_apply(t)
         auto_keeps_its_cap(t)
         tensor_parallel_messages(t, tmp)
-        pipeline_under_sharding(t)
+        bad_input_pipeline.under_sharding(t, sharded)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

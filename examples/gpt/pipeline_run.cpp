@@ -35,8 +35,8 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
               world, " ranks): the head is tied to wte (",
               o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
               "), a weight shared by the first and the last stage, and FSDP inside a stage does not "
-              "train a weight tied across stages yet; use an untied head (--model llama) or dp 1 "
-              "(--pp equal to the ranks)");
+              "train a weight tied across stages yet; use an untied head (--model llama without "
+              "--tie-head) or dp 1 (--pp equal to the ranks)");
   TORCH_CHECK(dp == 1 || o.pp_schedule != "zbv", "--pp-schedule zbv at dp ", dp, " (", world,
               " ranks): its backward is split into input and weight gradients, which FSDP inside a "
               "stage does not reduce yet; use gpipe, 1f1b or interleaved-1f1b, or dp 1 (--pp equal to "
