@@ -23,6 +23,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import bad_input_pipeline  # noqa: E402  (gpt_train --pp's rows)
+
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 TABLE = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("/tmp/bad_input_table.md")
 GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
@@ -738,6 +740,7 @@ def cases(t):
             ("--tp 2 with --reference", ["--tp", "2", "--reference"], ("--tp", "--world-size WORLD/tp")),
             ("--tp 2 with --sample", ["--tp", "2", "--sample", "10"], ("--tp", "--sample")),
             ("--tp 2 on one rank", ["--tp", "2"], ("--tp 2 does not divide the 1 ranks",)),
+            *bad_input_pipeline.flag_cases(tmp),  # gpt_train --pp
         ]
         fifo = tmp / "fifo"
         os.mkfifo(fifo)
@@ -763,6 +766,7 @@ def cases(t):
         step_in_backward_where_it_cannot_apply(t)
         auto_keeps_its_cap(t)
         tensor_parallel_messages(t, tmp)
+        bad_input_pipeline.under_sharding(t, sharded)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

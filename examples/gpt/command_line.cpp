@@ -265,6 +265,7 @@ void add_options(CLI::App& app, CommandLine& cl) {
   add_sharding_options(app, cl);
   add_compute_options(app, cl);
   add_run_options(app, cl);
+  add_pipeline_options(app, cl);
 }
 
 void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags) {
@@ -282,6 +283,7 @@ void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags) {
 
 std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   convert_flag_values(app, cl);
+  if (cl.train.pp > 0) return "--pp: the planner does not model pipeline stages yet; drop --pp or --plan";
   cl.train.data_is_tokens = !cl.data_tokens.empty();
   if (!cl.data_tokens.empty()) cl.train.data = cl.data_tokens;
   if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
@@ -334,6 +336,7 @@ std::string finish_options(const CLI::App& app, CommandLine& cl) {
   if (std::string error = check_search_flags(app, cl, /*planning=*/false); !error.empty()) return error;
   if (cl.autoplan) cl.replaced_by_auto = flags_auto_replaces(app, cl);
   std::string error = apply_data_and_hf_flags(app, cl.data_tokens, cl.train);
+  if (error.empty()) error = check_pipeline_flags(app, cl);
   if (error.empty()) error = check_flag_combinations(app, cl.train, cl.reference);
   if (error.empty()) error = check_device_flags(cl.device, cl.cpu_offload, cl.reference);
   return error;

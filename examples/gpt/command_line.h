@@ -64,6 +64,12 @@ struct CommandLine {
 /// Adds every flag of gpt_train to `app`, bound to `cl`.
 void add_options(CLI::App& app, CommandLine& cl);
 
+/// --pp, --pp-schedule, --stages-per-rank, --microbatches (pipeline_flags.cpp).
+void add_pipeline_options(CLI::App& app, CommandLine& cl);
+/// --pp's flags against the schedule and the model, and the flags that do not run with --pp yet
+/// (each named with why); sets the schedule's default --stages-per-rank. "" when fine.
+std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl);
+
 /// The planner's flags (plan_flags.h); with `run_flags`, gpt_train's --plan and --auto too.
 void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags);
 

@@ -27,6 +27,12 @@ struct TrainOptions {
   // --tp: tensor-parallel ranks (consecutive ranks: one host's), the model split over them
   // (tensor_parallel_plan.h); FSDP shards over the world_size / tp data-parallel ranks.
   int tp = 1;
+  // --pp P: pipeline parallelism over P ranks (the mesh pp x dp, dp = world / P), the model split
+  // into P x stages_per_rank stages (pipeline_run.h); 0: no pipeline.
+  int pp = 0;
+  std::string pp_schedule = "1f1b";  // gpipe | 1f1b | interleaved-1f1b | zbv
+  int stages_per_rank = 1;           // V: interleaved 1F1B (any), ZBV (2)
+  int microbatches = 1;              // --microbatches M: each of --batch rows per dp rank
   int64_t steps = 100;
   double lr = 1e-3;          // AdamW's peak learning rate
   int64_t warmup_steps = 0;  // linear warm-up, then cosine decay to a tenth (0: constant lr)

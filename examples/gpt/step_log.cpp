@@ -61,6 +61,7 @@ nlohmann::json to_json(const StepRecord& r) {
           {"bytes_tp_all_gather", r.comm.tp_all_gather_bytes},  // tensor parallelism's (--tp)
           {"bytes_tp_reduce_scatter", r.comm.tp_reduce_scatter_bytes},
           {"bytes_tp_all_reduce", r.comm.tp_all_reduce_bytes},
+          {"bytes_pp_send", r.comm.pp_send_bytes},  // pipeline parallelism's (--pp)
           {"loss_scale", r.loss_scale},
           {"skipped", r.skipped}};
 }

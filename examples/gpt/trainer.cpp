@@ -4,6 +4,7 @@
 #include "data.h"
 #include "hf_folder.h"
 #include "options.h"
+#include "pipeline_run.h"
 #include "step.h"
 #include "tensor_parallel_plan.h"
 
@@ -130,17 +131,26 @@ std::string generate(fsdp::Unit<GPT>& model, const c10::Device& device, const st
   return std::string(tokens.begin() + hidden, tokens.end());
 }
 
+fsdp::CommStats comm_difference(const fsdp::CommStats& a, const fsdp::CommStats& b) {
+  // Field by field: a positional list would put a field's difference into its neighbour's slot
+  // (pp_send_bytes went to check_bytes).
+  fsdp::CommStats d;
+  d.all_gather_bytes = a.all_gather_bytes - b.all_gather_bytes;
+  d.reduce_scatter_bytes = a.reduce_scatter_bytes - b.reduce_scatter_bytes;
+  d.all_reduce_bytes = a.all_reduce_bytes - b.all_reduce_bytes;
+  d.broadcast_bytes = a.broadcast_bytes - b.broadcast_bytes;
+  d.all_to_all_bytes = a.all_to_all_bytes - b.all_to_all_bytes;
+  d.tp_all_gather_bytes = a.tp_all_gather_bytes - b.tp_all_gather_bytes;
+  d.tp_reduce_scatter_bytes = a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes;
+  d.tp_all_reduce_bytes = a.tp_all_reduce_bytes - b.tp_all_reduce_bytes;
+  d.check_bytes = a.check_bytes - b.check_bytes;
+  d.pp_send_bytes = a.pp_send_bytes - b.pp_send_bytes;
+  return d;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-fsdp::CommStats minus(const fsdp::CommStats& a, const fsdp::CommStats& b) {
-  return {a.all_gather_bytes - b.all_gather_bytes, a.reduce_scatter_bytes - b.reduce_scatter_bytes,
-          a.all_reduce_bytes - b.all_reduce_bytes, a.broadcast_bytes - b.broadcast_bytes,
-          a.all_to_all_bytes - b.all_to_all_bytes, a.tp_all_gather_bytes - b.tp_all_gather_bytes,
-          a.tp_reduce_scatter_bytes - b.tp_reduce_scatter_bytes,
-          a.tp_all_reduce_bytes - b.tp_all_reduce_bytes, a.pp_send_bytes - b.pp_send_bytes};
-}
 
 // A GPU runs the work queued on it after the host has moved on: wait for it before reading the
 // clock, so that a step's time is its compute's, not the time to queue it.
@@ -182,7 +192,7 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
       static_cast<double>(o.grad_accum * ctx.world * o.batch * o.model.max_seq);
   record.tokens_per_s = global_tokens / (record.step_ms / 1000.0);
   record.memory = fsdp::memory_stats(ctx.device);
-  record.comm = minus(fsdp::comm_stats(), comm_before);
+  record.comm = comm_difference(fsdp::comm_stats(), comm_before);
   record.loss_scale = ctx.precision.loss_scale();
   record.skipped = trained.skipped;
   record.optimizer_ms = trained.optimizer_ms;
@@ -260,6 +270,7 @@ std::optional<c10::Device> current_gpu(const c10::Device& device) {
 }  // namespace
 
 TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
+  if (o.pp > 0 && dist) return train_pipeline(o, *dist);
   const int world = dist ? dist->world_size() / o.tp : o.reference_world_size;
   const int rank = dist ? dist->rank() : 0;
   const std::shared_ptr<fsdp::DeviceMesh> mesh = make_mesh(o, dist);

@@ -142,6 +142,9 @@ std::string generate(fsdp::Unit<GPT>& model, const c10::Device& device, const st
 
 // The steps of a gpt_train run, from the first (0, or the resumed checkpoint's) to --steps: each
 // timed and measured, logged, checked for a non-finite loss, and checkpointed when one is due.
+/// The bytes of each collective counted between `before` and `after` (fsdp::comm_stats()).
+fsdp::CommStats comm_difference(const fsdp::CommStats& after, const fsdp::CommStats& before);
+
 /// Trains steps [first_step, ctx.options.steps), adding each one's record (loss over the global
 /// batch, time, this rank's memory and collective bytes) to `summary`, and to `records` when
 /// the options keep them. Throws when the losses stop being finite (nonfinite_guard.h), or when the model is not
@@ -159,7 +162,7 @@ struct TrainResult {
   StepSummary summary;             // the same in bounded memory (losses and steps may be off)
 };
 
-/// Sharded training when `dist` is set, otherwise the unsharded reference.
+/// Sharded training when `dist` is set (--pp: pipeline_run.h), otherwise the unsharded reference.
 TrainResult train(const TrainOptions& options, fsdp::Distributed* dist);
 
 }  // namespace gpt

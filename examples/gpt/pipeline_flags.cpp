@@ -1,0 +1,112 @@
+// gpt_train --pp's flags: how the model is split and scheduled, and what does not compose with a
+// pipeline yet, refused by name before any rendezvous or work.
+#include "command_line.h"
+#include "pipeline_model.h"
+
+#include <fsdp/pipeline.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gpt {
+
+void add_pipeline_options(CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  app.add_option("--pp", o.pp,
+                 "pipeline parallelism: split the model into stages over P ranks, the mesh pp x dp "
+                 "(dp = world / P; each stage sharded over dp; docs/pipeline-parallel.md)")
+      ->check(integer_in(1, 1 << 16));
+  app.add_option("--pp-schedule", o.pp_schedule, "with --pp: gpipe | 1f1b | interleaved-1f1b | zbv")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved-1f1b", "zbv"}))
+      ->capture_default_str();
+  app.add_option("--stages-per-rank", o.stages_per_rank,
+                 "with --pp: stages on each rank (interleaved-1f1b: V >= 1, default 2; zbv: 2)")
+      ->check(integer_in(1, 1 << 10));
+  app.add_option("--microbatches", o.microbatches,
+                 "with --pp: micro-batches per step, each of --batch rows per dp rank (as "
+                 "--grad-accum's)")
+      ->check(integer_in(1, 1 << 20));
+}
+
+namespace {
+
+// The flags that do not run with --pp yet, each with why (given: whether the run sets it).
+std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app, const CommandLine& cl) {
+  const TrainOptions& o = cl.train;
+  const auto& precision = o.fsdp.mixed_precision();
+  return {
+      {cl.reference, "--reference (it trains the unsharded model: give it --world-size WORLD/pp "
+                     "--grad-accum M for the same batches)"},
+      {o.tp > 1, "--tp (a stage is not split over tensor-parallel ranks yet)"},
+      {cl.autoplan || cl.plan, "--auto/--plan (the planner does not model pipeline stages yet)"},
+      {!o.checkpoint_dir.empty() || o.save_every > 0 || o.resume,
+       "--checkpoint-dir/--save-every/--resume (a stage's checkpoint is not written yet)"},
+      {!o.export_hf.empty(), "--export-hf (the model is not gathered from its stages yet)"},
+      {!o.save_full.empty(), "--save-full (the model is not gathered from its stages yet)"},
+      {!o.init_from.empty() || !o.init_from_hf.empty(),
+       "--init-from/--init-from-hf (the stages start from --seed's model only)"},
+      {!o.eval_tokens.empty(), "--eval-tokens (it runs the whole model on one rank)"},
+      {o.sample_bytes > 0, "--sample (it runs the whole model on one rank)"},
+      {!o.dump_batches.empty(), "--dump-batches (its layout is --grad-accum's)"},
+      {cl.activation_checkpointing, "--activation-checkpointing (FSDP inside a stage refuses it)"},
+      {cl.cpu_offload, "--cpu-offload (FSDP inside a stage refuses it)"},
+      {cl.keep_after_forward, "--no-reshard-after-forward (a stage is gathered once per step already)"},
+      {o.step_in_backward, "--step-in-backward (the stages step after the schedule's last backward)"},
+      {o.muon, "--optimizer muon (its orthogonalization is not run on a stage's shards yet)"},
+      {o.clip > 0, "--clip (the gradient norm is not reduced over the stages yet)"},
+      {app.count("--grad-accum") > 0, "--grad-accum (give --microbatches M: the pipeline's micro-batches)"},
+      {o.no_sync, "--no-sync (a sharded stage reduces once per step already)"},
+      {precision.param_dtype().has_value() || precision.reduce_dtype().has_value(),
+       "--param-dtype/--reduce-dtype (mixed precision is not run in the pipeline yet)"},
+      {o.deferred_init, "--deferred-init (every rank builds the whole model, then keeps its stages)"},
+      {!o.freeze.empty(), "--freeze (a frozen parameter in a stage is not handled yet)"},
+  };
+}
+
+// --stages-per-rank against the schedule: ZBV places exactly two per rank, GPipe and 1F1B one.
+std::string check_stages_per_rank(const CLI::App& app, TrainOptions& o) {
+  const bool given = app.count("--stages-per-rank") > 0;
+  if (o.pp_schedule == "zbv") {
+    if (given && o.stages_per_rank != 2) return "--pp-schedule zbv places 2 stages per rank; drop --stages-per-rank";
+    o.stages_per_rank = 2;
+  } else if (o.pp_schedule == "interleaved-1f1b") {
+    if (!given) o.stages_per_rank = 2;
+  } else if (o.stages_per_rank != 1) {
+    return "--stages-per-rank " + std::to_string(o.stages_per_rank) + " needs --pp-schedule " +
+           "interleaved-1f1b or zbv (" + o.pp_schedule + " runs one stage per rank)";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
+  TrainOptions& o = cl.train;
+  if (o.pp == 0) {
+    for (const char* flag : {"--pp-schedule", "--stages-per-rank", "--microbatches"}) {
+      if (app.count(flag) > 0) return std::string(flag) + " only applies with --pp P";
+    }
+    return "";
+  }
+  for (const auto& [given, flag] : not_with_pipeline(app, cl)) {
+    if (given) return "--pp does not run with " + flag + "; drop one of them";
+  }
+  if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;
+  const int num_stages = o.pp * o.stages_per_rank;
+  if (o.model.layers < num_stages) {
+    return "--pp " + std::to_string(o.pp) + " x " + std::to_string(o.stages_per_rank) +
+           " stages per rank = " + std::to_string(num_stages) + " stages need --layers >= " +
+           std::to_string(num_stages) + " (every stage holds a block), got --layers " +
+           std::to_string(o.model.layers);
+  }
+  try {  // the schedule's own refusals (1F1B with fewer micro-batches than stages, ...)
+    fsdp::pp::rank_actions(pipeline_schedule(o.pp_schedule), o.pp, num_stages, o.microbatches, 0);
+  } catch (const c10::Error& e) {
+    return "--pp-schedule " + o.pp_schedule + " --microbatches " + std::to_string(o.microbatches) +
+           ": " + e.msg();
+  }
+  return "";
+}
+
+}  // namespace gpt

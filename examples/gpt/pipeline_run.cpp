@@ -1,0 +1,189 @@
+#include "pipeline_run.h"
+
+#include "data.h"
+#include "pipeline_model.h"
+#include "run_paths.h"
+#include "train_optimizers.h"
+
+#include <fsdp/device_mesh.h>
+#include <fsdp/memory.h>
+#include <fsdp/trace.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace gpt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The mesh pp x dp: pp outermost, so a pipeline's ranks are dp apart.
+fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
+  const int world = dist.world_size();
+  TORCH_CHECK(world % o.pp == 0, "--pp ", o.pp, " does not divide the ", world,
+              " ranks; launch a multiple of --pp ranks (dp = ranks / --pp)");
+  const int dp = world / o.pp;
+  // What FSDP inside a stage (dp > 1) does not compose with yet (src/pp/pipeline.cpp refuses
+  // both), named here by the flags.
+  const bool several_stages = o.pp * o.stages_per_rank > 1;
+  TORCH_CHECK(dp == 1 || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp, " at dp ", dp, " (",
+              world, " ranks): the head is tied to wte (",
+              o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
+              "), a weight shared by the first and the last stage, and FSDP inside a stage does not "
+              "train a weight tied across stages yet; use an untied head (--model llama without "
+              "--tie-head) or dp 1 (--pp equal to the ranks)");
+  TORCH_CHECK(dp == 1 || o.pp_schedule != "zbv", "--pp-schedule zbv at dp ", dp, " (", world,
+              " ranks): its backward is split into input and weight gradients, which FSDP inside a "
+              "stage does not reduce yet; use gpipe, 1f1b or interleaved-1f1b, or dp 1 (--pp equal to "
+              "the ranks)");
+  return fsdp::DeviceMesh(dist.world, {{"pp", o.pp}, {"dp", dp}});
+}
+
+// Rank 0's line of the split: "pipeline: 2 stages (1f1b, 4 micro-batches) over pp 2 x dp 1:
+// stage 0 [wte wpe h.0 h.1] stage 1 [h.2 ln_f head]".
+void print_split(const TrainOptions& o, const fsdp::DeviceMesh& mesh,
+                 const std::vector<std::vector<std::string>>& modules) {
+  std::string line = "pipeline: " + std::to_string(modules.size()) + " stages (" + o.pp_schedule + ", " +
+                     std::to_string(o.microbatches) + " micro-batches) over pp " + std::to_string(o.pp) +
+                     " x dp " + std::to_string(mesh.size("dp")) + ":";
+  for (size_t s = 0; s < modules.size(); ++s) {
+    line += " stage " + std::to_string(s) + " [";
+    for (size_t i = 0; i < modules[s].size(); ++i) line += (i ? " " : "") + modules[s][i];
+    line += "]";
+  }
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// This rank's stages of the GPT (`modules`: each stage's), each sharded over dp when dp > 1.
+std::vector<fsdp::pp::Stage> build_stages(const TrainOptions& o, fsdp::DeviceMesh& mesh,
+                                          const PipelineChain& chain, fsdp::pp::Schedule schedule,
+                                          const std::vector<std::vector<std::string>>& modules) {
+  const int num_stages = static_cast<int>(modules.size());
+  std::vector<fsdp::pp::Stage> stages;
+  for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), o.pp, num_stages,
+                                        fsdp::pp::placement_of(schedule))) {
+    stages.emplace_back(*chain.view, chain.parts, modules, s);
+    if (mesh.size("dp") > 1) stages.back().fully_shard(mesh.group("dp"), o.fsdp);
+  }
+  return stages;
+}
+
+// AdamW over this rank's stages' parameters, each tensor once, named as the GPT names them.
+TrainOptimizers pipeline_optimizers(const TrainOptions& o, fsdp::pp::Pipeline& pipe) {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  std::set<const c10::TensorImpl*> seen;
+  for (const fsdp::pp::Stage& stage : pipe.stages()) {
+    for (const auto& item : stage.named_parameters()) {
+      if (!seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      names.push_back(item.key());
+      params.push_back(item.value());
+    }
+  }
+  TrainOptimizers optimizers;
+  optimizers.adamw = make_optimizer(names, params, o.lr, o.weight_decay, o.fused_optimizer);
+  return optimizers;
+}
+
+// dp rank `dp_rank`'s rows of step `step`: micro-batch m is rows [m·dp·B + dp_rank·B, +B) of
+// the global batch, as the reference's --grad-accum micro-batch m (step.cpp).
+std::pair<torch::Tensor, torch::Tensor> rank_rows(const TrainOptions& o, const Corpus& corpus,
+                                                  int64_t step, int dp, int dp_rank) {
+  std::vector<torch::Tensor> inputs, targets;
+  for (int64_t m = 0; m < o.microbatches; ++m) {
+    auto [x, y] = corpus.batch(o.seed, step, (m * dp + dp_rank) * o.batch, o.batch, o.model.max_seq);
+    inputs.push_back(x);
+    targets.push_back(y);
+  }
+  const c10::Device device = compute_device(o);
+  return {torch::cat(inputs).to(device), torch::cat(targets).to(device)};
+}
+
+struct PipelineRun {
+  const TrainOptions& o;
+  fsdp::Distributed& dist;
+  const Corpus& corpus;
+  fsdp::pp::Pipeline& pipe;
+  TrainOptimizers& optimizers;
+  int dp, dp_rank;
+};
+
+// One step: the pipeline's forward and backward over this rank's rows, then AdamW; the loss is
+// the global batch's (each dp rank's share's mean, averaged over the world: alike along pp).
+StepRecord pipeline_step(const PipelineRun& run, int64_t step, bool traced) {
+  const TrainOptions& o = run.o;
+  if (traced) fsdp::start_trace();
+  fsdp::reset_peak_memory(compute_device(o));
+  const fsdp::CommStats comm_before = fsdp::comm_stats();
+  const auto start = Clock::now();
+  run.optimizers.set_learning_rates(o, step);
+  torch::optim::Optimizer& optimizer = run.optimizers.stepped();
+  optimizer.zero_grad();
+  const auto [inputs, targets] = rank_rows(o, run.corpus, step, run.dp, run.dp_rank);
+  auto loss = torch::tensor(run.pipe.step(inputs, targets), torch::kDouble);
+  const auto optimizer_start = Clock::now();
+  optimizer.step();
+  StepRecord record;
+  record.optimizer_ms = std::chrono::duration<double, std::milli>(Clock::now() - optimizer_start).count();
+  if (traced) {
+    const std::string trace = for_rank(o.trace, run.dist.rank());
+    write_output("--trace", trace, [&] { fsdp::write_trace(trace, run.dist.rank()); });
+  }
+  fsdp::all_reduce_sum(*run.dist.world, loss);
+  record.step = step;
+  record.loss = loss.item<double>() / run.dist.world_size();
+  record.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  const double tokens = static_cast<double>(o.microbatches * run.dp * o.batch * o.model.max_seq);
+  record.tokens_per_s = tokens / (record.step_ms / 1000.0);
+  record.memory = fsdp::memory_stats(compute_device(o));
+  record.comm = comm_difference(fsdp::comm_stats(), comm_before);
+  return record;
+}
+
+Corpus pipeline_corpus(const TrainOptions& o) {
+  const int64_t min_size = o.model.max_seq + 2;
+  return o.data_is_tokens ? Corpus::load_tokens(o.data, o.data_flag, o.model.vocab_size,
+                                                o.max_data_bytes, min_size)
+                          : Corpus::load(o.data, o.max_data_bytes, min_size);
+}
+
+}  // namespace
+
+TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
+  fsdp::DeviceMesh mesh = pipeline_mesh(o, dist);
+  fsdp::install_memory_counter();
+  const Corpus corpus = pipeline_corpus(o);
+  GPT gpt = make_gpt(o.model, o.seed);  // every rank alike: the reference's initial values
+  gpt->to(compute_device(o));
+  const PipelineChain chain = pipeline_chain(gpt);
+  const fsdp::pp::Schedule schedule = pipeline_schedule(o.pp_schedule);
+  const auto modules = stage_modules(chain, o.model.layers, o.pp * o.stages_per_rank);
+  if (dist.rank() == 0) print_split(o, mesh, modules);
+  fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule, modules), mesh.group_ptr("pp"), summed_lm_loss,
+                          fsdp::pp::PipelineOptions().schedule(schedule).microbatches(o.microbatches));
+  TrainOptimizers optimizers = pipeline_optimizers(o, pipe);
+  const PipelineRun run{o, dist, corpus, pipe, optimizers, mesh.size("dp"), mesh.coordinate("dp")};
+
+  StepLog log(o, &dist, dist.rank());
+  NonFiniteGuard nonfinite(o);
+  TrainResult result;
+  const int64_t traced_step = std::min<int64_t>(2, o.steps - 1);
+  for (int64_t step = 0; step < o.steps; ++step) {
+    const StepRecord record = pipeline_step(run, step, !o.trace.empty() && step == traced_step);
+    result.summary.add(record);
+    if (o.keep_step_records) result.steps.push_back(record);
+    result.losses.push_back(record.loss);
+    log.write(record);
+    nonfinite.count(record.loss, step);
+  }
+  nonfinite.check_finished(gpt, &dist);
+  return result;
+}
+
+}  // namespace gpt

@@ -1,0 +1,119 @@
+"""gpt_train --pp against the unsharded model: `fsdprun --nproc-per-node W gpt_train --pp P
+--microbatches M --batch B` trains what `gpt_train --reference --world-size W/P --grad-accum M
+--batch B` trains (micro-batch m of dp rank d is the reference's micro-batch m's rows d·B..). For
+6 steps in fp32 the loss every rank reports (the last stage's, averaged over dp) is within 1e-5 of
+the reference's at every step, and each rank's bytes_pp_send is docs/pipeline-parallel.md's
+formula for its stages (M micro-batches of B rows: a wrong micro-batch count shows there). Layouts:
+GPT-2 (its head tied to wte across the first and last stage) and Llama under 1F1B at pp 2 x dp 1
+with 3 blocks (split 2 + 1); Llama under GPipe at pp 2 x dp 2 (each stage sharded over dp);
+interleaved 1F1B (2 stages per rank) and ZBV at pp 2 on 4 blocks; Qwen3 under 1F1B at pp 2 x dp 2
+on 3 blocks.
+
+    pp_train_e2e.py BIN_DIR [--only NAME,...]"""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
+ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else set()
+GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
+COMMON = ["--dim", 32, "--heads", 4, "--seq", 16, "--batch", 2, "--steps", 6, "--lr", 3e-3, "--seed", 5]
+FAMILIES = {"gpt2": ["--model", "gpt2"], "llama": ["--model", "llama", "--kv-heads", 2, "--ffn-dim", 64],
+            "qwen3": ["--model", "qwen3", "--kv-heads", 2, "--ffn-dim", 64]}
+# (name, family, world, pp, layers, microbatches, flags of the pipeline run)
+LAYOUTS = [("gpt2-1f1b-uneven", "gpt2", 2, 2, 3, 4, ["--pp-schedule", "1f1b"]),
+           ("llama-1f1b-uneven", "llama", 2, 2, 3, 4, ["--pp-schedule", "1f1b"]),
+           ("llama-gpipe-dp2", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe"]),
+           ("gpt2-interleaved", "gpt2", 2, 2, 4, 4, ["--pp-schedule", "interleaved-1f1b",
+                                                     "--stages-per-rank", 2]),
+           ("llama-zbv", "llama", 2, 2, 4, 3, ["--pp-schedule", "zbv"]),
+           ("qwen3-1f1b-dp2-uneven", "qwen3", 4, 2, 3, 2, ["--pp-schedule", "1f1b"])]
+# The split rank 0 prints: 3 blocks over 2 stages are 2 + 1, the embeddings first, the head last.
+SPLITS = {"gpt2-1f1b-uneven": "stage 0 [wte wpe h.0 h.1] stage 1 [h.2 ln_f head]",
+          "gpt2-interleaved": "stage 0 [wte wpe h.0] stage 1 [h.1] stage 2 [h.2] stage 3 [h.3 ln_f head]",
+          "qwen3-1f1b-dp2-uneven": "stage 0 [wte h.0 h.1] stage 1 [h.2 ln_f lm_head]"}
+TOLERANCE = 1e-5
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "60"}
+for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    ENV.pop(name, None)
+
+
+def run(cmd):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def steps(path):
+    return [line for line in map(json.loads, Path(path).read_text().splitlines()) if "step" in line]
+
+
+def rank_of_stage(stage, pp, stages, schedule):
+    """docs/pipeline-parallel.md: loop placement (stage s on rank s % P), ZBV's V (r and 2P-1-r)."""
+    if schedule == "zbv":
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+def pp_bytes(pp_rank, pp, family, micro, flags):
+    """What pp rank `pp_rank` sends a step (docs/pipeline-parallel.md, "Bytes sent"): M·(a + h)
+    for each boundary of its stages with another rank (a: one micro-batch's activation, fp32;
+    h: the 80-byte header), and GPT-2's tied head when the first and last stage are on two ranks."""
+    schedule = flags[flags.index("--pp-schedule") + 1]
+    per_rank = flags[flags.index("--stages-per-rank") + 1] if "--stages-per-rank" in flags else 1
+    stages = pp * (2 if schedule == "zbv" else per_rank)
+    dim, batch, seq = COMMON[1], COMMON[COMMON.index("--batch") + 1], COMMON[COMMON.index("--seq") + 1]
+    a, h = batch * seq * dim * 4, 80
+    place = lambda s: rank_of_stage(s, pp, stages, schedule)
+    crossings = sum((s + 1 < stages and place(s + 1) != pp_rank) + (s > 0 and place(s - 1) != pp_rank)
+                    for s in range(stages) if place(s) == pp_rank)
+    tie = 256 * dim * 4 if family == "gpt2" and place(0) != place(stages - 1) else 0
+    return micro * (a + h) * crossings + tie
+
+
+def check(tmp, name, family, world, pp, layers, micro, flags):
+    data = ["--data", str(tmp / "text.txt")]
+    model = [*FAMILIES[family], "--layers", layers, *COMMON, *data]
+    ref = tmp / f"{name}-ref.jsonl"
+    run([GPT, "--reference", "--world-size", world // pp, "--grad-accum", micro, *model, "--metrics", ref])
+    metrics = tmp / f"{name}-pp-{{rank}}.jsonl"
+    out = run([FSDPRUN, "--nproc-per-node", world, GPT, "--pp", pp, "--microbatches", micro, *flags,
+               *model, "--metrics", metrics, "--log-every", 2])
+    expected = [s["loss"] for s in steps(ref)]
+    if name in SPLITS:
+        assert SPLITS[name] in out, f"{name}: the split is not {SPLITS[name]}:\n{out}"
+    shown = re.search(r"step +6/6 \| loss ([0-9.]+)", out)  # rank 0's progress line
+    assert shown and abs(float(shown.group(1)) - expected[-1]) < 1e-4, f"{name}: no progress line of the loss:\n{out}"
+    worst = 0.0
+    for rank in range(world):
+        got = steps(str(metrics).replace("{rank}", str(rank)))
+        assert len(got) == len(expected) == 6, f"{name}: {len(got)} steps, reference {len(expected)}"
+        diffs = [abs(g["loss"] - e) for g, e in zip(got, expected)]
+        worst = max(worst, *diffs)
+        assert max(diffs) < TOLERANCE, f"{name} rank {rank}: losses {[g['loss'] for g in got]} vs reference {expected}"
+        sent = pp_bytes(rank // (world // pp), pp, family, micro, flags)
+        assert all(g["bytes_pp_send"] == sent for g in got), \
+            f"{name} rank {rank}: pp bytes {[g['bytes_pp_send'] for g in got]}, expected {sent}"
+    print(f"{name}: {world} ranks, pp {pp}: 6 steps, max |loss - reference| = {worst:.2e} "
+          f"(first {expected[0]:.6f}, last {expected[-1]:.6f})")
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="pp_train_") as tmp:
+        tmp = Path(tmp)
+        words = ["def", "return", "self", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
+        rng = random.Random(7)
+        (tmp / "text.txt").write_text(" ".join(rng.choice(words) for _ in range(20000)))
+        for layout in LAYOUTS:
+            if not ONLY or layout[0] in ONLY:
+                check(tmp, *layout)
+    print("pp_train_end_to_end: all layouts within", TOLERANCE)
+
+
+if __name__ == "__main__":
+    main()
