@@ -25,7 +25,7 @@ PUBLIC = {
     "output_tensors.h": "core", "sharded_model.h": "core",
     "clip.h": "optim", "grad_scaler.h": "optim", "fused_adamw.h": "optim",
     "fused_sgd.h": "optim", "steps_in_backward.h": "optim", "muon.h": "optim",
-    "checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
+    "checkpoint.h": "io", "async_checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
     "pipeline.h": "pp",
     "plan.h": "plan",
