@@ -283,11 +283,12 @@ def commands(kind, r, c, d, world, data):
     init, batches = os.path.join(d, "init.pt"), os.path.join(d, "batches.pt")
     metrics = os.path.join(d, f"{kind}-r{r}-rank{{rank}}.jsonl")
     paths = [metrics.format(rank=k) for k in range(world)]
-    if kind in ("cpp", "cpp_adamw"):  # cpp_adamw: a Muon configuration's model with the fused AdamW
+    if kind in ("cpp", "cpp_adamw", "cpp_overlap"):  # a Muon configuration's (bench/muon_bench.py)
         dump = ["--dump-batches", batches] if r == 0 and kind == "cpp" else []
         optimizer = "fused" if kind == "cpp_adamw" else None
+        overlap = ["--step-in-backward"] if kind == "cpp_overlap" else []
         return [[FSDPRUN, "--nproc-per-node", str(world), GPT_TRAIN] + train_args(c, data, optimizer) + [
-            "--init-from", init, "--metrics", metrics] + dump], paths
+            "--init-from", init, "--metrics", metrics] + overlap + dump], paths
     if kind == "peer":
         return [[os.path.join(VENV, "torchrun"), "--standalone", "--nproc-per-node", str(world),
                  "--log-dir", os.path.join(d, "torchrun"), PEER]
@@ -687,6 +688,7 @@ def write_markdown(path, results, meta):
 
 PLOT_KINDS = {"cpp": ("fsdp-cpp", "tab:blue"), "peer": ("FSDP2 peer", "tab:orange"),
               "cpp_adamw": ("fsdp-cpp\nAdamW", "lightskyblue"),
+              "cpp_overlap": ("fsdp-cpp\nin backward", "navy"),
               "floor": ("floor\n(1 rank)", "tab:gray"), "concurrent_floor": ("concurrent\nfloor", "darkgray")}
 
 
