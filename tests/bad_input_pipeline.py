@@ -16,7 +16,7 @@ def flag_cases(tmp):
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--activation-checkpointing"], "--activation-checkpointing"),
               (["--cpu-offload"], "--cpu-offload"), (["--optimizer", "muon"], "--optimizer muon"),
-              (["--clip", "1"], "--clip"), (["--grad-accum", "2"], "--grad-accum"),
+              (["--grad-accum", "2"], "--grad-accum"),
               (["--param-dtype", "bf16"], "--param-dtype"), (["--sample", "4"], "--sample"),
               (["--deferred-init"], "--deferred-init"), (["--freeze", "ln_f"], "--freeze"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),

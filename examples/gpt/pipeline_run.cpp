@@ -127,9 +127,10 @@ StepRecord pipeline_step(const PipelineRun& run, int64_t step, bool traced) {
   optimizer.zero_grad();
   const auto [inputs, targets] = rank_rows(o, run.corpus, step, run.dp, run.dp_rank);
   auto loss = torch::tensor(run.pipe.step(inputs, targets), torch::kDouble);
+  StepRecord record;
+  if (o.clip > 0) record.grad_norm = fsdp::pp::clip_grad_norm_(run.pipe, o.clip);  // over every stage
   const auto optimizer_start = Clock::now();
   optimizer.step();
-  StepRecord record;
   record.optimizer_ms = std::chrono::duration<double, std::milli>(Clock::now() - optimizer_start).count();
   if (traced) {
     const std::string trace = for_rank(o.trace, run.dist.rank());
