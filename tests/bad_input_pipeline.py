@@ -15,7 +15,7 @@ def flag_cases(tmp):
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--activation-checkpointing"], "--activation-checkpointing"),
-              (["--cpu-offload"], "--cpu-offload"), (["--optimizer", "muon"], "--optimizer muon"),
+              (["--cpu-offload"], "--cpu-offload"),
               (["--grad-accum", "2"], "--grad-accum"),
               (["--param-dtype", "bf16"], "--param-dtype"), (["--sample", "4"], "--sample"),
               (["--deferred-init"], "--deferred-init"), (["--freeze", "ln_f"], "--freeze"),

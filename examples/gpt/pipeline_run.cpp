@@ -74,8 +74,26 @@ std::vector<fsdp::pp::Stage> build_stages(const TrainOptions& o, fsdp::DeviceMes
   return stages;
 }
 
-// AdamW over this rank's stages' parameters, each tensor once, named as the GPT names them.
-TrainOptimizers pipeline_optimizers(const TrainOptions& o, fsdp::pp::Pipeline& pipe) {
+// The parameters of `split` (a split_for_muon of the whole model) that this rank's stages hold.
+fsdp::optim::MuonSplit held_part(const fsdp::optim::MuonSplit& split, const std::set<const c10::TensorImpl*>& held) {
+  fsdp::optim::MuonSplit part;
+  for (size_t i = 0; i < split.matrices.size(); ++i) {
+    if (!held.count(split.matrices[i].unsafeGetTensorImpl())) continue;
+    part.matrices.push_back(split.matrices[i]);
+    part.matrix_names.push_back(split.matrix_names[i]);
+  }
+  for (size_t i = 0; i < split.others.size(); ++i) {
+    if (!held.count(split.others[i].unsafeGetTensorImpl())) continue;
+    part.others.push_back(split.others[i]);
+    part.other_names.push_back(split.other_names[i]);
+  }
+  return part;
+}
+
+// AdamW over this rank's stages' parameters, each tensor once, named as the GPT names them; with
+// --optimizer muon, Muon on the stages' part of the whole model's split (each matrix whole at one
+// owner among the stage's dp ranks, or here when the stage is not sharded) and AdamW on the rest.
+TrainOptimizers pipeline_optimizers(const TrainOptions& o, GPT& gpt, fsdp::pp::Pipeline& pipe) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::set<const c10::TensorImpl*> seen;
@@ -86,6 +104,7 @@ TrainOptimizers pipeline_optimizers(const TrainOptions& o, fsdp::pp::Pipeline& p
       params.push_back(item.value());
     }
   }
+  if (o.muon) return make_muon_optimizers(held_part(fsdp::optim::split_for_muon(*gpt), seen), o);
   TrainOptimizers optimizers;
   optimizers.adamw = make_optimizer(names, params, o.lr, o.weight_decay, o.fused_optimizer);
   return optimizers;
@@ -168,7 +187,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   if (dist.rank() == 0) print_split(o, mesh, modules);
   fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule, modules), mesh.group_ptr("pp"), summed_lm_loss,
                           fsdp::pp::PipelineOptions().schedule(schedule).microbatches(o.microbatches));
-  TrainOptimizers optimizers = pipeline_optimizers(o, pipe);
+  TrainOptimizers optimizers = pipeline_optimizers(o, gpt, pipe);
   const PipelineRun run{o, dist, corpus, pipe, optimizers, mesh.size("dp"), mesh.coordinate("dp")};
 
   StepLog log(o, &dist, dist.rank());
