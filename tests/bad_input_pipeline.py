@@ -18,7 +18,7 @@ def flag_cases(tmp):
               (["--cpu-offload"], "--cpu-offload"),
               (["--grad-accum", "2"], "--grad-accum"),
               (["--param-dtype", "bf16"], "--param-dtype"), (["--sample", "4"], "--sample"),
-              (["--deferred-init"], "--deferred-init"), (["--freeze", "ln_f"], "--freeze"),
+              (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],
         ("--pp 2 --plan", ["--pp", "2", "--plan"], ("--pp", "planner does not model pipeline")),

@@ -40,7 +40,12 @@ LAYOUTS = [("gpt2-1f1b-uneven", "gpt2", 2, 2, 3, 4, ["--pp-schedule", "1f1b"]),
            ("llama-gpipe-dp2-clip", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe", "--clip", 0.3]),
            # Muon on the stages' matrices: whole at one owner among a sharded stage's dp ranks.
            ("llama-1f1b-muon", "llama", 2, 2, 3, 4, ["--pp-schedule", "1f1b", "--optimizer", "muon"]),
-           ("llama-gpipe-dp2-muon", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe", "--optimizer", "muon"])]
+           ("llama-gpipe-dp2-muon", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe", "--optimizer", "muon"]),
+           # Frozen parameters: a block of the first stage; every parameter of the first stage
+           # (wte, h.0: its backward has nothing to compute), here sharded over dp.
+           ("gpt2-1f1b-freeze", "gpt2", 2, 2, 3, 4, ["--pp-schedule", "1f1b", "--freeze", "h.0."]),
+           ("llama-gpipe-dp2-freeze-stage", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe", "--freeze", "wte",
+                                                                   "--freeze", "h.0."])]
 # The split rank 0 prints: 3 blocks over 2 stages are 2 + 1, the embeddings first, the head last.
 SPLITS = {"gpt2-1f1b-uneven": "stage 0 [wte wpe h.0 h.1] stage 1 [h.2 ln_f head]",
           "gpt2-interleaved": "stage 0 [wte wpe h.0] stage 1 [h.1] stage 2 [h.2] stage 3 [h.3 ln_f head]",
@@ -91,8 +96,8 @@ def check(tmp, name, family, world, pp, layers, micro, flags):
     data = ["--data", str(tmp / "text.txt")]
     model = [*FAMILIES[family], "--layers", layers, *COMMON, *data]
     ref = tmp / f"{name}-ref.jsonl"
-    same = [f for flag in ("--clip", "--optimizer") if flag in flags
-            for f in flags[flags.index(flag):flags.index(flag) + 2]]  # flags the reference runs too
+    same = [f for i, flag in enumerate(flags) if flag in ("--clip", "--optimizer", "--freeze")
+            for f in flags[i:i + 2]]  # flags the reference runs too
     clip = same[same.index("--clip"):same.index("--clip") + 2] if "--clip" in same else []
     run([GPT, "--reference", "--world-size", world // pp, "--grad-accum", micro, *model, *same, "--metrics", ref])
     metrics = tmp / f"{name}-pp-{{rank}}.jsonl"

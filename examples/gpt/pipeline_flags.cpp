@@ -58,7 +58,6 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
       {precision.param_dtype().has_value() || precision.reduce_dtype().has_value(),
        "--param-dtype/--reduce-dtype (mixed precision is not run in the pipeline yet)"},
       {o.deferred_init, "--deferred-init (every rank builds the whole model, then keeps its stages)"},
-      {!o.freeze.empty(), "--freeze (a frozen parameter in a stage is not handled yet)"},
   };
 }
 

@@ -4,6 +4,7 @@
 #include "pipeline_model.h"
 #include "run_paths.h"
 #include "train_optimizers.h"
+#include "trainer.h"
 
 #include <fsdp/device_mesh.h>
 #include <fsdp/memory.h>
@@ -180,6 +181,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   fsdp::install_memory_counter();
   const Corpus corpus = pipeline_corpus(o);
   GPT gpt = make_gpt(o.model, o.seed);  // every rank alike: the reference's initial values
+  freeze_parameters(o, *gpt);
   gpt->to(compute_device(o));
   const PipelineChain chain = pipeline_chain(gpt);
   const fsdp::pp::Schedule schedule = pipeline_schedule(o.pp_schedule);

@@ -164,7 +164,8 @@ class StepRun {
   }
 
   void backward(MicroBatchState& mb) {
-    torch::autograd::backward({mb.output}, output_grads(mb));
+    // A first stage whose parameters are all frozen: nothing before it, nothing to compute.
+    if (mb.output.requires_grad()) torch::autograd::backward({mb.output}, output_grads(mb));
     mb.output = at::Tensor();
     mb.grad = at::Tensor();
   }
