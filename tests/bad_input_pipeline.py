@@ -46,3 +46,7 @@ def under_sharding(t, sharded):
     llama_tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
                          "--tie-head", n=4, timeout=60)
     t.fails("--pp 2 at dp 2, --model llama --tie-head", llama_tied, "--tie-head", "tied to wte")
+    hybrid = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
+                     "--strategy", "hybrid", "--shard-group-size", "2", n=4, timeout=60)
+    t.fails("--pp 2 --strategy hybrid at dp 2", hybrid, "--strategy hybrid under --pp 2", "dp = 2 ranks",
+            "at least 2 groups")

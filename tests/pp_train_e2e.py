@@ -45,7 +45,10 @@ LAYOUTS = [("gpt2-1f1b-uneven", "gpt2", 2, 2, 3, 4, ["--pp-schedule", "1f1b"]),
            # (wte, h.0: its backward has nothing to compute), here sharded over dp.
            ("gpt2-1f1b-freeze", "gpt2", 2, 2, 3, 4, ["--pp-schedule", "1f1b", "--freeze", "h.0."]),
            ("llama-gpipe-dp2-freeze-stage", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe", "--freeze", "wte",
-                                                                   "--freeze", "h.0."])]
+                                                                   "--freeze", "h.0."]),
+           # Hybrid sharding inside each stage: dp 4 as 2 replicas of shard groups of 2 (W = 8).
+           ("llama-gpipe-dp4-hybrid", "llama", 8, 2, 2, 2, ["--pp-schedule", "gpipe", "--strategy", "hybrid",
+                                                             "--shard-group-size", 2])]
 # The split rank 0 prints: 3 blocks over 2 stages are 2 + 1, the embeddings first, the head last.
 SPLITS = {"gpt2-1f1b-uneven": "stage 0 [wte wpe h.0 h.1] stage 1 [h.2 ln_f head]",
           "gpt2-interleaved": "stage 0 [wte wpe h.0] stage 1 [h.1] stage 2 [h.2] stage 3 [h.3 ln_f head]",

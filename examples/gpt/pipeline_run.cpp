@@ -42,6 +42,13 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
               " ranks): its backward is split into input and weight gradients, which FSDP inside a "
               "stage does not reduce yet; use gpipe, 1f1b or interleaved-1f1b, or dp 1 (--pp equal to "
               "the ranks)");
+  // Hybrid sharding splits a stage's dp ranks (not the world) into groups of F.
+  const int f = o.fsdp.shard_group_size();
+  TORCH_CHECK(!fsdp::is_hybrid(o.fsdp.strategy()) || f == 0 || (dp % f == 0 && dp / f >= 2),
+              "--strategy hybrid under --pp ", o.pp, ": each stage is sharded over its dp = ", dp, " ranks (",
+              world, " ranks / --pp ", o.pp, "), which hybrid splits into groups of --shard-group-size F (",
+              f, "); F must divide ", dp, " and leave at least 2 groups (e.g. --pp ", o.pp,
+              " at ", 4 * o.pp, " ranks with --shard-group-size 2)");
   return fsdp::DeviceMesh(dist.world, {{"pp", o.pp}, {"dp", dp}});
 }
 
