@@ -126,7 +126,7 @@ def main():
     ]
     for name, p in mem.items():
         b = budgets[name]
-        rows.append(f"| {b / 1e6:.1f} MB ({'one rank' if name == 'full' else 'smaller'}) | {p['waves']:.0f} | "
+        rows.append(f"| {b / 1e6:.1f} MB ({'one rank' if name == 'full' else 'the largest file'}) | {p['waves']:.0f} | "
                     f"{p['counted'] / 1e6:.1f} MB ({p['counted'] / b:.3f} of budget) | {p['rss'] / 1e6:.1f} MB "
                     f"({p['rss'] / b:.3f}) | +{p['fds']:.0f} |")
     rows.append("")
