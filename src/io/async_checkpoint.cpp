@@ -16,6 +16,10 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace fsdp::detail {
 
 struct AsyncSaveState {
@@ -117,6 +121,9 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
   }
   const auto [first, last] = waves.back();
   state.writer = std::thread([&state, first = first, last = last, hooks] {
+    // [Note: the writer yields to training]: its CRCs and copies into the page cache take a core;
+    // at the lowest priority they run when the ranks wait (collectives, I/O), not instead of them.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     state.write_error = try_local([&] { write_snapshot(state.snapshot, first, last, hooks); });
     state.written = true;
   });
