@@ -2,14 +2,18 @@
 // checkpoints, printing (rank 0) what tests/checkpoint_e2e.py and bench/checkpoint compare:
 //   loss STEP VALUE                       the global loss of every step it trains (%.17g)
 //   digest WHEN PARAMS OPTIMIZER          hashes of the full parameters and full AdamW state
-//   resumed_step N / load_seconds S / save_seconds S BYTES / stall_seconds S (--async-save)
+//   resumed_step N / load_seconds S / save_seconds S BYTES / stall_seconds S WAVES (--async-save)
+//   step_seconds STEP S WRITING           a step's time; WRITING 1 while a background write ran
+//   save_memory COUNTED RSS / save_fds N  what a save took (--probe, save_probe.h)
 #include "data.h"
 #include "gpt.h"
 #include "checkpointing.h"
+#include "save_probe.h"
 
 #include <fsdp/async_checkpoint.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/fsdp.h>
+#include <fsdp/memory.h>
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +23,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <thread>
 
@@ -90,7 +95,18 @@ int main(int argc, char** argv) {
   app.add_flag("--async-save", async_save,
                "--save with fsdp::save_checkpoint_async, then wait() (--pause-after-shard-files then "
                "pauses its background thread)");
+  int saves = 1;
+  int64_t steps_after_save = 0, staging_budget = 0;
+  bool probe_save = false;
+  app.add_option("--saves", saves, "--save this many times, one step apart (a later save reuses the "
+                 "staging arena)");
+  app.add_option("--steps-after-save", steps_after_save,
+                 "steps trained after each save's call, before its wait() (--async-save: during the write)");
+  app.add_option("--staging-budget", staging_budget, "--async-save's staging budget in bytes (0: one rank's shards)");
+  app.add_flag("--probe", probe_save, "print save_memory COUNTED RSS (peak bytes over the save's start) and "
+               "save_fds N (most file descriptors open at once over the start's)");
   CLI11_PARSE(app, argc, argv);
+  if (probe_save) fsdp::install_memory_counter();
 
   try {
     auto dist = fsdp::init_distributed();
@@ -118,7 +134,11 @@ int main(int argc, char** argv) {
       report("after_load");
     }
     fsdp::NamedTensors batches;
-    for (const int64_t last = step + steps; step < last; ++step) {
+    std::optional<fsdp::AsyncSave> saving;  // a save still writing in the background
+    // One step; prints its loss, and its time with whether a background write ran meanwhile.
+    auto train_step = [&] {
+      const auto start = Clock::now();
+      const bool writing = saving && !saving->done();
       auto [x, y] = corpus.batch(data_seed, step, dist->rank() * batch, batch, config.max_seq);
       if (!batches_path.empty()) {
         auto [gx, gy] = corpus.batch(data_seed, step, 0, dist->world_size() * batch, config.max_seq);
@@ -132,15 +152,25 @@ int main(int argc, char** argv) {
       auto global = loss.detach().clone();
       fsdp::all_reduce_sum(*dist->world, global);
       if (print) std::printf("loss %lld %.17g\n", (long long)step, global.item<double>() / dist->world_size());
-    }
+      if (print) std::printf("step_seconds %lld %.6f %d\n", (long long)step, seconds_since(start), writing ? 1 : 0);
+      ++step;
+    };
+    for (const int64_t last = step + steps; step < last;) train_step();
     if (!batches_path.empty() && print) fsdp::save_tensor_dict(batches_path, batches);
-    if (!save_dir.empty()) {
+    for (int s = 0; s < saves && !save_dir.empty(); ++s) {
+      if (s > 0) train_step();
       report("at_save");
       if (!full_state_path.empty()) {
         auto full = fsdp::gather_full_params(model);
         for (auto& item : fsdp::gather_full_optimizer_state(model, *optim)) full.push_back(item);
         if (print) fsdp::save_tensor_dict(full_state_path, full);
       }
+      std::optional<SaveProbe> probe;
+      if (probe_save) {
+        fsdp::reset_peak_memory();
+        probe.emplace();
+      }
+      const int64_t counted_before = fsdp::memory_stats().current_bytes;
       const auto start = Clock::now();
       fsdp::SaveHooks hooks;
       if (pause_after_shard_files_ms > 0) {
@@ -150,16 +180,28 @@ int main(int argc, char** argv) {
       }
       std::string folder;
       if (async_save) {
-        auto saving = fsdp::save_checkpoint_async(model, *optim, save_dir, step, {{"step", step}}, 0,
-                                                  fsdp::AsyncSaveOptions().hooks(hooks));
+        saving = fsdp::save_checkpoint_async(
+            model, *optim, save_dir, step, {{"step", step}}, 0,
+            fsdp::AsyncSaveOptions().hooks(hooks).staging_budget_bytes(staging_budget));
         // What training waits for: the staging, not the write.
-        if (print) std::printf("stall_seconds %.6f\n", seconds_since(start));
-        saving.wait();
-        folder = saving.folder();
+        if (print) std::printf("stall_seconds %.6f %d\n", seconds_since(start), saving->staged_waves());
+        for (int64_t k = 0; k < steps_after_save; ++k) train_step();
+        saving->wait();
+        folder = saving->folder();
       } else {
         folder = fsdp::save_checkpoint(model, *optim, save_dir, step, {{"step", step}}, 0, hooks);
+        if (print) std::printf("stall_seconds %.6f 0\n", seconds_since(start));
+        for (int64_t k = 0; k < steps_after_save; ++k) train_step();
       }
       if (print) std::printf("save_seconds %.6f %lld\n", seconds_since(start), (long long)folder_bytes(folder));
+      if (probe) {
+        probe->stop();
+        const int64_t counted = fsdp::memory_stats().peak_bytes - counted_before;
+        if (print) {
+          std::printf("save_memory %lld %lld\nsave_fds %lld\n", (long long)counted,
+                      (long long)probe->rss_peak_bytes(), (long long)probe->extra_fds());
+        }
+      }
     }
     std::fflush(stdout);
   } catch (const c10::Error& e) {

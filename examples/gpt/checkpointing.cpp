@@ -165,7 +165,7 @@ void save_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers, const 
                      int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks& hooks,
                      const TrainOptions& o) {
   if (o.async_save) {
-    const auto options = fsdp::AsyncSaveOptions().hooks(hooks);
+    const auto options = fsdp::AsyncSaveOptions().hooks(hooks).staging_budget_bytes(o.staging_budget);
     auto saving = optimizers.muon
                       ? fsdp::save_checkpoint_async(model, optimizers.saved(), dir, next_step, extra, kKeepLast, options)
                       : fsdp::save_checkpoint_async(model, *optimizers.adamw, dir, next_step, extra, kKeepLast, options);

@@ -212,6 +212,10 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
   app.add_flag("--async-save", o.async_save,
                "with --save-every: write each checkpoint in the background while training goes on "
                "(the next save, and the end of the run, wait for it)");
+  app.add_option("--staging-budget", o.staging_budget,
+                 "with --async-save: bytes of host memory its staging arena takes per rank (0, the default: "
+                 "one rank's shards; less stages in waves of whole shard files)")
+      ->check(integer_in(0, kMaxCount));
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "folder of sharded checkpoints (step-N/ and latest)");
   app.add_option("--resume", cl.resume,
                  "continue from the newest checkpoint in --checkpoint-dir (an error if it holds "

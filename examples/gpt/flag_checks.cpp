@@ -68,6 +68,9 @@ std::string check_checkpoint_flags(const TrainOptions& o, bool reference) {
   if (o.async_save && o.save_every == 0) {
     return "--async-save applies to --save-every N (the saves it makes asynchronous); add it, or drop --async-save";
   }
+  if (o.staging_budget > 0 && !o.async_save) {
+    return "--staging-budget applies to --async-save (the arena it stages in); add it, or drop --staging-budget";
+  }
   if (o.reset_optimizer && !o.resume) {
     return "--reset-optimizer applies to --resume (what it loads); drop it, or add --resume";
   }

@@ -253,6 +253,7 @@ fsdp::PlanSetup plan_setup(const TrainOptions& o, int world, int ranks_per_host,
   setup.policy.batch = o.batch;
   setup.policy.micro_batches = o.grad_accum;
   setup.policy.no_sync = o.no_sync && o.grad_accum > 1;
+  setup.policy.async_save_staging_bytes = o.async_save ? o.staging_budget : -1;  // its arena
   return setup;
 }
 

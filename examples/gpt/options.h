@@ -70,6 +70,7 @@ struct TrainOptions {
   std::string checkpoint_dir;  // sharded checkpoints: DIR/step-NNNNNNNN, DIR/latest
   int64_t save_every = 0;      // save every N steps and after the last (0: never)
   bool async_save = false;     // save with fsdp::save_checkpoint_async (written while training goes on)
+  int64_t staging_budget = 0;  // its staging arena's bytes per rank (0: one rank's shards)
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
   bool resume_if_none = false;  // with resume: start at step 0 when checkpoint_dir holds none yet
   bool reset_optimizer = false;  // with resume: load the parameters only; AdamW starts afresh

@@ -19,6 +19,9 @@
 /// The staging budget: the arena's size. By default one rank's shards (what this rank writes);
 /// a smaller budget stages in waves of whole shard files, each written before the next is
 /// staged (the caller waits for all but the last), never using more memory than the budget.
+/// The arena is kept after wait() for the next save of the same budget (a fresh one's page
+/// faults cost more than the copy): the process holds the budget from its first asynchronous
+/// save on. The writer thread runs at the lowest CPU priority (nice 19).
 ///
 /// Example:
 ///   std::optional<fsdp::AsyncSave> saving;

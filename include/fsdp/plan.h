@@ -179,6 +179,12 @@ struct PlanPolicy {
   /// The micro-batches before the last run under NoSyncGuard: each unit's unsharded gradient is
   /// kept (and added to) until the last one reduces it.
   bool no_sync = false;
+  /// An asynchronous save planned (fsdp::save_checkpoint_async): its staging arena, kept from the
+  /// first save on, is in every later step's memory (host memory: counted in the peak on a
+  /// CPU, in RankMemory::staging_bytes on a GPU). -1: none; 0: the default budget, what a
+  /// writing rank stages (its pieces of the parameters and their optimizer state); more: that
+  /// many bytes (AsyncSaveOptions::staging_budget_bytes).
+  int64_t async_save_staging_bytes = -1;
 };
 
 struct PlanSetup {
@@ -199,6 +205,7 @@ struct MemoryBreakdown {
   int64_t activations = 0;        ///< kept for backward
   int64_t workspace = 0;          ///< transients of the op running then, reduction outputs
   int64_t program = 0;            ///< the program's own tensors and the batch
+  int64_t staging = 0;            ///< an asynchronous save's staging arena (PlanPolicy), on a CPU
   int64_t total() const;
 };
 
@@ -208,6 +215,7 @@ struct RankMemory {
   std::string peak_at;        ///< when it happens, e.g. "backward of h.3"
   int64_t model_states = 0;   ///< parameters, gradients and optimizer state (ZeRO's 16Ψ/W)
   int64_t offloaded_bytes = 0;  ///< in host memory with CPU offload (not in peak)
+  int64_t staging_bytes = 0;    ///< an asynchronous save's staging arena (in peak on a CPU)
 };
 
 /// Bytes a rank sends per step, by collective (the counters of fsdp::comm_stats()) and by class

@@ -16,6 +16,10 @@
 #include <mutex>
 #include <thread>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace fsdp::detail {
 
 struct AsyncSaveState {
@@ -45,6 +49,25 @@ std::shared_ptr<AsyncSaveState>& pending_save() {
   return pending;
 }
 
+// [Note: the staging arena is kept]
+// A fresh arena's pages are faulted in by its first copy: for 150 MB, more time than the copy
+// itself, paid on the training thread at every save. So a completed save hands its arena back
+// here and the next save of the same budget stages into the same, already mapped, memory: the
+// process holds the budget from its first asynchronous save on (what the planner counts,
+// docs/planner.md), and a save stalls for the copy alone. Another budget replaces it.
+// Never destroyed: at exit, a pinned arena would outlive CUDA's host allocator.
+std::unique_ptr<StagingArena>& kept_arena() {
+  static auto* kept = new std::unique_ptr<StagingArena>;
+  return *kept;
+}
+
+std::unique_ptr<StagingArena> arena_of(int64_t bytes, bool pinned) {
+  std::unique_ptr<StagingArena> arena = std::move(kept_arena());
+  if (arena && arena->bytes() == bytes && arena->pinned() == pinned) return arena;
+  arena.reset();  // the old one goes before the new one is made: never both
+  return std::make_unique<StagingArena>(bytes, pinned);
+}
+
 // Joins this rank's write, agrees on every rank's, then metadata.json and `latest` (collectives).
 void complete(AsyncSaveState& state) {
   std::lock_guard<std::mutex> lock(state.completing);
@@ -52,7 +75,7 @@ void complete(AsyncSaveState& state) {
     state.completed = true;
     if (state.writer.joinable()) state.writer.join();
     state.snapshot.files.clear();  // what a failed write left staged
-    state.arena.reset();  // its copies are written: the memory goes back before the collectives
+    kept_arena() = std::move(state.arena);  // its copies are written: the next save reuses it
     try {
       complete_snapshot(state.snapshot, state.write_error);
       publish_step_folder(state.snapshot.world, state.dir, state.name, state.keep_last);
@@ -83,7 +106,7 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
     for (const auto& file : snapshot.files) needed += staged_bytes(file);
     if (budget <= 0 || budget > needed) budget = needed;
     waves = plan_waves(snapshot.files, budget);
-    state.arena = std::make_unique<StagingArena>(budget, pinned);
+    state.arena = arena_of(budget, pinned);
   });
   throw_if_any_failed(snapshot.world, error, "save_checkpoint_async: cannot stage " + snapshot.folder);
   state.staged_waves = static_cast<int>(waves.size());
@@ -98,6 +121,9 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
   }
   const auto [first, last] = waves.back();
   state.writer = std::thread([&state, first = first, last = last, hooks] {
+    // [Note: the writer yields to training]: its CRCs and copies into the page cache take a core;
+    // at the lowest priority they run when the ranks wait (collectives, I/O), not instead of them.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
     state.write_error = try_local([&] { write_snapshot(state.snapshot, first, last, hooks); });
     state.written = true;
   });

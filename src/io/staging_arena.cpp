@@ -39,7 +39,7 @@ std::vector<std::pair<size_t, size_t>> plan_waves(const std::vector<ShardFileCon
 }
 
 StagingArena::StagingArena(int64_t bytes, bool pinned)
-    : memory_(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned))) {}
+    : memory_(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned))), pinned_(pinned) {}
 
 void StagingArena::stage(std::vector<ShardFileContents>& files, size_t first, size_t last) {
   int64_t used = 0;

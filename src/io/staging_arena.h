@@ -2,7 +2,8 @@
 // The staging arena of an asynchronous save (include/fsdp/async_checkpoint.h): one allocation of
 // host memory (pinned when the model is on CUDA, so the copies from the device are DMA) that
 // holds copies of the shard files' tensors while a background thread writes them. Its size is
-// the save's budget, fixed when it is made: staging never allocates more.
+// the save's budget, fixed when it is made: staging never allocates more. A completed save's arena
+// is reused by the next one ([Note: the staging arena is kept]).
 
 #include "io/save_snapshot.h"
 
@@ -28,9 +29,11 @@ class StagingArena {
   /// files staged before are written by now); throws when they do not fit.
   void stage(std::vector<ShardFileContents>& files, size_t first, size_t last);
   int64_t bytes() const { return memory_.numel(); }
+  bool pinned() const { return pinned_; }
 
  private:
   at::Tensor memory_;
+  bool pinned_;
 };
 
 }  // namespace fsdp::detail

@@ -41,7 +41,7 @@ int64_t PlanModel::numel() const {
 
 int64_t MemoryBreakdown::total() const {
   return sharded_params + sharded_grads + optimizer_state + unsharded_params + unsharded_grads +
-         activations + workspace + program;
+         activations + workspace + program + staging;
 }
 
 std::string Plan::label() const {

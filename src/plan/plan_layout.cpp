@@ -123,6 +123,9 @@ void validate_setup(const PlanSetup& setup) {
               "plan: ranks per host (", world.ranks_per_host, ") must divide the world size (",
               world.world_size, ")");
   TORCH_CHECK(setup.policy.batch >= 1, "plan: the batch per rank must be >= 1, got ", setup.policy.batch);
+  TORCH_CHECK(setup.policy.async_save_staging_bytes >= -1, "plan: async_save_staging_bytes must be -1 (no "
+              "asynchronous save), 0 (one rank's shards) or a budget in bytes, got ",
+              setup.policy.async_save_staging_bytes);
   TORCH_CHECK(setup.policy.micro_batches >= 1, "plan: the micro-batches per step must be >= 1, got ",
               setup.policy.micro_batches);
   setup.policy.fsdp.validate(world.world_size, world.ranks_per_host);

@@ -22,6 +22,22 @@ std::vector<MicroBatch> micro_batch_kinds(const PlanPolicy& policy) {
   return kinds;
 }
 
+// [Note: the staging arena in the plan]
+// An asynchronous save's arena (src/io/async_checkpoint.cpp keeps it from the first save on)
+// holds what a rank of the first replica (ranks [0, W/R)) writes: its pieces of the parameters (padding
+// excluded) and their optimizer state; the other replicas write nothing. The alignment of each
+// copy (64 bytes), the steps and rank 0's buffers are left out: a few kB.
+int64_t staging_arena_bytes(const PlanSetup& setup, const RankLayout& layout, int64_t optimizer_state) {
+  const int64_t budget = setup.policy.async_save_staging_bytes;
+  if (budget < 0 || layout.rank >= setup.world.world_size / layout.replicas) return 0;
+  int64_t pieces = 0;
+  for (const auto& unit : layout.units) {
+    for (const FlatGroupLayout& g : unit.flats) pieces += g.piece_numel * g.shard_bytes;
+  }
+  const int64_t staged = pieces + optimizer_state;
+  return budget > 0 && budget < staged ? budget : staged;
+}
+
 std::string micro_batch_text(const MicroBatch& micro, const PlanPolicy& policy) {
   if (policy.micro_batches == 1) return "";
   const bool representative = !policy.no_sync && micro.index == 2;  // stands for 2..n
@@ -50,6 +66,8 @@ RankMemory replay_step_memory(const PlanSetup& setup, const RankLayout& layout) 
     full_grads += unit.accumulating_grad;
   }
   rank.model_states = start.sharded_params + grad_shards + start.optimizer_state;
+  rank.staging_bytes = staging_arena_bytes(setup, layout, start.optimizer_state);
+  if (!setup.policy.fsdp.device() || !setup.policy.fsdp.device()->is_cuda()) start.staging = rank.staging_bytes;
   const bool offload = setup.policy.fsdp.cpu_offload();
   if (offload) {  // model states in host memory
     rank.offloaded_bytes = rank.model_states;

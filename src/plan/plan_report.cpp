@@ -18,7 +18,8 @@ nlohmann::json breakdown_json(const MemoryBreakdown& m) {
   return {{"sharded_params", m.sharded_params}, {"sharded_grads", m.sharded_grads},
           {"optimizer_state", m.optimizer_state}, {"unsharded_params", m.unsharded_params},
           {"unsharded_grads", m.unsharded_grads}, {"activations", m.activations},
-          {"workspace", m.workspace}, {"program", m.program}, {"total", m.total()}};
+          {"workspace", m.workspace}, {"program", m.program},
+          {"staging", m.staging}, {"total", m.total()}};
 }
 
 const RankMemory& peak_rank(const Plan& plan) {
@@ -32,8 +33,12 @@ void breakdown_lines(std::ostringstream& s, const MemoryBreakdown& m) {
       {"sharded parameters", m.sharded_params}, {"gradient shards", m.sharded_grads},
       {"optimizer state", m.optimizer_state}, {"unsharded parameters", m.unsharded_params},
       {"unsharded gradients", m.unsharded_grads}, {"activations", m.activations},
-      {"workspace", m.workspace}, {"program (data, batch)", m.program}};
-  for (const auto& [what, bytes] : rows) s << "    " << what << ": " << bytes_text(static_cast<double>(bytes)) << "\n";
+      {"workspace", m.workspace}, {"program (data, batch)", m.program},
+      {"async save's staging arena", m.staging}};
+  for (const auto& [what, bytes] : rows) {
+    if (bytes == 0 && what == rows[8].first) continue;  // no asynchronous save planned
+    s << "    " << what << ": " << bytes_text(static_cast<double>(bytes)) << "\n";
+  }
 }
 
 nlohmann::json muon_json(const PlanMuon& m) {
@@ -95,7 +100,7 @@ nlohmann::json plan_json(const Plan& plan) {
   for (const auto& r : plan.ranks) {
     ranks.push_back({{"rank", r.rank}, {"peak_bytes", r.peak.total()}, {"peak_at", r.peak_at},
                      {"breakdown", breakdown_json(r.peak)}, {"model_states_bytes", r.model_states},
-                     {"offloaded_bytes", r.offloaded_bytes}});
+                     {"offloaded_bytes", r.offloaded_bytes}, {"staging_bytes", r.staging_bytes}});
   }
   const FullyShardOptions& o = setup.policy.fsdp;
   nlohmann::json json = {{"model", setup.model.name}, {"parameters", setup.model.numel()},
