@@ -5,6 +5,7 @@
 #include "pp/borrowed_weights.h"
 #include "pp/stage_messages.h"
 #include "pp/tied_weights.h"
+#include "tp/tied_backward_scope.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -80,7 +82,7 @@ class StepRun {
       case ActionKind::SendActivation:
         return messages_.send_activation(stage.index(), a.microbatch, mb->output.detach());
       case ActionKind::RecvGradient: return recv_gradient(stage, *mb, a.microbatch);
-      case ActionKind::Backward: return backward(*mb);
+      case ActionKind::Backward: return backward(stage, *mb);
       case ActionKind::BackwardInput: return backward_input(*mb);
       case ActionKind::BackwardWeight: return backward_weight(stage, *mb);
       case ActionKind::SendGradient: return send_gradient(stage, *mb, a.microbatch);
@@ -123,7 +125,9 @@ class StepRun {
     return mb.grad.defined() ? std::vector<at::Tensor>{mb.grad} : std::vector<at::Tensor>{};
   }
 
-  void backward(MicroBatchState& mb) {
+  void backward(const Stage& stage, MicroBatchState& mb) {
+    std::optional<tp::detail::TiedBackwardScope> tied;  // [Note: a tied weight's second backward]
+    if (!stage.tied_parameters().empty()) tied.emplace();
     torch::autograd::backward({mb.output}, output_grads(mb));
     mb.output = at::Tensor();
     mb.grad = at::Tensor();
@@ -143,6 +147,8 @@ class StepRun {
     for (const at::Tensor& p : stage.parameters()) {
       if (p.requires_grad()) weights.push_back(p);
     }
+    std::optional<tp::detail::TiedBackwardScope> tied;  // [Note: a tied weight's second backward]
+    if (!stage.tied_parameters().empty()) tied.emplace();
     if (!weights.empty()) {
       torch::autograd::backward({mb.output}, output_grads(mb), /*retain_graph=*/false, /*create_graph=*/false,
                                 weights);
