@@ -4,7 +4,8 @@ model: `fsdprun --nproc-per-node W gpt_train --pp P --tp T --microbatches M --ba
 the loss every rank reports is within 1e-5 of the reference's at every step, and each rank's
 bytes_pp_send is docs/pipeline-parallel.md's formula with a tp rank's activation (its sequence
 shard: seq/T rows). Layouts: GPT-2 and Llama under ZBV at (pp 2, tp 2) on 4 blocks (GPT-2's tie
-on rank 0, where the V placement puts the first and the last stage); Llama under 1F1B in 3-D,
+on rank 0, where the V placement puts the first and the last stage); GPT-2 under 1F1B at
+(pp 2, tp 2) (its tie, split over tp, across the two pp ranks); Llama under 1F1B in 3-D,
 (pp 2, dp 2, tp 2) at W = 8, each stage split over tp and sharded over dp.
 
     pp_tp_train_e2e.py BIN_DIR [--only NAME,...]"""
@@ -19,22 +20,25 @@ from pp_train_e2e import COMMON, FAMILIES, FSDPRUN, GPT, ONLY, TOLERANCE, rank_o
 
 # (name, family, world, pp, tp, layers, microbatches, flags of the pipeline run)
 LAYOUTS = [("gpt2-zbv-tp2", "gpt2", 4, 2, 2, 4, 2, ["--pp-schedule", "zbv"]),
+           ("gpt2-1f1b-tp2", "gpt2", 4, 2, 2, 4, 2, ["--pp-schedule", "1f1b"]),
            ("llama-zbv-tp2", "llama", 4, 2, 2, 4, 2, ["--pp-schedule", "zbv"]),
            ("llama-1f1b-3d", "llama", 8, 2, 2, 4, 2, ["--pp-schedule", "1f1b"])]
 SPLITS = {"llama-1f1b-3d": "over pp 2 x dp 2 x tp 2: stage 0 [wte h.0 h.1] stage 1 [h.2 h.3 ln_f lm_head]"}
 
 
-def pp_bytes(pp_rank, pp, tp, micro, schedule):
+def pp_bytes(pp_rank, pp, tp, family, micro, schedule):
     """What pp rank `pp_rank` sends a step: M·(a + h) for each boundary of its stages with another
-    rank, a = one tp rank's share of a micro-batch's activation (B x seq/T x dim, fp32), h = 80.
-    GPT-2's tie is on one rank under ZBV: nothing sent for it."""
+    rank, a = one tp rank's share of a micro-batch's activation (B x seq/T x dim, fp32), h = 80;
+    and GPT-2's tied wte/head, its tp rank's rows (vocab/T x dim), when the first and the last
+    stage are on two ranks (not under ZBV)."""
     stages = pp * (2 if schedule == "zbv" else 1)
     dim, batch, seq = COMMON[1], COMMON[COMMON.index("--batch") + 1], COMMON[COMMON.index("--seq") + 1]
     a, h = batch * (seq // tp) * dim * 4, 80
     place = lambda s: rank_of_stage(s, pp, stages, schedule)
     crossings = sum((s + 1 < stages and place(s + 1) != pp_rank) + (s > 0 and place(s - 1) != pp_rank)
                     for s in range(stages) if place(s) == pp_rank)
-    return micro * (a + h) * crossings
+    tie = 256 // tp * dim * 4 if family == "gpt2" and place(0) != place(stages - 1) else 0
+    return micro * (a + h) * crossings + tie
 
 
 def check(tmp, name, family, world, pp, tp, layers, micro, flags):
@@ -57,7 +61,7 @@ def check(tmp, name, family, world, pp, tp, layers, micro, flags):
         diffs = [abs(g["loss"] - e) for g, e in zip(got, expected)]
         worst = max(worst, *diffs)
         assert max(diffs) < TOLERANCE, f"{name} rank {rank}: losses {[g['loss'] for g in got]} vs reference {expected}"
-        sent = pp_bytes(rank // (dp * tp), pp, tp, micro, flags[flags.index("--pp-schedule") + 1])
+        sent = pp_bytes(rank // (dp * tp), pp, tp, family, micro, flags[flags.index("--pp-schedule") + 1])
         assert all(g["bytes_pp_send"] == sent for g in got), \
             f"{name} rank {rank}: pp bytes {[g['bytes_pp_send'] for g in got]}, expected {sent}"
     print(f"{name}: {world} ranks, pp {pp} x dp {dp} x tp {tp}: 6 steps, max |loss - reference| = {worst:.2e} "

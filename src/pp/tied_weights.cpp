@@ -4,16 +4,12 @@
 
 #include "comm/point_to_point.h"
 
-#include <fsdp/parallelize.h>
-
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <c10/util/StringUtil.h>
 #include <torch/utils.h>
 
 #include <algorithm>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -31,16 +27,6 @@ std::map<const c10::TensorImpl*, std::vector<const ParameterPlace*>> names_of_te
   std::map<const c10::TensorImpl*, std::vector<const ParameterPlace*>> out;
   for (const ParameterPlace& place : places) out[place.tensor.unsafeGetTensorImpl()].push_back(&place);
   return out;
-}
-
-// A weight that tensor parallelism split is one layer's: its style runs on the rank of that layer
-// only, so another pp rank's use of the tensor would take its gradient without the layer's forward.
-void check_not_split(const TiedParameter& tied, const at::Tensor& tensor) {
-  const std::optional<tp::Placement> placement = tp::placement_of(tensor);
-  TORCH_CHECK(!placement || placement->replicated(), "pipeline: '", tied.name, "' is tied across pp ranks ",
-              "(stages ", c10::Join(", ", tied.stages), ") and split by tensor parallelism: its split layer runs ",
-              "on one of them only, and a tie of a split weight across pp ranks is not built yet; place its ",
-              "stages on one rank (the V placement of ZBV puts the first and the last there), or untie it");
 }
 
 }  // namespace
@@ -74,7 +60,6 @@ TiedWeights::TiedWeights(const std::vector<Stage>& local_stages, const std::vect
       std::set<int> ranks;
       for (int s : tied.stages) ranks.insert(rank_of.at(static_cast<size_t>(s)));
       if (ranks.size() < 2) continue;  // every holder on this rank: autograd sums it already
-      check_not_split(tied, tensor);
       ties_.push_back({tied.names.front(), tensor, std::vector<int>(ranks.begin(), ranks.end())});
     }
   }
