@@ -27,6 +27,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpu_bf16  # noqa: E402
 import muon_bench  # noqa: E402
+import pipeline_bench  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, "build")
@@ -34,6 +35,7 @@ GPT_TRAIN = os.path.join(BUILD, "bin", "gpt_train")
 FSDPRUN = os.path.join(BUILD, "bin", "fsdprun")
 VENV = os.path.join(ROOT, ".venv", "bin")
 PEER = os.path.join(ROOT, "bench", "peer_fsdp2.py")
+PEER_PIPELINE = os.path.join(ROOT, "bench", "peer_pipeline.py")
 RESULTS = os.path.join(ROOT, "bench", "results")
 
 # Each configuration: the model, the per-rank batch, steps per run (the first `warmup` are not
@@ -67,6 +69,12 @@ CONFIGS = {
     # Three rounds, not medium's five: its goals are far from its noise (five kinds a round).
     "llama-medium-muon": dict(MEDIUM, model="llama", kv_heads=2, dtype="fp32", rounds=3, optimizer="muon",
                               muon_lr=0.02),
+    # small's Llama split into 2 pipeline stages (issue 60; bench/pipeline_bench.py) against
+    # torch.distributed.pipelining + FSDP2: 1F1B at pp 2 (W = 2), GPipe at pp 2 × dp 2 (W = 4).
+    "llama-pp2-1f1b": dict(SMALL, model="llama", kv_heads=2, batch=2, microbatches=4, pp=2, world=2,
+                           schedule="1f1b", steps=10, warmup=2, rounds=3, dtype="fp32"),
+    "llama-pp2-dp2-gpipe": dict(SMALL, model="llama", kv_heads=2, batch=2, microbatches=4, pp=2, world=4,
+                                schedule="gpipe", steps=10, warmup=2, rounds=3, dtype="fp32"),
 }
 TINY = dict(layers=2, dim=64, heads=4, seq=32, batch=2, lr=1e-3, steps=3, warmup=1, rounds=1)
 QUICK_CONFIGS = {
@@ -75,12 +83,17 @@ QUICK_CONFIGS = {
     "tiny-bf16": dict(TINY, dtype="bf16", fp32_config="tiny"),
     "tiny-llama": dict(TINY, model="llama", kv_heads=2, dtype="fp32"),
     "tiny-llama-muon": dict(TINY, model="llama", kv_heads=2, dtype="fp32", optimizer="muon", muon_lr=0.02),
+    "tiny-llama-pp2": dict(TINY, model="llama", kv_heads=2, microbatches=2, pp=2, world=2, schedule="1f1b",
+                           dtype="fp32"),
 }
 KINDS = ("cpp", "peer", "floor", "concurrent_floor")  # round 0 starts with cpp: it dumps the batches
 
 
 def kinds_of(c):
-    """The runs of a round: a Muon configuration adds cpp_adamw (bench/muon_bench.py)."""
+    """The runs of a round: a Muon configuration's (bench/muon_bench.py), a pipelined one's
+    (bench/pipeline_bench.py), else the four."""
+    if pipeline_bench.is_pipeline(c):
+        return pipeline_bench.KINDS
     return muon_bench.KINDS if muon_bench.is_muon(c) else KINDS
 
 SEED = 1234
@@ -280,14 +293,19 @@ def peer_optimizer_args(c):
 def commands(kind, r, c, d, world, data):
     """The commands of one run of `kind` in round r and the metrics files they write (one per rank,
     or per process of the concurrent floor)."""
+    if pipeline_bench.is_pipeline(c):
+        tools = {"fsdprun": FSDPRUN, "gpt_train": GPT_TRAIN, "torchrun": os.path.join(VENV, "torchrun"),
+                 "peer_pipeline": PEER_PIPELINE}
+        return pipeline_bench.commands(kind, r, c, d, tools, train_args(c, data))
     init, batches = os.path.join(d, "init.pt"), os.path.join(d, "batches.pt")
     metrics = os.path.join(d, f"{kind}-r{r}-rank{{rank}}.jsonl")
     paths = [metrics.format(rank=k) for k in range(world)]
-    if kind in ("cpp", "cpp_adamw"):  # cpp_adamw: a Muon configuration's model with the fused AdamW
+    if kind in ("cpp", "cpp_adamw", "cpp_overlap"):  # a Muon configuration's (bench/muon_bench.py)
         dump = ["--dump-batches", batches] if r == 0 and kind == "cpp" else []
         optimizer = "fused" if kind == "cpp_adamw" else None
+        overlap = ["--step-in-backward"] if kind == "cpp_overlap" else []
         return [[FSDPRUN, "--nproc-per-node", str(world), GPT_TRAIN] + train_args(c, data, optimizer) + [
-            "--init-from", init, "--metrics", metrics] + dump], paths
+            "--init-from", init, "--metrics", metrics] + overlap + dump], paths
     if kind == "peer":
         return [[os.path.join(VENV, "torchrun"), "--standalone", "--nproc-per-node", str(world),
                  "--log-dir", os.path.join(d, "torchrun"), PEER]
@@ -370,13 +388,20 @@ def bench_config(name, c, world, data, work, timeout):
     shutil.rmtree(d, ignore_errors=True)
     os.makedirs(d)
     log(f"{name}: {c}")
+    pipelined = pipeline_bench.is_pipeline(c)
+    world = c["world"] if pipelined else world
     hf = ["--export-hf", os.path.join(d, "init-hf")] if is_llama(c) else []  # the Llama peer's weights
     res = launch([[GPT_TRAIN, "--reference", "--steps", "0", "--save-full", os.path.join(d, "init.pt")]
                   + hf + model_args(c) + ["--seed", str(SEED), "--data", data, "--max-data-mb", str(MAX_DATA_MB)]],
                  [os.path.join(d, "init.log")], timeout)
     if res["exit_codes"] != [0]:
         raise SystemExit(f"[bench] FAILED: writing {name}'s init.pt:\n{tail(os.path.join(d, 'init.log'))}")
-    plan = planned(c, world, data, d, timeout)
+    if pipelined:  # its batches (gpt_train --pp refuses --dump-batches); the planner has no pipeline yet
+        res = launch([pipeline_bench.batches_command(c, d, GPT_TRAIN, train_args(c, data))],
+                     [os.path.join(d, "batches.log")], timeout)
+        if res["exit_codes"] != [0]:
+            raise SystemExit(f"[bench] FAILED: {name}'s batches:\n{tail(os.path.join(d, 'batches.log'))}")
+    plan = None if pipelined else planned(c, world, data, d, timeout)
     kinds = kinds_of(c)
     metrics = {k: [] for k in kinds}
     runs, idle = [], []
@@ -393,8 +418,12 @@ def bench_config(name, c, world, data, work, timeout):
             log(f"{name} round {r + 1}/{c['rounds']} {kind:16s}: median {record['median_step_ms']:8.1f} "
                 f"ms/step ({record['wall_s']:.1f} s wall, {record['cpu_s']:.1f} s CPU, others "
                 f"{record['others_busy_cores']:.2f} cores)")
-    summary = summarize(c, world, os.path.join(d, "init.pt"), metrics)
-    summary.update(plan_vs_measured(plan, summary))
+    if pipelined:
+        summary = dict(config=c, world_size=world, **pipeline_bench.summarize(c, metrics, timing,
+                                                                            LOSS_TOLERANCE[c["dtype"]]))
+    else:
+        summary = summarize(c, world, os.path.join(d, "init.pt"), metrics)
+        summary.update(plan_vs_measured(plan, summary))
     summary.update(runs=runs, idle_busy_cores_before_rounds=idle,
                    peer_teardown_failures=sum("teardown_failure" in r for r in runs),
                    rss_peak_bytes={k: max(r["rss_peak_bytes"] for r in runs if r["kind"] == k) for k in kinds})
@@ -525,6 +554,8 @@ def bf16_vs_fp32(results, configs):
 
 
 def goals(name, s):
+    if pipeline_bench.is_pipeline(s["config"]):
+        return pipeline_bench.goals(s)
     if muon_bench.is_muon(s["config"]):
         return muon_bench.goals(s)
     if s["config"]["dtype"] != "fp32":
@@ -546,6 +577,8 @@ def loss_failures(results):
         if s["loss_first_rel_diff"] > tol["first_step"] or any_step_off:
             failures.append(f"{n}: loss rel. diff step 0 {s['loss_first_rel_diff']:.2e} "
                             f"(tol {tol['first_step']:g}), max {s['loss_max_rel_diff']:.2e} (tol {tol['any_step']})")
+        if pipeline_bench.is_pipeline(s["config"]):
+            failures += pipeline_bench.failures(n, s)
     return failures
 
 
@@ -653,7 +686,8 @@ def bf16_lines(results, cpu):
 
 
 def write_markdown(path, results, meta):
-    names = [n for n, s in results.items() if not muon_bench.is_muon(s["config"])]  # Muon's: its own table
+    names = [n for n, s in results.items()  # Muon's and the pipeline's: their own tables
+             if not muon_bench.is_muon(s["config"]) and not pipeline_bench.is_pipeline(s["config"])]
     L = ["# fsdp-cpp vs PyTorch FSDP2 (CPU, Gloo)", "",
          f"{meta['date']}, W = {meta['world_size']} local ranks, OMP_NUM_THREADS=1 per process, "
          f"{meta['cpus']} CPUs, torch {meta['torch']}, {meta['seconds']:.0f} s. Step times: median "
@@ -665,6 +699,7 @@ def write_markdown(path, results, meta):
         for label, f in TABLE_ROWS:
             L.append(f"| {label} | " + " | ".join(f(results[n]) for n in names) + " |")
     L += [""] + bf16_lines(results, meta["cpu"]) + muon_bench.markdown_lines(results)
+    L += pipeline_bench.markdown_lines(results)
     L += ["## Goals (fp32; reported, not enforced)", "", "| configuration | goal | measured | target | met |",
           "|---|---|---|---|---|"]
     for n in results:
@@ -687,6 +722,8 @@ def write_markdown(path, results, meta):
 
 PLOT_KINDS = {"cpp": ("fsdp-cpp", "tab:blue"), "peer": ("FSDP2 peer", "tab:orange"),
               "cpp_adamw": ("fsdp-cpp\nAdamW", "lightskyblue"),
+              "cpp_overlap": ("fsdp-cpp\nin backward", "navy"),
+              "cpp_1d": ("fsdp-cpp\nno pipeline", "lightskyblue"),
               "floor": ("floor\n(1 rank)", "tab:gray"), "concurrent_floor": ("concurrent\nfloor", "darkgray")}
 
 
@@ -755,8 +792,11 @@ def write_plot(path, results):
     panels = (plot_step_time, plot_tokens, plot_memory, plot_bytes, plot_loss)
     fig, axes = plt.subplots(len(results), len(panels), figsize=(26, 4.6 * len(results)), squeeze=False)
     for row, (n, s) in zip(axes, results.items()):
-        for ax, panel in zip(row, panels):
+        shown = (plot_step_time, plot_loss) if pipeline_bench.is_pipeline(s["config"]) else panels
+        for ax, panel in zip(row, shown):
             panel(ax, n, s)
+        for ax in row[len(shown):]:
+            ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
 

@@ -15,10 +15,10 @@ def flag_cases(tmp):
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--activation-checkpointing"], "--activation-checkpointing"),
-              (["--cpu-offload"], "--cpu-offload"), (["--optimizer", "muon"], "--optimizer muon"),
-              (["--clip", "1"], "--clip"), (["--grad-accum", "2"], "--grad-accum"),
+              (["--cpu-offload"], "--cpu-offload"),
+              (["--grad-accum", "2"], "--grad-accum"),
               (["--param-dtype", "bf16"], "--param-dtype"), (["--sample", "4"], "--sample"),
-              (["--deferred-init"], "--deferred-init"), (["--freeze", "ln_f"], "--freeze"),
+              (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],
         ("--pp 2 --plan", ["--pp", "2", "--plan"], ("--pp", "planner does not model pipeline")),
@@ -48,3 +48,7 @@ def under_sharding(t, sharded):
     llama_tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
                          "--tie-head", n=4, timeout=60)
     t.fails("--pp 2 at dp 2, --model llama --tie-head", llama_tied, "--tie-head", "tied to wte")
+    hybrid = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
+                     "--strategy", "hybrid", "--shard-group-size", "2", n=4, timeout=60)
+    t.fails("--pp 2 --strategy hybrid at dp 2", hybrid, "--strategy hybrid under --pp 2", "dp = 2 ranks",
+            "at least 2 groups")

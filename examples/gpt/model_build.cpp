@@ -61,6 +61,12 @@ bool is_frozen(const TrainOptions& o, const std::string& name) {
   return false;
 }
 
+void freeze_parameters(const TrainOptions& o, torch::nn::Module& model) {
+  for (auto& item : model.named_parameters()) {
+    if (is_frozen(o, item.key())) item.value().set_requires_grad(false);
+  }
+}
+
 void check_freeze_patterns(const TrainOptions& o) {
   if (o.freeze.empty()) return;
   const std::vector<std::string> names = freezable_names(o);
@@ -139,9 +145,7 @@ fsdp::Unit<GPT> build_tensor_parallel(const TrainOptions& o, fsdp::DeviceMesh& m
   GPT gpt = make_gpt(o.model, o.seed);
   fsdp::Unit<GPT> whole(gpt);
   load_initial_weights(o, whole);
-  for (auto& item : gpt->named_parameters()) {
-    if (is_frozen(o, item.key())) item.value().set_requires_grad(false);
-  }
+  freeze_parameters(o, *gpt);
   parallelize_gpt(gpt, std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp")));
   return fsdp::fully_shard(gpt, mesh.group("dp"), o.fsdp);
 }
@@ -162,9 +166,7 @@ fsdp::Unit<GPT> build_model(const TrainOptions& o, fsdp::Distributed* dist, fsdp
         });
   }
   GPT gpt = make_gpt(o.model, o.seed);
-  for (auto& item : gpt->named_parameters()) {
-    if (is_frozen(o, item.key())) item.value().set_requires_grad(false);
-  }
+  freeze_parameters(o, *gpt);
   if (dist) return fsdp::fully_shard(gpt, *dist->world, o.fsdp);  // moves it to fsdp.device()
   gpt->to(compute_device(o));
   return fsdp::Unit<GPT>(gpt);

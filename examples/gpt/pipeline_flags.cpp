@@ -52,14 +52,11 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
       {cl.cpu_offload, "--cpu-offload (FSDP inside a stage refuses it)"},
       {cl.keep_after_forward, "--no-reshard-after-forward (a stage is gathered once per step already)"},
       {o.step_in_backward, "--step-in-backward (the stages step after the schedule's last backward)"},
-      {o.muon, "--optimizer muon (its orthogonalization is not run on a stage's shards yet)"},
-      {o.clip > 0, "--clip (the gradient norm is not reduced over the stages yet)"},
       {app.count("--grad-accum") > 0, "--grad-accum (give --microbatches M: the pipeline's micro-batches)"},
       {o.no_sync, "--no-sync (a sharded stage reduces once per step already)"},
       {precision.param_dtype().has_value() || precision.reduce_dtype().has_value(),
        "--param-dtype/--reduce-dtype (mixed precision is not run in the pipeline yet)"},
       {o.deferred_init, "--deferred-init (every rank builds the whole model, then keeps its stages)"},
-      {!o.freeze.empty(), "--freeze (a frozen parameter in a stage is not handled yet)"},
   };
 }
 

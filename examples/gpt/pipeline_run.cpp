@@ -5,6 +5,7 @@
 #include "run_paths.h"
 #include "tensor_parallel_plan.h"
 #include "train_optimizers.h"
+#include "trainer.h"
 
 #include <fsdp/device_mesh.h>
 #include <fsdp/memory.h>
@@ -45,6 +46,17 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
               " ranks): its backward is split into input and weight gradients, which FSDP inside a "
               "stage does not reduce yet; use gpipe, 1f1b or interleaved-1f1b, or dp 1 (--pp equal to "
               "the ranks)");
+  // Hybrid sharding splits a stage's dp ranks (not the world) into groups of F.
+  const int f = o.fsdp.shard_group_size();
+  TORCH_CHECK(!fsdp::is_hybrid(o.fsdp.strategy()) || f == 0 || (dp % f == 0 && dp / f >= 2),
+              "--strategy hybrid under --pp ", o.pp, ": each stage is sharded over its dp = ", dp, " ranks (",
+              world, " ranks / ", flags, "), which hybrid splits into groups of --shard-group-size F (",
+              f, "); F must divide ", dp, " and leave at least 2 groups (e.g. --pp ", o.pp,
+              " at ", 4 * o.pp * o.tp, " ranks with --shard-group-size 2)");
+  // The stages' clip and Muon do not reduce over tp ranks yet.
+  TORCH_CHECK(o.tp == 1 || (o.clip <= 0 && !o.muon), "--pp with --tp ", o.tp, " does not run with ",
+              o.muon ? "--optimizer muon" : "--clip", " yet (a stage's norm and Muon's matrices are not reduced "
+              "over its tp ranks); drop it or --tp");
   return fsdp::DeviceMesh(dist.world, {{"pp", o.pp}, {"dp", dp}, {"tp", o.tp}});
 }
 
@@ -79,8 +91,26 @@ std::vector<fsdp::pp::Stage> build_stages(const TrainOptions& o, fsdp::DeviceMes
   return stages;
 }
 
-// AdamW over this rank's stages' parameters, each tensor once, named as the GPT names them.
-TrainOptimizers pipeline_optimizers(const TrainOptions& o, fsdp::pp::Pipeline& pipe) {
+// The parameters of `split` (a split_for_muon of the whole model) that this rank's stages hold.
+fsdp::optim::MuonSplit held_part(const fsdp::optim::MuonSplit& split, const std::set<const c10::TensorImpl*>& held) {
+  fsdp::optim::MuonSplit part;
+  for (size_t i = 0; i < split.matrices.size(); ++i) {
+    if (!held.count(split.matrices[i].unsafeGetTensorImpl())) continue;
+    part.matrices.push_back(split.matrices[i]);
+    part.matrix_names.push_back(split.matrix_names[i]);
+  }
+  for (size_t i = 0; i < split.others.size(); ++i) {
+    if (!held.count(split.others[i].unsafeGetTensorImpl())) continue;
+    part.others.push_back(split.others[i]);
+    part.other_names.push_back(split.other_names[i]);
+  }
+  return part;
+}
+
+// AdamW over this rank's stages' parameters, each tensor once, named as the GPT names them; with
+// --optimizer muon, Muon on the stages' part of the whole model's split (each matrix whole at one
+// owner among the stage's dp ranks, or here when the stage is not sharded) and AdamW on the rest.
+TrainOptimizers pipeline_optimizers(const TrainOptions& o, GPT& gpt, fsdp::pp::Pipeline& pipe) {
   std::vector<std::string> names;
   std::vector<torch::Tensor> params;
   std::set<const c10::TensorImpl*> seen;
@@ -91,6 +121,7 @@ TrainOptimizers pipeline_optimizers(const TrainOptions& o, fsdp::pp::Pipeline& p
       params.push_back(item.value());
     }
   }
+  if (o.muon) return make_muon_optimizers(held_part(fsdp::optim::split_for_muon(*gpt), seen), o);
   TrainOptimizers optimizers;
   optimizers.adamw = make_optimizer(names, params, o.lr, o.weight_decay, o.fused_optimizer);
   return optimizers;
@@ -132,9 +163,10 @@ StepRecord pipeline_step(const PipelineRun& run, int64_t step, bool traced) {
   optimizer.zero_grad();
   const auto [inputs, targets] = rank_rows(o, run.corpus, step, run.dp, run.dp_rank);
   auto loss = torch::tensor(run.pipe.step(inputs, targets), torch::kDouble);
+  StepRecord record;
+  if (o.clip > 0) record.grad_norm = fsdp::pp::clip_grad_norm_(run.pipe, o.clip);  // over every stage
   const auto optimizer_start = Clock::now();
   optimizer.step();
-  StepRecord record;
   record.optimizer_ms = std::chrono::duration<double, std::milli>(Clock::now() - optimizer_start).count();
   if (traced) {
     const std::string trace = for_rank(o.trace, run.dist.rank());
@@ -165,6 +197,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   fsdp::install_memory_counter();
   const Corpus corpus = pipeline_corpus(o);
   GPT gpt = make_gpt(o.model, o.seed);  // every rank alike: the reference's initial values
+  freeze_parameters(o, *gpt);
   gpt->to(compute_device(o));
   if (o.tp > 1) parallelize_gpt(gpt, std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp")));
   const PipelineChain chain = pipeline_chain(gpt);
@@ -173,7 +206,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   if (dist.rank() == 0) print_split(o, mesh, modules);
   fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule, modules), mesh.group_ptr("pp"), summed_lm_loss(gpt->tp),
                           fsdp::pp::PipelineOptions().schedule(schedule).microbatches(o.microbatches));
-  TrainOptimizers optimizers = pipeline_optimizers(o, pipe);
+  TrainOptimizers optimizers = pipeline_optimizers(o, gpt, pipe);
   const PipelineRun run{o, dist, corpus, pipe, optimizers, mesh.size("dp"), mesh.coordinate("dp")};
 
   StepLog log(o, &dist, dist.rank());

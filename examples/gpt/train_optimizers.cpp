@@ -66,7 +66,11 @@ TrainOptimizers make_train_optimizers(GPT& model, const TrainOptions& o) {
     optimizers.adamw = make_optimizer(model, o.lr, o.weight_decay, o.fused_optimizer);
     return optimizers;
   }
-  const fsdp::optim::MuonSplit split = fsdp::optim::split_for_muon(*model);
+  return make_muon_optimizers(fsdp::optim::split_for_muon(*model), o);
+}
+
+TrainOptimizers make_muon_optimizers(const fsdp::optim::MuonSplit& split, const TrainOptions& o) {
+  TrainOptimizers optimizers;
   TORCH_CHECK(!split.matrices.empty(), "--optimizer muon: the model has no hidden matrix that "
               "trains (every block's matrices are frozen by --freeze?); use --optimizer fused");
   optimizers.adamw = make_optimizer(split.other_names, split.others, o.lr, o.weight_decay,

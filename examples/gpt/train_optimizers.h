@@ -50,4 +50,8 @@ struct TrainOptimizers {
 /// parameters are the same tensors), at the peak learning rates.
 TrainOptimizers make_train_optimizers(GPT& model, const TrainOptions& o);
 
+/// --optimizer muon's optimizers over `split` (a model's split_for_muon, or a pipeline stage's
+/// part of it): Muon on its matrices, the fused AdamW on the rest.
+TrainOptimizers make_muon_optimizers(const fsdp::optim::MuonSplit& split, const TrainOptions& o);
+
 }  // namespace gpt

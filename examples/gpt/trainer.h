@@ -35,6 +35,9 @@ void check_freeze_patterns(const TrainOptions& o);
 /// Whether --freeze keeps the parameter `name` (a full name, or one relative to a block) frozen.
 bool is_frozen(const TrainOptions& o, const std::string& name);
 
+/// Sets requires_grad false on the parameters of `model` (a whole GPT) that --freeze names.
+void freeze_parameters(const TrainOptions& o, torch::nn::Module& model);
+
 /// The GPT of `o` with its --freeze parameters frozen, sharded over `dist` (moved to
 /// fsdp.device()), or unsharded on the compute device when `dist` is null. Deferred: built and
 /// sharded block by block, each block initialised (and frozen) by its own parameter names just

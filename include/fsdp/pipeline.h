@@ -284,6 +284,8 @@ class Pipeline {
   /// tensor): what the optimizer takes.
   std::vector<torch::Tensor> parameters() const;
   const std::vector<Action>& actions() const { return actions_; }
+  /// The pipeline's group (stage s's rank is member rank_of_stage(s)).
+  ProcessGroup& group() const { return *pp_; }
 
  private:
   std::vector<Stage> stages_;
@@ -296,5 +298,19 @@ class Pipeline {
   std::shared_ptr<TiedWeights> tied_;
   std::shared_ptr<BorrowedWeights> borrowed_;
 };
+
+/// torch::nn::utils::clip_grad_norm_ for a pipelined model: scales every stage's gradients so
+/// that the global L2 norm (the unsplit model's: each element once, over every stage, a sharded
+/// stage's pieces summed over its dp ranks, a weight tied across stages counted once) is at most
+/// `max_norm`, and returns the norm before clipping. LibTorch's clip, or fsdp::clip_grad_norm_ on
+/// one stage's parameters, sees one stage alone and clips each pp rank by its own norm. A
+/// collective over the pipeline's group (and each sharded stage's dp group): every rank calls it,
+/// after step() and before the optimizer step.
+///
+/// Example:
+///   double loss = pipe.step(inputs, targets);
+///   double norm = fsdp::pp::clip_grad_norm_(pipe, 1.0);
+///   optimizer.step();
+double clip_grad_norm_(Pipeline& pipeline, double max_norm);
 
 }  // namespace fsdp::pp

@@ -1,6 +1,7 @@
 #include <fsdp/clip.h>
 
 #include "core/sharded_view.h"
+#include "optim/gradient_squares.h"
 
 #include <fsdp/parallelize.h>
 
@@ -64,10 +65,10 @@ void sum_over_tensor_parallel(const NormTerms& terms, at::Tensor& squares) {
 
 }  // namespace
 
-double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
-  TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
-  torch::NoGradGuard no_grad;
-  const detail::ShardedView model(sharded);
+namespace detail {
+
+GradientSquares gradient_squares(const ShardedModel& sharded) {
+  const ShardedView model(sharded);
   std::vector<at::Tensor> grads;
   std::vector<std::optional<tp::Placement>> placements;
   for (const auto& p : model.params()) {
@@ -78,17 +79,28 @@ double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
   // Each rank squares only its own pieces (never the padding); replicas hold equal pieces, so
   // the sum runs over the shard group alone ([Note: the norm over both dimensions]).
   // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
-  const c10::Device device = model.compute_device();
   const NormTerms terms = norm_terms(grads, placements);
-  at::Tensor squares = sum_of_squares(terms.counted, device);
+  at::Tensor squares = sum_of_squares(terms.counted, model.compute_device());
   model.all_reduce_over_shard_group(squares);
   sum_over_tensor_parallel(terms, squares);
-  const double norm = std::sqrt(squares.item<double>());
+  return {squares, std::move(grads)};
+}
+
+double scale_to_norm(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
   const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula
   if (scale < 1.0) {
-    for (auto& grad : grads) grad.mul_(scale);
+    for (const auto& grad : grads) grad.mul_(scale);
   }
   return norm;
+}
+
+}  // namespace detail
+
+double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
+  TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
+  torch::NoGradGuard no_grad;
+  const detail::GradientSquares model = detail::gradient_squares(sharded);
+  return detail::scale_to_norm(model.grads, std::sqrt(model.squares.item<double>()), max_norm);
 }
 
 namespace {
@@ -141,13 +153,8 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
   }
   // Every rank of a tensor-parallel group calls with the same list: one of the two names it.
   sum_over_tensor_parallel(piece_terms.tp ? piece_terms : whole_terms, squares);
-  const double norm = std::sqrt(squares.item<double>());
-  const double scale = max_norm / (norm + 1e-6);  // torch's clip_grad_norm_ formula
-  if (scale < 1.0) {
-    for (auto& grad : pieces) grad.mul_(scale);
-    for (auto& grad : wholes) grad.mul_(scale);
-  }
-  return norm;
+  pieces.insert(pieces.end(), wholes.begin(), wholes.end());
+  return detail::scale_to_norm(pieces, std::sqrt(squares.item<double>()), max_norm);
 }
 
 }  // namespace fsdp

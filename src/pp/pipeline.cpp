@@ -6,6 +6,7 @@
 #include "pp/stage_messages.h"
 #include "pp/tied_weights.h"
 #include "tp/tied_backward_scope.h"
+#include "util/trace.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -22,6 +23,41 @@
 namespace fsdp::pp {
 
 namespace {
+
+// An action's span in a --trace: "<what> stage S mb M"; a receive is a wait on another stage.
+const char* span_name(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::Unshard: return "pp unshard";
+    case ActionKind::ReduceScatter: return "pp reduce_scatter";
+    case ActionKind::Reshard: return "pp reshard";
+    case ActionKind::RecvActivation: return "pp recv_activation";
+    case ActionKind::Forward: return "pp forward";
+    case ActionKind::SendActivation: return "pp send_activation";
+    case ActionKind::RecvGradient: return "pp recv_gradient";
+    case ActionKind::Backward: return "pp backward";
+    case ActionKind::BackwardInput: return "pp backward_input";
+    case ActionKind::BackwardWeight: return "pp backward_weight";
+    case ActionKind::SendGradient: return "pp send_gradient";
+  }
+  return "pp action";
+}
+
+TraceLane span_lane(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::RecvActivation:
+    case ActionKind::RecvGradient: return TraceLane::Waits;
+    case ActionKind::SendActivation:
+    case ActionKind::SendGradient:
+    case ActionKind::Unshard:
+    case ActionKind::ReduceScatter: return TraceLane::Communication;
+    default: return TraceLane::Compute;
+  }
+}
+
+std::string span_label(const Action& a) {
+  if (!trace_enabled()) return {};
+  return "stage " + std::to_string(a.stage) + (a.microbatch >= 0 ? " mb " + std::to_string(a.microbatch) : "");
+}
 
 std::vector<at::Tensor> split_batch(const at::Tensor& batch, int microbatches, const char* what) {
   TORCH_CHECK(batch.defined() && batch.dim() >= 1 && batch.size(0) % microbatches == 0, "pipeline: the step's ",
@@ -66,7 +102,11 @@ class StepRun {
     StageSharding& sharding = *shardings_.at(a.stage);
     const bool computes = a.kind == ActionKind::Forward || a.kind == ActionKind::Backward;
     if (reshard_after_microbatch_ && computes) sharding.unshard();  // gathered again, if resharded
-    run_action(a, sharding);
+    const std::string label = span_label(a);
+    {
+      TraceSpan span(span_name(a.kind), label, span_lane(a.kind));
+      run_action(a, sharding);
+    }
     if (reshard_after_microbatch_ && a.kind == ActionKind::Backward) sharding.reshard();
   }
 
@@ -128,7 +168,8 @@ class StepRun {
   void backward(const Stage& stage, MicroBatchState& mb) {
     std::optional<tp::detail::TiedBackwardScope> tied;  // [Note: a tied weight's second backward]
     if (!stage.tied_parameters().empty()) tied.emplace();
-    torch::autograd::backward({mb.output}, output_grads(mb));
+    // A first stage whose parameters are all frozen: nothing before it, nothing to compute.
+    if (mb.output.requires_grad()) torch::autograd::backward({mb.output}, output_grads(mb));
     mb.output = at::Tensor();
     mb.grad = at::Tensor();
   }
