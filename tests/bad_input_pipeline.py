@@ -52,3 +52,6 @@ def under_sharding(t, sharded):
                      "--strategy", "hybrid", "--shard-group-size", "2", n=4, timeout=60)
     t.fails("--pp 2 --strategy hybrid at dp 2", hybrid, "--strategy hybrid under --pp 2", "dp = 2 ranks",
             "at least 2 groups")
+    tp_clip = sharded("--pp", "2", "--tp", "2", "--layers", "2", "--microbatches", "2", "--clip", "1",
+                      n=4, timeout=60)
+    t.fails("--pp 2 --tp 2 --clip 1", tp_clip, "--pp with --tp 2 does not run with --clip")

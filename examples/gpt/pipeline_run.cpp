@@ -50,7 +50,7 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   const int f = o.fsdp.shard_group_size();
   TORCH_CHECK(!fsdp::is_hybrid(o.fsdp.strategy()) || f == 0 || (dp % f == 0 && dp / f >= 2),
               "--strategy hybrid under --pp ", o.pp, ": each stage is sharded over its dp = ", dp, " ranks (",
-              world, " ranks / ", flags, "), which hybrid splits into groups of --shard-group-size F (",
+              world, " ranks / ", asked, "), which hybrid splits into groups of --shard-group-size F (",
               f, "); F must divide ", dp, " and leave at least 2 groups (e.g. --pp ", o.pp,
               " at ", 4 * o.pp * o.tp, " ranks with --shard-group-size 2)");
   // The stages' clip and Muon do not reduce over tp ranks yet.
