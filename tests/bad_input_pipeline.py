@@ -8,7 +8,7 @@ def flag_cases(tmp):
     return [
         *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
           for flags, named in (
-              (["--reference"], "--reference"), (["--tp", "2"], "--tp"),
+              (["--reference"], "--reference"),
               (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck")], "--checkpoint-dir/--save-every"),
               (["--export-hf", str(tmp / "pp-hf")], "--export-hf"),
               (["--save-full", str(tmp / "pp-full.pt")], "--save-full"),
@@ -31,6 +31,8 @@ def flag_cases(tmp):
         ("--pp 2 1f1b --microbatches 1", ["--pp", "2", "--layers", "2"], ("--microbatches 1",)),
         ("--pp 2 on one rank", ["--pp", "2", "--layers", "2", "--microbatches", "2"],
          ("--pp 2 does not divide the 1 ranks",)),
+        ("--pp 2 --tp 2 on one rank", ["--pp", "2", "--tp", "2", "--layers", "2", "--microbatches", "2"],
+         ("--pp 2 x --tp 2 does not divide the 1 ranks",)),
     ]
 
 
@@ -50,3 +52,6 @@ def under_sharding(t, sharded):
                      "--strategy", "hybrid", "--shard-group-size", "2", n=4, timeout=60)
     t.fails("--pp 2 --strategy hybrid at dp 2", hybrid, "--strategy hybrid under --pp 2", "dp = 2 ranks",
             "at least 2 groups")
+    tp_clip = sharded("--pp", "2", "--tp", "2", "--layers", "2", "--microbatches", "2", "--clip", "1",
+                      n=4, timeout=60)
+    t.fails("--pp 2 --tp 2 --clip 1", tp_clip, "--pp with --tp 2 does not run with --clip")

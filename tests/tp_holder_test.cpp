@@ -94,6 +94,19 @@ TEST(TensorParallel, ALayerCalledAroundItsHolderAfterABackwardIsNamedInBackward)
   EXPECT_NE(error.find("'up' was called directly"), std::string::npos) << error;
 }
 
+TEST(TensorParallel, ForwardsAheadOfTheirBackwardsPassTheHolderCheckEachOnce) {
+  if (dist().world_size() == 1) GTEST_SKIP() << "one rank communicates nothing to skip";
+  // A pipeline's micro-batches: two forwards through the holders, then their two backwards.
+  ArrowMlp split = split_mlp();
+  const torch::Tensor first = split->forward(input()).sum(), second = split->forward(input()).sum();
+  first.backward();
+  second.backward();
+  // No forward left for a third backward: the call around the holder is still named.
+  const torch::Tensor around = split->down->forward(torch::relu(split->up.ptr()->forward(input())));
+  const std::string error = error_of([&] { around.sum().backward(); });
+  EXPECT_NE(error.find("'up' was called directly"), std::string::npos) << error;
+}
+
 TEST(TensorParallel, AttentionHeadsTheTpSizeDoesNotDivideAreNamed) {
   auto tp = world_tp();
   EXPECT_EQ(fsdp::tp::local_heads(4 * tp->size(), *tp), 4);

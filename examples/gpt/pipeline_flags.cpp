@@ -38,7 +38,6 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
   return {
       {cl.reference, "--reference (it trains the unsharded model: give it --world-size WORLD/pp "
                      "--grad-accum M for the same batches)"},
-      {o.tp > 1, "--tp (a stage is not split over tensor-parallel ranks yet)"},
       {cl.autoplan || cl.plan, "--auto/--plan (the planner does not model pipeline stages yet)"},
       {!o.checkpoint_dir.empty() || o.save_every > 0 || o.resume,
        "--checkpoint-dir/--save-every/--resume (a stage's checkpoint is not written yet)"},

@@ -8,26 +8,36 @@ namespace gpt {
 
 namespace {
 
-// GPT-2's learned positions added to the embedding ([Note: the GPT as a pipeline chain]).
+// GPT-2's learned positions added to the embedding ([Note: the GPT as a pipeline chain]); under
+// tensor parallelism, to this rank's part of the sequence (as GPTImpl::forward).
 struct AddPositionsImpl : torch::nn::Module {
-  explicit AddPositionsImpl(const torch::Tensor& wpe_weight) {
+  AddPositionsImpl(const torch::Tensor& wpe_weight, std::shared_ptr<fsdp::tp::TensorParallel> tp_group)
+      : tp(std::move(tp_group)) {
     weight = register_parameter("weight", wpe_weight);
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    const auto positions = torch::arange(x.size(1), x.options().dtype(torch::kLong));
-    return x + torch::nn::functional::embedding(positions, weight);
+    const int64_t sequence = x.size(1) * (tp ? tp->size() : 1);
+    const auto positions = torch::nn::functional::embedding(
+        torch::arange(sequence, x.options().dtype(torch::kLong)), weight);
+    return x + (tp ? tp->chunk_along(positions, 0) : positions);
   }
   torch::Tensor weight;
+  std::shared_ptr<fsdp::tp::TensorParallel> tp;
 };
 TORCH_MODULE(AddPositions);
 
-// The head tied to wte: logits against the embedding's rows.
+// The head tied to wte: logits against the embedding's rows (under tensor parallelism, the whole
+// sequence against this rank's rows, as GPTImpl::forward).
 struct TiedHeadImpl : torch::nn::Module {
-  explicit TiedHeadImpl(const torch::Tensor& wte_weight) {
+  TiedHeadImpl(const torch::Tensor& wte_weight, std::shared_ptr<fsdp::tp::TensorParallel> tp_group)
+      : tp(std::move(tp_group)) {
     weight = register_parameter("weight", wte_weight);
   }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::matmul(x, weight.t()); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return torch::matmul(tp ? tp->gather_sequence(x) : x, weight.t());
+  }
   torch::Tensor weight;
+  std::shared_ptr<fsdp::tp::TensorParallel> tp;
 };
 TORCH_MODULE(TiedHead);
 
@@ -43,7 +53,7 @@ PipelineChain pipeline_chain(GPT& gpt) {
   PipelineChain chain{std::make_shared<torch::nn::Module>("PipelineChain"), {}};
   const auto wte = child<torch::nn::Embedding>(*gpt, "wte");
   add_part(chain, "wte", torch::nn::AnyModule(wte));
-  if (gpt->wpe) add_part(chain, "wpe", torch::nn::AnyModule(AddPositions(gpt->wpe->weight)));
+  if (gpt->wpe) add_part(chain, "wpe", torch::nn::AnyModule(AddPositions(gpt->wpe->weight, gpt->tp)));
   auto blocks = std::dynamic_pointer_cast<torch::nn::ModuleListImpl>(gpt->named_children()["h"]);
   TORCH_CHECK(blocks, "the GPT has no block list h");
   chain.view->register_module("h", blocks);
@@ -56,7 +66,7 @@ PipelineChain pipeline_chain(GPT& gpt) {
   }
   add_part(chain, "ln_f", norm_child(*gpt, gpt_layers(gpt->config).after_blocks, "ln_f"));
   if (gpt->config.head_is_wte()) {
-    add_part(chain, "head", torch::nn::AnyModule(TiedHead(wte->weight)));
+    add_part(chain, "head", torch::nn::AnyModule(TiedHead(wte->weight, gpt->tp)));
   } else {
     add_part(chain, "lm_head", torch::nn::AnyModule(child<UninitializedLinear>(*gpt, "lm_head")));
   }
@@ -91,10 +101,17 @@ fsdp::pp::Schedule pipeline_schedule(const std::string& name) {
   return fsdp::pp::Schedule::ZBV;
 }
 
-torch::Tensor summed_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
-  namespace F = torch::nn::functional;
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
-                          F::CrossEntropyFuncOptions().reduction(torch::kSum));
+fsdp::pp::LossFn summed_lm_loss(std::shared_ptr<fsdp::tp::TensorParallel> tp) {
+  if (tp) {  // loss parallelism over the vocabulary-sharded logits: the mean, times the tokens
+    return [tp](const torch::Tensor& logits, const torch::Tensor& targets) {
+      return tp->cross_entropy(logits, targets) * static_cast<double>(targets.numel());
+    };
+  }
+  return [](const torch::Tensor& logits, const torch::Tensor& targets) {
+    namespace F = torch::nn::functional;
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat), targets.reshape({-1}),
+                            F::CrossEntropyFuncOptions().reduction(torch::kSum));
+  };
 }
 
 }  // namespace gpt

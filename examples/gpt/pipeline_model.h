@@ -23,7 +23,7 @@ struct PipelineChain {
   std::shared_ptr<torch::nn::Module> view;  // the chain's modules under the GPT's names
   std::vector<fsdp::pp::Part> parts;        // wte, [wpe], h.0 .. h.L-1, ln_f, lm_head | head
 };
-/// The chain of `gpt`, whose own forward is not used afterwards (its fsdp::Unit holders of the
+/// The chain of `gpt` (split over its tp ranks first, when --tp), whose own forward is not used afterwards (its fsdp::Unit holders of the
 /// blocks are released: a sharded stage is one FSDP unit).
 PipelineChain pipeline_chain(GPT& gpt);
 
@@ -36,7 +36,8 @@ std::vector<std::vector<std::string>> stage_modules(const PipelineChain& chain, 
 /// --pp-schedule's value: gpipe | 1f1b | interleaved-1f1b | zbv.
 fsdp::pp::Schedule pipeline_schedule(const std::string& name);
 
-/// A micro-batch's next-token cross-entropy summed over its tokens (in fp32, as lm_loss).
-torch::Tensor summed_lm_loss(const torch::Tensor& logits, const torch::Tensor& targets);
+/// A micro-batch's next-token cross-entropy summed over its tokens (in fp32, as lm_loss); with
+/// `tp`, over its vocabulary-sharded logits (loss parallelism, as GPTImpl::loss).
+fsdp::pp::LossFn summed_lm_loss(std::shared_ptr<fsdp::tp::TensorParallel> tp);
 
 }  // namespace gpt

@@ -3,6 +3,7 @@
 #include "data.h"
 #include "pipeline_model.h"
 #include "run_paths.h"
+#include "tensor_parallel_plan.h"
 #include "train_optimizers.h"
 #include "trainer.h"
 
@@ -23,12 +24,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The mesh pp x dp: pp outermost, so a pipeline's ranks are dp apart.
+// The mesh pp x dp x tp: pp outermost, tp innermost (torchtitan's order), so a stage's tp ranks
+// are neighbours and a pipeline's ranks (one (dp, tp) coordinate) are dp·tp apart.
 fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   const int world = dist.world_size();
-  TORCH_CHECK(world % o.pp == 0, "--pp ", o.pp, " does not divide the ", world,
-              " ranks; launch a multiple of --pp ranks (dp = ranks / --pp)");
-  const int dp = world / o.pp;
+  const std::string asked = "--pp " + std::to_string(o.pp) + (o.tp > 1 ? " x --tp " + std::to_string(o.tp) : "");
+  const std::string flags = o.tp > 1 ? "(--pp x --tp)" : "--pp";
+  TORCH_CHECK(world % (o.pp * o.tp) == 0, asked, " does not divide the ", world, " ranks; launch a multiple of ",
+              flags, " ranks (dp = ranks / ", flags, ")");
+  const int dp = world / (o.pp * o.tp);
   // What FSDP inside a stage (dp > 1) does not compose with yet (src/pp/pipeline.cpp refuses
   // both), named here by the flags.
   const bool several_stages = o.pp * o.stages_per_rank > 1;
@@ -46,10 +50,14 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   const int f = o.fsdp.shard_group_size();
   TORCH_CHECK(!fsdp::is_hybrid(o.fsdp.strategy()) || f == 0 || (dp % f == 0 && dp / f >= 2),
               "--strategy hybrid under --pp ", o.pp, ": each stage is sharded over its dp = ", dp, " ranks (",
-              world, " ranks / --pp ", o.pp, "), which hybrid splits into groups of --shard-group-size F (",
+              world, " ranks / ", asked, "), which hybrid splits into groups of --shard-group-size F (",
               f, "); F must divide ", dp, " and leave at least 2 groups (e.g. --pp ", o.pp,
-              " at ", 4 * o.pp, " ranks with --shard-group-size 2)");
-  return fsdp::DeviceMesh(dist.world, {{"pp", o.pp}, {"dp", dp}});
+              " at ", 4 * o.pp * o.tp, " ranks with --shard-group-size 2)");
+  // The stages' clip and Muon do not reduce over tp ranks yet.
+  TORCH_CHECK(o.tp == 1 || (o.clip <= 0 && !o.muon), "--pp with --tp ", o.tp, " does not run with ",
+              o.muon ? "--optimizer muon" : "--clip", " yet (a stage's norm and Muon's matrices are not reduced "
+              "over its tp ranks); drop it or --tp");
+  return fsdp::DeviceMesh(dist.world, {{"pp", o.pp}, {"dp", dp}, {"tp", o.tp}});
 }
 
 // Rank 0's line of the split: "pipeline: 2 stages (1f1b, 4 micro-batches) over pp 2 x dp 1:
@@ -58,7 +66,8 @@ void print_split(const TrainOptions& o, const fsdp::DeviceMesh& mesh,
                  const std::vector<std::vector<std::string>>& modules) {
   std::string line = "pipeline: " + std::to_string(modules.size()) + " stages (" + o.pp_schedule + ", " +
                      std::to_string(o.microbatches) + " micro-batches) over pp " + std::to_string(o.pp) +
-                     " x dp " + std::to_string(mesh.size("dp")) + ":";
+                     " x dp " + std::to_string(mesh.size("dp")) +
+                     (o.tp > 1 ? " x tp " + std::to_string(o.tp) : std::string()) + ":";
   for (size_t s = 0; s < modules.size(); ++s) {
     line += " stage " + std::to_string(s) + " [";
     for (size_t i = 0; i < modules[s].size(); ++i) line += (i ? " " : "") + modules[s][i];
@@ -190,11 +199,12 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   GPT gpt = make_gpt(o.model, o.seed);  // every rank alike: the reference's initial values
   freeze_parameters(o, *gpt);
   gpt->to(compute_device(o));
+  if (o.tp > 1) parallelize_gpt(gpt, std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp")));
   const PipelineChain chain = pipeline_chain(gpt);
   const fsdp::pp::Schedule schedule = pipeline_schedule(o.pp_schedule);
   const auto modules = stage_modules(chain, o.model.layers, o.pp * o.stages_per_rank);
   if (dist.rank() == 0) print_split(o, mesh, modules);
-  fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule, modules), mesh.group_ptr("pp"), summed_lm_loss,
+  fsdp::pp::Pipeline pipe(build_stages(o, mesh, chain, schedule, modules), mesh.group_ptr("pp"), summed_lm_loss(gpt->tp),
                           fsdp::pp::PipelineOptions().schedule(schedule).microbatches(o.microbatches));
   TrainOptimizers optimizers = pipeline_optimizers(o, gpt, pipe);
   const PipelineRun run{o, dist, corpus, pipe, optimizers, mesh.size("dp"), mesh.coordinate("dp")};

@@ -5,6 +5,7 @@
 #include "pp/borrowed_weights.h"
 #include "pp/stage_messages.h"
 #include "pp/tied_weights.h"
+#include "tp/tied_backward_scope.h"
 #include "util/trace.h"
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -120,7 +122,7 @@ class StepRun {
       case ActionKind::SendActivation:
         return messages_.send_activation(stage.index(), a.microbatch, mb->output.detach());
       case ActionKind::RecvGradient: return recv_gradient(stage, *mb, a.microbatch);
-      case ActionKind::Backward: return backward(*mb);
+      case ActionKind::Backward: return backward(stage, *mb);
       case ActionKind::BackwardInput: return backward_input(*mb);
       case ActionKind::BackwardWeight: return backward_weight(stage, *mb);
       case ActionKind::SendGradient: return send_gradient(stage, *mb, a.microbatch);
@@ -163,7 +165,9 @@ class StepRun {
     return mb.grad.defined() ? std::vector<at::Tensor>{mb.grad} : std::vector<at::Tensor>{};
   }
 
-  void backward(MicroBatchState& mb) {
+  void backward(const Stage& stage, MicroBatchState& mb) {
+    std::optional<tp::detail::TiedBackwardScope> tied;  // [Note: a tied weight's second backward]
+    if (!stage.tied_parameters().empty()) tied.emplace();
     // A first stage whose parameters are all frozen: nothing before it, nothing to compute.
     if (mb.output.requires_grad()) torch::autograd::backward({mb.output}, output_grads(mb));
     mb.output = at::Tensor();
@@ -184,6 +188,8 @@ class StepRun {
     for (const at::Tensor& p : stage.parameters()) {
       if (p.requires_grad()) weights.push_back(p);
     }
+    std::optional<tp::detail::TiedBackwardScope> tied;  // [Note: a tied weight's second backward]
+    if (!stage.tied_parameters().empty()) tied.emplace();
     if (!weights.empty()) {
       torch::autograd::backward({mb.output}, output_grads(mb), /*retain_graph=*/false, /*create_graph=*/false,
                                 weights);

@@ -2,6 +2,7 @@
 // ([Note: pipeline stages and schedules]).
 #include <fsdp/pipeline.h>
 
+#include "pp/part_call.h"
 #include "pp/tied_weights.h"
 #include "pp/stage_sharding.h"
 
@@ -118,7 +119,7 @@ std::vector<std::string> Stage::part_names() const {
 
 torch::Tensor Stage::forward(torch::Tensor x) {
   if (sharded_) return sharded_->forward(x);  // through its FSDP unit ([Note: FSDP inside a stage])
-  for (Part& part : parts_) x = part.module.forward<torch::Tensor>(std::move(x));
+  for (Part& part : parts_) x = call_part(part, std::move(x));
   return x;
 }
 

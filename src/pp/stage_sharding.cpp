@@ -3,6 +3,7 @@
 #include "pp/stage_sharding.h"
 
 #include "core/unshard_hold.h"
+#include "pp/part_call.h"
 
 #include <fsdp/fully_shard.h>
 
@@ -50,7 +51,7 @@ struct StageModuleImpl : torch::nn::Module {
   }
 
   at::Tensor forward(at::Tensor x) {
-    for (Part& part : parts) x = part.module.forward<at::Tensor>(std::move(x));
+    for (Part& part : parts) x = call_part(part, std::move(x));
     return x;
   }
 

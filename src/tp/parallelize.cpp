@@ -4,6 +4,7 @@
 #include <fsdp/parallelize.h>
 
 #include "tp/parallel_styles.h"
+#include "tp/tied_backward_scope.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -128,19 +129,21 @@ void sum_gradient_over_ranks(at::Tensor& param, std::shared_ptr<TensorParallel> 
 // `layer->forward(x)` goes through the holder ([Note: layer->forward through its holder]); a
 // layer of the plan that no fsdp::tp::Parallel holds is refused by parallelize_module (check_held),
 // before any forward. What is left (`layer.ptr()->forward(x)`, `*layer`, a Sequential of the
-// layers) is caught in backward: a split parameter's gradient arrives, but its holder ran no
-// forward under grad mode since this hook last fired (a count per hook, not a flag once set:
-// every backward is checked, not only the first). A second backward of one graph
-// (retain_graph) is refused alike.
+// layers) is caught in backward: a split parameter's gradient arrives, but its holder ran fewer
+// forwards under grad mode than the hook has fired (each backward takes one forward: a count per
+// hook, not a flag once set, so every backward is checked, and a pipeline's micro-batches may run
+// several forwards before their backwards). A second backward of one graph (retain_graph) is
+// refused alike.
 void check_ran_through_holder(at::Tensor& param, std::shared_ptr<detail::StyledLayer> layer) {
   if (!param.requires_grad()) return;
-  auto seen = std::make_shared<int64_t>(0);  // the holder's grad-mode runs at this hook's last call
+  auto seen = std::make_shared<int64_t>(0);  // the backwards this hook has seen
   param.register_hook([layer, seen](const at::Tensor&) {
     const int64_t runs = layer->grad_runs();
+    if (runs <= *seen && detail::tied_backwards.load() > 0) return at::Tensor();  // a tie's other use
     TORCH_CHECK(runs > *seen, "tensor parallelism: '", layer->name(), "' was called directly, not "
                 "through its fsdp::tp::Parallel holder, so its communication did not run: declare it "
                 "as fsdp::tp::Parallel<...> in the model and call it as `layer(x)` or `layer->forward(x)`");
-    *seen = runs;
+    ++*seen;
     return at::Tensor();
   });
 }
