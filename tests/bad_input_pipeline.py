@@ -9,7 +9,7 @@ def flag_cases(tmp):
         *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
           for flags, named in (
               (["--reference"], "--reference"), (["--tp", "2"], "--tp"),
-              (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck")], "--checkpoint-dir/--save-every"),
+              (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck"), "--async-save"], "--async-save"),
               (["--export-hf", str(tmp / "pp-hf")], "--export-hf"),
               (["--save-full", str(tmp / "pp-full.pt")], "--save-full"),
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
@@ -21,6 +21,11 @@ def flag_cases(tmp):
               (["--deferred-init"], "--deferred-init"), (["--freeze", "ln_f"], "--freeze"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],
+        ("--pp 2 interleaved-1f1b with checkpoints",
+         ["--pp", "2", "--layers", "4", "--pp-schedule", "interleaved-1f1b", "--save-every", "2",
+          "--checkpoint-dir", str(tmp / "pp-ck")],
+         ("--pp does not run with --save-every/--resume at 2 stages per rank",
+          "use --pp-schedule gpipe or 1f1b")),
         ("--pp 2 --plan", ["--pp", "2", "--plan"], ("--pp", "planner does not model pipeline")),
         ("--microbatches without --pp", ["--microbatches", "2"], ("--microbatches only applies with --pp",)),
         ("--pp 2 --stages-per-rank 2 under 1f1b", ["--pp", "2", "--layers", "4", "--stages-per-rank", "2"],
