@@ -93,12 +93,11 @@ def refused(tmp, saved_dir, edit, needles):
         assert needle in r.stderr, f"no {needle!r} in:\n{r.stderr[-3000:]}"
 
 
-def rename(meta, old, new):
-    for p in meta["params"]:
-        p["name"] = new if p["name"] == old else p["name"]
+def add_copy(meta, old, new):
+    """A parameter `new` described as `old` is (its pieces in the same files), `old` kept."""
+    meta["params"] += [{**p, "name": new} for p in meta["params"] if p["name"] == old]
     for f in meta["files"]:
-        for piece in f["pieces"]:
-            piece["param"] = new if piece["param"] == old else piece["param"]
+        f["pieces"] += [{**piece, "param": new} for piece in f["pieces"] if piece["param"] == old]
 
 
 def drop(meta, name):
@@ -112,7 +111,7 @@ def drop(meta, name):
 def check_refusals(tmp, saved_dir):
     """A checkpoint parameter no stage holds, and a stage's parameter the checkpoint lacks: named."""
     name = "h.3.attn.q_proj.weight"
-    refused(tmp, saved_dir, lambda m: rename(m, name, "h.9.attn.q_proj.weight"),
+    refused(tmp, saved_dir, lambda m: add_copy(m, name, "h.9.attn.q_proj.weight"),
             ("'h.9.attn.q_proj.weight'", "no stage of this run holds"))
     refused(tmp, saved_dir, lambda m: drop(m, name), (f"'{name}'",))
 

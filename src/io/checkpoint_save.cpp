@@ -210,6 +210,7 @@ void complete_snapshot(SaveSnapshot& snapshot, const std::string& write_error) {
       for (const auto& file : nlohmann::json::parse(description)) meta.files.push_back(parse_file_meta(file));
     }
     const std::string metadata = snapshot.folder + "/" + kMetadataFile;
+    if (snapshot.of_stage) check_files_unique(meta, metadata);
     check_matches_model(meta, meta.params, metadata);  // a complete layout
     if (meta.buffers) check_buffers_match(meta, *meta.buffers, metadata);
     const std::string text = to_json(meta).dump(1);

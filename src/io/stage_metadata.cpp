@@ -64,6 +64,15 @@ CheckpointMeta restrict_to_model(const CheckpointMeta& meta, const std::set<std:
   return mine;
 }
 
+void check_files_unique(const CheckpointMeta& meta, const std::string& source) {
+  std::set<std::string> seen;
+  for (const auto& file : meta.files) {
+    TORCH_CHECK(seen.insert(file.name).second, source, ": two ranks wrote ", file.name,
+                " (their stages' shard files share a name): a stage's shard index must follow the "
+                "stages before it");
+  }
+}
+
 void check_all_claimed(const CheckpointMeta& meta, const std::set<std::string>& claimed, const std::string& source) {
   for (const auto& p : meta.params) {
     TORCH_CHECK(claimed.count(p.name), source, " has parameter '", p.name, "' that no stage of this run holds: "

@@ -32,6 +32,10 @@ CheckpointMeta merge_stage_metadata(const std::vector<std::string>& stages, int 
 CheckpointMeta restrict_to_model(const CheckpointMeta& meta, const std::set<std::string>& params,
                                  const std::set<std::string>& buffers);
 
+/// Throws, naming it and `source`, for a file that two ranks wrote (their stages' shard indices
+/// clash: one overwrote the other's).
+void check_files_unique(const CheckpointMeta& meta, const std::string& source);
+
 /// Throws, naming it and `source`, for a checkpoint parameter that is not in `claimed` (the
 /// parameters of every stage of the loading run): it would be silently left out.
 void check_all_claimed(const CheckpointMeta& meta, const std::set<std::string>& claimed, const std::string& source);
