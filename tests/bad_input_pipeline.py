@@ -51,3 +51,12 @@ def under_sharding(t, sharded):
     llama_tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
                          "--tie-head", n=4, timeout=60)
     t.fails("--pp 2 at dp 2, --model llama --tie-head", llama_tied, "--tie-head", "tied to wte")
+
+
+def with_checkpoints(t, sharded, tmp):
+    """gpt_train --pp at dp 1 (2 ranks) saving checkpoints shards every stage (a pipelined
+    checkpoint is written by sharded stages), so a head tied to wte across stages is refused as at
+    dp 2, naming the checkpoints."""
+    tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--save-every", "2",
+                   "--checkpoint-dir", str(tmp / "pp-tied-ck"), n=2, timeout=60)
+    t.fails("--pp 2 at dp 1 with checkpoints, GPT-2's tied head", tied, "with checkpoints", "tied to wte")
