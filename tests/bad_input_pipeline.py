@@ -10,8 +10,6 @@ def flag_cases(tmp):
           for flags, named in (
               (["--reference"], "--reference"), (["--tp", "2"], "--tp"),
               (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck"), "--async-save"], "--async-save"),
-              (["--export-hf", str(tmp / "pp-hf")], "--export-hf"),
-              (["--save-full", str(tmp / "pp-full.pt")], "--save-full"),
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--activation-checkpointing"], "--activation-checkpointing"),

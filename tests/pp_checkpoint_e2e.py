@@ -7,7 +7,8 @@ equal the uninterrupted run's: bitwise at (pp 2, dp 2), the same arithmetic; els
 micro-batches group the rows otherwise (the sums run in another order), within
 pp_train_e2e.py's 1e-5. dcp.load (HuggingFaceStorageReader, no_dist) reads the pipelined
 checkpoint: its parameters bitwise those that the unpipelined run loads from it (its --save-full
-at --steps 3), and AdamW's moments of every parameter.
+at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
+--save-full and --export-hf bitwise as the unpipelined run does.
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
@@ -60,12 +61,31 @@ def dcp_load(folder, like):
     return state
 
 
+def check_pipelined_export(tmp, folder, full):
+    """--save-full and --export-hf of a pipelined run at the checkpoint's weights: the unpipelined
+    run's dict (every tensor bitwise) and HF folder (every file bitwise)."""
+    ckpt = tmp / "pp2-load"
+    shutil.copytree(folder.parent, ckpt)
+    gpt_train(tmp, (2, 2), "--steps", SAVED, "--checkpoint-dir", ckpt, "--resume", "--save-full", tmp / "pp-full.pt",
+              "--export-hf", tmp / "pp-hf")
+    pp_full = torch.load(tmp / "pp-full.pt")
+    assert sorted(pp_full) == sorted(full), (sorted(pp_full), sorted(full))
+    for name, tensor in full.items():
+        assert torch.equal(pp_full[name], tensor), f"{name}: the pipelined --save-full differs"
+    files = sorted(p.name for p in (tmp / "hf").iterdir())
+    assert files == sorted(p.name for p in (tmp / "pp-hf").iterdir()), files
+    for name in files:
+        assert (tmp / "hf" / name).read_bytes() == (tmp / "pp-hf" / name).read_bytes(), f"--export-hf's {name} differs"
+
+
 def check_dcp(tmp, folder):
     """dcp.load reads the pipelined checkpoint: the parameters the unpipelined run loads from it."""
     ckpt = tmp / "pp1-load"
     shutil.copytree(folder.parent, ckpt)
-    gpt_train(tmp, (1, 2), "--steps", SAVED, "--checkpoint-dir", ckpt, "--resume", "--save-full", tmp / "full.pt")
+    gpt_train(tmp, (1, 2), "--steps", SAVED, "--checkpoint-dir", ckpt, "--resume", "--save-full", tmp / "full.pt",
+              "--export-hf", tmp / "hf")
     full = torch.load(tmp / "full.pt")
+    check_pipelined_export(tmp, folder, full)
     loaded = dcp_load(folder, full)
     for name, expected in full.items():
         assert torch.equal(loaded[name], expected), f"{name}: dcp.load of the pipelined checkpoint differs"

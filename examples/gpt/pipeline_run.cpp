@@ -2,6 +2,7 @@
 
 #include "checkpointing.h"
 #include "data.h"
+#include "pipeline_export.h"
 #include "pipeline_model.h"
 #include "run_paths.h"
 #include "train_optimizers.h"
@@ -9,6 +10,7 @@
 #include <fsdp/device_mesh.h>
 #include <fsdp/memory.h>
 #include <fsdp/pipeline_checkpoint.h>
+#include <fsdp/tensor_file.h>
 #include <fsdp/trace.h>
 
 #include <algorithm>
@@ -161,6 +163,23 @@ Corpus pipeline_corpus(const TrainOptions& o) {
                           : Corpus::load(o.data, o.max_data_bytes, min_size);
 }
 
+// Every stage's full parameters when the run writes them (--save-full, --export-hf): a collective.
+fsdp::NamedTensors pipeline_full_params_if_written(const TrainOptions& o, GPT& gpt, fsdp::pp::Pipeline& pipe,
+                                                   fsdp::DeviceMesh& mesh,
+                                                   const std::vector<std::vector<std::string>>& modules,
+                                                   fsdp::pp::Schedule schedule) {
+  if (o.save_full.empty() && o.export_hf.empty()) return {};
+  return pipeline_full_params(gpt, pipe, mesh, modules, fsdp::pp::placement_of(schedule));
+}
+
+// --save-full (rank 0's dict) and --export-hf (rank 0's folder), as an unpipelined run writes them.
+void write_full_params(const TrainOptions& o, fsdp::Distributed& dist, const fsdp::NamedTensors& params) {
+  if (!o.save_full.empty() && dist.rank() == 0) {
+    write_output("--save-full", o.save_full, [&] { fsdp::save_tensor_dict(o.save_full, params); });
+  }
+  if (!o.export_hf.empty()) export_hf(o, params, &dist);
+}
+
 }  // namespace
 
 TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
@@ -201,6 +220,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
     nonfinite.count(record.loss, step);
     save_if_due_with(save, optimizers, o.checkpoint_dir, o.save_every, step, o);
   }
+  write_full_params(o, dist, pipeline_full_params_if_written(o, gpt, pipe, mesh, modules, schedule));
   nonfinite.check_finished(gpt, &dist);
   return result;
 }
