@@ -12,7 +12,6 @@ at --steps 3), and AdamW's moments of every parameter. A pipelined run loading i
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
-import random
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from pp_train_e2e import write_corpus
 
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
@@ -139,9 +140,7 @@ def check_refusals(tmp, saved_dir):
 def main():
     with tempfile.TemporaryDirectory(prefix="pp_ckpt_") as tmp:
         tmp = Path(tmp)
-        words = ["def", "return", "self", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
-        rng = random.Random(7)
-        (tmp / "text.txt").write_text(" ".join(rng.choice(words) for _ in range(20000)))
+        write_corpus(tmp / "text.txt")
         straight_dir = tmp / "straight"
         straight, _ = gpt_train(tmp, (2, 2), "--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", straight_dir)
         saved_dir = tmp / "saved"
