@@ -9,9 +9,9 @@ def flag_cases(tmp):
         *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
           for flags, named in (
               (["--reference"], "--reference"),
-              (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck")], "--checkpoint-dir/--save-every"),
-              (["--export-hf", str(tmp / "pp-hf")], "--export-hf"),
-              (["--save-full", str(tmp / "pp-full.pt")], "--save-full"),
+              (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck"), "--async-save"], "--async-save"),
+              (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck"), "--optimizer", "muon"],
+               "--optimizer muon with checkpoints"),
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--activation-checkpointing"], "--activation-checkpointing"),
@@ -21,6 +21,11 @@ def flag_cases(tmp):
               (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],
+        ("--pp 2 interleaved-1f1b with checkpoints",
+         ["--pp", "2", "--layers", "4", "--pp-schedule", "interleaved-1f1b", "--save-every", "2",
+          "--checkpoint-dir", str(tmp / "pp-ck")],
+         ("--pp does not run with --save-every/--resume at 2 stages per rank",
+          "use --pp-schedule gpipe or 1f1b")),
         ("--pp 2 --plan", ["--pp", "2", "--plan"], ("--pp", "planner does not model pipeline")),
         ("--microbatches without --pp", ["--microbatches", "2"], ("--microbatches only applies with --pp",)),
         ("--pp 2 --stages-per-rank 2 under 1f1b", ["--pp", "2", "--layers", "4", "--stages-per-rank", "2"],
@@ -55,3 +60,12 @@ def under_sharding(t, sharded):
     tp_clip = sharded("--pp", "2", "--tp", "2", "--layers", "2", "--microbatches", "2", "--clip", "1",
                       n=4, timeout=60)
     t.fails("--pp 2 --tp 2 --clip 1", tp_clip, "--pp with --tp 2 does not run with --clip")
+
+
+def with_checkpoints(t, sharded, tmp):
+    """gpt_train --pp at dp 1 (2 ranks) saving checkpoints shards every stage (a pipelined
+    checkpoint is written by sharded stages), so a head tied to wte across stages is refused as at
+    dp 2, naming the checkpoints."""
+    tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--save-every", "2",
+                   "--checkpoint-dir", str(tmp / "pp-tied-ck"), n=2, timeout=60)
+    t.fails("--pp 2 at dp 1 with checkpoints, GPT-2's tied head", tied, "with checkpoints", "tied to wte")

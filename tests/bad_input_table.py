@@ -767,6 +767,7 @@ def cases(t):
         auto_keeps_its_cap(t)
         tensor_parallel_messages(t, tmp)
         bad_input_pipeline.under_sharding(t, sharded)
+        bad_input_pipeline.with_checkpoints(t, sharded, tmp)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

@@ -131,12 +131,17 @@ def check(tmp, name, family, world, pp, layers, micro, flags):
           f"(first {expected[0]:.6f}, last {expected[-1]:.6f})")
 
 
+def write_corpus(path):
+    """20,000 words of a code-like text (the pipeline tests' --data)."""
+    words = ["def", "return", "self", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
+    rng = random.Random(7)
+    path.write_text(" ".join(rng.choice(words) for _ in range(20000)))
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pp_train_") as tmp:
         tmp = Path(tmp)
-        words = ["def", "return", "self", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
-        rng = random.Random(7)
-        (tmp / "text.txt").write_text(" ".join(rng.choice(words) for _ in range(20000)))
+        write_corpus(tmp / "text.txt")
         for layout in LAYOUTS:
             if not ONLY or layout[0] in ONLY:
                 check(tmp, *layout)

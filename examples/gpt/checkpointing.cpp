@@ -272,6 +272,12 @@ bool checkpoint_due(const TrainOptions& o, int64_t step) {
 
 int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                                const std::string& dir, const TrainOptions& o, int rank) {
+  return resume_with([&](const std::string& path) { return load_checkpoint(model, optimizers, path); },
+                     optimizers, dir, o, rank);
+}
+
+int64_t resume_with(const LoadCheckpoint& load, TrainOptimizers& optimizers, const std::string& dir,
+                    const TrainOptions& o, int rank) {
   TORCH_CHECK(!dir.empty(), "--resume needs --checkpoint-dir");
   const std::string path = fsdp::latest_checkpoint(dir);
   if (path.empty()) {
@@ -284,7 +290,7 @@ int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimize
     return 0;
   }
   check_resumable(path, o);
-  const nlohmann::json extra = load_checkpoint(model, optimizers, path);
+  const nlohmann::json extra = load(path);
   const std::string metadata = path + "/metadata.json";
   const int64_t step = saved_step(extra, metadata);
   const uint64_t seed = saved_seed(extra, metadata);
@@ -313,6 +319,15 @@ int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimize
 void save_checkpoint_if_due(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                             const std::string& dir, int64_t every, int64_t step,
                             const TrainOptions& o) {
+  save_if_due_with(
+      [&](int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks& hooks) {
+        save_checkpoint(model, optimizers, dir, next_step, extra, hooks, o);
+      },
+      optimizers, dir, every, step, o);
+}
+
+void save_if_due_with(const SaveCheckpoint& save, TrainOptimizers& optimizers, const std::string& dir,
+                      int64_t every, int64_t step, const TrainOptions& o) {
   if (every <= 0) return;
   TORCH_CHECK(!dir.empty(), "--save-every needs --checkpoint-dir");
   const int64_t next_step = step + 1;
@@ -323,8 +338,7 @@ void save_checkpoint_if_due(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
       std::this_thread::sleep_for(std::chrono::milliseconds(ms));
     };
   }
-  save_checkpoint(model, optimizers, dir, next_step, describe_run(o, next_step, optimizers.has_state()),
-                  hooks, o);
+  save(next_step, describe_run(o, next_step, optimizers.has_state()), hooks);
 }
 
 namespace {

@@ -10,11 +10,13 @@
 #include "train_optimizers.h"
 
 #include <fsdp/distributed.h>
+#include <fsdp/checkpoint.h>
 #include <fsdp/fully_shard.h>
 #include <fsdp/run_lock.h>
 #include <fsdp/state_dict.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -65,6 +67,19 @@ int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimize
 void save_checkpoint_if_due(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                             const std::string& dir, int64_t every, int64_t step,
                             const TrainOptions& o);
+
+/// How a model that is not one fsdp::Unit (a pipeline's stages) loads the checkpoint folder
+/// `path` (returning its extra), and saves step `next_step` with `extra` into --checkpoint-dir.
+using LoadCheckpoint = std::function<nlohmann::json(const std::string& path)>;
+using SaveCheckpoint = std::function<void(int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks& hooks)>;
+
+/// resume_from_checkpoint, loading with `load`.
+int64_t resume_with(const LoadCheckpoint& load, TrainOptimizers& optimizers, const std::string& dir,
+                    const TrainOptions& o, int rank);
+
+/// save_checkpoint_if_due, saving with `save`.
+void save_if_due_with(const SaveCheckpoint& save, TrainOptimizers& optimizers, const std::string& dir,
+                      int64_t every, int64_t step, const TrainOptions& o);
 
 // What gpt_train writes of the trained model: --save-full (rank 0, the full parameters as a
 // torch.save dict) and --export-hf (rank 0, a transformers GPT-2 folder), and the full parameters

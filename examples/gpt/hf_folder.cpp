@@ -331,6 +331,8 @@ void write_hf_folder(const fsdp::NamedTensors& full_params, const GPTConfig& con
   for (const auto& [name, value] : full_params) {
     tensors.emplace_back(naming.file_name(name), naming.transposed(name) ? value.t().contiguous() : value);
   }
+  // In name order: the same file whatever order the layout gathered them in (a pipeline's stages).
+  std::sort(tensors.begin(), tensors.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   fsdp::save_safetensors((fs::path(dir) / kSingleFile).string(), tensors, {{"format", "pt"}});
   json out = family.hf_config_json(config, base);
   out["dtype"] = "float32";

@@ -39,10 +39,10 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
       {cl.reference, "--reference (it trains the unsharded model: give it --world-size WORLD/pp "
                      "--grad-accum M for the same batches)"},
       {cl.autoplan || cl.plan, "--auto/--plan (the planner does not model pipeline stages yet)"},
-      {!o.checkpoint_dir.empty() || o.save_every > 0 || o.resume,
-       "--checkpoint-dir/--save-every/--resume (a stage's checkpoint is not written yet)"},
-      {!o.export_hf.empty(), "--export-hf (the model is not gathered from its stages yet)"},
-      {!o.save_full.empty(), "--save-full (the model is not gathered from its stages yet)"},
+      {o.async_save, "--async-save (a pipelined checkpoint is saved synchronously)"},
+      {o.muon && (o.save_every > 0 || o.resume || !o.checkpoint_dir.empty()),
+       "--optimizer muon with checkpoints (a pipelined checkpoint keeps one optimizer's state: AdamW's)"},
+      {o.test_pause_after_shard_files_ms > 0, "--test-pause-after-shard-files (a pipelined save takes no test hooks)"},
       {!o.init_from.empty() || !o.init_from_hf.empty(),
        "--init-from/--init-from-hf (the stages start from --seed's model only)"},
       {!o.eval_tokens.empty(), "--eval-tokens (it runs the whole model on one rank)"},
@@ -89,6 +89,11 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
     if (given) return "--pp does not run with " + flag + "; drop one of them";
   }
   if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;
+  if (o.stages_per_rank > 1 && (o.save_every > 0 || o.resume)) {
+    return "--pp does not run with --save-every/--resume at " + std::to_string(o.stages_per_rank) +
+           " stages per rank (--pp-schedule " + o.pp_schedule + ") yet: a checkpoint of several stages "
+           "per rank is not written; use --pp-schedule gpipe or 1f1b";
+  }
   const int num_stages = o.pp * o.stages_per_rank;
   if (o.model.layers < num_stages) {
     return "--pp " + std::to_string(o.pp) + " x " + std::to_string(o.stages_per_rank) +

@@ -1,6 +1,8 @@
 #include "pipeline_run.h"
 
+#include "checkpointing.h"
 #include "data.h"
+#include "pipeline_export.h"
 #include "pipeline_model.h"
 #include "run_paths.h"
 #include "tensor_parallel_plan.h"
@@ -9,6 +11,8 @@
 
 #include <fsdp/device_mesh.h>
 #include <fsdp/memory.h>
+#include <fsdp/pipeline_checkpoint.h>
+#include <fsdp/tensor_file.h>
 #include <fsdp/trace.h>
 
 #include <algorithm>
@@ -24,6 +28,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int kKeepLast = 2;  // step folders kept, as an unpipelined run keeps them
+
+// Whether the run saves or resumes checkpoints: each stage is then sharded, at dp 1 too
+// (include/fsdp/pipeline_checkpoint.h).
+bool checkpointing(const TrainOptions& o) { return o.save_every > 0 || o.resume; }
+
 // The mesh pp x dp x tp: pp outermost, tp innermost (torchtitan's order), so a stage's tp ranks
 // are neighbours and a pipeline's ranks (one (dp, tp) coordinate) are dp·tp apart.
 fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
@@ -36,12 +46,12 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   // What FSDP inside a stage (dp > 1) does not compose with yet (src/pp/pipeline.cpp refuses
   // both), named here by the flags.
   const bool several_stages = o.pp * o.stages_per_rank > 1;
-  TORCH_CHECK(dp == 1 || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp, " at dp ", dp, " (",
-              world, " ranks): the head is tied to wte (",
-              o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
-              "), a weight shared by the first and the last stage, and FSDP inside a stage does not "
-              "train a weight tied across stages yet; use an untied head (--model llama without "
-              "--tie-head) or dp 1 (--pp equal to the ranks)");
+  TORCH_CHECK((dp == 1 && !checkpointing(o)) || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp,
+              " at dp ", dp, " (", world, " ranks", checkpointing(o) ? ", with checkpoints" : "",
+              "): the head is tied to wte (", o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
+              "), a weight shared by the first and the last stage, and FSDP inside a stage (which "
+              "checkpoints need) does not train a weight tied across stages yet; use an untied head "
+              "(--model llama without --tie-head)", checkpointing(o) ? "" : " or dp 1 (--pp equal to the ranks)");
   TORCH_CHECK(dp == 1 || o.pp_schedule != "zbv", "--pp-schedule zbv at dp ", dp, " (", world,
               " ranks): its backward is split into input and weight gradients, which FSDP inside a "
               "stage does not reduce yet; use gpipe, 1f1b or interleaved-1f1b, or dp 1 (--pp equal to "
@@ -86,7 +96,7 @@ std::vector<fsdp::pp::Stage> build_stages(const TrainOptions& o, fsdp::DeviceMes
   for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), o.pp, num_stages,
                                         fsdp::pp::placement_of(schedule))) {
     stages.emplace_back(*chain.view, chain.parts, modules, s);
-    if (mesh.size("dp") > 1) stages.back().fully_shard(mesh.group("dp"), o.fsdp);
+    if (mesh.size("dp") > 1 || checkpointing(o)) stages.back().fully_shard(mesh.group("dp"), o.fsdp);
   }
   return stages;
 }
@@ -190,6 +200,23 @@ Corpus pipeline_corpus(const TrainOptions& o) {
                           : Corpus::load(o.data, o.max_data_bytes, min_size);
 }
 
+// Every stage's full parameters when the run writes them (--save-full, --export-hf): a collective.
+fsdp::NamedTensors pipeline_full_params_if_written(const TrainOptions& o, GPT& gpt, fsdp::pp::Pipeline& pipe,
+                                                   fsdp::DeviceMesh& mesh,
+                                                   const std::vector<std::vector<std::string>>& modules,
+                                                   fsdp::pp::Schedule schedule) {
+  if (o.save_full.empty() && o.export_hf.empty()) return {};
+  return pipeline_full_params(gpt, pipe, mesh, modules, fsdp::pp::placement_of(schedule));
+}
+
+// --save-full (rank 0's dict) and --export-hf (rank 0's folder), as an unpipelined run writes them.
+void write_full_params(const TrainOptions& o, fsdp::Distributed& dist, const fsdp::NamedTensors& params) {
+  if (!o.save_full.empty() && dist.rank() == 0) {
+    write_output("--save-full", o.save_full, [&] { fsdp::save_tensor_dict(o.save_full, params); });
+  }
+  if (!o.export_hf.empty()) export_hf(o, params, &dist);
+}
+
 }  // namespace
 
 TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
@@ -211,16 +238,28 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
 
   StepLog log(o, &dist, dist.rank());
   NonFiniteGuard nonfinite(o);
+  prepare_checkpoint_dir(o, dist.rank());
+  const int64_t first_step = o.resume ? resume_with(
+                                            [&](const std::string& path) {
+                                              return fsdp::pp::load_sharded(pipe, *dist.world, *optimizers.adamw, path);
+                                            },
+                                            optimizers, o.checkpoint_dir, o, dist.rank())
+                                      : 0;
+  const auto save = [&](int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks&) {
+    fsdp::pp::save_checkpoint(pipe, *dist.world, *optimizers.adamw, o.checkpoint_dir, next_step, extra, kKeepLast);
+  };
   TrainResult result;
   const int64_t traced_step = std::min<int64_t>(2, o.steps - 1);
-  for (int64_t step = 0; step < o.steps; ++step) {
+  for (int64_t step = first_step; step < o.steps; ++step) {
     const StepRecord record = pipeline_step(run, step, !o.trace.empty() && step == traced_step);
     result.summary.add(record);
     if (o.keep_step_records) result.steps.push_back(record);
     result.losses.push_back(record.loss);
     log.write(record);
     nonfinite.count(record.loss, step);
+    save_if_due_with(save, optimizers, o.checkpoint_dir, o.save_every, step, o);
   }
+  write_full_params(o, dist, pipeline_full_params_if_written(o, gpt, pipe, mesh, modules, schedule));
   nonfinite.check_finished(gpt, &dist);
   return result;
 }

@@ -34,6 +34,8 @@
 /// tp ranks once (tp rank 0's), and loads at any other (dp, tp) layout or none: the agreements
 /// span the FSDP and the tensor-parallel groups together ([Note: boxes of a tensor-parallel
 /// part] in src/io/global_boxes.h; docs/api.md).
+/// A pipelined model's stages save into one such folder and load from any other layout's
+/// (include/fsdp/pipeline_checkpoint.h).
 /// In Python, torch.distributed.checkpoint.load(state_dict,
 /// storage_reader=HuggingFaceStorageReader(folder)) fills full tensors (no_dist=True) or the
 /// DTensors of a PyTorch FSDP2 model at any world size; safetensors.safe_open opens every file.

@@ -11,6 +11,7 @@
 #include "io/checkpoint_read.h"
 #include "io/global_boxes.h"
 #include "io/param_groups.h"
+#include "io/stage_metadata.h"
 #include "optim/optimizer_kinds.h"
 #include "util/crc32.h"
 
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <optional>
+#include <set>
 
 namespace fsdp::detail {
 
@@ -238,6 +240,17 @@ void apply(OptimizerSet& optimizers, StagedOptions& options, std::vector<StagedP
   for (auto& [buffer, value] : buffers) buffer.copy_(value);
 }
 
+// What a stage reads of a checkpoint of the whole model, once every parameter is claimed by a
+// stage ([Note: one folder, many stages]).
+CheckpointMeta stage_view(const CheckpointMeta& meta, const ShardedView& model, const NamedTensors& buffers,
+                          const StageLoad& stage, const std::string& metadata) {
+  check_all_claimed(meta, stage.claimed, metadata);
+  std::set<std::string> params, buffer_names;
+  for (const auto& p : model.params()) params.insert(p.name());
+  for (const auto& b : buffers) buffer_names.insert(b.first);
+  return restrict_to_model(meta, params, buffer_names);
+}
+
 }  // namespace
 
 }  // namespace fsdp::detail
@@ -251,12 +264,21 @@ nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer
 
 nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
                             const std::string& folder) {
-  using namespace detail;
+  return detail::load_model(sharded, optimizers_in, folder, nullptr);
+}
+
+}  // namespace fsdp
+
+namespace fsdp::detail {
+
+nlohmann::json load_model(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
+                          const std::string& folder, const StageLoad* scope) {
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
   OptimizerSet optimizers(optimizers_in, model, "load_sharded");
-  const AgreementGroups world = agreement_groups(model);  // with the tp ranks, if any
+  // With the tp ranks, if any; a stage's agreements span every stage's ranks.
+  const AgreementGroups world = scope ? AgreementGroups{scope->world, nullptr} : agreement_groups(model);
   const std::string metadata = folder + "/" + kMetadataFile;
   CheckpointMeta meta;
   std::vector<StagedPiece> staged;
@@ -271,6 +293,7 @@ nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch
     metadata_crc = crc32(text.data(), text.size());
     meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
     for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
+    if (scope) meta = stage_view(meta, model, buffers, *scope, metadata);
     check_matches_model(meta, describe_model(model, optimizers), metadata);
     check_buffers_match(meta, describe_buffers(buffers), metadata);
     check_same_optimizers(meta, model, optimizers, folder);
@@ -294,4 +317,4 @@ nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch
   return meta.extra;
 }
 
-}  // namespace fsdp
+}  // namespace fsdp::detail

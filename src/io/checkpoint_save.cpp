@@ -11,6 +11,7 @@
 #include "io/param_groups.h"
 #include "io/pending_save.h"
 #include "io/save_snapshot.h"
+#include "io/stage_metadata.h"
 #include "io/tp_replica_check.h"
 
 #include <ATen/ATen.h>
@@ -100,9 +101,9 @@ CheckpointMeta metadata_without_files(const ShardedView& model, const OptimizerS
 
 // This rank's shard files' tensors (views of the live ones), rank 0's first with the buffers.
 void add_shard_files(SaveSnapshot& snapshot, const ShardedView& model, const OptimizerSet& optimizers,
-                     const NamedTensors& buffers) {
-  snapshot.files = shard_files_contents(model, optimizers, snapshot.world);
-  snapshot.holds_buffers = snapshot.world.rank() == 0 && !buffers.empty();
+                     const NamedTensors& buffers, const AgreementGroups& own) {
+  snapshot.files = shard_files_contents(model, optimizers, own);
+  snapshot.holds_buffers = own.rank() == 0 && !buffers.empty();
   if (snapshot.holds_buffers) {
     if (snapshot.files.empty()) snapshot.files.resize(1);
     add_buffers(snapshot.files[0], buffers);
@@ -111,7 +112,7 @@ void add_shard_files(SaveSnapshot& snapshot, const ShardedView& model, const Opt
   snapshot.kinds = optimizers.kinds_in_use();
   snapshot.kinds.insert(snapshot.kinds.end(), {"param", "step"});
   // Under tensor parallelism each tp rank's shard group writes its own files.
-  snapshot.shard = model.shard_rank() * snapshot.world.tp_size() + snapshot.world.tp_rank();
+  snapshot.shard = model.shard_rank() * own.tp_size() + own.tp_rank();
 }
 
 // Writes shard file `k` of this rank's snapshot; returns its description for metadata.json.
@@ -147,14 +148,17 @@ FileMeta write_shard_file(SaveSnapshot& snapshot, size_t k) {
 }  // namespace
 
 SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
-                           const std::string& folder, const nlohmann::json& extra) {
+                           const std::string& folder, const nlohmann::json& extra, ProcessGroup* stages_world) {
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
   const OptimizerSet optimizers(optimizers_in, model, "save_sharded");
   SaveSnapshot snapshot;
   snapshot.folder = folder;
-  snapshot.world = agreement_groups(model);  // under tensor parallelism, every tp rank's too
+  const AgreementGroups own = agreement_groups(model);  // under tensor parallelism, every tp rank's too
+  snapshot.of_stage = stages_world != nullptr;
+  snapshot.world = snapshot.of_stage ? AgreementGroups{stages_world, nullptr} : own;
+  snapshot.holds_meta = own.rank() == 0;
   const AgreementGroups& world = snapshot.world;
   warn_if_replicas_drifted(model, "save_sharded");  // only tp rank 0's replicated values are saved
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
@@ -171,8 +175,8 @@ SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch:
   // One shard file per shard of the first replica (the others hold the same values).
   snapshot.writer = model.first_replica();
   error = try_local([&] {
-    if (snapshot.writer) add_shard_files(snapshot, model, optimizers, buffers);
-    if (world.rank() == 0) snapshot.meta = metadata_without_files(model, optimizers, world, param_groups, extra);
+    if (snapshot.writer) add_shard_files(snapshot, model, optimizers, buffers, own);
+    if (snapshot.holds_meta) snapshot.meta = metadata_without_files(model, optimizers, world, param_groups, extra);
   });
   throw_if_any_failed(world, error, "save_sharded: cannot save " + folder);
   return snapshot;
@@ -194,17 +198,21 @@ void complete_snapshot(SaveSnapshot& snapshot, const std::string& write_error) {
   const AgreementGroups& world = snapshot.world;
   throw_if_any_failed(world, write_error, "save_sharded: cannot write " + snapshot.folder);
   const auto descriptions = all_gather_strings(world, snapshot.writer ? snapshot.description : "");
+  if (snapshot.holds_meta) snapshot.meta.buffers = snapshot.buffers;
+  std::vector<std::string> stage_metas;
+  if (snapshot.of_stage) stage_metas = all_gather_strings(world, snapshot.holds_meta ? to_json(snapshot.meta).dump() : "");
   const std::string error = try_local([&] {
     if (world.rank() != 0) return;
+    if (snapshot.of_stage) snapshot.meta = merge_stage_metadata(stage_metas, world.size());
     CheckpointMeta& meta = snapshot.meta;
     for (const auto& description : descriptions) {
       if (description.empty()) continue;  // a replica that wrote nothing
       for (const auto& file : nlohmann::json::parse(description)) meta.files.push_back(parse_file_meta(file));
     }
-    meta.buffers = snapshot.buffers;
     const std::string metadata = snapshot.folder + "/" + kMetadataFile;
+    if (snapshot.of_stage) check_files_unique(meta, metadata);
     check_matches_model(meta, meta.params, metadata);  // a complete layout
-    check_buffers_match(meta, snapshot.buffers, metadata);
+    if (meta.buffers) check_buffers_match(meta, *meta.buffers, metadata);
     const std::string text = to_json(meta).dump(1);
     write_file_atomically(metadata, std::vector<char>(text.begin(), text.end()));
   });

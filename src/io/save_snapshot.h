@@ -43,6 +43,8 @@ struct SaveSnapshot {
   std::vector<ShardFileContents> files;     // this rank's shard files' tensors
   std::vector<std::string> kinds;           // "param", "step", "exp_avg"...
   bool holds_buffers = false;               // rank 0's first file holds the buffers
+  bool holds_meta = false;                  // the model's rank 0 describes it in `meta`
+  bool of_stage = false;                    // one stage of several ([Note: one folder, many stages])
   std::vector<BufferMeta> buffers;          // their description (file and CRC once written)
   CheckpointMeta meta;                      // everything but the files (rank 0's is written)
   std::string description;                  // the written files, as JSON (write_snapshot's)
@@ -50,9 +52,12 @@ struct SaveSnapshot {
 
 /// The first phase: checks, agreements, and this rank's files as views of the live tensors.
 /// A collective; every rank throws if any rank failed. Creates `folder` and removes an old
-/// metadata.json from it.
+/// metadata.json from it. `stages_world`: when the model is one pipeline stage of several saved
+/// into one folder, the group of every stage's ranks, which then agrees on every phase and whose
+/// rank 0 writes the metadata of all of them ([Note: one folder, many stages]).
 SaveSnapshot take_snapshot(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
-                           const std::string& folder, const nlohmann::json& extra);
+                           const std::string& folder, const nlohmann::json& extra,
+                           ProcessGroup* stages_world = nullptr);
 
 /// Writes the shard files [first, last) of this rank's snapshot (no collective) and adds their
 /// description to snapshot.description; `hooks.after_shard_files` runs once the last one is.

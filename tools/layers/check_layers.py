@@ -27,7 +27,7 @@ PUBLIC = {
     "fused_sgd.h": "optim", "steps_in_backward.h": "optim", "muon.h": "optim",
     "checkpoint.h": "io", "async_checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
-    "pipeline.h": "pp",
+    "pipeline.h": "pp", "pipeline_checkpoint.h": "pp",
     "plan.h": "plan",
     "fsdp.h": "plan",  # the umbrella header: everything
 }

@@ -1,0 +1,51 @@
+#pragma once
+/// Checkpoints of a pipelined model (include/fsdp/pipeline.h): one folder for every stage, in the
+/// format of fsdp::save_sharded (include/fsdp/checkpoint.h). Every rank writes its stage's shards
+/// (each parameter under the model's own name, "h.3.mlp.fc.weight", as boxes of the whole
+/// parameter) and the optimizer's state for them; the world's rank 0 writes one metadata.json
+/// describing every stage, last, so the folder is complete or has no metadata.json
+/// ([Note: one folder, many stages] in src/io/stage_metadata.h). It is the checkpoint of the
+/// whole model: it loads into a pipeline of any other pp or dp degree, into the unpipelined
+/// model (fsdp::load_sharded), and into PyTorch (torch.distributed.checkpoint's dcp.load).
+///
+/// Each stage must be sharded (Stage::fully_shard, over a dp group of one rank too) and each rank
+/// hold one stage (GPipe, 1F1B); `optimizer` holds this rank's stage's parameters. Loading reads
+/// exactly the parameters (and their optimizer state) of this rank's stage, by name: a parameter
+/// of the stage that the checkpoint lacks, or a checkpoint parameter that no stage of the run
+/// holds, is refused on every rank, naming it, and nothing is loaded. All are collectives over
+/// `world`, every rank of the pipeline (pp x dp).
+///
+/// Example:
+///   fsdp::pp::Pipeline pipe(stage, mesh.group_ptr("pp"), loss_sum);
+///   torch::optim::AdamW optim(pipe.stage().parameters(), torch::optim::AdamWOptions(1e-3));
+///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) {
+///     first_step = fsdp::pp::load_sharded(pipe, *dist->world, optim, path).value("step", int64_t{0});
+///   }
+///   ... fsdp::pp::save_checkpoint(pipe, *dist->world, optim, "ckpt", step + 1);
+
+#include <fsdp/checkpoint.h>
+#include <fsdp/pipeline.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp::pp {
+
+/// fsdp::save_sharded of every stage into `folder`.
+void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                  const std::string& folder, const nlohmann::json& extra = nlohmann::json::object());
+
+/// fsdp::save_checkpoint of every stage: `dir`/step-NNNNNNNN, then `dir`/latest names it.
+std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                            const std::string& dir, int64_t step,
+                            const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0);
+
+/// fsdp::load_sharded into this rank's stage: its parameters and their optimizer state, from a
+/// checkpoint saved at any pp and dp degree (or none); returns the saved `extra`.
+nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                            const std::string& folder);
+
+}  // namespace fsdp::pp

@@ -1,0 +1,180 @@
+"""Checkpoints of a pipelined run (include/fsdp/pipeline_checkpoint.h), through gpt_train: a Llama
+of 4 blocks trained 6 steps at (pp 2, dp 2) uninterrupted, and 3 steps at (pp 2, dp 2) saving,
+then resumed for the other 3 at (pp 2, dp 2), (pp 1, dp 2) (the ordinary unpipelined run),
+(pp 2, dp 1) and (pp 4, dp 1), each on the same global batches (8 rows a step). Each resumed run
+saves its last step; its losses and final parameters (read with torch.distributed.checkpoint)
+equal the uninterrupted run's: bitwise at (pp 2, dp 2), the same arithmetic; elsewhere, where the
+micro-batches group the rows otherwise (the sums run in another order), within
+pp_train_e2e.py's 1e-5. dcp.load (HuggingFaceStorageReader, no_dist) reads the pipelined
+checkpoint: its parameters bitwise those that the unpipelined run loads from it (its --save-full
+at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
+--save-full and --export-hf bitwise as the unpipelined run does.
+
+    pp_checkpoint_e2e.py BIN_DIR"""
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from pp_train_e2e import write_corpus
+
+BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
+GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
+MODEL = ["--model", "llama", "--kv-heads", 2, "--ffn-dim", 64, "--layers", 4, "--dim", 32, "--heads", 4,
+         "--seq", 16, "--batch", 2, "--lr", 3e-3, "--seed", 5]
+STEPS, SAVED = 6, 3
+TOLERANCE = 1e-5
+# (pp, dp) -> gpt_train's layout flags for 8 rows a step (2 per micro-batch and dp rank).
+LAYOUTS = {(2, 2): ["--pp", 2, "--microbatches", 2, "--pp-schedule", "1f1b"],
+           (1, 2): ["--grad-accum", 2],
+           (2, 1): ["--pp", 2, "--microbatches", 4, "--pp-schedule", "1f1b"],
+           (4, 1): ["--pp", 4, "--microbatches", 4, "--pp-schedule", "1f1b"]}
+ENV = {k: v for k, v in __import__("os").environ.items()
+       if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+ENV.update(OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="60")
+
+
+def gpt_train(tmp, layout, *flags):
+    """gpt_train at `layout` (pp, dp); rank 0's loss per step, and its output."""
+    pp, dp = layout
+    metrics = tmp / "m-{rank}.jsonl"
+    cmd = [FSDPRUN, "--nproc-per-node", pp * dp, GPT, "--data", tmp / "text.txt", *MODEL, *LAYOUTS[layout],
+           "--metrics", metrics, *flags]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, f"{layout}: {' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    rank0 = Path(str(metrics).replace("{rank}", "0"))
+    records = [json.loads(line) for line in rank0.read_text().splitlines()]
+    for m in tmp.glob("m-*.jsonl"):
+        m.unlink()
+    return {rec["step"]: rec["loss"] for rec in records if "loss" in rec}, r.stdout
+
+
+def dcp_load(folder, like):
+    """torch.distributed.checkpoint.load of `folder` into NaN-filled tensors shaped as `like`."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    state = {k: torch.full_like(t, float("nan")) for k, t in like.items()}
+    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
+    return state
+
+
+def check_pipelined_export(tmp, folder, full):
+    """--save-full and --export-hf of a pipelined run at the checkpoint's weights: the unpipelined
+    run's dict (every tensor bitwise) and HF folder (every file bitwise)."""
+    ckpt = tmp / "pp2-load"
+    shutil.copytree(folder.parent, ckpt)
+    gpt_train(tmp, (2, 2), "--steps", SAVED, "--checkpoint-dir", ckpt, "--resume", "--save-full", tmp / "pp-full.pt",
+              "--export-hf", tmp / "pp-hf")
+    pp_full = torch.load(tmp / "pp-full.pt")
+    assert sorted(pp_full) == sorted(full), (sorted(pp_full), sorted(full))
+    for name, tensor in full.items():
+        assert torch.equal(pp_full[name], tensor), f"{name}: the pipelined --save-full differs"
+    files = sorted(p.name for p in (tmp / "hf").iterdir())
+    assert files == sorted(p.name for p in (tmp / "pp-hf").iterdir()), files
+    for name in files:
+        assert (tmp / "hf" / name).read_bytes() == (tmp / "pp-hf" / name).read_bytes(), f"--export-hf's {name} differs"
+
+
+def check_dcp(tmp, folder):
+    """dcp.load reads the pipelined checkpoint: the parameters the unpipelined run loads from it."""
+    ckpt = tmp / "pp1-load"
+    shutil.copytree(folder.parent, ckpt)
+    gpt_train(tmp, (1, 2), "--steps", SAVED, "--checkpoint-dir", ckpt, "--resume", "--save-full", tmp / "full.pt",
+              "--export-hf", tmp / "hf")
+    full = torch.load(tmp / "full.pt")
+    check_pipelined_export(tmp, folder, full)
+    loaded = dcp_load(folder, full)
+    for name, expected in full.items():
+        assert torch.equal(loaded[name], expected), f"{name}: dcp.load of the pipelined checkpoint differs"
+    moments = {f"state.{n}.{kind}": t for n, t in full.items() for kind in ("exp_avg", "exp_avg_sq")}
+    state = dcp_load(folder, moments)
+    assert all(not t.isnan().any() for t in state.values()), "dcp.load left AdamW moments unread"
+    return len(full), len(moments), full
+
+
+def refused(tmp, saved_dir, edit, needles):
+    """A copy of the checkpoint with `edit` applied to its metadata.json: resuming at (pp 2, dp 1)
+    fails, naming `needles`, on every rank alike."""
+    ckpt = tmp / "edited"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    shutil.copytree(saved_dir, ckpt)
+    path = ckpt / f"step-{SAVED:08d}" / "metadata.json"
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+    cmd = [FSDPRUN, "--nproc-per-node", 2, GPT, "--data", tmp / "text.txt", *MODEL, *LAYOUTS[(2, 1)],
+           "--steps", STEPS, "--checkpoint-dir", ckpt, "--resume"]
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode != 0, f"an edited checkpoint resumed:\n{r.stdout[-2000:]}"
+    for needle in needles:
+        assert needle in r.stderr, f"no {needle!r} in:\n{r.stderr[-3000:]}"
+
+
+def add_copy(meta, old, new):
+    """A parameter `new` described as `old` is (its pieces in the same files), `old` kept."""
+    meta["params"] += [{**p, "name": new} for p in meta["params"] if p["name"] == old]
+    for f in meta["files"]:
+        f["pieces"] += [{**piece, "param": new} for piece in f["pieces"] if piece["param"] == old]
+
+
+def drop(meta, name):
+    meta["params"] = [p for p in meta["params"] if p["name"] != name]
+    for f in meta["files"]:
+        f["pieces"] = [piece for piece in f["pieces"] if piece["param"] != name]
+    for group in meta.get("param_groups", []):
+        group["params"] = [n for n in group["params"] if n != name]
+
+
+def check_refusals(tmp, saved_dir):
+    """A checkpoint parameter no stage holds, and a stage's parameter the checkpoint lacks: named."""
+    name = "h.3.attn.q_proj.weight"
+    refused(tmp, saved_dir, lambda m: add_copy(m, name, "h.9.attn.q_proj.weight"),
+            ("'h.9.attn.q_proj.weight'", "no stage of this run holds"))
+    refused(tmp, saved_dir, lambda m: drop(m, name), (f"'{name}'",))
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="pp_ckpt_") as tmp:
+        tmp = Path(tmp)
+        write_corpus(tmp / "text.txt")
+        straight_dir = tmp / "straight"
+        straight, _ = gpt_train(tmp, (2, 2), "--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", straight_dir)
+        saved_dir = tmp / "saved"
+        first, _ = gpt_train(tmp, (2, 2), "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", saved_dir)
+        assert all(first[s] == straight[s] for s in first), (first, straight)
+        folder = saved_dir / f"step-{SAVED:08d}"
+        meta = json.loads((folder / "metadata.json").read_text())
+        params, moments, like = check_dcp(tmp, folder)
+        assert "h.3.attn.q_proj.weight" in like, sorted(like)
+        check_refusals(tmp, saved_dir)
+        # One metadata for every stage, under the model's own names (none stage-local).
+        assert sorted(p["name"] for p in meta["params"]) == sorted(like), meta["params"]
+        assert meta["world_size"] == 4, meta["world_size"]
+        expected = dcp_load(straight_dir / f"step-{STEPS:08d}", like)
+        report = []
+        for layout in LAYOUTS:
+            ckpt = tmp / f"resume-{layout[0]}x{layout[1]}"
+            shutil.copytree(saved_dir, ckpt)
+            losses, out = gpt_train(tmp, layout, "--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", ckpt,
+                                    "--resume")
+            assert f"resumed from {ckpt}/step-{SAVED:08d} at step {SAVED}" in out, out
+            assert sorted(losses) == list(range(SAVED, STEPS)), losses
+            got = dcp_load(ckpt / f"step-{STEPS:08d}", like)
+            loss_gap = max(abs(losses[s] - straight[s]) for s in losses)
+            param_gap = max((got[n] - expected[n]).abs().max().item() for n in expected)
+            if layout == (2, 2):
+                assert loss_gap == 0 and param_gap == 0, f"{layout}: not bitwise ({loss_gap}, {param_gap})"
+            assert loss_gap <= TOLERANCE and param_gap <= TOLERANCE, \
+                f"(pp, dp) = {layout}: |loss - uninterrupted| {loss_gap:.3g}, |param - uninterrupted| {param_gap:.3g}"
+            report.append(f"{layout}: losses within {loss_gap:.2g}, parameters within {param_gap:.2g}")
+    print(f"pp_checkpoint_end_to_end: saved at (pp 2, dp 2) step {SAVED}, resumed to step {STEPS}: "
+          + "; ".join(report) + f". dcp.load read {params} parameters (bitwise the unpipelined load) "
+          f"and {moments} AdamW moments of the pipelined checkpoint")
+
+
+if __name__ == "__main__":
+    main()
