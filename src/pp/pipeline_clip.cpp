@@ -4,6 +4,7 @@
 #include "optim/gradient_squares.h"
 
 #include <fsdp/distributed.h>
+#include <fsdp/parallelize.h>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -31,6 +32,17 @@ bool counted_by_another_stage(const Stage& stage, const std::string& name) {
   return false;
 }
 
+// An unsharded stage's gradient is counted whole; a part split over tensor-parallel ranks is not
+// the whole, and only the model's record (a sharded stage's) knows which ranks hold the rest.
+void check_not_split(const at::Tensor& param, const std::string& name) {
+  const auto placement = tp::placement_of(param);
+  TORCH_CHECK(!placement || placement->replicated() || placement->tp->size() == 1,
+              "fsdp::pp::clip_grad_norm_: '", name, "' is split over ", placement ? placement->tp->size() : 0,
+              " tensor-parallel ranks in a stage fully_shard has not sharded, so its norm would count this "
+              "rank's part alone; shard the stage (Stage::fully_shard over its dp group: a group of one "
+              "rank will do) before clipping");
+}
+
 }  // namespace
 
 double clip_grad_norm_(Pipeline& pipeline, double max_norm) {
@@ -49,6 +61,7 @@ double clip_grad_norm_(Pipeline& pipeline, double max_norm) {
     for (const auto& item : stage.named_parameters()) {
       const at::Tensor grad = item.value().grad();
       if (!grad.defined() || !seen.insert(item.value().unsafeGetTensorImpl()).second) continue;
+      check_not_split(item.value(), item.key());
       grads.push_back(grad);
       if (counted_by_another_stage(stage, item.key())) continue;
       const at::Tensor wide = grad.element_size() < 4 ? grad.to(at::kFloat) : grad;
