@@ -194,6 +194,30 @@ TEST(AsyncSave, TheNextSaveCompletesThePreviousOne) {
   remove_shared(dir);
 }
 
+// [Note: the staging arena is kept]: a reservation made once the optimizer has its state is the
+// arena the first save stages in; one made before (AdamW makes its moments at the first step)
+// does not fit, and the save makes its own.
+TEST(AsyncSave, AReservedArenaIsTheOneTheFirstSaveStagesIn) {
+  const std::string dir = shared_folder("async-save", "reserved");
+  // Keeps an arena without the moments: whatever an earlier test left, not what a save needs.
+  const auto reserve_before_the_first_step = [] {
+    Trained untrained(0);
+    fsdp::reserve_staging_arena(untrained.model, *untrained.optimizer);
+  };
+  reserve_before_the_first_step();
+  Trained run(kSavedStep);
+  auto unfit = fsdp::save_checkpoint_async(run.model, *run.optimizer, dir + "/unfit", kSavedStep);
+  unfit.wait();
+  EXPECT_FALSE(unfit.reused_arena()) << "an arena without the optimizer's moments held them";
+  reserve_before_the_first_step();
+  fsdp::reserve_staging_arena(run.model, *run.optimizer);
+  auto first = fsdp::save_checkpoint_async(run.model, *run.optimizer, dir + "/reserved", kSavedStep);
+  first.wait();
+  EXPECT_TRUE(first.reused_arena()) << "the first save after a reservation made its own arena";
+  expect_bitwise_equal(loaded_state(first.folder()), run.state(), "loaded");
+  remove_shared(dir);
+}
+
 TEST(AsyncSave, ABudgetBelowOneShardFileIsRefusedNamingBothSizes) {
   Trained run(kSavedStep);
   const std::string dir = shared_folder("async-save", "budget");

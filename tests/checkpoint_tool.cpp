@@ -3,6 +3,7 @@
 //   loss STEP VALUE                       the global loss of every step it trains (%.17g)
 //   digest WHEN PARAMS OPTIMIZER          hashes of the full parameters and full AdamW state
 //   resumed_step N / load_seconds S / save_seconds S BYTES / stall_seconds S WAVES (--async-save)
+//   reused_arena 0/1                      --async-save: staged into an arena made before the save
 //   step_seconds STEP S WRITING           a step's time; WRITING 1 while a background write ran
 //   save_memory COUNTED RSS / save_fds N  what a save took (--probe, save_probe.h)
 #include "data.h"
@@ -95,6 +96,9 @@ int main(int argc, char** argv) {
   app.add_flag("--async-save", async_save,
                "--save with fsdp::save_checkpoint_async, then wait() (--pause-after-shard-files then "
                "pauses its background thread)");
+  bool reserve_arena = false;
+  app.add_flag("--reserve-arena", reserve_arena,
+               "--async-save: fsdp::reserve_staging_arena after the first step trained");
   int saves = 1;
   int64_t steps_after_save = 0, staging_budget = 0;
   bool probe_save = false;
@@ -155,7 +159,12 @@ int main(int argc, char** argv) {
       if (print) std::printf("step_seconds %lld %.6f %d\n", (long long)step, seconds_since(start), writing ? 1 : 0);
       ++step;
     };
-    for (const int64_t last = step + steps; step < last;) train_step();
+    for (const int64_t last = step + steps; step < last;) {
+      train_step();
+      if (reserve_arena && step == last - steps + 1) {
+        fsdp::reserve_staging_arena(model, *optim, fsdp::AsyncSaveOptions().staging_budget_bytes(staging_budget));
+      }
+    }
     if (!batches_path.empty() && print) fsdp::save_tensor_dict(batches_path, batches);
     for (int s = 0; s < saves && !save_dir.empty(); ++s) {
       if (s > 0) train_step();
@@ -184,7 +193,10 @@ int main(int argc, char** argv) {
             model, *optim, save_dir, step, {{"step", step}}, 0,
             fsdp::AsyncSaveOptions().hooks(hooks).staging_budget_bytes(staging_budget));
         // What training waits for: the staging, not the write.
-        if (print) std::printf("stall_seconds %.6f %d\n", seconds_since(start), saving->staged_waves());
+        if (print) {
+          std::printf("stall_seconds %.6f %d\n", seconds_since(start), saving->staged_waves());
+          std::printf("reused_arena %d\n", saving->reused_arena() ? 1 : 0);
+        }
         for (int64_t k = 0; k < steps_after_save; ++k) train_step();
         saving->wait();
         folder = saving->folder();

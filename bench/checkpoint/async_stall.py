@@ -5,7 +5,8 @@ each save followed by --steps-after-save steps before its wait(); rounds alterna
 number is the median over rounds:
   - stall: the step boundary's wait for the save call (sync: the whole save; async: the
     staging). The first save of a process also maps its staging arena; the second one reuses it
-    (the steady state of a run saving every N steps), both reported.
+    (the steady state of a run saving every N steps), both reported; and the first save of a
+    process that reserved its arena after its first step (--reserve-arena, as gpt_train does).
   - steps during the background write against steps with no save (the first two steps left out).
   - recovery: a new run (W ranks) loading the async checkpoint (the page cache warm).
   - peak memory over an async save (wait() at once), for the default budget (one rank's shards)
@@ -78,7 +79,7 @@ def main():
     args = parser.parse_args()
     model = ["--layers", str(args.layers), "--dim", str(args.dim), "--heads", "8"]
     train = ["--steps", STEPS, "--saves", 2, "--steps-after-save", AFTER]
-    m = {k: [] for k in ("sync", "async_first", "async", "async_total", "no_save", "writing", "sync_steps", "load")}
+    m = {k: [] for k in ("sync", "async_first", "reserved_first", "async", "async_total", "no_save", "writing", "sync_steps", "load")}
     probes = {"full": [], "small": []}
     small = None
     for _ in range(args.rounds):
@@ -90,6 +91,10 @@ def main():
             m["async_first"].append(float(saved["stall_seconds"][0][0]))
             m["async"].append(float(saved["stall_seconds"][-1][0]))
             m["no_save"] += step_times(saved, 0)
+            reserved = tool(args.bin, args.world, model, *train, "--save", f"{tmp}/reserved", "--async-save",
+                            "--reserve-arena")
+            assert reserved["reused_arena"][0] == ["1"], "the first save did not stage in the reserved arena"
+            m["reserved_first"].append(float(reserved["stall_seconds"][0][0]))
             m["writing"] += step_times(saved, 1)
             nbytes = int(saved["save_seconds"][-1][1])
             m["load"].append(float(tool(args.bin, args.world, model, "--load", f"{tmp}/async")["load_seconds"][0][0]))
@@ -107,13 +112,15 @@ def main():
         "",
         f"GPT {args.layers} layers x {args.dim}, W={args.world}, {nbytes / 1e6:.1f} MB a checkpoint "
         f"({rank_bytes / 1e6:.1f} MB of shards a rank), AdamW, CPU ranks, the machine's own disk; medians of "
-        f"{args.rounds} interleaved rounds (sync run, async run, two probe runs).",
+        f"{args.rounds} interleaved rounds (sync run, async run, async run with a reserved arena, two probe runs).",
         "",
         "| | seconds | ratio |",
         "|---|---|---|",
         f"| sync save: the step boundary stalls | {r['sync']:.4f} | 1 |",
         f"| async save, the process's first (maps the arena) | {r['async_first']:.4f} | "
         f"{r['async_first'] / r['sync']:.3f} of sync |",
+        f"| async save, the process's first, its arena reserved after step 1 (reserve_staging_arena) | "
+        f"{r['reserved_first']:.4f} | {r['reserved_first'] / r['sync']:.3f} of sync |",
         f"| async save, a later one (the arena reused) | {r['async']:.4f} | {r['async'] / r['sync']:.3f} of sync |",
         f"| a step with no save | {r['no_save']:.4f} | 1 |",
         f"| a step during the background write ({r['writing_steps']} steps) | {r.get('writing', float('nan')):.4f} | "

@@ -316,6 +316,16 @@ int64_t resume_with(const LoadCheckpoint& load, TrainOptimizers& optimizers, con
   return step;
 }
 
+void reserve_async_staging(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers, const TrainOptions& o) {
+  if (!o.async_save) return;
+  const auto options = fsdp::AsyncSaveOptions().staging_budget_bytes(o.staging_budget);
+  if (optimizers.muon) {
+    fsdp::reserve_staging_arena(model, optimizers.saved(), options);
+  } else {
+    fsdp::reserve_staging_arena(model, *optimizers.adamw, options);
+  }
+}
+
 void save_checkpoint_if_due(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                             const std::string& dir, int64_t every, int64_t step,
                             const TrainOptions& o) {

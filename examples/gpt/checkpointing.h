@@ -59,6 +59,11 @@ bool checkpoint_due(const TrainOptions& o, int64_t step);
 int64_t resume_from_checkpoint(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers,
                                const std::string& dir, const TrainOptions& o, int rank);
 
+/// --async-save: the staging arena made and faulted in on a background thread now, after the
+/// run's first step (the optimizer's state exists), so that the first save stalls for the copy
+/// alone (fsdp::reserve_staging_arena). No-op without --async-save.
+void reserve_async_staging(fsdp::Unit<GPT>& model, TrainOptimizers& optimizers, const TrainOptions& o);
+
 /// After step `step` (0-based) has been trained: every `every` steps, and after the last step,
 /// saves a checkpoint that resumes at step + 1 (keeping the newest two). No-op when every <= 0.
 ///

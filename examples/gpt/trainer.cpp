@@ -228,6 +228,7 @@ void run_steps(const StepContext& ctx, int64_t first_step, StepLog& log, StepSum
     log.write(record);
     nonfinite.count(record.loss, step);
     if (checkpoint_due(o, step)) save_checkpoint_if_finite(ctx, step, record.loss);
+    if (step == first_step) reserve_async_staging(ctx.model, ctx.optimizers, o);
   }
   GPT gpt = ctx.model.module();
   nonfinite.check_finished(gpt, ctx.dist);

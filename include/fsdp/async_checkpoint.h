@@ -75,6 +75,11 @@ class AsyncSave {
   /// How many waves this rank staged its shard files in (1 when the budget holds them all; 0
   /// for a rank that writes none): a budget's cost in stalls.
   int staged_waves() const;
+  /// Whether this rank staged into an arena made before the save (by reserve_staging_arena or
+  /// an earlier save of the same budget), so that the save stalled for the copy alone; false
+  /// for the first save without a reservation, or one whose reservation did not fit (made
+  /// before the optimizer had its state, or for another budget).
+  bool reused_arena() const;
   /// The step folder being written.
   const std::string& folder() const;
 
@@ -99,5 +104,22 @@ AsyncSave save_checkpoint_async(const ShardedModel& model, const std::vector<tor
                                 const std::string& dir, int64_t step,
                                 const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0,
                                 const AsyncSaveOptions& options = {});
+
+/// Makes the staging arena the next save_checkpoint_async(model, optimizers, ..., options) stages
+/// in, now, and faults its pages in on a background thread at the lowest CPU priority: the first
+/// asynchronous save then stalls for the copy alone, as later ones do ([Note: the staging arena
+/// is kept], src/io/async_checkpoint.cpp). Not a collective. Call it once the optimizers hold
+/// their state (after the first step: torch::optim makes it then), with the options of the
+/// saves; the process holds the arena from then on, as it would from its first save. Does
+/// nothing while a save is pending (its arena is kept when it completes) or when the kept
+/// arena fits already. AsyncSave::reused_arena() tells whether a save used it.
+///
+/// Example:
+///   train_step(model, optim, 0);
+///   fsdp::reserve_staging_arena(model, optim);  // the first save at step 100 will not fault it in
+void reserve_staging_arena(const ShardedModel& model, torch::optim::Optimizer& optimizer,
+                           const AsyncSaveOptions& options = {});
+void reserve_staging_arena(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
+                           const AsyncSaveOptions& options = {});
 
 }  // namespace fsdp

@@ -31,6 +31,7 @@ struct AsyncSaveState {
   std::thread writer;  // writes the last wave; the only thread besides the caller's
   std::atomic<bool> written{false};
   int staged_waves = 0;
+  bool reused_arena = false;  // staged in memory made before the save (reserved, or a save's)
   std::string write_error;  // this rank's, once written
   std::mutex completing;    // wait() from two threads completes once
   bool completed = false;
@@ -55,17 +56,48 @@ std::shared_ptr<AsyncSaveState>& pending_save() {
 // here and the next save of the same budget stages into the same, already mapped, memory: the
 // process holds the budget from its first asynchronous save on (what the planner counts,
 // docs/planner.md), and a save stalls for the copy alone. Another budget replaces it.
+// reserve_staging_arena makes it before the first save and faults its pages on a background
+// thread, so that the first save stalls for the copy alone too.
 // Never destroyed: at exit, a pinned arena would outlive CUDA's host allocator.
-std::unique_ptr<StagingArena>& kept_arena() {
-  static auto* kept = new std::unique_ptr<StagingArena>;
+struct KeptArena {
+  std::unique_ptr<StagingArena> arena;
+  std::thread faulting;  // a reserved arena's pages being faulted in; joined before any use
+};
+
+KeptArena& kept() {
+  static auto* kept = new KeptArena;
   return *kept;
 }
 
+std::unique_ptr<StagingArena> take_kept_arena() {
+  if (kept().faulting.joinable()) kept().faulting.join();
+  return std::move(kept().arena);
+}
+
+bool fits(const std::unique_ptr<StagingArena>& arena, int64_t bytes, bool pinned) {
+  return arena && arena->bytes() == bytes && arena->pinned() == pinned;
+}
+
 std::unique_ptr<StagingArena> arena_of(int64_t bytes, bool pinned) {
-  std::unique_ptr<StagingArena> arena = std::move(kept_arena());
-  if (arena && arena->bytes() == bytes && arena->pinned() == pinned) return arena;
+  std::unique_ptr<StagingArena> arena = take_kept_arena();
+  if (fits(arena, bytes, pinned)) return arena;
   arena.reset();  // the old one goes before the new one is made: never both
   return std::make_unique<StagingArena>(bytes, pinned);
+}
+
+// The arena a save of `files` stages in: the budget, or all the files when they need less
+// (or the budget is 0).
+int64_t arena_bytes(const std::vector<ShardFileContents>& files, int64_t budget) {
+  int64_t needed = 0;
+  for (const auto& file : files) needed += staged_bytes(file);
+  return budget <= 0 || budget > needed ? needed : budget;
+}
+
+// [Note: the writer yields to training]: the writer's CRCs and copies into the page cache (and
+// a reserved arena's page faults) take a core; at the lowest priority they run when the ranks
+// wait (collectives, I/O), not instead of them.
+void lower_this_threads_priority() {
+  setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
 }
 
 // Joins this rank's write, agrees on every rank's, then metadata.json and `latest` (collectives).
@@ -75,7 +107,7 @@ void complete(AsyncSaveState& state) {
     state.completed = true;
     if (state.writer.joinable()) state.writer.join();
     state.snapshot.files.clear();  // what a failed write left staged
-    kept_arena() = std::move(state.arena);  // its copies are written: the next save reuses it
+    kept().arena = std::move(state.arena);  // its copies are written: the next save reuses it
     try {
       complete_snapshot(state.snapshot, state.write_error);
       publish_step_folder(state.snapshot.world, state.dir, state.name, state.keep_last);
@@ -102,10 +134,9 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
   std::vector<std::pair<size_t, size_t>> waves;
   const std::string error = try_local([&] {
     if (!snapshot.writer) return;
-    int64_t needed = 0;
-    for (const auto& file : snapshot.files) needed += staged_bytes(file);
-    if (budget <= 0 || budget > needed) budget = needed;
+    budget = arena_bytes(snapshot.files, budget);
     waves = plan_waves(snapshot.files, budget);
+    state.reused_arena = fits(kept().arena, budget, pinned);
     state.arena = arena_of(budget, pinned);
   });
   throw_if_any_failed(snapshot.world, error, "save_checkpoint_async: cannot stage " + snapshot.folder);
@@ -121,9 +152,7 @@ void stage_and_start(AsyncSaveState& state, int64_t budget, bool pinned, const S
   }
   const auto [first, last] = waves.back();
   state.writer = std::thread([&state, first = first, last = last, hooks] {
-    // [Note: the writer yields to training]: its CRCs and copies into the page cache take a core;
-    // at the lowest priority they run when the ranks wait (collectives, I/O), not instead of them.
-    setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+    lower_this_threads_priority();
     state.write_error = try_local([&] { write_snapshot(state.snapshot, first, last, hooks); });
     state.written = true;
   });
@@ -165,7 +194,29 @@ bool AsyncSave::done() const { return state_->written.load(); }
 
 int AsyncSave::staged_waves() const { return state_->staged_waves; }
 
+bool AsyncSave::reused_arena() const { return state_->reused_arena; }
+
 const std::string& AsyncSave::folder() const { return state_->snapshot.folder; }
+
+void reserve_staging_arena(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
+                           const AsyncSaveOptions& options) {
+  using namespace detail;
+  const int64_t bytes = arena_bytes(local_shard_files(model, optimizers), options.staging_budget_bytes());
+  const bool pinned = ShardedView(model).compute_device().is_cuda();
+  // A pending save's arena is kept when it completes; the kept one may fit already.
+  if (bytes == 0 || pending_save() || fits(kept().arena, bytes, pinned)) return;
+  auto arena = arena_of(bytes, pinned);
+  kept().faulting = std::thread([raw = arena.get()] {
+    lower_this_threads_priority();
+    raw->fault_in();
+  });
+  kept().arena = std::move(arena);
+}
+
+void reserve_staging_arena(const ShardedModel& model, torch::optim::Optimizer& optimizer,
+                           const AsyncSaveOptions& options) {
+  reserve_staging_arena(model, std::vector<torch::optim::Optimizer*>{&optimizer}, options);
+}
 
 AsyncSave save_checkpoint_async(const ShardedModel& model, torch::optim::Optimizer& optimizer, const std::string& dir,
                                 int64_t step, const nlohmann::json& extra, int keep_last,

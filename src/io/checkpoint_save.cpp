@@ -182,6 +182,16 @@ SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch:
   return snapshot;
 }
 
+std::vector<ShardFileContents> local_shard_files(const ShardedModel& sharded,
+                                                 const std::vector<torch::optim::Optimizer*>& optimizers_in) {
+  const ShardedView model(sharded);
+  if (!model.first_replica()) return {};
+  const OptimizerSet optimizers(optimizers_in, model, "reserve_staging_arena");
+  SaveSnapshot snapshot;
+  add_shard_files(snapshot, model, optimizers, module_buffers(sharded.module()), agreement_groups(model));
+  return std::move(snapshot.files);
+}
+
 void write_snapshot(SaveSnapshot& snapshot, size_t first, size_t last, const SaveHooks& hooks) {
   if (!snapshot.writer) return;
   nlohmann::json files = snapshot.description.empty() ? nlohmann::json::array()

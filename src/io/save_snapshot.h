@@ -59,6 +59,11 @@ SaveSnapshot take_snapshot(const ShardedModel& model, const std::vector<torch::o
                            const std::string& folder, const nlohmann::json& extra,
                            ProcessGroup* stages_world = nullptr);
 
+/// This rank's shard files as take_snapshot would stage them now (views of the live tensors; no
+/// collective, nothing created): empty on a rank that writes none.
+std::vector<ShardFileContents> local_shard_files(const ShardedModel& model,
+                                                 const std::vector<torch::optim::Optimizer*>& optimizers);
+
 /// Writes the shard files [first, last) of this rank's snapshot (no collective) and adds their
 /// description to snapshot.description; `hooks.after_shard_files` runs once the last one is.
 void write_snapshot(SaveSnapshot& snapshot, size_t first, size_t last, const SaveHooks& hooks);

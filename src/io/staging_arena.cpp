@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstring>
+
 namespace fsdp::detail {
 
 namespace {
@@ -40,6 +42,10 @@ std::vector<std::pair<size_t, size_t>> plan_waves(const std::vector<ShardFileCon
 
 StagingArena::StagingArena(int64_t bytes, bool pinned)
     : memory_(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(pinned))), pinned_(pinned) {}
+
+void StagingArena::fault_in() {
+  if (!pinned_) std::memset(memory_.data_ptr(), 0, static_cast<size_t>(memory_.numel()));
+}
 
 void StagingArena::stage(std::vector<ShardFileContents>& files, size_t first, size_t last) {
   int64_t used = 0;

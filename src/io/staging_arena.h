@@ -28,6 +28,9 @@ class StagingArena {
   /// Replaces the tensors of files [first, last) by copies in the arena, from its start (the
   /// files staged before are written by now); throws when they do not fit.
   void stage(std::vector<ShardFileContents>& files, size_t first, size_t last);
+  /// Writes every page once, so that no copy into the arena faults (pinned memory is mapped
+  /// already: nothing to do).
+  void fault_in();
   int64_t bytes() const { return memory_.numel(); }
   bool pinned() const { return pinned_; }
 
