@@ -8,7 +8,8 @@ micro-batches group the rows otherwise (the sums run in another order), within
 pp_train_e2e.py's 1e-5. dcp.load (HuggingFaceStorageReader, no_dist) reads the pipelined
 checkpoint: its parameters bitwise those that the unpipelined run loads from it (its --save-full
 at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
---save-full and --export-hf bitwise as the unpipelined run does.
+--save-full and --export-hf bitwise as the unpipelined run does. --async-save writes the same
+folder byte for byte.
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
@@ -137,6 +138,20 @@ def check_refusals(tmp, saved_dir):
     refused(tmp, saved_dir, lambda m: drop(m, name), (f"'{name}'",))
 
 
+def check_async_save(tmp, folder):
+    """--async-save (fsdp::pp::save_checkpoint_async; its step-2 save staged in the arena reserved
+    after step 1, completed by the step-3 save): the step-3 folder is byte for byte the
+    synchronous save's."""
+    async_dir = tmp / "async"
+    gpt_train(tmp, (2, 2), "--steps", SAVED, "--save-every", 2, "--checkpoint-dir", async_dir, "--async-save")
+    saved = {f.name: f.read_bytes() for f in folder.iterdir()}
+    written = {f.name: f.read_bytes() for f in (async_dir / folder.name).iterdir()}
+    assert sorted(written) == sorted(saved), (sorted(written), sorted(saved))
+    differ = [name for name in saved if written[name] != saved[name]]
+    assert not differ, f"--async-save's {folder.name} differs from the synchronous save's in {differ}"
+    assert (async_dir / "step-00000002" / "metadata.json").exists(), "the step-2 save was not completed"
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pp_ckpt_") as tmp:
         tmp = Path(tmp)
@@ -147,6 +162,7 @@ def main():
         first, _ = gpt_train(tmp, (2, 2), "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", saved_dir)
         assert all(first[s] == straight[s] for s in first), (first, straight)
         folder = saved_dir / f"step-{SAVED:08d}"
+        check_async_save(tmp, folder)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)
         assert "h.3.attn.q_proj.weight" in like, sorted(like)

@@ -245,8 +245,16 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
                                             },
                                             optimizers, o.checkpoint_dir, o, dist.rank())
                                       : 0;
+  const auto async_options = fsdp::AsyncSaveOptions().staging_budget_bytes(o.staging_budget);
+  // --async-save: completed by the next save, the run's last one at once (as save_checkpoint's).
   const auto save = [&](int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks&) {
-    fsdp::pp::save_checkpoint(pipe, *dist.world, *optimizers.adamw, o.checkpoint_dir, next_step, extra, kKeepLast);
+    if (!o.async_save) {
+      fsdp::pp::save_checkpoint(pipe, *dist.world, *optimizers.adamw, o.checkpoint_dir, next_step, extra, kKeepLast);
+      return;
+    }
+    auto saving = fsdp::pp::save_checkpoint_async(pipe, *dist.world, *optimizers.adamw, o.checkpoint_dir, next_step,
+                                                  extra, kKeepLast, async_options);
+    if (next_step == o.steps) saving.wait();
   };
   TrainResult result;
   const int64_t traced_step = std::min<int64_t>(2, o.steps - 1);
@@ -258,6 +266,9 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
     log.write(record);
     nonfinite.count(record.loss, step);
     save_if_due_with(save, optimizers, o.checkpoint_dir, o.save_every, step, o);
+    if (o.async_save && step == first_step) {  // the stage is sharded: the run checkpoints
+      fsdp::reserve_staging_arena(pipe.stages().front().sharded_model(), *optimizers.adamw, async_options);
+    }
   }
   write_full_params(o, dist, pipeline_full_params_if_written(o, gpt, pipe, mesh, modules, schedule));
   nonfinite.check_finished(gpt, &dist);

@@ -23,6 +23,7 @@
 ///   }
 ///   ... fsdp::pp::save_checkpoint(pipe, *dist->world, optim, "ckpt", step + 1);
 
+#include <fsdp/async_checkpoint.h>
 #include <fsdp/checkpoint.h>
 #include <fsdp/pipeline.h>
 
@@ -42,6 +43,15 @@ void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& 
 std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
                             const std::string& dir, int64_t step,
                             const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0);
+
+/// fsdp::save_checkpoint_async of every stage (include/fsdp/async_checkpoint.h): the folder of
+/// save_checkpoint above, staged at the step boundary and written by a background thread;
+/// wait() (every rank of `world`) publishes it. fsdp::reserve_staging_arena(stage.sharded_model(),
+/// optimizer) after the first step spares the first save its arena's page faults.
+AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                                const std::string& dir, int64_t step,
+                                const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0,
+                                const AsyncSaveOptions& options = {});
 
 /// fsdp::load_sharded into this rank's stage: its parameters and their optimizer state, from a
 /// checkpoint saved at any pp and dp degree (or none); returns the saved `extra`.

@@ -3,6 +3,7 @@
 // background thread; wait() completes it ([Note: one save at a time]).
 #include <fsdp/async_checkpoint.h>
 
+#include "io/async_save.h"
 #include "io/pending_save.h"
 #include "io/save_snapshot.h"
 #include "io/staging_arena.h"
@@ -166,6 +167,20 @@ void wait_for_pending_save() {
   if (pending) complete(*pending);
 }
 
+AsyncSave start_async_save(const AgreementGroups& world, const std::string& dir, int64_t step,
+                           const nlohmann::json& extra, int keep_last, const AsyncSaveOptions& options, bool pinned,
+                           const TakeSnapshot& take) {
+  wait_for_pending_save();  // [Note: one save at a time]
+  auto state = std::make_shared<AsyncSaveState>();
+  state->dir = dir;
+  state->keep_last = keep_last;
+  state->name = unpublished_step_folder(world, dir, step);
+  state->snapshot = take(dir + "/" + state->name, extra_with_step(extra, step));
+  stage_and_start(*state, options.staging_budget_bytes(), pinned, options.hooks());
+  pending_save() = state;
+  return AsyncSave(state);
+}
+
 }  // namespace fsdp::detail
 
 namespace fsdp {
@@ -229,17 +244,12 @@ AsyncSave save_checkpoint_async(const ShardedModel& model, const std::vector<tor
                                 const std::string& dir, int64_t step, const nlohmann::json& extra, int keep_last,
                                 const AsyncSaveOptions& options) {
   using namespace detail;
-  wait_for_pending_save();  // [Note: one save at a time]
-  const nlohmann::json extra_and_step = extra_with_step(extra, step);
   const ShardedView view(model);
-  auto state = std::make_shared<AsyncSaveState>();
-  state->dir = dir;
-  state->keep_last = keep_last;
-  state->name = unpublished_step_folder(agreement_groups(view), dir, step);
-  state->snapshot = take_snapshot(model, optimizers, dir + "/" + state->name, extra_and_step);
-  stage_and_start(*state, options.staging_budget_bytes(), view.compute_device().is_cuda(), options.hooks());
-  pending_save() = state;
-  return AsyncSave(state);
+  return start_async_save(agreement_groups(view), dir, step, extra, keep_last, options,
+                          view.compute_device().is_cuda(),
+                          [&](const std::string& folder, const nlohmann::json& extra_and_step) {
+                            return take_snapshot(model, optimizers, folder, extra_and_step);
+                          });
 }
 
 }  // namespace fsdp

@@ -3,6 +3,7 @@
 #include <fsdp/pipeline_checkpoint.h>
 
 #include "core/sharded_view.h"
+#include "io/async_save.h"
 #include "io/pending_save.h"
 #include "io/save_snapshot.h"
 #include "io/stage_metadata.h"
@@ -38,16 +39,23 @@ std::set<std::string> claimed_names(ProcessGroup& world, const ShardedModel& mod
   return claimed;
 }
 
+// The snapshot of this rank's stage, one of every stage's in `folder` (a collective over `world`).
+detail::SaveSnapshot stage_snapshot(const Stage& stage, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                                    const std::string& folder, const nlohmann::json& extra) {
+  const ShardedModel model = stage.sharded_model();
+  detail::SaveSnapshot snapshot = detail::take_snapshot(model, {&optimizer}, folder, extra, &world);
+  // Stage s's shard files after those of the stages before it.
+  snapshot.shard += stage.index() * detail::ShardedView(model).shard_group_size();
+  return snapshot;
+}
+
 }  // namespace
 
 void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
                   const std::string& folder, const nlohmann::json& extra) {
   const Stage& stage = checkpointed_stage(pipe, "fsdp::pp::save_sharded");
-  const ShardedModel model = stage.sharded_model();
   detail::wait_for_pending_save();
-  detail::SaveSnapshot snapshot = detail::take_snapshot(model, {&optimizer}, folder, extra, &world);
-  // Stage s's shard files after those of the stages before it.
-  snapshot.shard += stage.index() * detail::ShardedView(model).shard_group_size();
+  detail::SaveSnapshot snapshot = stage_snapshot(stage, world, optimizer, folder, extra);
   const std::string error =
       detail::try_local([&] { detail::write_snapshot(snapshot, 0, snapshot.files.size(), {}); });
   detail::complete_snapshot(snapshot, error);
@@ -62,6 +70,18 @@ std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::O
   save_sharded(pipe, world, optimizer, dir + "/" + name, extra_and_step);
   detail::publish_step_folder(groups, dir, name, keep_last);
   return dir + "/" + name;
+}
+
+AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                                const std::string& dir, int64_t step, const nlohmann::json& extra, int keep_last,
+                                const AsyncSaveOptions& options) {
+  const Stage& stage = checkpointed_stage(pipe, "fsdp::pp::save_checkpoint_async");
+  const bool pinned = detail::ShardedView(stage.sharded_model()).compute_device().is_cuda();
+  return detail::start_async_save(
+      {&world, nullptr}, dir, step, extra, keep_last, options, pinned,
+      [&](const std::string& folder, const nlohmann::json& extra_and_step) {
+        return stage_snapshot(stage, world, optimizer, folder, extra_and_step);
+      });
 }
 
 nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
