@@ -9,8 +9,6 @@ def flag_cases(tmp):
         *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
           for flags, named in (
               (["--reference"], "--reference"),
-              (["--save-every", "2", "--checkpoint-dir", str(tmp / "pp-ck"), "--optimizer", "muon"],
-               "--optimizer muon with checkpoints"),
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--activation-checkpointing"], "--activation-checkpointing"),

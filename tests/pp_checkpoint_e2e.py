@@ -9,7 +9,8 @@ pp_train_e2e.py's 1e-5. dcp.load (HuggingFaceStorageReader, no_dist) reads the p
 checkpoint: its parameters bitwise those that the unpipelined run loads from it (its --save-full
 at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
 --save-full and --export-hf bitwise as the unpipelined run does. --async-save writes the same
-folder byte for byte.
+folder byte for byte. With --optimizer muon the checkpoint holds Muon's momentum beside AdamW's
+moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one.
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
@@ -152,6 +153,21 @@ def check_async_save(tmp, folder):
     assert (async_dir / "step-00000002" / "metadata.json").exists(), "the step-2 save was not completed"
 
 
+def check_muon_resume(tmp):
+    """--optimizer muon (Muon's momentum beside AdamW's moments in one pipelined checkpoint): 3 steps
+    saved and 3 resumed at (pp 2, dp 2) are bitwise the 6 uninterrupted steps."""
+    muon = ["--optimizer", "muon"]
+    straight, _ = gpt_train(tmp, (2, 2), *muon, "--steps", STEPS)
+    ckpt = tmp / "muon"
+    gpt_train(tmp, (2, 2), *muon, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    meta = json.loads((ckpt / f"step-{SAVED:08d}" / "metadata.json").read_text())
+    assert "Muon" in json.dumps(meta), "the pipelined checkpoint holds no Muon state"
+    resumed, _ = gpt_train(tmp, (2, 2), *muon, "--steps", STEPS, "--checkpoint-dir", ckpt, "--resume")
+    assert sorted(resumed) == list(range(SAVED, STEPS)), resumed
+    gap = max(abs(resumed[s] - straight[s]) for s in resumed)
+    assert gap == 0, f"--optimizer muon resumed at (pp 2, dp 2) is not the uninterrupted run: |loss gap| {gap:.3g}"
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pp_ckpt_") as tmp:
         tmp = Path(tmp)
@@ -163,6 +179,7 @@ def main():
         assert all(first[s] == straight[s] for s in first), (first, straight)
         folder = saved_dir / f"step-{SAVED:08d}"
         check_async_save(tmp, folder)
+        check_muon_resume(tmp)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)
         assert "h.3.attn.q_proj.weight" in like, sorted(like)

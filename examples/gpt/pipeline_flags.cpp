@@ -39,8 +39,6 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
       {cl.reference, "--reference (it trains the unsharded model: give it --world-size WORLD/pp "
                      "--grad-accum M for the same batches)"},
       {cl.autoplan || cl.plan, "--auto/--plan (the planner does not model pipeline stages yet)"},
-      {o.muon && (o.save_every > 0 || o.resume || !o.checkpoint_dir.empty()),
-       "--optimizer muon with checkpoints (a pipelined checkpoint keeps one optimizer's state: AdamW's)"},
       {o.test_pause_after_shard_files_ms > 0, "--test-pause-after-shard-files (a pipelined save takes no test hooks)"},
       {!o.init_from.empty() || !o.init_from_hf.empty(),
        "--init-from/--init-from-hf (the stages start from --seed's model only)"},

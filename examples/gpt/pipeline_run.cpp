@@ -241,7 +241,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   prepare_checkpoint_dir(o, dist.rank());
   const int64_t first_step = o.resume ? resume_with(
                                             [&](const std::string& path) {
-                                              return fsdp::pp::load_sharded(pipe, *dist.world, *optimizers.adamw, path);
+                                              return fsdp::pp::load_sharded(pipe, *dist.world, optimizers.saved(), path);
                                             },
                                             optimizers, o.checkpoint_dir, o, dist.rank())
                                       : 0;
@@ -249,10 +249,10 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   // --async-save: completed by the next save, the run's last one at once (as save_checkpoint's).
   const auto save = [&](int64_t next_step, const nlohmann::json& extra, const fsdp::SaveHooks&) {
     if (!o.async_save) {
-      fsdp::pp::save_checkpoint(pipe, *dist.world, *optimizers.adamw, o.checkpoint_dir, next_step, extra, kKeepLast);
+      fsdp::pp::save_checkpoint(pipe, *dist.world, optimizers.saved(), o.checkpoint_dir, next_step, extra, kKeepLast);
       return;
     }
-    auto saving = fsdp::pp::save_checkpoint_async(pipe, *dist.world, *optimizers.adamw, o.checkpoint_dir, next_step,
+    auto saving = fsdp::pp::save_checkpoint_async(pipe, *dist.world, optimizers.saved(), o.checkpoint_dir, next_step,
                                                   extra, kKeepLast, async_options);
     if (next_step == o.steps) saving.wait();
   };
@@ -267,7 +267,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
     nonfinite.count(record.loss, step);
     save_if_due_with(save, optimizers, o.checkpoint_dir, o.save_every, step, o);
     if (o.async_save && step == first_step) {  // the stage is sharded: the run checkpoints
-      fsdp::reserve_staging_arena(pipe.stages().front().sharded_model(), *optimizers.adamw, async_options);
+      fsdp::reserve_staging_arena(pipe.stages().front().sharded_model(), optimizers.saved(), async_options);
     }
   }
   write_full_params(o, dist, pipeline_full_params_if_written(o, gpt, pipe, mesh, modules, schedule));

@@ -32,8 +32,13 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace fsdp::pp {
+
+/// Several optimizers over one stage's parameters (Muon's matrices and AdamW's rest:
+/// fsdp::optim::split_for_muon), each parameter's state under its own optimizer's kinds.
+using Optimizers = std::vector<torch::optim::Optimizer*>;
 
 /// fsdp::save_sharded of every stage into `folder`.
 void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
@@ -56,6 +61,18 @@ AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::opti
 /// fsdp::load_sharded into this rank's stage: its parameters and their optimizer state, from a
 /// checkpoint saved at any pp and dp degree (or none); returns the saved `extra`.
 nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                            const std::string& folder);
+
+/// The same four for several optimizers (Optimizers above), as fsdp::save_sharded's overloads.
+void save_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers, const std::string& folder,
+                  const nlohmann::json& extra = nlohmann::json::object());
+std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers, const std::string& dir,
+                            int64_t step, const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0);
+AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers,
+                                const std::string& dir, int64_t step,
+                                const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0,
+                                const AsyncSaveOptions& options = {});
+nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers,
                             const std::string& folder);
 
 }  // namespace fsdp::pp

@@ -40,10 +40,10 @@ std::set<std::string> claimed_names(ProcessGroup& world, const ShardedModel& mod
 }
 
 // The snapshot of this rank's stage, one of every stage's in `folder` (a collective over `world`).
-detail::SaveSnapshot stage_snapshot(const Stage& stage, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+detail::SaveSnapshot stage_snapshot(const Stage& stage, ProcessGroup& world, const Optimizers& optimizers,
                                     const std::string& folder, const nlohmann::json& extra) {
   const ShardedModel model = stage.sharded_model();
-  detail::SaveSnapshot snapshot = detail::take_snapshot(model, {&optimizer}, folder, extra, &world);
+  detail::SaveSnapshot snapshot = detail::take_snapshot(model, optimizers, folder, extra, &world);
   // Stage s's shard files after those of the stages before it.
   snapshot.shard += stage.index() * detail::ShardedView(model).shard_group_size();
   return snapshot;
@@ -51,28 +51,28 @@ detail::SaveSnapshot stage_snapshot(const Stage& stage, ProcessGroup& world, tor
 
 }  // namespace
 
-void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
-                  const std::string& folder, const nlohmann::json& extra) {
+void save_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers, const std::string& folder,
+                  const nlohmann::json& extra) {
   const Stage& stage = checkpointed_stage(pipe, "fsdp::pp::save_sharded");
   detail::wait_for_pending_save();
-  detail::SaveSnapshot snapshot = stage_snapshot(stage, world, optimizer, folder, extra);
+  detail::SaveSnapshot snapshot = stage_snapshot(stage, world, optimizers, folder, extra);
   const std::string error =
       detail::try_local([&] { detail::write_snapshot(snapshot, 0, snapshot.files.size(), {}); });
   detail::complete_snapshot(snapshot, error);
 }
 
-std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
-                            const std::string& dir, int64_t step, const nlohmann::json& extra, int keep_last) {
+std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers, const std::string& dir,
+                            int64_t step, const nlohmann::json& extra, int keep_last) {
   checkpointed_stage(pipe, "fsdp::pp::save_checkpoint");
   const detail::AgreementGroups groups{&world, nullptr};
   const nlohmann::json extra_and_step = detail::extra_with_step(extra, step);
   const std::string name = detail::unpublished_step_folder(groups, dir, step);
-  save_sharded(pipe, world, optimizer, dir + "/" + name, extra_and_step);
+  save_sharded(pipe, world, optimizers, dir + "/" + name, extra_and_step);
   detail::publish_step_folder(groups, dir, name, keep_last);
   return dir + "/" + name;
 }
 
-AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers,
                                 const std::string& dir, int64_t step, const nlohmann::json& extra, int keep_last,
                                 const AsyncSaveOptions& options) {
   const Stage& stage = checkpointed_stage(pipe, "fsdp::pp::save_checkpoint_async");
@@ -80,15 +80,37 @@ AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::opti
   return detail::start_async_save(
       {&world, nullptr}, dir, step, extra, keep_last, options, pinned,
       [&](const std::string& folder, const nlohmann::json& extra_and_step) {
-        return stage_snapshot(stage, world, optimizer, folder, extra_and_step);
+        return stage_snapshot(stage, world, optimizers, folder, extra_and_step);
       });
+}
+
+nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers,
+                            const std::string& folder) {
+  const ShardedModel model = checkpointed_stage(pipe, "fsdp::pp::load_sharded").sharded_model();
+  const detail::StageLoad stage{&world, claimed_names(world, model)};
+  return detail::load_model(model, optimizers, folder, &stage);
+}
+
+// One optimizer: the same.
+void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer, const std::string& folder,
+                  const nlohmann::json& extra) {
+  save_sharded(pipe, world, Optimizers{&optimizer}, folder, extra);
+}
+
+std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                            const std::string& dir, int64_t step, const nlohmann::json& extra, int keep_last) {
+  return save_checkpoint(pipe, world, Optimizers{&optimizer}, dir, step, extra, keep_last);
+}
+
+AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
+                                const std::string& dir, int64_t step, const nlohmann::json& extra, int keep_last,
+                                const AsyncSaveOptions& options) {
+  return save_checkpoint_async(pipe, world, Optimizers{&optimizer}, dir, step, extra, keep_last, options);
 }
 
 nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
                             const std::string& folder) {
-  const ShardedModel model = checkpointed_stage(pipe, "fsdp::pp::load_sharded").sharded_model();
-  const detail::StageLoad stage{&world, claimed_names(world, model)};
-  return detail::load_model(model, {&optimizer}, folder, &stage);
+  return load_sharded(pipe, world, Optimizers{&optimizer}, folder);
 }
 
 }  // namespace fsdp::pp
