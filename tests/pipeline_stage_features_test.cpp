@@ -45,10 +45,9 @@ torch::Tensor summed_loss(const torch::Tensor& logits, const torch::Tensor& targ
 struct Batch {
   torch::Tensor ids, targets;
 };
-Batch batch_of_step(int step) {
+Batch batch_of_step(int step, int64_t rows = kRows, int64_t tokens = kTokens) {
   torch::manual_seed(300 + step);
-  return {torch::randint(kPpVocab, {kRows, kTokens}, torch::kLong),
-          torch::randint(kPpVocab, {kRows, kTokens}, torch::kLong)};
+  return {torch::randint(kPpVocab, {rows, tokens}, torch::kLong), torch::randint(kPpVocab, {rows, tokens}, torch::kLong)};
 }
 
 bool skipped_off_world2() { return dist().world_size() != kStages; }
@@ -158,7 +157,10 @@ TEST(PipelineStageFeatures, PlainNoSyncAccumulatesBf16GradientsInFp32) {
 // The stage's step with each part recomputed in backward, against the same stage without: the
 // same losses and parameters after 3 AdamW steps (recomputation replays the same ops), and a
 // lower peak of the step's memory above its start (GPipe: all 4 micro-batches' activations are
-// kept before the first backward; recomputing keeps only each part's input).
+// kept before the first backward; recomputing keeps only each part's input). A batch whose
+// activations outweigh the tiny model's parameters and gradients: 16 rows of 32 tokens a
+// micro-batch.
+constexpr int64_t kMemoryRows = 64, kMemoryTokens = 32;
 struct StepTrace {
   std::vector<double> losses;
   std::vector<torch::Tensor> params;
@@ -169,7 +171,7 @@ StepTrace train_three_steps(bool checkpointed) {
   torch::optim::AdamW optim(run.pipe->stage().parameters(), torch::optim::AdamWOptions(1e-2));
   StepTrace trace;
   for (int step = 0; step < 3; ++step) {
-    const Batch b = batch_of_step(step);
+    const Batch b = batch_of_step(step, kMemoryRows, kMemoryTokens);
     optim.zero_grad();
     fsdp::reset_peak_memory();
     const int64_t start = fsdp::memory_stats().current_bytes;

@@ -13,7 +13,7 @@ group of one at dp 1) against the reference under the same policy: Llama under 1
 under GPipe at pp 2 x dp 1 (within 1e-5: the held gradient is the fp32 sum of the micro-batches'
 bf16 gradients, as the reference's), Llama under GPipe and Qwen3 under 1F1B at pp 2 x dp 2 (within
 BF16_DP2_TOLERANCE, bf16 rounding of each rank's gradient); --activation-checkpointing (each part of
-a stage recomputed) at pp 2 x dp 1 under 1F1B and pp 2 x dp 2 under GPipe within 1e-5, and at dp 1
+a stage recomputed) at pp 2 x dp 1 under 1F1B and pp 2 x dp 2 under GPipe within 1e-5, and at dp 2
 every rank's step peak below the same run's without it.
 
     pp_train_e2e.py BIN_DIR [--only NAME,...]"""
@@ -155,7 +155,7 @@ def check(tmp, name, family, world, pp, layers, micro, flags):
             f"{name} rank {rank}: pp bytes {[g['bytes_pp_send'] for g in got]}, expected {sent}"
     print(f"{name}: {world} ranks, pp {pp}: 6 steps, max |loss - reference| = {worst:.2e} "
           f"(first {expected[0]:.6f}, last {expected[-1]:.6f})")
-    if "--activation-checkpointing" in flags and world == pp:
+    if "--activation-checkpointing" in flags and world > pp:  # both runs' stages sharded (dp 2)
         check_recompute_memory(tmp, name, world, pp, micro, flags, model, metrics)
 
 
