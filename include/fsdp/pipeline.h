@@ -160,7 +160,7 @@ class Stage {
   /// gradients it reduces once per step ([Note: FSDP inside a stage]). Every rank of `dp` calls it
   /// (a collective). Between steps the parameters (the same tensors, under the same names) are
   /// this rank's 1-D shards, as after fsdp::fully_shard. Strategies: all; mixed precision: yes
-  /// (the held gradient summed in fp32: [Note: a kept gradient summed wide] in core/flat_param.h);
+  /// (the held gradient summed in fp32: [Note: a kept gradient summed wide] in core/flat_param.cpp);
   /// activation_checkpointing: each part recomputed in backward (not with ZBV). Throws, naming the
   /// option and the fix, for cpu_offload, reshard_after_forward, a part held by an fsdp::Unit, or
   /// a stage sharded twice.
