@@ -16,7 +16,7 @@ def flag_cases(tmp):
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
               (["--cpu-offload"], "--cpu-offload"),
               (["--grad-accum", "2"], "--grad-accum"),
-              (["--sample", "4"], "--sample"),
+              (["--sample", "4"], "--sample"), (["--param-dtype", "fp16"], "fp16"),
               (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],

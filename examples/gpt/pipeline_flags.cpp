@@ -52,6 +52,9 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
       {o.step_in_backward, "--step-in-backward (the stages step after the schedule's last backward)"},
       {app.count("--grad-accum") > 0, "--grad-accum (give --microbatches M: the pipeline's micro-batches)"},
       {o.no_sync, "--no-sync (a sharded stage reduces once per step already)"},
+      {o.fsdp.mixed_precision().param_dtype() == torch::kHalf || o.fsdp.mixed_precision().reduce_dtype() == torch::kHalf,
+       "fp16 (--param-dtype/--reduce-dtype fp16 need loss scaling, which the pipelined step does not run yet; use "
+       "bf16)"},
       {o.deferred_init, "--deferred-init (every rank builds the whole model, then keeps its stages)"},
   };
 }
