@@ -11,10 +11,9 @@ def flag_cases(tmp):
               (["--reference"], "--reference"),
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
               (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
-              (["--activation-checkpointing"], "--activation-checkpointing"),
               (["--cpu-offload"], "--cpu-offload"),
               (["--grad-accum", "2"], "--grad-accum"),
-              (["--param-dtype", "bf16"], "--param-dtype"), (["--sample", "4"], "--sample"),
+              (["--sample", "4"], "--sample"), (["--param-dtype", "fp16"], "fp16"),
               (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],
@@ -47,6 +46,16 @@ def under_sharding(t, sharded):
     zbv = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
                   "--model", "llama", n=4, timeout=60)
     t.fails("--pp 2 --pp-schedule zbv at dp 2", zbv, "--pp-schedule zbv at dp 2", "dp 1")
+    # At dp 1 too, what needs a sharded stage (mixed precision, activation checkpointing) names
+    # the flag that needs it.
+    tied_bf16 = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--param-dtype", "bf16", n=2,
+                        timeout=60)
+    t.fails("--pp 2 at dp 1 --param-dtype bf16, GPT-2's tied head", tied_bf16, "--pp 2 at dp 1",
+            "with --param-dtype/--reduce-dtype", "tied to wte")
+    zbv_recompute = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
+                            "--model", "llama", "--activation-checkpointing", n=2, timeout=60)
+    t.fails("--pp 2 --pp-schedule zbv --activation-checkpointing", zbv_recompute, "--pp-schedule zbv at dp 1",
+            "with --activation-checkpointing")
     llama_tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
                          "--tie-head", n=4, timeout=60)
     t.fails("--pp 2 at dp 2, --model llama --tie-head", llama_tied, "--tie-head", "tied to wte")

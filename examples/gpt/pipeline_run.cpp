@@ -34,6 +34,17 @@ constexpr int kKeepLast = 2;  // step folders kept, as an unpipelined run keeps 
 // (include/fsdp/pipeline_checkpoint.h).
 bool checkpointing(const TrainOptions& o) { return o.save_every > 0 || o.resume; }
 
+// What only a sharded stage runs (Stage::fully_shard, a dp group of one will do): checkpoints,
+// mixed precision (the stage's FSDP unit casts) and activation checkpointing (it recomputes the
+// stage's parts).
+std::string needs_sharded_stage(const TrainOptions& o) {
+  if (checkpointing(o)) return "checkpoints";
+  const auto& precision = o.fsdp.mixed_precision();
+  if (precision.param_dtype() || precision.reduce_dtype()) return "--param-dtype/--reduce-dtype";
+  if (o.fsdp.activation_checkpointing()) return "--activation-checkpointing";
+  return "";
+}
+
 // The mesh pp x dp x tp: pp outermost, tp innermost (torchtitan's order), so a stage's tp ranks
 // are neighbours and a pipeline's ranks (one (dp, tp) coordinate) are dp·tp apart.
 fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
@@ -46,16 +57,19 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   // What FSDP inside a stage (dp > 1) does not compose with yet (src/pp/pipeline.cpp refuses
   // both), named here by the flags.
   const bool several_stages = o.pp * o.stages_per_rank > 1;
-  TORCH_CHECK((dp == 1 && !checkpointing(o)) || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp,
-              " at dp ", dp, " (", world, " ranks", checkpointing(o) ? ", with checkpoints" : "",
+  const std::string needs = needs_sharded_stage(o);
+  TORCH_CHECK((dp == 1 && needs.empty()) || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp,
+              " at dp ", dp, " (", world, " ranks", needs.empty() ? "" : ", with " + needs,
               "): the head is tied to wte (", o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
-              "), a weight shared by the first and the last stage, and FSDP inside a stage (which "
-              "checkpoints need) does not train a weight tied across stages yet; use an untied head "
-              "(--model llama without --tie-head)", checkpointing(o) ? "" : " or dp 1 (--pp equal to the ranks)");
-  TORCH_CHECK(dp == 1 || o.pp_schedule != "zbv", "--pp-schedule zbv at dp ", dp, " (", world,
-              " ranks): its backward is split into input and weight gradients, which FSDP inside a "
-              "stage does not reduce yet; use gpipe, 1f1b or interleaved-1f1b, or dp 1 (--pp equal to "
-              "the ranks)");
+              "), a weight shared by the first and the last stage, and FSDP inside a stage (which ",
+              needs.empty() ? "dp > 1 needs" : needs + " needs", ") does not train a weight tied across stages "
+              "yet; use an untied head (--model llama without --tie-head)",
+              needs.empty() ? " or dp 1 (--pp equal to the ranks)" : "");
+  TORCH_CHECK((dp == 1 && needs.empty()) || o.pp_schedule != "zbv", "--pp-schedule zbv at dp ", dp, " (", world,
+              " ranks", needs.empty() ? "" : ", with " + needs, "): its backward is split into input and weight "
+              "gradients, which FSDP inside a stage (which ", needs.empty() ? "dp > 1 needs" : needs + " needs",
+              ") does not run yet; use gpipe, 1f1b or interleaved-1f1b", needs.empty() ? ", or dp 1 (--pp equal "
+              "to the ranks)" : "");
   // Hybrid sharding splits a stage's dp ranks (not the world) into groups of F.
   const int f = o.fsdp.shard_group_size();
   TORCH_CHECK(!fsdp::is_hybrid(o.fsdp.strategy()) || f == 0 || (dp % f == 0 && dp / f >= 2),
@@ -96,7 +110,7 @@ std::vector<fsdp::pp::Stage> build_stages(const TrainOptions& o, fsdp::DeviceMes
   for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), o.pp, num_stages,
                                         fsdp::pp::placement_of(schedule))) {
     stages.emplace_back(*chain.view, chain.parts, modules, s);
-    if (mesh.size("dp") > 1 || checkpointing(o)) stages.back().fully_shard(mesh.group("dp"), o.fsdp);
+    if (mesh.size("dp") > 1 || !needs_sharded_stage(o).empty()) stages.back().fully_shard(mesh.group("dp"), o.fsdp);
   }
   return stages;
 }

@@ -159,9 +159,11 @@ class Stage {
   /// (mesh.group("dp")), as one FSDP unit that the pipeline gathers once per step and whose
   /// gradients it reduces once per step ([Note: FSDP inside a stage]). Every rank of `dp` calls it
   /// (a collective). Between steps the parameters (the same tensors, under the same names) are
-  /// this rank's 1-D shards, as after fsdp::fully_shard. Strategies: all; mixed precision: yes.
-  /// Throws, naming the option and the fix, for activation_checkpointing, cpu_offload,
-  /// reshard_after_forward, a part held by an fsdp::Unit, or a stage sharded twice.
+  /// this rank's 1-D shards, as after fsdp::fully_shard. Strategies: all; mixed precision: yes
+  /// (the held gradient summed in fp32: [Note: a kept gradient summed wide] in core/flat_param.cpp);
+  /// activation_checkpointing: each part recomputed in backward (not with ZBV). Throws, naming the
+  /// option and the fix, for cpu_offload, reshard_after_forward, a part held by an fsdp::Unit, or
+  /// a stage sharded twice.
   void fully_shard(ProcessGroup& dp, FullyShardOptions options = {});
   bool is_sharded() const { return sharded_ != nullptr; }
   /// The stage's sharded model (gather_full_params, checkpoints, clipping); throws unless sharded.
@@ -297,13 +299,15 @@ class Pipeline {
   std::vector<int> rank_of_;  // the pp rank of each stage
   std::shared_ptr<TiedWeights> tied_;
   std::shared_ptr<BorrowedWeights> borrowed_;
+  std::shared_ptr<const void> stage_marks_;  // marks the stages' parameters as a pipeline's while alive
 };
 
 /// torch::nn::utils::clip_grad_norm_ for a pipelined model: scales every stage's gradients so
 /// that the global L2 norm (the unsplit model's: each element once, over every stage, a sharded
 /// stage's pieces summed over its dp ranks, a weight tied across stages counted once) is at most
-/// `max_norm`, and returns the norm before clipping. LibTorch's clip, or fsdp::clip_grad_norm_ on
-/// one stage's parameters, sees one stage alone and clips each pp rank by its own norm. A
+/// `max_norm`, and returns the norm before clipping. LibTorch's clip sees one stage alone and
+/// clips each pp rank by its own norm; fsdp::clip_grad_norm_ given a parameter of a live
+/// Pipeline of several stages refuses, naming this function. A
 /// collective over the pipeline's group (and each sharded stage's dp group): every rank calls it,
 /// after step() and before the optimizer step.
 ///

@@ -200,6 +200,7 @@ void FlatParam::free_full() {
 
 void FlatParam::begin_full_grad(bool keep, bool into_shard) {
   TORCH_INTERNAL_ASSERT(!into_shard || (!keep && world_size_ == 1 && !offloaded()));
+  if (wide_kept_sum_.defined()) keep = false;  // the sum so far is kept wide: this backward's starts afresh
   grads_in_shard_ = into_shard;
   if (into_shard) {
     grad_written_.assign(entries_.size(), false);
@@ -235,6 +236,64 @@ void FlatParam::complete_full_grad() {
     grad_slot(i).zero_();
     grad_written_[i] = true;
   }
+}
+
+// [Note: a kept gradient summed wide]
+// Under mixed precision the unsharded gradient is in the reduce dtype (else the compute dtype):
+// bf16 when the policy reduces in bf16. A backward under no_sync (gradient accumulation without
+// a reduction per micro-batch; a pipeline stage held across its micro-batches) keeps it for the
+// next backward to add to. Adding M micro-batches' gradients in bf16 rounds every partial sum to
+// 8 bits, where accumulation with a reduction per micro-batch (and gpt_train's unsharded
+// reference) rounds each micro-batch's gradient once and adds in fp32. So a kept low-precision
+// gradient is added into a sum in the shard's dtype (fp32) and its own buffer freed; the
+// reduction rounds that sum once to the reduce dtype (what goes over the wire is unchanged), or,
+// for a shard group of one rank without replicas (nothing to communicate), moves it into the
+// gradient shard unrounded. The memory: the sum in fp32 while kept, in place of the bf16 buffer.
+bool FlatParam::keep_full_grad_wide() {
+  const c10::ScalarType wide = shard_.scalar_type();
+  if (c10::elementSize(full_grad_.scalar_type()) >= c10::elementSize(wide)) return false;
+  torch::NoGradGuard no_grad;
+  if (wide_kept_sum_.defined()) {
+    wide_kept_sum_.add_(full_grad_);
+  } else {
+    wide_kept_sum_ = full_grad_.to(full_grad_.options().dtype(wide));
+  }
+  release_storage(full_grad_);
+  return true;
+}
+
+namespace {
+
+// Whether `t`'s storage holds bytes (a buffer of this backward's gradient) or was released.
+bool holds_bytes(const at::Tensor& t) { return t.defined() && t.storage().nbytes() > 0; }
+
+}  // namespace
+
+void FlatParam::fold_wide_kept_sum() {
+  torch::NoGradGuard no_grad;
+  if (holds_bytes(full_grad_)) {
+    wide_kept_sum_.add_(full_grad_);
+  } else {
+    refill_storage(full_grad_);
+  }
+  full_grad_.copy_(wide_kept_sum_);
+  wide_kept_sum_ = at::Tensor();
+}
+
+void FlatParam::move_wide_kept_sum_into_shard(bool accumulate) {
+  torch::NoGradGuard no_grad;
+  if (holds_bytes(full_grad_)) {
+    wide_kept_sum_.add_(full_grad_);
+    release_storage(full_grad_);
+  }
+  at::Tensor& shard = grad_shard();
+  const at::Tensor mine = wide_kept_sum_.narrow(0, rank_ * shard_numel_, shard_numel_);
+  if (accumulate) {
+    shard.add_(mine);
+  } else {
+    shard.copy_(mine);
+  }
+  wide_kept_sum_ = at::Tensor();
 }
 
 c10::DataPtr FlatParam::take_full_grad_bytes() {

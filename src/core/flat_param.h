@@ -189,6 +189,20 @@ class FlatParam {
   /// Zero-fills the entries of the unsharded gradient no gradient reached (parameters unused in
   /// this backward): the buffer then holds the whole sum.
   void complete_full_grad();
+  /// [Note: a kept gradient summed wide] A no_sync backward has ended: its low-precision
+  /// unsharded gradient is added into the kept sum in the shard's dtype, and its buffer's bytes
+  /// freed (the next backward writes a fresh one). Nothing to do, returning false, when the
+  /// unsharded gradient is as wide as the shard: it is kept and added to as it is.
+  bool keep_full_grad_wide();
+  /// Whether earlier no_sync backwards left a kept sum in the shard's dtype.
+  bool has_wide_kept_sum() const { return wide_kept_sum_.defined(); }
+  /// Before the kept sum's reduction: the sum (with this backward's gradient, if one was written
+  /// since) rounded once into the unsharded gradient, which the reduction reads.
+  void fold_wide_kept_sum();
+  /// For a shard group of one rank without replicas (nothing to communicate): the kept sum (with
+  /// this backward's gradient, if any) goes into the gradient shard in its own dtype, unrounded,
+  /// added to it when `accumulate`.
+  void move_wide_kept_sum_into_shard(bool accumulate);
   /// Gradients become views of this rank's gradient shard.
   void use_sharded_grads();
   /// The trainable parameters and the views of the gradient shard use_sharded_grads() gives them.
@@ -219,6 +233,7 @@ class FlatParam {
   at::Tensor full_;        // 1-D [W·S], unsharded; storage freed while sharded
   at::Tensor full_grad_;   // 1-D [W·S], unsharded gradient; storage only during backward
   at::Tensor grad_shard_;  // 1-D [S], reduced gradient of this rank's shard
+  at::Tensor wide_kept_sum_;  // 1-D [W·S] in the shard's dtype: no_sync backwards' sum ([Note: a kept gradient summed wide])
   bool grad_shard_released_ = false;   // its bytes released in place (grad_shard() refills them)
   std::vector<at::Tensor> grad_views_;  // per entry, its gradient in grad_shard_: [Note: gradient views made once]
   // Per entry, what the parameter points at unsharded (in full_) and sharded (in shard_), made

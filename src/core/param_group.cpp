@@ -317,6 +317,7 @@ void ParamGroup::settle_gradient(size_t flat, bool counted) {
     g.backward_state = BackwardState::Reduced;
     events_.gradients_reduced(*this, g.flat, CommHandle());
   } else if (no_sync_) {  // keep the unsharded gradient for the next backward
+    g.flat.keep_full_grad_wide();  // [Note: a kept gradient summed wide]
     g.full_grad_kept = true;
     g.backward_state = BackwardState::Idle;
   } else {
@@ -327,6 +328,16 @@ void ParamGroup::settle_gradient(size_t flat, bool counted) {
 
 void ParamGroup::issue_reduce_scatter(FlatGroup& g, bool counted) {
   g.full_grad_kept = false;
+  if (g.flat.has_wide_kept_sum()) {  // [Note: a kept gradient summed wide]
+    const int replicas = env_.reduce.world_size / g.flat.shard_group_size();
+    if (rules::grads_into_shard(g.flat.placement(replicas), /*accumulating=*/false)) {
+      g.flat.move_wide_kept_sum_into_shard(g.accumulate_into_shard);  // nothing to communicate
+      g.backward_state = BackwardState::Reduced;
+      events_.gradients_reduced(*this, g.flat, CommHandle());
+      return;
+    }
+    g.flat.fold_wide_kept_sum();
+  }
   RateLimiter* limiter = counted ? &env_.limiter : nullptr;
   if (limiter) limiter->reduction_issued();
   // The count ends when the task is destroyed, whether it ran, threw, or was skipped after an

@@ -1,6 +1,7 @@
 #include <fsdp/clip.h>
 
 #include "core/sharded_view.h"
+#include "core/stage_marks.h"
 #include "optim/gradient_squares.h"
 
 #include <fsdp/parallelize.h>
@@ -63,6 +64,15 @@ void sum_over_tensor_parallel(const NormTerms& terms, at::Tensor& squares) {
   if (terms.tp && terms.tp->size() > 1) all_reduce_sum(terms.tp->group(), squares);
 }
 
+// [Note: calls that see one stage] (core/stage_marks.cpp).
+void check_not_a_stage(const at::Tensor& param) {
+  const auto mark = detail::stage_mark_of(param);
+  TORCH_CHECK(!mark, "fsdp::clip_grad_norm_: '", mark ? mark->name : "", "' is a parameter of ",
+              mark ? mark->stage : "", " of a pipeline, so this norm would count this pp rank's stages alone and "
+              "clip each rank by its own norm; call fsdp::pp::clip_grad_norm_(pipeline, max_norm), which sums "
+              "the norm over every stage");
+}
+
 }  // namespace
 
 namespace detail {
@@ -99,6 +109,7 @@ double scale_to_norm(const std::vector<at::Tensor>& grads, double norm, double m
 double clip_grad_norm_(const ShardedModel& sharded, double max_norm) {
   TORCH_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got ", max_norm);
   torch::NoGradGuard no_grad;
+  for (const auto& p : detail::ShardedView(sharded).params()) check_not_a_stage(p.param());
   const detail::GradientSquares model = detail::gradient_squares(sharded);
   return detail::scale_to_norm(model.grads, std::sqrt(model.squares.item<double>()), max_norm);
 }
@@ -122,6 +133,7 @@ double clip_grad_norm_(const std::vector<torch::Tensor>& parameters, double max_
   TORCH_CHECK(norm_type == 2.0, "fsdp::clip_grad_norm_: only the L2 norm (norm_type 2) is summed "
               "across shards, got norm_type ", norm_type);
   torch::NoGradGuard no_grad;
+  for (const auto& param : parameters) check_not_a_stage(param);
   const std::vector<ShardedModel> models = detail::models_holding(parameters);
   TORCH_CHECK(models.size() <= 1, "fsdp::clip_grad_norm_: the parameters belong to ", models.size(),
               " sharded models; clip each model's parameters in a call of its own");

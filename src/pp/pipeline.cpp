@@ -2,8 +2,10 @@
 // ([Note: pipeline stages and schedules], [Note: V stages per rank]).
 #include <fsdp/pipeline.h>
 
+#include "core/stage_marks.h"
 #include "pp/borrowed_weights.h"
 #include "pp/stage_messages.h"
+#include "pp/stage_sharding.h"
 #include "pp/tied_weights.h"
 #include "tp/tied_backward_scope.h"
 #include "util/trace.h"
@@ -268,6 +270,13 @@ std::shared_ptr<StageSharding> sharding_of(const Stage& stage, std::shared_ptr<S
 void check_sharded_stages_compose(const std::vector<Stage>& stages, Schedule schedule) {
   for (const Stage& stage : stages) {
     if (!stage.is_sharded()) continue;
+    const auto* sharded = dynamic_cast<const ShardedStage*>(stage.sharding().get());
+    TORCH_CHECK(schedule != Schedule::ZBV || !sharded || !sharded->recomputes_parts(), "pipeline: stage ",
+                stage.index(), " recomputes its parts in backward (FullyShardOptions::activation_checkpointing) "
+                "and the schedule is ZBV: its input-gradient pass would run the recomputation's backward, which "
+                "accumulates the weights' gradients too, before its weight pass adds them again ([Note: activation "
+                "checkpointing inside a stage]); use Interleaved1F1B, OneFOneB or GPipe, or turn "
+                "activation_checkpointing off");
     TORCH_CHECK(schedule != Schedule::ZBV, "pipeline: stage ", stage.index(), " is sharded (Stage::fully_shard) "
                 "and the schedule is ZBV, whose backward is split into input and weight gradients: FSDP inside "
                 "its stages is not built; use Interleaved1F1B, OneFOneB or GPipe, or leave the stages unsharded");
@@ -278,6 +287,21 @@ void check_sharded_stages_compose(const std::vector<Stage>& stages, Schedule sch
                   "untie the weight or leave the stages unsharded");
     }
   }
+}
+
+// [Note: calls that see one stage] (core/stage_marks.cpp): this rank's stages' parameters, each
+// under its name and stage, while the pipeline lives.
+std::shared_ptr<const void> mark_stages(const std::vector<Stage>& stages) {
+  std::vector<at::Tensor> params;
+  std::vector<detail::StageMark> marks;
+  for (const Stage& stage : stages) {
+    const std::string where = "stage " + std::to_string(stage.index()) + " of " + std::to_string(stage.num_stages());
+    for (const auto& item : stage.named_parameters()) {
+      params.push_back(item.value());
+      marks.push_back({item.key(), where});
+    }
+  }
+  return detail::mark_stage_parameters(params, marks);
 }
 
 }  // namespace
@@ -305,6 +329,7 @@ Pipeline::Pipeline(std::vector<Stage> stages, std::shared_ptr<ProcessGroup> pp, 
   tied_ = std::make_shared<TiedWeights>(stages_, rank_of_, pp_->rank());
   tied_->make_equal(*pp_);
   borrowed_ = std::make_shared<BorrowedWeights>(stages_);
+  if (num_stages > 1) stage_marks_ = mark_stages(stages_);
 }
 
 Stage& Pipeline::stage() {

@@ -6,6 +6,7 @@
 #include "pp/part_call.h"
 
 #include <fsdp/fully_shard.h>
+#include <fsdp/unit_runtime.h>
 
 #include <c10/util/Exception.h>
 
@@ -38,20 +39,42 @@ namespace fsdp::pp {
 // micro-batch whose forward ran before a reshard finds its saved views refilled by the next
 // gather ([Note: storage reuse] in core/flat_param.h). What cannot compose is refused here:
 // the stage is one unit (its parts are called through AnyModule, which skips an fsdp::Unit
-// holder), so a part held by an fsdp::Unit, activation checkpointing (never the root's) and a
-// per-unit reshard_after_forward (the stage keeps its parameters for all its micro-batches) have
-// no meaning; CPU offload is not composed with the hold.
+// holder), so a part held by an fsdp::Unit and a per-unit reshard_after_forward (the stage keeps
+// its parameters for all its micro-batches) have no meaning; CPU offload is not composed with
+// the hold.
+//
+// [Note: activation checkpointing inside a stage]
+// FullyShardOptions::activation_checkpointing on a stage recomputes each of its parts in
+// backward: the stage's forward runs every part through detail::run_checkpointed (the same
+// mechanics as a checkpointed unit's, core/activation_checkpoint.cpp), so a micro-batch keeps
+// only each part's input between its forward and its backward, not the activations inside the
+// part. The recomputation runs in the micro-batch's backward, while the stage is held unsharded
+// (or gathered again before that backward under reshard_after_microbatch), and its gradients
+// reach the same parameters' accumulators, so the held sum is the same. ZBV does not compose:
+// its input-gradient pass (torch::autograd::grad w.r.t. the stage's input) would run the
+// recomputation's own backward, which accumulates the weights' gradients too, and its weight
+// pass would add them again; the Pipeline refuses a recomputing stage under ZBV by name.
 
 namespace {
 
 struct StageModuleImpl : torch::nn::Module {
-  explicit StageModuleImpl(const std::vector<Part>& stage_parts) : parts(stage_parts) {
+  StageModuleImpl(const std::vector<Part>& stage_parts, bool recompute_parts)
+      : parts(stage_parts), recompute(recompute_parts) {
     std::map<std::string, std::shared_ptr<torch::nn::Module>> containers;  // by prefix ("h")
     for (const Part& part : parts) register_nested(part.name, part.module.ptr(), containers);
   }
 
+  // [Note: activation checkpointing inside a stage]
   at::Tensor forward(at::Tensor x) {
-    for (Part& part : parts) x = call_part(part, std::move(x));
+    for (Part& part : parts) {
+      if (!recompute) {
+        x = call_part(part, std::move(x));
+        continue;
+      }
+      Part* called = &part;  // the parts live as long as this module, which the recomputation needs
+      x = detail::run_checkpointed([called](const std::vector<at::Tensor>& in) { return call_part(*called, in[0]); },
+                                   {std::move(x)});
+    }
     return x;
   }
 
@@ -76,13 +99,11 @@ struct StageModuleImpl : torch::nn::Module {
   }
 
   std::vector<Part> parts;
+  bool recompute;  // each part recomputed in backward ([Note: activation checkpointing inside a stage])
 };
 TORCH_MODULE(StageModule);
 
 void check_options_compose(const FullyShardOptions& options) {
-  TORCH_CHECK(!options.activation_checkpointing(), "pipeline: FullyShardOptions::activation_checkpointing "
-              "does not compose with a sharded pipeline stage (the stage is one FSDP unit, the root, which "
-              "is never recomputed); turn it off");
   TORCH_CHECK(!options.cpu_offload(), "pipeline: FullyShardOptions::cpu_offload does not compose with a "
               "sharded pipeline stage (not built: the stage holds its gathered parameters across micro-"
               "batches); turn it off");
@@ -110,8 +131,9 @@ ShardedStage::ShardedStage(const std::vector<Part>& parts, ProcessGroup& dp, con
     : model_(nullptr) {
   check_options_compose(options);
   check_no_units(parts);
-  Unit<StageModule> root = fsdp::fully_shard(StageModule(parts), dp, options);
+  Unit<StageModule> root = fsdp::fully_shard(StageModule(parts, options.activation_checkpointing()), dp, options);
   model_ = root.sharded_model();
+  recomputes_parts_ = options.activation_checkpointing();
   forward_ = [root](const at::Tensor& x) { return root(x); };
 }
 

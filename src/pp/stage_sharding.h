@@ -22,6 +22,8 @@ class ShardedStage final : public StageSharding {
   /// The stage's forward through the sharded root unit.
   at::Tensor forward(const at::Tensor& x) const { return forward_(x); }
   const ShardedModel& model() const { return model_; }
+  /// Whether the stage's parts are recomputed in backward (activation_checkpointing).
+  bool recomputes_parts() const { return recomputes_parts_; }
 
   /// Gathers the parameters and holds them, gradients kept unsharded (no_sync), until reshard().
   void unshard() override;
@@ -32,6 +34,7 @@ class ShardedStage final : public StageSharding {
  private:
   std::function<at::Tensor(const at::Tensor&)> forward_;  // holds the root unit
   ShardedModel model_;
+  bool recomputes_parts_ = false;
 };
 
 }  // namespace fsdp::pp
