@@ -1,0 +1,90 @@
+"""The planner against a pipelined run: `gpt_train --plan --pp 2 --json` plans each pp rank's peak
+(its stage's parameters, gradients and AdamW state, the micro-batches its schedule keeps in flight,
+counted on the action list the runner executes), then `fsdprun ... gpt_train --pp 2` trains 3 steps
+and writes each rank's measured peak (--metrics' mem_peak_bytes, the step's highest) and its
+pp_send bytes. For 1F1B and GPipe at two micro-batch counts each (pp 2 x dp 1, W = 2, a Llama on
+the CPU), and GPipe at pp 2 x dp 2 (each stage sharded over dp, held unsharded across the
+micro-batches): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
+all-gather / reduce-scatter bytes equal to the plan's; and 1F1B's stage 0 holds P micro-batches,
+GPipe's M (the plan says which). Then `--auto --pp 2 --max-memory-gb X`, X between the plans of
+M = 2 and M = 8 at pp 1 (GPipe), trains under the cap it chose.
+
+    plan_pp_e2e.py BIN_DIR"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
+GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
+MODEL = ["--model", "llama", "--kv-heads", 2, "--ffn-dim", 128, "--layers", 4, "--dim", 64, "--heads", 4,
+         "--seq", 128, "--batch", 2, "--seed", 5, "--max-data-mb", 1]
+TOLERANCE = 0.10
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "60"}
+for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    ENV.pop(name, None)
+# (schedule, world, micro-batches, micro-batches stage 0 holds at its peak)
+CASES = [("1f1b", 2, 2, 2), ("1f1b", 2, 4, 2), ("gpipe", 2, 2, 2), ("gpipe", 2, 4, 4), ("gpipe", 4, 2, 2)]
+
+
+def run(cmd):
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+    assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r.stdout
+
+
+def steps(path):
+    return [line for line in map(json.loads, Path(path).read_text().splitlines()) if "step" in line]
+
+
+def check(tmp, schedule, world, micro, held):
+    flags = ["--pp", 2, "--pp-schedule", schedule, "--microbatches", micro, *MODEL, "--data", tmp / "text.txt"]
+    plan = json.loads(run([GPT, "--plan", "--json", "--ranks", world, "--ranks-per-host", world, *flags]))
+    name = f"{schedule} M={micro} W={world}"
+    assert plan["ranks"][0]["in_flight"] == held, f"{name}: stage 0 holds {plan['ranks'][0]['in_flight']}, not {held}"
+    metrics = tmp / f"{schedule}-{world}-{micro}-{{rank}}.jsonl"
+    run([FSDPRUN, "--nproc-per-node", world, GPT, *flags, "--steps", 3, "--metrics", metrics])
+    dp = world // 2
+    ratios = []
+    for rank in range(world):
+        planned = plan["ranks"][rank // dp]
+        got = steps(str(metrics).replace("{rank}", str(rank)))
+        measured = max(s["mem_peak_bytes"] for s in got[1:])  # the first step also allocates AdamW's state
+        ratio = measured / planned["peak_bytes"]
+        ratios.append(ratio)
+        assert abs(ratio - 1) <= TOLERANCE, \
+            f"{name} rank {rank}: measured peak {measured} vs planned {planned['peak_bytes']} ({ratio:.3f}x): {planned}"
+        for key, planned_key in (("bytes_pp_send", "pp_send_bytes"), ("bytes_all_gather", "all_gather_bytes"),
+                                 ("bytes_reduce_scatter", "reduce_scatter_bytes")):
+            assert all(s[key] == planned[planned_key] for s in got), \
+                f"{name} rank {rank}: {key} {[s[key] for s in got]}, planned {planned[planned_key]}"
+    print(f"{name}: measured / planned peak per rank {', '.join(f'{r:.3f}' for r in ratios)}")
+
+
+def check_auto(tmp):
+    """--auto --pp: the cap between two plans; the run it chose stays under it on every rank."""
+    base = ["--pp", 1, "--pp-schedule", "gpipe", "--microbatches", 2, *MODEL, "--data", tmp / "text.txt"]
+    small = json.loads(run([GPT, "--plan", "--json", "--ranks", 2, *base]))["peak_bytes"]
+    cap_gb = small / 0.92 / 2**30 * 1.001
+    out = run([FSDPRUN, "--nproc-per-node", 2, GPT, *base, "--auto", "--max-memory-gb", f"{cap_gb:.6f}", "--steps", 2])
+    assert "--auto: training with pp" in out, out
+    assert "plan vs run: pp rank 0" in out, out
+    print(f"--auto under {cap_gb * 2**30 / 2**20:.2f} MiB: " + out.split("--auto: training with ")[1].splitlines()[0])
+
+
+def main():
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        words = ["def", "return", "self", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
+        rng = random.Random(7)
+        (tmp / "text.txt").write_text(" ".join(rng.choice(words) for _ in range(20000)))
+        for case in CASES:
+            check(tmp, *case)
+        check_auto(tmp)
+
+
+if __name__ == "__main__":
+    main()
