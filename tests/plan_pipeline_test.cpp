@@ -127,9 +127,14 @@ TEST(PlannerPipeline, WhatAStageDoesNotRunIsRefusedByName) {
   refused(setup, pipeline(Schedule::OneFOneB, 3, 4), "does not divide the world size 4");
   refused(setup, pipeline(Schedule::OneFOneB, 2, 1), "1F1B");
   refused(setup, pipeline(Schedule::Interleaved1F1B, 2, 4, 8), "need at least 16 units");
+  fsdp::PlanSetup offload = setup;
+  offload.policy.fsdp.cpu_offload(true);
+  refused(offload, pipeline(Schedule::GPipe, 2, 2), "cpu_offload");
+  // Activation checkpointing inside a stage is planned, and named as what fsdp::pp does not run.
   fsdp::PlanSetup checkpointing = setup;
   checkpointing.policy.fsdp.activation_checkpointing(true);
-  refused(checkpointing, pipeline(Schedule::GPipe, 2, 2), "activation_checkpointing");
+  EXPECT_NE(fsdp::plan_pipeline(checkpointing, pipeline(Schedule::GPipe, 2, 2)).not_run.find("activation checkpointing"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ struct StageModel {
   int64_t trainable = 0, frozen = 0;
   int64_t trainable_bytes = 0, frozen_bytes = 0;  // in the parameters' own dtypes
   int64_t saved = 0;          // per sequence, kept from its forward to its backward
+  int64_t checkpointed = 0;   // the same under activation checkpointing: each unit's output
+  int64_t recomputed = 0;     // the most one unit saves again when its backward recomputes it
   int64_t boundary = 0;       // per sequence, its output sent to the next stage
   int64_t backward_transient = 0, forward_transient = 0, workspace = 0;
   std::vector<const PlanUnit*> units;
@@ -89,11 +91,16 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   for (size_t u = 0; u < model.units.size(); ++u) {
     StageModel& s = stages[static_cast<size_t>(of[u])];
     const PlanUnit& unit = model.units[u];
-    if (s.units.empty() && u > 0) s.saved += model.units[u - 1].activations.checkpointed;  // its input
+    if (s.units.empty() && u > 0) {  // its input, received
+      s.saved += model.units[u - 1].activations.checkpointed;
+      s.checkpointed += model.units[u - 1].activations.checkpointed;
+    }
     s.units.push_back(&unit);
     s.names.push_back(unit.name);
     add_params(s, unit.params);
     s.saved += unit.activations.saved;
+    s.checkpointed += unit.activations.checkpointed;
+    s.recomputed = std::max(s.recomputed, unit.activations.saved);
     s.boundary = unit.activations.checkpointed;
     s.forward_transient = std::max(s.forward_transient, unit.activations.forward_transient);
     s.backward_transient = std::max(s.backward_transient, unit.activations.backward_transient);
@@ -104,6 +111,7 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   add_params(embed, first);
   embed.with_root_pre = true;
   embed.saved += model.root_pre.saved;
+  embed.checkpointed += model.root_pre.saved;
   embed.forward_transient = std::max(embed.forward_transient, model.root_pre.forward_transient);
   embed.backward_transient = std::max(embed.backward_transient, model.root_pre.backward_transient);
   embed.workspace = std::max(embed.workspace, model.root.backward_workspace);  // the embedding's dense gradient
@@ -111,6 +119,7 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   if (pipeline.head_tied_to_embedding && num_stages > 1) add_params(head, first);
   head.with_head = true;
   head.saved += model.root.activations.saved;
+  head.checkpointed += model.root.activations.saved;  // the head is not recomputed
   head.forward_transient = std::max(head.forward_transient, model.root.activations.forward_transient);
   head.backward_transient = std::max(head.backward_transient, model.root.activations.backward_transient);
   head.workspace = std::max(head.workspace, model.root.backward_workspace);
@@ -142,12 +151,12 @@ InFlight peak_in_flight(const std::vector<pp::Action>& actions, const std::map<i
 
 double seconds(double value, double rate) { return rate > 0 ? value / rate : 0; }
 
-struct Layout {
+struct PipelineLayout {
   int P, V, D, T, num_stages;
   pp::Placement placement;
 };
 
-Layout layout_of(const PlanSetup& setup, const PlanPipeline& pipeline) {
+PipelineLayout layout_of(const PlanSetup& setup, const PlanPipeline& pipeline) {
   const int W = setup.world.world_size, T = std::max(1, setup.policy.tp_size), P = pipeline.pp_size;
   TORCH_CHECK(P >= 1 && W % (P * T) == 0, "pipeline plan: pp ", P, (T > 1 ? " x tp " + std::to_string(T) : ""),
               " does not divide the world size ", W, "; give a pp size dividing ", W / T);
@@ -161,16 +170,14 @@ Layout layout_of(const PlanSetup& setup, const PlanPipeline& pipeline) {
   const ShardingStrategy strategy = setup.policy.fsdp.strategy();
   TORCH_CHECK(!is_hybrid(strategy), "pipeline plan: ", to_string(strategy), " inside a stage is not planned yet; "
               "use full, grad_op or none");
-  const FullyShardOptions& o = setup.policy.fsdp;
-  TORCH_CHECK(!o.activation_checkpointing() && !o.cpu_offload(), "pipeline plan: ",
-              o.cpu_offload() ? "cpu_offload" : "activation_checkpointing",
-              " inside a stage does not run (Stage::fully_shard refuses it); turn it off");
+  TORCH_CHECK(!setup.policy.fsdp.cpu_offload(), "pipeline plan: cpu_offload inside a stage is not planned "
+              "(Stage::fully_shard refuses it); turn it off");
   TORCH_CHECK(setup.policy.micro_batches == 1, "pipeline plan: give the micro-batches as "
               "PlanPipeline::microbatches, not PlanPolicy::micro_batches (gradient accumulation)");
   return {P, V, W / (P * T), T, P * V, pp::placement_of(pipeline.schedule)};
 }
 
-double bubble_of(const PlanPipeline& pipeline, const Layout& l) {
+double bubble_of(const PlanPipeline& pipeline, const PipelineLayout& l) {
   const double P = l.P, M = pipeline.microbatches, V = l.V;
   if (pipeline.schedule == pp::Schedule::ZBV) return (P - 1) / (6 * M + P - 1);
   if (pipeline.schedule == pp::Schedule::Interleaved1F1B) return (P - 1) / (V * M + P - 1);
@@ -182,7 +189,7 @@ bool crosses_hosts(int distance, const PlanWorld& world) { return distance >= wo
 
 // The rank's model states and FSDP's bytes for its stages (sharded over D when D > 1).
 void add_stage_states(PipelineRankPlan& r, const StageModel& s, const PlanSetup& setup, const PlanPipeline& pipeline,
-                      const Layout& l) {
+                      const PipelineLayout& l) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(setup.model.compute_dtype));
   const int64_t param_bytes = s.trainable + s.frozen > 0
                                   ? (s.trainable_bytes + s.frozen_bytes) / (s.trainable + s.frozen)
@@ -208,7 +215,7 @@ void add_stage_states(PipelineRankPlan& r, const StageModel& s, const PlanSetup&
 }
 
 PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, const PlanSetup& setup,
-                           const PlanPipeline& pipeline, const Layout& l, int64_t whole_model_bytes) {
+                           const PlanPipeline& pipeline, const PipelineLayout& l, int64_t whole_model_bytes) {
   PipelineRankPlan r;
   r.pp_rank = pp_rank;
   r.stages = pp::stages_of_rank(pp_rank, l.P, l.num_stages, l.placement);
@@ -225,11 +232,15 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
     r.units.insert(r.units.end(), stage.names.begin(), stage.names.end());
     add_stage_states(r, stage, setup, pipeline, l);
     held_param_bytes += stage.trainable_bytes + stage.frozen_bytes;
-    microbatch_bytes[s] = b * stage.saved;
-    r.microbatch_activations += b * stage.saved;
-    // A backward's moment: the gradient received for the stage's output, its largest transient.
+    const bool checkpointing = setup.policy.fsdp.activation_checkpointing();
+    const int64_t kept = checkpointing ? stage.checkpointed : stage.saved;
+    microbatch_bytes[s] = b * kept;
+    r.microbatch_activations += b * kept;
+    // A backward's moment: the gradient received for the stage's output, its largest transient
+    // (under checkpointing on top of a unit's recomputed activations).
     const int64_t received = s + 1 < l.num_stages ? b * stage.boundary : 0;
-    transient = std::max({transient, received + b * stage.backward_transient + stage.workspace,
+    const int64_t recomputed = checkpointing ? b * stage.recomputed : 0;
+    transient = std::max({transient, received + recomputed + b * stage.backward_transient + stage.workspace,
                           b * stage.forward_transient});
     // pp_send_bytes: each micro-batch's activation or gradient across each boundary with another rank.
     const int64_t message = M * (b * stage.boundary + kHeaderBytes);
@@ -269,7 +280,7 @@ int64_t model_param_bytes(const PlanModel& model) {
   return bytes;
 }
 
-PlanTime time_of(const PipelinePlan& plan, const std::vector<StageModel>& stages, const Layout& l) {
+PlanTime time_of(const PipelinePlan& plan, const std::vector<StageModel>& stages, const PipelineLayout& l) {
   const PlanSetup& setup = plan.setup;
   PlanTime t;
   const PipelineRankPlan* slowest = &plan.ranks.front();
@@ -329,6 +340,7 @@ std::string PipelinePlan::label() const {
   s << " M=" << pipeline.microbatches << " x " << to_string(setup.policy.fsdp.strategy()) << " dp=" << dp_size;
   if (setup.policy.tp_size > 1) s << " TP=" << setup.policy.tp_size;
   if (setup.model.compute_dtype != c10::kFloat) s << " " << c10::toString(setup.model.compute_dtype);
+  if (setup.policy.fsdp.activation_checkpointing()) s << " AC";
   s << " batch " << setup.policy.batch;
   return s.str();
 }
@@ -337,7 +349,7 @@ PipelinePlan plan_pipeline(const PlanSetup& setup, const PlanPipeline& pipeline)
   TORCH_CHECK(setup.model.tp_size == std::max(1, setup.policy.tp_size), "pipeline plan: the model is described "
               "for tp ", setup.model.tp_size, " and the policy asks tp ", setup.policy.tp_size,
               "; describe it for the policy's");
-  const Layout l = layout_of(setup, pipeline);
+  const PipelineLayout l = layout_of(setup, pipeline);
   PipelinePlan plan;
   plan.setup = setup;
   plan.pipeline = pipeline;
@@ -352,6 +364,10 @@ PipelinePlan plan_pipeline(const PlanSetup& setup, const PlanPipeline& pipeline)
       plan.peak_bytes = r.peak.total();
       plan.peak_rank = r.pp_rank;
     }
+  }
+  if (setup.policy.fsdp.activation_checkpointing()) {
+    plan.not_run = "activation checkpointing inside a stage (fsdp::pp::Stage::fully_shard refuses it: a stage is "
+                   "one FSDP unit); planned as each unit checkpointed, for comparison";
   }
   plan.bubble = bubble_of(plan.pipeline, l);
   plan.pp_crosses_hosts = l.P > 1 && crosses_hosts(l.D * l.T, setup.world);
