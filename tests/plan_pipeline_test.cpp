@@ -84,7 +84,9 @@ TEST(PlannerPipeline, ActivationsAreTheMicroBatchesInFlightTimesOnesStageActivat
     for (const fsdp::PipelineRankPlan& r : plan.ranks) {
       EXPECT_EQ(r.peak.activations, r.in_flight * r.microbatch_activations);
       EXPECT_EQ(r.peak.sharded_params, 4 * r.parameters);
-      EXPECT_EQ(r.peak.sharded_grads, 4 * r.parameters);
+      // Gradients at the peak only once the stage's first backward ran (1F1B's steady state;
+      // GPipe peaks before its first backward, with none).
+      EXPECT_EQ(r.peak.sharded_grads, schedule == Schedule::GPipe ? 0 : 4 * r.parameters);
       EXPECT_EQ(r.peak.optimizer_state, 8 * r.parameters);
       EXPECT_EQ(r.peak.unsharded_params, 0);
     }
@@ -93,13 +95,13 @@ TEST(PlannerPipeline, ActivationsAreTheMicroBatchesInFlightTimesOnesStageActivat
   }
 }
 
-// At pp 2 x dp 2 each stage is sharded over its dp ranks and held unsharded for the step: its
+// At pp 2 x dp 2 (1F1B, M = 4) each stage is sharded over its dp ranks and held unsharded for the step: its
 // gathered parameters and one unsharded gradient sum (fp32 here), its shards and their moments;
 // FSDP's bytes once per step; the pipeline's M·(a + 80) per boundary.
 TEST(PlannerPipeline, AShardedStageHoldsItsGatheredParametersAcrossTheMicroBatches) {
   const gpt::TrainOptions o = small_llama();
   const fsdp::PlanSetup setup = setup_of(o, 4);
-  const fsdp::PipelinePlan plan = fsdp::plan_pipeline(setup, pipeline(Schedule::GPipe, 2, 4));
+  const fsdp::PipelinePlan plan = fsdp::plan_pipeline(setup, pipeline(Schedule::OneFOneB, 2, 4));
   EXPECT_EQ(plan.dp_size, 2);
   for (const fsdp::PipelineRankPlan& r : plan.ranks) {
     const int64_t shard = (r.parameters + 1) / 2;

@@ -126,25 +126,32 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   return stages;
 }
 
-// The rank's bytes in flight at their most over its list: each stage's micro-batches held times
-// one micro-batch's bytes of it; also the count of micro-batches then.
+// The rank's highest moment over its list: each stage's micro-batches held times one
+// micro-batch's bytes of it, plus the gradients of the stages whose first backward of the step has
+// run (zero_grad freed them; the first backward allocates them as it frees activations).
 struct InFlight {
-  int64_t bytes = 0;
+  int64_t activations = 0;
+  int64_t gradients = 0;
   int microbatches = 0;
 };
-InFlight peak_in_flight(const std::vector<pp::Action>& actions, const std::map<int, int64_t>& bytes_of_stage) {
+InFlight peak_in_flight(const std::vector<pp::Action>& actions, const std::map<int, int64_t>& bytes_of_stage,
+                        const std::map<int, int64_t>& gradients_of_stage) {
   std::map<int, int> held;
+  std::map<int, bool> has_gradients;
   InFlight peak;
   for (const pp::Action& a : actions) {
     if (a.kind == pp::ActionKind::Forward) ++held[a.stage];
-    if (a.kind == pp::ActionKind::Backward || a.kind == pp::ActionKind::BackwardWeight) --held[a.stage];
-    int64_t bytes = 0;
-    int count = 0;
-    for (const auto& [stage, n] : held) {
-      bytes += n * bytes_of_stage.at(stage);
-      count += n;
+    if (a.kind == pp::ActionKind::Backward || a.kind == pp::ActionKind::BackwardWeight) {
+      --held[a.stage];
+      has_gradients[a.stage] = true;
     }
-    if (bytes > peak.bytes || (bytes == peak.bytes && count > peak.microbatches)) peak = {bytes, count};
+    InFlight now;
+    for (const auto& [stage, n] : held) {
+      now.activations += n * bytes_of_stage.at(stage);
+      now.microbatches += n;
+      if (has_gradients[stage]) now.gradients += gradients_of_stage.at(stage);
+    }
+    if (now.activations + now.gradients > peak.activations + peak.gradients) peak = now;
   }
   return peak;
 }
@@ -223,14 +230,16 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
       pp::rank_actions(pipeline.schedule, l.P, l.num_stages, pipeline.microbatches, pp_rank);
   const int64_t b = setup.policy.batch;
   const int64_t M = pipeline.microbatches;
-  std::map<int, int64_t> microbatch_bytes;
+  std::map<int, int64_t> microbatch_bytes, gradients_of_stage;
   int64_t transient = 0, held_param_bytes = 0;
   const KernelRates& rates = c10::elementSize(setup.model.compute_dtype) < 4 ? setup.device.low_precision
                                                                               : setup.device.fp32;
   for (int s : r.stages) {
     const StageModel& stage = stages[static_cast<size_t>(s)];
     r.units.insert(r.units.end(), stage.names.begin(), stage.names.end());
+    const int64_t gradients_before = r.peak.sharded_grads + r.peak.unsharded_grads;
     add_stage_states(r, stage, setup, pipeline, l);
+    gradients_of_stage[s] = r.peak.sharded_grads + r.peak.unsharded_grads - gradients_before;
     held_param_bytes += stage.trainable_bytes + stage.frozen_bytes;
     const bool checkpointing = setup.policy.fsdp.activation_checkpointing();
     const int64_t kept = checkpointing ? stage.checkpointed : stage.saved;
@@ -258,9 +267,16 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
       r.busy_s += static_cast<double>(M) * (t.forward + t.backward);
     }
   }
-  const InFlight peak = peak_in_flight(actions, microbatch_bytes);
+  const InFlight peak = peak_in_flight(actions, microbatch_bytes, gradients_of_stage);
   r.in_flight = peak.microbatches;
-  r.peak.activations = peak.bytes;
+  r.peak.activations = peak.activations;
+  // The gradients not yet allocated at that moment (before the stage's first backward).
+  int64_t total_gradients = 0;
+  for (const auto& [stage, bytes] : gradients_of_stage) total_gradients += bytes;
+  const int64_t missing = total_gradients - peak.gradients;
+  const int64_t from_sharded = std::min(missing, r.peak.sharded_grads);
+  r.peak.sharded_grads -= from_sharded;
+  r.peak.unsharded_grads -= missing - from_sharded;
   r.peak.workspace = transient;
   const int64_t batch = M * b * setup.model.input_bytes_per_sequence;  // every rank's inputs and targets
   r.peak.program = setup.model.resident_bytes + batch +
