@@ -6,13 +6,14 @@ pp_send bytes. For 1F1B and GPipe at two micro-batch counts each (pp 2 x dp 1, W
 the CPU), and GPipe at pp 2 x dp 2 (each stage sharded over dp, held unsharded across the
 micro-batches): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
 all-gather / reduce-scatter bytes equal to the plan's; and 1F1B's stage 0 holds P micro-batches,
-GPipe's M (the plan says which). Then `--auto --pp 2 --max-memory-gb X`, X between the plans of
-M = 2 and M = 8 at pp 1 (GPipe), trains under the cap it chose.
+GPipe's M (the plan says which). Then `--auto` from `--pp 1 --pp-schedule gpipe --microbatches 2`
+under a cap that only pp 2 under 1F1B at M = 4 fits: it trains that, under the cap.
 
     plan_pp_e2e.py BIN_DIR"""
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -65,14 +66,18 @@ def check(tmp, schedule, world, micro, held):
 
 
 def check_auto(tmp):
-    """--auto --pp: the cap between two plans; the run it chose stays under it on every rank."""
-    base = ["--pp", 1, "--pp-schedule", "gpipe", "--microbatches", 2, *MODEL, "--data", tmp / "text.txt"]
-    small = json.loads(run([GPT, "--plan", "--json", "--ranks", 2, *base]))["peak_bytes"]
-    cap_gb = small / 0.92 / 2**30 * 1.001
+    """--auto --pp from pp 1 under GPipe (M = 2): the cap fits pp 2 under 1F1B at M = 4 (the global
+    batch kept) with the planner's margin and nothing else; the run trains it, every rank under the cap."""
+    data = ["--data", tmp / "text.txt"]
+    target = json.loads(run([GPT, "--plan", "--json", "--ranks", 2, "--pp", 2, "--pp-schedule", "1f1b",
+                             "--microbatches", 4, *MODEL, *data]))["peak_bytes"]
+    cap_gb = target / 0.92 * 1.01 / 2**30
+    base = ["--pp", 1, "--pp-schedule", "gpipe", "--microbatches", 2, *MODEL, *data]
     out = run([FSDPRUN, "--nproc-per-node", 2, GPT, *base, "--auto", "--max-memory-gb", f"{cap_gb:.6f}", "--steps", 2])
-    assert "--auto: training with pp" in out, out
-    assert "plan vs run: pp rank 0" in out, out
-    print(f"--auto under {cap_gb * 2**30 / 2**20:.2f} MiB: " + out.split("--auto: training with ")[1].splitlines()[0])
+    assert "--auto: training with pp 2 1f1b M=4" in out, out
+    ratios = [float(x) for x in re.findall(r"plan vs run: pp rank \d peak predicted .* MiB, measured .* MiB \(([0-9.]+)x\)", out)]
+    assert len(ratios) == 2, out
+    print(f"--auto --pp under {cap_gb * 2**30 / 2**20:.2f} MiB: trained pp 2 1f1b M=4, measured / planned {ratios}")
 
 
 def main():

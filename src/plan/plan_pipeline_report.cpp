@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -154,8 +155,13 @@ PipelineSearchResult search_pipeline_plans(const PlanSetup& setup, const PlanPip
       }
     }
   }
-  std::stable_sort(result.fitting.begin(), result.fitting.end(), [](const PipelinePlan& a, const PipelinePlan& b) {
-    return a.time.tokens_per_s > b.time.tokens_per_s;
+  // Speeds within 0.5% of each other are one (the model is not finer than that): the smaller peak first.
+  auto speed_class = [](const PipelinePlan& p) {
+    return static_cast<int64_t>(std::floor(std::log(std::max(p.time.tokens_per_s, 1e-9)) / std::log(1.005)));
+  };
+  std::stable_sort(result.fitting.begin(), result.fitting.end(), [&](const PipelinePlan& a, const PipelinePlan& b) {
+    if (speed_class(a) != speed_class(b)) return speed_class(a) > speed_class(b);
+    return a.peak_bytes < b.peak_bytes;
   });
   std::stable_sort(result.rejected.begin(), result.rejected.end(),
                    [](const auto& a, const auto& b) { return a.first.peak_bytes < b.first.peak_bytes; });
