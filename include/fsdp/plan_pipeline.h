@@ -55,8 +55,8 @@ struct PipelineRankPlan {
   std::vector<int> stages;
   std::vector<std::string> units;    ///< the units its stages hold, in order
   int64_t parameters = 0;            ///< its stages' parameter elements (whole, before sharding)
-  int64_t microbatch_activations = 0;  ///< one micro-batch's activations over its stages
-  int in_flight = 0;                 ///< micro-batches in flight at the peak (summed over its stages)
+  int64_t microbatch_activations = 0;  ///< one micro-batch's activations, summed over its stages
+  int in_flight = 0;                 ///< micro-batches in flight at the peak, each stage's counted (V > 1: (stage, micro-batch) pairs)
   MemoryBreakdown peak;
   std::string peak_at;
   int64_t pp_send_bytes = 0;   ///< comm_stats' pp_send_bytes per step

@@ -46,8 +46,10 @@ void rank_text(std::ostringstream& s, const PipelineRankPlan& r) {
     << bytes_text(static_cast<double>(m.optimizer_state)) << ", held unsharded parameters "
     << bytes_text(static_cast<double>(m.unsharded_params)) << " and gradients "
     << bytes_text(static_cast<double>(m.unsharded_grads)) << "\n";
-  s << "    activations " << bytes_text(static_cast<double>(m.activations)) << " (" << r.in_flight << " x "
-    << bytes_text(static_cast<double>(r.microbatch_activations)) << " per micro-batch), backward's transient "
+  s << "    activations " << bytes_text(static_cast<double>(m.activations)) << " (" << r.in_flight
+    << (r.stages.size() > 1 ? " (stage, micro-batch)" : " micro-batch") << (r.in_flight == 1 || r.stages.size() > 1 ? "" : "es")
+    << " in flight; one micro-batch " << bytes_text(static_cast<double>(r.microbatch_activations))
+    << (r.stages.size() > 1 ? " over its stages" : "") << "), backward's transient "
     << bytes_text(static_cast<double>(m.workspace)) << ", program " << bytes_text(static_cast<double>(m.program))
     << "\n";
   s << "    bytes per step: pp send " << r.pp_send_bytes << ", all-gather " << r.all_gather << ", reduce-scatter "
