@@ -46,7 +46,7 @@ struct PlanPipeline {
 
 /// The most micro-batches `stage` holds between a forward and the backward that frees them, walking
 /// `actions` (a rank's list, pp::rank_actions): a Forward adds one, a Backward or a BackwardWeight
-/// (ZBV's W, which frees the graph) removes one.
+/// (ZBV's W, which frees the graph) removes one. The same walk plan_pipeline takes for its peaks.
 int max_in_flight(const std::vector<pp::Action>& actions, int stage);
 
 /// One pp rank's stages at its peak (the rank of dp and tp coordinate 0 of that pp coordinate).

@@ -335,14 +335,12 @@ PlanTime time_of(const PipelinePlan& plan, const std::vector<StageModel>& stages
 }  // namespace
 
 int max_in_flight(const std::vector<pp::Action>& actions, int stage) {
-  int held = 0, most = 0;
+  std::map<int, int64_t> counted, no_gradients;  // one "byte" per micro-batch of `stage`, none of the others
   for (const pp::Action& a : actions) {
-    if (a.stage != stage) continue;
-    if (a.kind == pp::ActionKind::Forward) ++held;
-    if (a.kind == pp::ActionKind::Backward || a.kind == pp::ActionKind::BackwardWeight) --held;
-    most = std::max(most, held);
+    counted[a.stage] = a.stage == stage ? 1 : 0;
+    no_gradients[a.stage] = 0;
   }
-  return most;
+  return static_cast<int>(peak_in_flight(actions, counted, no_gradients).activations);
 }
 
 std::string PipelinePlan::label() const {
