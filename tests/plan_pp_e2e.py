@@ -4,7 +4,8 @@ counted on the action list the runner executes), then `fsdprun ... gpt_train --p
 and writes each rank's measured peak (--metrics' mem_peak_bytes, the step's highest) and its
 pp_send bytes. For 1F1B and GPipe at two micro-batch counts each (pp 2 x dp 1, W = 2, a Llama on
 the CPU), and GPipe and 1F1B at pp 2 x dp 2 (each stage sharded over dp, held unsharded across
-the micro-batches; the 1F1B case on a wider, shorter model, where the held parameters weigh more): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
+the micro-batches; the 1F1B case on a wider, shorter model, where the held parameters weigh more),
+and GPT-2 under 1F1B (its head tied to wte: the last stage holds it again and sends its gradient): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
 all-gather / reduce-scatter bytes equal to the plan's; and 1F1B's stage 0 holds P micro-batches,
 GPipe's M (the plan says which). Then `--auto` from `--pp 1 --pp-schedule gpipe --microbatches 2`
 under a cap that only pp 2 under 1F1B at M = 4 fits: it trains that, under the cap.
@@ -26,10 +27,15 @@ SIZES = {"--ffn-dim": 128, "--dim": 64, "--seq": 128}
 WIDE = {"--ffn-dim": 512, "--dim": 128, "--seq": 32}
 
 
+# GPT-2: its head tied to wte, the tie's gradient sent between the first and the last stage.
+GPT2 = {"--model": "gpt2", "--dim": 64, "--seq": 128}
+
+
 def model(sizes=None):
     sizes = sizes or SIZES
-    return ["--model", "llama", "--kv-heads", 2, "--layers", 4, "--heads", 4, "--batch", 2, "--seed", 5,
-            "--max-data-mb", 1, *[x for flag, value in sizes.items() for x in (flag, value)]]
+    family = [] if "--model" in sizes else ["--model", "llama", "--kv-heads", 2]
+    return [*family, "--layers", 4, "--heads", 4, "--batch", 2, "--seed", 5, "--max-data-mb", 1,
+            *[x for flag, value in sizes.items() for x in (flag, value)]]
 
 
 MODEL = model()
@@ -39,7 +45,7 @@ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
     ENV.pop(name, None)
 # (schedule, world, micro-batches, micro-batches stage 0 holds at its peak)
 CASES = [("1f1b", 2, 2, 2), ("1f1b", 2, 4, 2), ("gpipe", 2, 2, 2), ("gpipe", 2, 4, 4), ("gpipe", 4, 2, 2),
-         ("1f1b", 4, 4, 2, WIDE)]
+         ("1f1b", 4, 4, 2, WIDE), ("1f1b", 2, 4, 2, GPT2)]
 
 
 def run(cmd):
@@ -55,7 +61,7 @@ def steps(path):
 def check(tmp, schedule, world, micro, held, sizes=None):
     flags = ["--pp", 2, "--pp-schedule", schedule, "--microbatches", micro, *model(sizes), "--data", tmp / "text.txt"]
     plan = json.loads(run([GPT, "--plan", "--json", "--ranks", world, "--ranks-per-host", world, *flags]))
-    name = f"{schedule} M={micro} W={world}" + (" wide" if sizes else "")
+    name = f"{schedule} M={micro} W={world}" + (" gpt2" if sizes is GPT2 else " wide" if sizes else "")
     assert plan["ranks"][0]["in_flight"] == held, f"{name}: stage 0 holds {plan['ranks'][0]['in_flight']}, not {held}"
     metrics = tmp / f"{schedule}-{world}-{micro}-{len(name)}-{{rank}}.jsonl"
     run([FSDPRUN, "--nproc-per-node", world, GPT, *flags, "--steps", 3, "--metrics", metrics])

@@ -89,6 +89,7 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
   for (const auto& [given, flag] : not_with_pipeline(app, cl)) {
     if (given) return "--pp does not run with " + flag + "; drop one of them";
   }
+  if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;  // its default first
   if (o.stages_per_rank > 1 && (o.save_every > 0 || o.resume)) {
     return "--pp does not run with --save-every/--resume at " + std::to_string(o.stages_per_rank) +
            " stages per rank (--pp-schedule " + o.pp_schedule + ") yet: a checkpoint of several stages "

@@ -36,8 +36,9 @@ struct PlanPipeline {
   /// The program builds the whole model on every rank and keeps it (gpt_train does): the other
   /// stages' parameters are the program's own memory. False: a rank holds its stages only.
   bool whole_model_on_every_rank = false;
-  /// The last stage holds the first stage's parameters before the units again (a head tied to the
-  /// embedding, GPT-2's: [Note: tied weights across stages]).
+  /// The last stage holds the embedding's weight ("wte") again, a head tied to it (GPT-2's), and
+  /// with the two stages on two ranks each sends its copy's gradient to the other
+  /// ([Note: tied weights across stages]).
   bool head_tied_to_embedding = false;
   /// Which of the root's parameters sit before the units (on the first stage); the rest (the
   /// final norm, the head) are the last stage's. Default: names with "wte", "wpe" or "embed".

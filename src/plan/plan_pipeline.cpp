@@ -68,6 +68,7 @@ struct StageModel {
   int64_t backward_transient = 0, forward_transient = 0, workspace = 0;
   std::vector<const PlanUnit*> units;
   bool with_root_pre = false, with_head = false;
+  int64_t tied_bytes = 0;  // on the first and last stage: the tensor a tied head shares with the embedding
   std::vector<std::string> names;
 };
 
@@ -116,7 +117,18 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   embed.backward_transient = std::max(embed.backward_transient, model.root_pre.backward_transient);
   embed.workspace = std::max(embed.workspace, model.root.backward_workspace);  // the embedding's dense gradient
   add_params(head, last);
-  if (pipeline.head_tied_to_embedding && num_stages > 1) add_params(head, first);
+  if (pipeline.head_tied_to_embedding && num_stages > 1) {
+    std::vector<PlanParam> tied;  // wte's weight, the head's too (not GPT-2's wpe)
+    for (const PlanParam& p : first) {
+      if (p.name.find("wte") != std::string::npos) tied.push_back(p);
+    }
+    add_params(head, tied);
+    for (const PlanParam& p : tied) {
+      const int64_t bytes = p.numel() * static_cast<int64_t>(c10::elementSize(p.dtype));
+      embed.tied_bytes += bytes;
+      head.tied_bytes += bytes;
+    }
+  }
   head.with_head = true;
   head.saved += model.root.activations.saved;
   head.checkpointed += model.root.activations.saved;  // the head is not recomputed
@@ -258,6 +270,10 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
       r.pp_send_bytes += message;
     }
     if (s > 0 && pp::rank_of_stage(s - 1, l.P, l.num_stages, l.placement) != pp_rank) r.pp_send_bytes += in_message;
+    // A tie across two ranks: each sends its copy's gradient to the other ([Note: tied weights across stages]).
+    const bool tie_across = pp::rank_of_stage(0, l.P, l.num_stages, l.placement) !=
+                            pp::rank_of_stage(l.num_stages - 1, l.P, l.num_stages, l.placement);
+    if (tie_across) r.pp_send_bytes += stage.tied_bytes;
     for (const PlanUnit* unit : stage.units) {
       const planning::UnitSeconds t = planning::unit_seconds(*unit, setup, rates, false);
       r.busy_s += static_cast<double>(M) * (t.forward + t.backward);
