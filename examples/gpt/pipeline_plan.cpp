@@ -59,7 +59,16 @@ void print_pipeline_plan(const TrainOptions& o, const fsdp::PlanSetup& setup, co
   }
   const double cap = flags.max_memory_gb * kGiB;
   const auto result = fsdp::search_pipeline_plans(setup, pipeline, search_space(o, setup.world.world_size), cap);
-  std::cout << fsdp::pipeline_search_text(result, cap);
+  if (!flags.json) {
+    std::cout << fsdp::pipeline_search_text(result, cap);
+    return;
+  }
+  nlohmann::json fitting = nlohmann::json::array(), rejected = nlohmann::json::array();
+  for (const fsdp::PipelinePlan& p : result.fitting) fitting.push_back(fsdp::pipeline_plan_json(p));
+  for (const auto& [p, why] : result.rejected) rejected.push_back({{"plan", fsdp::pipeline_plan_json(p)}, {"why", why}});
+  const nlohmann::json out = {{"max_memory_bytes", cap}, {"fitting", fitting}, {"rejected", rejected},
+                              {"not_planned", result.not_planned}};
+  std::cout << out.dump(2) << "\n";
 }
 
 fsdp::PipelinePlan choose_pipeline(TrainOptions& o, const PlanFlags& flags, fsdp::Distributed& dist) {
