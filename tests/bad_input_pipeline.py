@@ -10,7 +10,7 @@ def flag_cases(tmp):
           for flags, named in (
               (["--reference"], "--reference"),
               (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
-              (["--auto", "--max-memory-gb", "1"], "--auto/--plan"),
+              (["--auto", "--max-memory-gb", "1", "--tp-sizes", "1,2"], "--auto --tp-sizes"),
               (["--cpu-offload"], "--cpu-offload"),
               (["--grad-accum", "2"], "--grad-accum"),
               (["--sample", "4"], "--sample"), (["--param-dtype", "fp16"], "fp16"),
@@ -22,7 +22,7 @@ def flag_cases(tmp):
           "--checkpoint-dir", str(tmp / "pp-ck")],
          ("--pp does not run with --save-every/--resume at 2 stages per rank",
           "use --pp-schedule gpipe or 1f1b")),
-        ("--pp 2 --plan", ["--pp", "2", "--plan"], ("--pp", "planner does not model pipeline")),
+        ("--pp 2 --plan with 1 block", ["--pp", "2", "--plan"], ("--layers >= 2", "got --layers 1")),
         ("--microbatches without --pp", ["--microbatches", "2"], ("--microbatches only applies with --pp",)),
         ("--pp 2 --stages-per-rank 2 under 1f1b", ["--pp", "2", "--layers", "4", "--stages-per-rank", "2"],
          ("--stages-per-rank 2 needs --pp-schedule interleaved-1f1b or zbv",)),

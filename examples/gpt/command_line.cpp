@@ -287,12 +287,12 @@ void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags) {
 
 std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   convert_flag_values(app, cl);
-  if (cl.train.pp > 0) return "--pp: the planner does not model pipeline stages yet; drop --pp or --plan";
   cl.train.data_is_tokens = !cl.data_tokens.empty();
   if (!cl.data_tokens.empty()) cl.train.data = cl.data_tokens;
   if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
   if (std::string error = check_model_flags(app, cl.train.model); !error.empty()) return error;
   if (std::string error = check_search_flags(app, cl, /*planning=*/true); !error.empty()) return error;
+  if (std::string error = check_pipeline_shape(app, cl.train); !error.empty()) return error;
   if (cl.device != "cpu") cl.train.fsdp.device(c10::Device(cl.device == "cuda" ? "cuda:0" : cl.device));
   return "";
 }

@@ -69,6 +69,9 @@ void add_pipeline_options(CLI::App& app, CommandLine& cl);
 /// --pp's flags against the schedule and the model, and the flags that do not run with --pp yet
 /// (each named with why); sets the schedule's default --stages-per-rank. "" when fine.
 std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl);
+/// The pipeline's shape (--stages-per-rank defaulted for the schedule, enough --layers, the
+/// schedule's own refusals of --microbatches), for a run and for a plan; "" when there is no --pp.
+std::string check_pipeline_shape(const CLI::App& app, TrainOptions& o);
 
 /// The planner's flags (plan_flags.h); with `run_flags`, gpt_train's --plan and --auto too.
 void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags);

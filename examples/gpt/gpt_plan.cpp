@@ -6,6 +6,7 @@
 #include "model_family.h"
 #include "options.h"
 #include "plan_counting.h"
+#include "pipeline_plan.h"
 #include "plan_tp_moves.h"
 #include "tensor_parallel_plan.h"
 #include "trainer.h"
@@ -271,7 +272,9 @@ std::vector<int64_t> divisors(int64_t batch) {
   return out;
 }
 
-// Rank 0's device numbers on every rank (a probe differs a little from rank to rank).
+
+}  // namespace
+
 fsdp::PlanDevice shared_device(fsdp::PlanDevice device, fsdp::Distributed& dist) {
   std::vector<double*> fields = {&device.memory_bytes, &device.op_overhead_s};
   for (fsdp::KernelRates* r : {&device.fp32, &device.low_precision}) {
@@ -288,8 +291,6 @@ fsdp::PlanDevice shared_device(fsdp::PlanDevice device, fsdp::Distributed& dist)
   return device;
 }
 
-}  // namespace
-
 fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
   const fsdp::PlanWorld world = plan_world(flags);
   const fsdp::PlanDevice device = plan_device(flags, o, world);
@@ -301,6 +302,7 @@ fsdp::PlanSetup setup_of_flags(const TrainOptions& o, const PlanFlags& flags) {
 }
 
 void print_plan(const TrainOptions& o, const fsdp::PlanSetup& setup, const PlanFlags& flags) {
+  if (o.pp > 0) return print_pipeline_plan(o, setup, flags);
   if (flags.max_memory_gb <= 0) {
     const fsdp::Plan plan = fsdp::plan(setup);
     std::cout << (flags.json ? fsdp::plan_json(plan).dump(2) + "\n" : fsdp::plan_text(plan));

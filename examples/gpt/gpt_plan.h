@@ -53,6 +53,7 @@ struct PlanFlags {
   std::string batches;       // the batches per rank a search tries, e.g. "1,2,4" ("": --batch only)
   std::string tp_sizes;      // the TP sizes a search tries: "2,4", "all" ("": --tp only)
   bool zero_grad_in_place = false;  // the optimizer's gradient shards stay between steps
+  bool pp_stages_only = false;  // --pp: plan a program that keeps its stages only (not gpt_train's whole model)
   bool json = false;
 };
 
@@ -70,6 +71,9 @@ fsdp::PlanDevice plan_device(const PlanFlags& flags, const TrainOptions& o, cons
 /// CPU host exchange through shared memory: half its memory bandwidth) and a 10 Gb/s network.
 fsdp::PlanLinks plan_links(const PlanFlags& flags, const fsdp::PlanDevice& device);
 
+/// Rank 0's device numbers on every rank (a probe differs a little from rank to rank): every
+/// rank then plans alike (a collective).
+fsdp::PlanDevice shared_device(fsdp::PlanDevice device, fsdp::Distributed& dist);
 /// The search's candidate batches per rank (--batch alone when none are given).
 std::vector<int64_t> search_batches(const PlanFlags& flags, int64_t batch);
 

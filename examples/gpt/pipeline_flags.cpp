@@ -37,7 +37,8 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
   return {
       {cl.reference, "--reference (it trains the unsharded model: give it --world-size WORLD/pp "
                      "--grad-accum M for the same batches)"},
-      {cl.autoplan || cl.plan, "--auto/--plan (the planner does not model pipeline stages yet)"},
+      {cl.autoplan && !cl.planner.tp_sizes.empty(), "--auto --tp-sizes (a pipelined --auto searches pp sizes, "
+                                                    "schedules and micro-batches at the given --tp)"},
       {o.test_pause_after_shard_files_ms > 0, "--test-pause-after-shard-files (a pipelined save takes no test hooks)"},
       {!o.init_from.empty() || !o.init_from_hf.empty(),
        "--init-from/--init-from-hf (the stages start from --seed's model only)"},
@@ -84,12 +85,18 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
   for (const auto& [given, flag] : not_with_pipeline(app, cl)) {
     if (given) return "--pp does not run with " + flag + "; drop one of them";
   }
-  if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;
+  if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;  // its default first
   if (o.stages_per_rank > 1 && (o.save_every > 0 || o.resume)) {
     return "--pp does not run with --save-every/--resume at " + std::to_string(o.stages_per_rank) +
            " stages per rank (--pp-schedule " + o.pp_schedule + ") yet: a checkpoint of several stages "
            "per rank is not written; use --pp-schedule gpipe or 1f1b";
   }
+  return check_pipeline_shape(app, o);
+}
+
+std::string check_pipeline_shape(const CLI::App& app, TrainOptions& o) {
+  if (o.pp == 0) return "";
+  if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;
   const int num_stages = o.pp * o.stages_per_rank;
   if (o.model.layers < num_stages) {
     return "--pp " + std::to_string(o.pp) + " x " + std::to_string(o.stages_per_rank) +

@@ -165,6 +165,10 @@ void add_plan_flags(CLI::App& app, PlanFlags& f) {
                "planner: plan an optimizer whose zero_grad zeroes gradients in place (set_to_none = "
                "false, PyTorch 1.x's default): the gradient shards stay between steps (gpt_train frees them)")
       ->group(group);
+  app.add_flag("--pp-stages-only", f.pp_stages_only,
+               "planner, with --pp: plan a program whose ranks keep their stages only (fsdp::pp::Pipeline "
+               "as a library user builds it); gpt_train builds the whole model on every rank")
+      ->group(group);
   app.add_flag("--json", f.json, "planner: print JSON")->group(group);
 }
 

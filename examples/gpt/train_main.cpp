@@ -1,6 +1,7 @@
 // gpt_train: trains the byte-level GPT with FSDP over the ranks that fsdprun or torchrun started,
 // or (--reference) unsharded in one process on the same global batches.
 #include "gpt_plan.h"
+#include "pipeline_plan.h"
 #include "checkpointing.h"
 #include "command_line.h"
 #include "trainer.h"
@@ -59,7 +60,12 @@ void run(gpt::CommandLine& cl) {
   // --device cpu leaves it unset: the CPU, the parameters' device (the reference reads it too).
   if (cl.device != "cpu") o.fsdp.device(gpu(cl.device, dist.get()));
   std::optional<fsdp::Plan> plan;
-  if (cl.autoplan) plan = gpt::choose_configuration(o, cl.planner, *dist, cl.replaced_by_auto);
+  std::optional<fsdp::PipelinePlan> pipeline_plan;
+  if (cl.autoplan && o.pp > 0) {
+    pipeline_plan = gpt::choose_pipeline(o, cl.planner, *dist);
+  } else if (cl.autoplan) {
+    plan = gpt::choose_configuration(o, cl.planner, *dist, cl.replaced_by_auto);
+  }
   if (!checkpoint_dir_lock && rank == 0) {
     checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank, /*create=*/true);
     gpt::check_checkpoint_dir(o);  // another run may have filled the folder meanwhile
@@ -69,6 +75,7 @@ void run(gpt::CommandLine& cl) {
   const gpt::TrainResult result = gpt::train(o, dist.get());
   if (!dist || dist->rank() == 0) print_result(result);
   if (plan) gpt::check_plan_against_run(*plan, o, result, cl.planner, *dist);
+  if (pipeline_plan) gpt::check_pipeline_plan_against_run(*pipeline_plan, o, result, cl.planner, *dist);
 }
 
 // gpt_train --plan: the plan of the flags' run (rank 0 alone prints when launched), no training.

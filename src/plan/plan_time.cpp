@@ -9,27 +9,8 @@ namespace fsdp::planning {
 
 namespace {
 
-struct UnitSeconds {
-  double forward = 0, backward = 0;
-};
-
 double seconds(double value, double rate) { return rate > 0 ? value / rate : 0; }
 
-// One unit's forward and backward: each kind of its work at the device's rate for it (rates of a
-// forward and its backward together: the forward is a third); with activation checkpointing a
-// second forward first.
-UnitSeconds unit_seconds(const PlanUnit& unit, const PlanSetup& setup, const KernelRates& r, bool is_root) {
-  const double b = static_cast<double>(setup.policy.batch);
-  const double forward_and_backward =
-      3 * seconds(unit.forward_flops * b, r.matmul_flops) +
-      3 * seconds(unit.forward_attention_flops * b, r.attention_flops) +
-      seconds(unit.forward_transcendentals * b, r.transcendentals) +
-      3 * seconds(unit.forward_memory_bytes * b, r.memory_bandwidth) +
-      3 * unit.forward_ops * setup.device.op_overhead_s;
-  const double forward = forward_and_backward / 3;
-  const bool recompute = setup.policy.fsdp.activation_checkpointing() && !is_root;
-  return {forward, (recompute ? 3.0 : 2.0) * forward};
-}
 
 // FSDP's own work per unit: the shard copied into the unsharded buffer (a cast in mixed
 // precision), each gradient copied into the unsharded gradient.
@@ -74,6 +55,22 @@ double transfer_seconds(const PlannedTransfer& transfer, const PlannedStep& step
 }
 
 }  // namespace
+
+// One unit's forward and backward: each kind of its work at the device's rate for it (rates of a
+// forward and its backward together: the forward is a third); with activation checkpointing a
+// second forward first.
+UnitSeconds unit_seconds(const PlanUnit& unit, const PlanSetup& setup, const KernelRates& r, bool is_root) {
+  const double b = static_cast<double>(setup.policy.batch);
+  const double forward_and_backward =
+      3 * seconds(unit.forward_flops * b, r.matmul_flops) +
+      3 * seconds(unit.forward_attention_flops * b, r.attention_flops) +
+      seconds(unit.forward_transcendentals * b, r.transcendentals) +
+      3 * seconds(unit.forward_memory_bytes * b, r.memory_bandwidth) +
+      3 * unit.forward_ops * setup.device.op_overhead_s;
+  const double forward = forward_and_backward / 3;
+  const bool recompute = setup.policy.fsdp.activation_checkpointing() && !is_root;
+  return {forward, (recompute ? 3.0 : 2.0) * forward};
+}
 
 double collective_seconds(const PlannedCollective& c, const PlanLinks& links) {
   const double bandwidth = c.spans_hosts() ? links.cross_host_bandwidth : links.intra_host_bandwidth;

@@ -10,6 +10,13 @@ namespace fsdp::planning {
 
 struct PlannedStep;
 
+/// One unit's forward and backward at `r` for the setup's batch: each kind of its work at the
+/// device's rate for it; with activation checkpointing (not the root) a second forward first.
+struct UnitSeconds {
+  double forward = 0, backward = 0;
+};
+UnitSeconds unit_seconds(const PlanUnit& unit, const PlanSetup& setup, const KernelRates& r, bool is_root);
+
 /// One collective on its link: its bytes at the link's bandwidth, a latency per ring step.
 double collective_seconds(const PlannedCollective& c, const PlanLinks& links);
 
