@@ -133,18 +133,11 @@ TEST(PlannerPipeline, WhatAStageDoesNotRunIsRefusedByName) {
   fsdp::PlanSetup offload = setup;
   offload.policy.fsdp.cpu_offload(true);
   refused(offload, pipeline(Schedule::GPipe, 2, 2), "cpu_offload");
-  // Activation checkpointing inside a stage is planned, and named as what fsdp::pp does not run.
-  fsdp::PlanSetup checkpointing = setup;
-  checkpointing.policy.fsdp.activation_checkpointing(true);
-  EXPECT_NE(fsdp::plan_pipeline(checkpointing, pipeline(Schedule::GPipe, 2, 2)).not_run.find("activation checkpointing"),
-            std::string::npos);
 }
 
 // torchtitan's Llama 3.1 405B on 512 H100s as FSDP 8 x TP 8 x PP 8 (docs/planner.md): one
-// sequence per micro-batch, M = P = 8, bf16 with fp32 reductions, each block checkpointed (planned,
-// marked as what fsdp::pp does not run). It fits; interleaved 1F1B (V = 2) holds less than 1F1B and
-// is faster (its bubble 7/23 against 7/15). At M = 16 the walk finds interleaved holding more
-// (23 half-stages in flight on rank 0 against 8 stages).
+// sequence per micro-batch, M = P = 8, bf16 with fp32 reductions, each block checkpointed. It fits; interleaved 1F1B (V = 2) holds less than 1F1B and
+// is faster (its bubble 7/23 against 7/15).
 TEST(PlannerPipeline, Llama405BOn512H100sFitsAndInterleavedHoldsLessThan1F1B) {
   gpt::TrainOptions o;
   o.model = gpt::GPTConfig::sized(126, 16384, 128, 8192, "llama");
@@ -167,8 +160,13 @@ TEST(PlannerPipeline, Llama405BOn512H100sFitsAndInterleavedHoldsLessThan1F1B) {
   EXPECT_TRUE(interleaved.fits);
   EXPECT_LT(interleaved.peak_bytes, one.peak_bytes);
   EXPECT_GT(interleaved.time.tokens_per_s, one.time.tokens_per_s);
-  EXPECT_FALSE(one.not_run.empty());
-  EXPECT_GT(plan(Schedule::Interleaved1F1B, 16, 2).peak_bytes, plan(Schedule::OneFOneB, 16, 1).peak_bytes);
+  // At M = 16 the walk finds interleaved holding more activations (23 half-stages in flight on rank
+  // 0 against 8 stages), but a half-stage's bf16 gradient, written beside the kept fp32 sum in
+  // backward, is half of a whole stage's: it still holds less.
+  const fsdp::PipelinePlan one16 = plan(Schedule::OneFOneB, 16, 1);
+  const fsdp::PipelinePlan interleaved16 = plan(Schedule::Interleaved1F1B, 16, 2);
+  EXPECT_GT(interleaved16.ranks[0].peak.activations, one16.ranks[0].peak.activations);
+  EXPECT_LT(interleaved16.peak_bytes, one16.peak_bytes);
 }
 
 }  // namespace

@@ -78,17 +78,14 @@ struct PipelinePlan {
   double headroom = 0;
   bool fits = true;
   bool at_risk = false;
-  /// What the plan assumes that fsdp::pp does not run yet (activation checkpointing inside a
-  /// stage, planned for comparison with other systems); empty: it runs as planned.
-  std::string not_run;
   std::string label() const;  ///< e.g. "pp 8 interleaved-1f1b V=2 M=16 x full F=8 TP=8 bf16 batch 1"
 };
 
 /// Plans `setup` (the whole model; world = pp_size x dp x tp ranks, the mesh pp x dp x tp) as
 /// `pipeline`. Throws naming the input it cannot plan (a pp size that does not divide the world,
 /// fewer units than stages, a schedule's refusal, hybrid sharding or CPU offload inside a stage).
-/// Activation checkpointing is planned (each unit's output kept, one unit recomputed at a time)
-/// and named in PipelinePlan::not_run: fsdp::pp refuses it inside a stage.
+/// Activation checkpointing is planned as fsdp::pp runs it inside a stage: each unit's output
+/// kept, one unit recomputed at a time.
 PipelinePlan plan_pipeline(const PlanSetup& setup, const PlanPipeline& pipeline);
 
 std::string pipeline_plan_text(const PipelinePlan& plan);

@@ -6,8 +6,9 @@
 // embeddings) on the first stage, the rest (the final norm, the head) on the last. Per pp rank:
 // - model states: its stages' parameters, gradients and optimizer state. A stage sharded over its
 //   D dp ranks (D > 1) keeps its shards (ceil(Ψ/D) per flat group), their optimizer state, and for
-//   the whole step its gathered parameters and one unsharded gradient sum in the compute dtype
-//   ([Note: FSDP inside a stage]); a whole stage keeps its parameters, their gradients and state.
+//   the whole step its gathered parameters and one unsharded gradient sum in the shards' dtype
+//   ([Note: FSDP inside a stage], [Note: a kept gradient summed wide]), beside which a backward in
+//   a narrower compute dtype writes its own gradient; a whole stage keeps its parameters, their gradients and state.
 // - activations: one micro-batch's per stage is what its units keep (each block's `saved`, its
 //   output included), plus the stage's input (the embeddings' output on the first stage, the
 //   received activation elsewhere) and, on the last, the head's. The micro-batches a stage holds
@@ -228,9 +229,21 @@ void add_stage_states(PipelineRankPlan& r, const StageModel& s, const PlanSetup&
   r.peak.sharded_params += (shard_trainable + shard_frozen) * param_bytes;
   r.peak.optimizer_state += planning::optimizer_totals(setup.policy.optimizer, shard_trainable, 0, param_bytes).state;
   r.peak.unsharded_params += (shard_trainable + shard_frozen) * l.D * e;
-  r.peak.unsharded_grads += shard_trainable * l.D * e;
+  // The sum is kept in the shard's dtype ([Note: a kept gradient summed wide] in src/core/flat_param.h).
+  r.peak.unsharded_grads += shard_trainable * l.D * param_bytes;
   r.all_gather += (l.D - 1) * (shard_trainable + shard_frozen) * e;
   r.reduce_scatter += (l.D - 1) * shard_trainable * param_bytes;
+}
+
+// A sharded stage's backward in a compute dtype narrower than its shards writes a fresh unsharded
+// gradient in it, added into the kept sum when the backward ends, and read by the reduction
+// beside the sum at the step's end ([Note: a kept gradient summed wide]).
+int64_t low_precision_gradient(const StageModel& s, const PlanSetup& setup, const PlanPipeline& pipeline,
+                               const PipelineLayout& l) {
+  const int64_t e = static_cast<int64_t>(c10::elementSize(setup.model.compute_dtype));
+  const int64_t param_bytes = s.trainable > 0 ? s.trainable_bytes / s.trainable : 4;
+  const bool sharded = pipeline.shard_stages && l.D > 1 && setup.policy.fsdp.strategy() != ShardingStrategy::NoShard;
+  return sharded && e < param_bytes ? ceil_div(s.trainable, l.D) * l.D * e : 0;
 }
 
 PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, const PlanSetup& setup,
@@ -261,7 +274,8 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
     // (under checkpointing on top of a unit's recomputed activations).
     const int64_t received = s + 1 < l.num_stages ? b * stage.boundary : 0;
     const int64_t recomputed = checkpointing ? b * stage.recomputed : 0;
-    transient = std::max({transient, received + recomputed + b * stage.backward_transient + stage.workspace,
+    transient = std::max({transient, received + recomputed + b * stage.backward_transient + stage.workspace +
+                                         low_precision_gradient(stage, setup, pipeline, l),
                           b * stage.forward_transient});
     // pp_send_bytes: each micro-batch's activation or gradient across each boundary with another rank.
     const int64_t message = M * (b * stage.boundary + kHeaderBytes);
@@ -394,10 +408,6 @@ PipelinePlan plan_pipeline(const PlanSetup& setup, const PlanPipeline& pipeline)
       plan.peak_bytes = r.peak.total();
       plan.peak_rank = r.pp_rank;
     }
-  }
-  if (setup.policy.fsdp.activation_checkpointing()) {
-    plan.not_run = "activation checkpointing inside a stage (fsdp::pp::Stage::fully_shard refuses it: a stage is "
-                   "one FSDP unit); planned as each unit checkpointed, for comparison";
   }
   plan.bubble = bubble_of(plan.pipeline, l);
   plan.pp_crosses_hosts = l.P > 1 && crosses_hosts(l.D * l.T, setup.world);

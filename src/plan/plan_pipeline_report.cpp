@@ -75,7 +75,6 @@ std::string pipeline_plan_text(const PipelinePlan& plan) {
       << percent(plan.headroom);
   }
   s << "\n";
-  if (!plan.not_run.empty()) s << "  NOT RUN by fsdp::pp yet: " << plan.not_run << "\n";
   for (const PipelineRankPlan& r : plan.ranks) rank_text(s, r);
   s << "  step time: " << milliseconds(plan.time.step) << " (compute with the bubble "
     << milliseconds(plan.time.compute) << ", communication not hidden " << milliseconds(plan.time.exposed_communication)
@@ -120,7 +119,6 @@ nlohmann::json pipeline_plan_json(const PipelinePlan& plan) {
           {"bubble", plan.bubble},
           {"fits", plan.fits},
           {"at_risk", plan.at_risk},
-          {"not_run", plan.not_run},
           {"step_s", plan.time.step},
           {"tokens_per_s", plan.time.tokens_per_s},
           {"ranks", ranks}};
