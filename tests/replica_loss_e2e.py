@@ -47,7 +47,8 @@ def extra(path, key):
 
 def run_job(bin_dir, tmp, scenario):
     flags = ["--strategy", "hybrid", "--shard-group-size", "2", "--fault-tolerant",
-             "--replica-vote-timeout", "4", "--steps", str(STEPS), *MODEL, "--data", data_dir(),
+             "--replica-vote-timeout", "10", "--test-pause-per-step", "400", "--steps", str(STEPS), *MODEL,
+             "--data", data_dir(),
              "--metrics", str(tmp / "m-{rank}.jsonl"), "--log-every", "1000",
              "--checkpoint-dir", str(tmp / "ckpt"), "--save-every", str(SAVE_EVERY), "--resume", "auto",
              "--test-kill-step", str(KILL_STEP)]
@@ -56,6 +57,7 @@ def run_job(bin_dir, tmp, scenario):
               "both": ["--test-kill-rank", "1", "--test-kill-rank", "3"]}[scenario]
     env = dict(os.environ, OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="60")
     cmd = [f"{bin_dir}/fsdprun", "--nproc-per-node", "4", "--fault-tolerant", "2", "--max-restarts", "3",
+           "--grace-seconds", "3",
            f"{bin_dir}/gpt_train", *flags]
     start = time.monotonic()
     job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

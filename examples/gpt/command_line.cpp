@@ -242,6 +242,10 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
   app.add_option("--test-kill-rank", o.test_kill_ranks, "tests: ranks that SIGKILL themselves")
       ->group("");
   app.add_option("--test-kill-step", o.test_kill_step, "tests: the step at which it does")->group("");
+  app.add_option("--test-pause-per-step", o.test_pause_per_step_ms,
+                 "tests: milliseconds each step sleeps after its work (a slow step)")
+      ->check(integer_in(0, kMaxCount))
+      ->group("");
   app.add_option("--test-kill-in-transfer", o.test_kill_in_transfer_rank,
                  "tests: a rank whose first replacement dies while receiving the state")
       ->group("");

@@ -81,6 +81,7 @@ struct TrainOptions {
   std::vector<int> test_kill_ranks;      // tests: these global ranks SIGKILL themselves ...
   int64_t test_kill_step = -1;           // ... at the start of this step (the first start only)
   int test_kill_in_transfer_rank = -1;   // tests: this rank's first replacement dies receiving
+  int64_t test_pause_per_step_ms = 0;    // tests: each step ends with this long a sleep
   int64_t test_pause_after_shard_files_ms = 0;  // tests: each save sleeps this long before its metadata
   int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
   std::string init_from_hf;  // a transformers GPT-2 or Llama folder to start from (hf_folder.h)

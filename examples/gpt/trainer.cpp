@@ -29,6 +29,7 @@
 #include <string>
 #include <torch/cuda.h>
 #include <vector>
+#include <thread>
 
 namespace gpt {
 
@@ -254,6 +255,9 @@ void run_steps(const StepContext& ctx, int64_t first_step, StepLog& log, StepSum
     const bool saves = !ctx.replicas || ctx.replicas->leads();
     if (checkpoint_due(o, step) && saves) save_checkpoint_if_finite(ctx, step, record.loss);
     if (ctx.replicas) admit_replacements(ctx, step, log);
+    if (o.test_pause_per_step_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.test_pause_per_step_ms));
+    }
   }
   GPT gpt = ctx.model.module();
   nonfinite.check_finished(gpt, ctx.dist);

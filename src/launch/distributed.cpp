@@ -313,9 +313,12 @@ std::shared_ptr<Distributed> join_group(const LaunchEnv& process, const LaunchEn
     dist->env.master_port = tcp_store->getPort();
     env.export_to_environment();
   }
-  auto store = store_prefix.empty()
-                   ? this_attempts_store(tcp_store, env)
-                   : c10::make_intrusive<c10d::PrefixStore>(store_prefix, tcp_store);
+  c10::intrusive_ptr<c10d::Store> store;
+  if (store_prefix.empty()) {
+    store = this_attempts_store(tcp_store, env);
+  } else {
+    store = c10::make_intrusive<c10d::PrefixStore>(store_prefix, tcp_store);
+  }
   announce_host(*store, env.rank);
   check_ranks_joined(*store, env, timeout, deadline);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);

@@ -397,17 +397,26 @@ class Supervisor {
     return true;
   }
 
+  // The replica's other ranks find the loss in their own collectives and tell the quorum before
+  // they exit (which spares the survivors the vote timeout); after --grace-seconds they are killed.
   void lose_replica(const Rank& failed) {
     const int replica = replica_of(failed);
     lost_replicas_.insert(replica);
     lost_at_[replica] = now_seconds();
-    for (const Rank& r : attempt_.ranks) {
-      if (r.running && replica_of(r) == replica) ::kill(-r.pid, SIGKILL);
+  }
+
+  void kill_lost_replicas_late() {
+    for (int replica : lost_replicas_) {
+      if (now_seconds() - lost_at_[replica] < cfg_.grace_seconds) continue;
+      for (const Rank& r : attempt_.ranks) {
+        if (r.running && replica_of(r) == replica) ::kill(-r.pid, SIGKILL);
+      }
     }
   }
 
   void replace_lost_replicas() {
     if (cfg_.fault_tolerant == 0 || attempt_.failed_rank || received_signal_ != 0) return;
+    kill_lost_replicas_late();
     const int replicas = cfg_.nproc_per_node / cfg_.fault_tolerant;
     for (auto it = lost_replicas_.begin(); it != lost_replicas_.end();) {
       const int replica = *it;
