@@ -47,7 +47,7 @@ def extra(path, key):
 
 def run_job(bin_dir, tmp, scenario):
     flags = ["--strategy", "hybrid", "--shard-group-size", "2", "--fault-tolerant",
-             "--replica-vote-timeout", "10", "--test-pause-per-step", "400", "--steps", str(STEPS), *MODEL,
+             "--replica-vote-timeout", "10", "--test-pause-per-step", "700", "--steps", str(STEPS), *MODEL,
              "--data", data_dir(),
              "--metrics", str(tmp / "m-{rank}.jsonl"), "--log-every", "1000",
              "--checkpoint-dir", str(tmp / "ckpt"), "--save-every", str(SAVE_EVERY), "--resume", "auto",

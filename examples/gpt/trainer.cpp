@@ -232,9 +232,12 @@ void die_if_told(const StepContext& ctx, int64_t step) {
 
 // --fault-tolerant, after a step: replacements the step's quorum admitted receive the state.
 void admit_replacements(const StepContext& ctx, int64_t step, StepLog& log) {
+  if (!ctx.replicas->admitting()) return;
+  const auto start = std::chrono::steady_clock::now();
   const int joined = ctx.replicas->admit_replacements(
       [&] { return replica_state(ctx.model, ctx.optimizers, step + 1); });
-  if (joined > 0) log.write_extra({{"replicas_joined", joined}, {"after_step", step}});
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  log.write_extra({{"replicas_joined", joined}, {"after_step", step}, {"transfer_ms", ms}});
 }
 
 }  // namespace

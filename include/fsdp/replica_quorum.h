@@ -91,6 +91,9 @@ class ReplicaQuorum {
   /// replica is the one dropped. Every live rank calls it once per step.
   ReplicaStep average(const std::vector<at::Tensor>& tensors);
 
+  /// Whether the last step's quorum admitted replacements (admit_replacements has work).
+  bool admitting() const { return !admitted_.empty(); }
+
   /// After a step's optimizer step: admits the replacements the step's quorum let in; the lowest
   /// live replica sends them `state()` (called only then). Returns how many replicas joined.
   int admit_replacements(const std::function<ReplicaState()>& state);

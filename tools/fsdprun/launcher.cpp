@@ -350,7 +350,7 @@ class Supervisor {
     lost_replicas_.clear();
     incarnations_.clear();
     start_ranks(restart_count);
-    while (live_count() > 0) {
+    while (live_count() > 0 || !lost_replicas_.empty()) {
       wait_for_events();
       handle_signals();
       reap_children();
