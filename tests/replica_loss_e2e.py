@@ -11,6 +11,8 @@ kill:     rank 3 (replica 1) SIGKILLs itself as step 5 begins. Replica 0 never s
           1-replica run (W = 2, FULL_SHARD) resumed from the checkpoint of step 5 on the same rows.
 transfer: as kill, and the replacement of rank 3 dies receiving the state: a second replacement
           joins; the same equalities at the end.
+Each step of the job sleeps 700 ms after its work (--test-pause-per-step): the replacement's start
+(a few seconds here) then falls within the 20 steps. A step's step_ms excludes the sleep.
 both:     ranks 1 and 3 (one of each replica) die at step 5: no replica holds the state, so the
           launcher restarts every rank, which resumes from the checkpoint of step 5 and finishes.
 """
@@ -23,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-STEPS, KILL_STEP, SAVE_EVERY = 20, 5, 5
+STEPS, KILL_STEP, SAVE_EVERY, PAUSE_S = 20, 5, 5, 0.7
 MODEL = ["--layers", "2", "--dim", "64", "--heads", "4", "--seq", "32", "--batch", "4"]
 
 
@@ -47,7 +49,7 @@ def extra(path, key):
 
 def run_job(bin_dir, tmp, scenario):
     flags = ["--strategy", "hybrid", "--shard-group-size", "2", "--fault-tolerant",
-             "--replica-vote-timeout", "10", "--test-pause-per-step", "700", "--steps", str(STEPS), *MODEL,
+             "--replica-vote-timeout", "10", "--test-pause-per-step", str(int(PAUSE_S * 1000)), "--steps", str(STEPS), *MODEL,
              "--data", data_dir(),
              "--metrics", str(tmp / "m-{rank}.jsonl"), "--log-every", "1000",
              "--checkpoint-dir", str(tmp / "ckpt"), "--save-every", str(SAVE_EVERY), "--resume", "auto",
@@ -125,8 +127,12 @@ def check_survivor(bin_dir, tmp, output, elapsed, scenario):
     check_bitwise_equal_replicas(tmp)
     step_ms = {r["step"]: round(r["step_ms"]) for r in survivor}
     print(f"replica 0's step times (ms): {step_ms}")
+    transfers = [(r["after_step"], r["replicas_joined"], round(r["transfer_ms"])) for r in extra(tmp / "m-0.jsonl", "transfer_ms")]
+    print(f"rank 0's transfers to a replacement (after step, replicas joined, ms): {transfers}")
+    alone_s = sum(r["step_ms"] / 1000 + PAUSE_S for r in survivor if r["replicas_alive"] == 1)
     print(f"replica 1 lost at step {KILL_STEP}, its replacement joined at step {join_step} "
-          f"({join_step - KILL_STEP} steps missed); the job took {elapsed:.1f} s")
+          f"({join_step - KILL_STEP} steps missed, {alone_s:.1f} s of replica 0 training alone); "
+          f"the job took {elapsed:.1f} s")
     one = run_one_replica(bin_dir, tmp, join_step)
     alone = {r["step"]: r["loss"] for r in survivor if r["replicas_alive"] == 1}
     for step, loss in alone.items():
