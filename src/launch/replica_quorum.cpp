@@ -435,8 +435,8 @@ Replicas init_replicas(int shard_group_size, InitOptions options,
               "fault tolerance needs at least 2 replicas (a smaller shard group size or more ranks)");
   TORCH_CHECK(env.agent_store, "fsdp::init_replicas: fault-tolerant replicas need a store that "
               "outlives every rank, and rank 0 serves it here; launch with `fsdprun "
-              "--fault-tolerant ", f, "`, which serves it from a process of its own (or under "
-              "an agent that serves it: TORCHELASTIC_USE_AGENT_STORE=True)");
+              "--fault-tolerant ", f, "`, which serves it from a process of its own and restarts "
+              "a lost replica alone");
   ReplicaLayout layout;
   layout.shard_group_size = f;
   layout.replicas = env.world_size / f;
