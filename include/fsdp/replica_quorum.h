@@ -131,6 +131,7 @@ class ReplicaQuorum {
   int epoch_ = 0;
   int64_t round_ = 0;
   c10::intrusive_ptr<c10d::Backend> group_;  // this shard index's ranks of the live replicas
+  bool group_broken_ = false;                // it did not form: the round votes it failed
   std::vector<int> admitted_;                // replacements the last commit let in
   int admitted_epoch_ = 0;
   bool joined_ = false;

@@ -130,11 +130,17 @@ void ReplicaQuorum::reconfigure(const std::vector<int>& live, int epoch) {
   live_ = live;
   epoch_ = epoch;
   group_.reset();
+  group_broken_ = false;
   if (live_.size() < 2) return;
   auto prefix = c10::make_intrusive<c10d::PrefixStore>(
       "group/" + std::to_string(epoch) + "/s" + std::to_string(layout_.shard), store_);
-  group_ = make_gloo_backend(prefix, rank_in_group(layout_.replica), static_cast<int>(live_.size()),
-                             group_timeout_, master_addr_, socket_interface_);
+  try {
+    group_ = make_gloo_backend(prefix, rank_in_group(layout_.replica),
+                               static_cast<int>(live_.size()), group_timeout_, master_addr_,
+                               socket_interface_);
+  } catch (const std::exception&) {
+    group_broken_ = true;  // a member died after the vote: the next round drops it
+  }
 }
 
 std::vector<std::pair<int, int>> ReplicaQuorum::waiting_replacements() {
@@ -250,7 +256,7 @@ ReplicaStep ReplicaQuorum::average(const std::vector<at::Tensor>& tensors) {
   const at::Tensor original = flat_copy(tensors);
   for (int tries = 0;; ++tries) {
     at::Tensor flat = original.clone();
-    bool ok = true;
+    bool ok = !group_broken_;
     if (group_) {
       try {
         std::vector<at::Tensor> io{flat};
@@ -275,6 +281,7 @@ ReplicaStep ReplicaQuorum::average(const std::vector<at::Tensor>& tensors) {
 
 // The state from `source_replica`, the lowest live one: byte count, bytes, then each tensor.
 void ReplicaQuorum::send_or_receive(ReplicaState& state, int source_replica) {
+  TORCH_CHECK(group_ && !group_broken_, "the replicas' group did not form");
   c10d::BroadcastOptions options;
   options.rootRank = rank_in_group(source_replica);
   auto broadcast = [&](at::Tensor t) {
