@@ -302,7 +302,8 @@ std::optional<c10::Device> current_gpu(const c10::Device& device) {
 
 // --fault-tolerant, a replacement: the state from a live replica; the step to continue from, or
 // nullopt when the run finished before this replica could join.
-std::optional<int64_t> join_replicas(fsdp::ReplicaQuorum& replicas, fsdp::Unit<GPT>& model,
+std::optional<int64_t> join_replicas(fsdp::ReplicaQuorum& replicas, fsdp::Distributed& dist,
+                                     fsdp::Unit<GPT>& model,
                                      TrainOptimizers& optimizers, const TrainOptions& o, int rank,
                                      StepLog& log) {
   if (o.test_kill_in_transfer_rank == rank && replicas.layout().incarnation == 1) {
@@ -310,6 +311,10 @@ std::optional<int64_t> join_replicas(fsdp::ReplicaQuorum& replicas, fsdp::Unit<G
       if (index == 1) std::raise(SIGKILL);
     });
   }
+  replicas.set_replica_check([&] {
+    auto alive = torch::ones({1});
+    fsdp::all_reduce_sum(*dist.world, alive);
+  });
   const std::optional<std::string> bytes = replicas.join(replica_tensors(model));
   if (!bytes) return std::nullopt;
   const int64_t next_step = load_replica_bytes(*bytes, optimizers);
@@ -351,7 +356,7 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist, fsdp::ReplicaQ
   check_step_options(o, dist);
   int64_t first_step = 0;
   if (replicas && replicas->joining()) {
-    const std::optional<int64_t> joined = join_replicas(*replicas, model, optimizers, o, rank, log);
+    const std::optional<int64_t> joined = join_replicas(*replicas, *dist, model, optimizers, o, rank, log);
     if (!joined) return {};  // nothing left to train: the others finished
     first_step = *joined;
   } else if (o.resume) {

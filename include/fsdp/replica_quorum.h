@@ -103,6 +103,11 @@ class ReplicaQuorum {
   /// finished before it could join.
   std::optional<std::string> join(const std::vector<at::Tensor>& tensors);
 
+  /// A collective over this replica's own ranks (e.g. an all-reduce of a scalar over
+  /// Replicas::dist->world) that a replacement runs after receiving the state, before it votes:
+  /// a rank of it that died meanwhile is found there and the quorum told at once.
+  void set_replica_check(std::function<void()> check) { replica_check_ = std::move(check); }
+
   /// Tests: called on a replacement after each tensor it receives (its index), e.g. to die there.
   void on_tensor_received(std::function<void(size_t)> hook) { on_tensor_received_ = std::move(hook); }
 
@@ -122,6 +127,7 @@ class ReplicaQuorum {
   void reconfigure(const std::vector<int>& live, int epoch);
   void send_or_receive(ReplicaState& state, int source_replica);
   int rank_in_group(int replica) const;
+  void check_own_replica();
 
   c10::intrusive_ptr<c10d::Store> store_;
   ReplicaLayout layout_;
@@ -136,6 +142,7 @@ class ReplicaQuorum {
   int admitted_epoch_ = 0;
   bool joined_ = false;
   std::function<void(size_t)> on_tensor_received_;
+  std::function<void()> replica_check_;
 };
 
 /// A job of replicas: this replica's ranks as the world, and the quorum between replicas.

@@ -391,6 +391,7 @@ std::optional<std::string> ReplicaQuorum::join(const std::vector<at::Tensor>& te
     } catch (const std::exception&) {
       ok = false;
     }
+    check_own_replica();
     const Decision d = vote_and_decide(ok);
     if (d.commit) {
       joined_ = true;
@@ -404,6 +405,20 @@ std::optional<std::string> ReplicaQuorum::join(const std::vector<at::Tensor>& te
     senders = left;
     TORCH_CHECK(!senders.empty() && tries < 8, "replica ", layout_.replica,
                 ": no live replica is left to send the state");
+  }
+}
+
+// A rank of this replacement that died receiving leaves its peers nothing to fail on (they
+// received from other ranks): the check, a collective over the replica's own ranks, finds it, and
+// the quorum hears of the loss at once instead of after the vote timeout.
+void ReplicaQuorum::check_own_replica() {
+  if (!replica_check_) return;
+  try {
+    replica_check_();
+  } catch (const std::exception& e) {
+    mark_lost();
+    throw ReplicaLost(std::string("replica ") + std::to_string(layout_.replica) +
+                      " lost a rank while receiving the state: " + e.what());
   }
 }
 
