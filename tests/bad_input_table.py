@@ -308,6 +308,8 @@ def fault_tolerant_messages(t):
     hybrid = ["--strategy", "hybrid", "--shard-group-size", "2", "--fault-tolerant"]
     t.fails("--fault-tolerant --strategy full", sharded("--fault-tolerant"), "--fault-tolerant needs --strategy hybrid")
     t.fails("--fault-tolerant --tp 2", sharded(*hybrid, "--tp", "2"), "--fault-tolerant does not compose with --tp")
+    t.fails("--fault-tolerant --auto", sharded(*hybrid, "--auto", "--max-memory-gb", "1"),
+            "--fault-tolerant does not compose with --auto")
     t.fails("--fault-tolerant --optimizer muon", sharded(*hybrid, "--optimizer", "muon"), "not --optimizer muon")
     one = run([FSDPRUN, "--nproc-per-node", "2", "--fault-tolerant", "2", GPT, *gpt_args(*hybrid)], timeout=40)
     t.fails("fsdprun --fault-tolerant 2 with 2 ranks", one, "--fault-tolerant 2 needs at least 2 replicas")

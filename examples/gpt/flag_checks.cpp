@@ -239,6 +239,10 @@ std::string check_fault_tolerant_flags(const CLI::App& app, const TrainOptions& 
   }
   if (o.tp > 1) return "--fault-tolerant does not compose with --tp (a replica is one shard group)";
   if (app.count("--pp") > 0) return "--fault-tolerant does not compose with --pp";
+  if (app.count("--auto") > 0) {
+    return "--fault-tolerant does not compose with --auto (the planner measures one world, not "
+           "replicas): give --shard-group-size and the other flags yourself";
+  }
   if (o.muon) return "--fault-tolerant moves AdamW's state to a replacement; not --optimizer muon";
   if (o.fsdp.mixed_precision().param_dtype() == torch::kHalf) {
     return "--fault-tolerant does not compose with fp16's loss scaling (--param-dtype fp16)";
