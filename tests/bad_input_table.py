@@ -301,6 +301,25 @@ def auto_keeps_its_cap(t):
             ran.rc == 0 and named, "" if named else "the replaced --strategy is not named")
 
 
+def fault_tolerant_messages(t):
+    """--fault-tolerant (replicas that survive a lost rank) where it cannot work: refused by name,
+    by gpt_train's flags, by fsdp::init_replicas (one replica; a store that rank 0 serves) and by
+    fsdprun --fault-tolerant (fewer than 2 replicas)."""
+    hybrid = ["--strategy", "hybrid", "--shard-group-size", "2", "--fault-tolerant"]
+    t.fails("--fault-tolerant --strategy full", sharded("--fault-tolerant"), "--fault-tolerant needs --strategy hybrid")
+    t.fails("--fault-tolerant --tp 2", sharded(*hybrid, "--tp", "2"), "--fault-tolerant does not compose with --tp")
+    t.fails("--fault-tolerant --auto", sharded(*hybrid, "--auto", "--max-memory-gb", "1"),
+            "--fault-tolerant does not compose with --auto")
+    t.fails("--fault-tolerant --optimizer muon", sharded(*hybrid, "--optimizer", "muon"), "not --optimizer muon")
+    one = run([FSDPRUN, "--nproc-per-node", "2", "--fault-tolerant", "2", GPT, *gpt_args(*hybrid)], timeout=40)
+    t.fails("fsdprun --fault-tolerant 2 with 2 ranks", one, "--fault-tolerant 2 needs at least 2 replicas")
+    lone = sharded(*hybrid, n=2, timeout=60)
+    t.fails("--fault-tolerant, 1 replica (W=2, F=2)", lone, "is one replica")
+    plain = sharded(*hybrid, n=4, timeout=60)
+    t.fails("--fault-tolerant without fsdprun --fault-tolerant", plain, "a store that outlives every rank",
+            "fsdprun --fault-tolerant 2")
+
+
 def tensor_parallel_messages(t, tmp):
     """Under --tp the flags at fault are named: hybrid's shard group against the data-parallel
     size (world / tp), not the "world size" of the dp group; --auto --tp-sizes runs with
@@ -766,6 +785,7 @@ def cases(t):
         step_in_backward_where_it_cannot_apply(t)
         auto_keeps_its_cap(t)
         tensor_parallel_messages(t, tmp)
+        fault_tolerant_messages(t)
         bad_input_pipeline.under_sharding(t, sharded)
         bad_input_pipeline.with_checkpoints(t, sharded, tmp)
 

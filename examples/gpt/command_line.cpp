@@ -232,6 +232,23 @@ void add_run_options(CLI::App& app, CommandLine& cl) {
       ->check(integer_in(1, kMaxCount));
   // A test flag, hidden from --help: stalls every save between its shard files and its metadata,
   // so that a test can kill the run half-way through a save.
+  app.add_flag("--fault-tolerant", o.fault_tolerant,
+               "--strategy hybrid: a replica (shard group) that loses a rank is replaced while "
+               "the others train on (under fsdprun --fault-tolerant F; docs/fault-tolerance.md)");
+  app.add_option("--replica-vote-timeout", o.replica_vote_timeout_s,
+                 "--fault-tolerant: seconds a step waits for a silent replica before it goes on "
+                 "without it")
+      ->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--test-kill-rank", o.test_kill_ranks, "tests: ranks that SIGKILL themselves")
+      ->group("");
+  app.add_option("--test-kill-step", o.test_kill_step, "tests: the step at which it does")->group("");
+  app.add_option("--test-pause-per-step", o.test_pause_per_step_ms,
+                 "tests: milliseconds each step sleeps after its work (a slow step)")
+      ->check(integer_in(0, kMaxCount))
+      ->group("");
+  app.add_option("--test-kill-in-transfer", o.test_kill_in_transfer_rank,
+                 "tests: a rank whose first replacement dies while receiving the state")
+      ->group("");
   app.add_option("--test-pause-after-shard-files", o.test_pause_after_shard_files_ms,
                  "milliseconds each writing rank sleeps before a save's metadata")
       ->check(integer_in(0, kMaxCount))

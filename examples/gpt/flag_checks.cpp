@@ -224,7 +224,40 @@ std::string apply_hf_sizes(const CLI::App& app, TrainOptions& o) {
   return "";
 }
 
+namespace {
+
+// [Note: what --fault-tolerant composes with] Each replica is a FULL_SHARD world of its own and
+// the replicas meet only in the quorum's average of the gradients, before the optimizer steps:
+// what steps inside backward, reduces across replicas by itself (fp16's overflow flag), or splits
+// a replica otherwise (--tp, --pp) is refused.
+std::string check_fault_tolerant_flags(const CLI::App& app, const TrainOptions& o, bool reference) {
+  if (!o.fault_tolerant) return "";
+  if (reference) return "--fault-tolerant applies to the sharded run, not --reference";
+  if (o.fsdp.strategy() != fsdp::ShardingStrategy::HybridShard) {
+    return "--fault-tolerant needs --strategy hybrid: the replicas (of --shard-group-size ranks) "
+           "are what survives a lost rank";
+  }
+  if (o.tp > 1) return "--fault-tolerant does not compose with --tp (a replica is one shard group)";
+  if (app.count("--pp") > 0) return "--fault-tolerant does not compose with --pp";
+  if (app.count("--auto") > 0) {
+    return "--fault-tolerant does not compose with --auto (the planner measures one world, not "
+           "replicas): give --shard-group-size and the other flags yourself";
+  }
+  if (o.muon) return "--fault-tolerant moves AdamW's state to a replacement; not --optimizer muon";
+  if (o.fsdp.mixed_precision().param_dtype() == torch::kHalf) {
+    return "--fault-tolerant does not compose with fp16's loss scaling (--param-dtype fp16)";
+  }
+  if (o.step_in_backward || o.fsdp.cpu_offload()) {
+    return "--fault-tolerant averages the gradients over the replicas before the optimizer "
+           "steps: not with --step-in-backward or --cpu-offload, which step inside backward";
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string check_flag_combinations(const CLI::App& app, const TrainOptions& o, bool reference) {
+  if (std::string error = check_fault_tolerant_flags(app, o, reference); !error.empty()) return error;
   if (std::string error = check_model_flags(app, o.model); !error.empty()) return error;
   if (std::string error = check_model_fits_memory(o, reference); !error.empty()) return error;
   if (app.count("--world-size") > 0 && !reference) {

@@ -74,6 +74,14 @@ struct TrainOptions {
   bool resume = false;         // continue from the newest checkpoint in checkpoint_dir
   bool resume_if_none = false;  // with resume: start at step 0 when checkpoint_dir holds none yet
   bool reset_optimizer = false;  // with resume: load the parameters only; AdamW starts afresh
+  // --fault-tolerant (docs/fault-tolerance.md): replicas of --shard-group-size ranks that survive
+  // a lost peer; a replica's silence longer than the vote timeout counts as its loss.
+  bool fault_tolerant = false;
+  double replica_vote_timeout_s = 10;
+  std::vector<int> test_kill_ranks;      // tests: these global ranks SIGKILL themselves ...
+  int64_t test_kill_step = -1;           // ... at the start of this step (the first start only)
+  int test_kill_in_transfer_rank = -1;   // tests: this rank's first replacement dies receiving
+  int64_t test_pause_per_step_ms = 0;    // tests: each step ends with this long a sleep
   int64_t test_pause_after_shard_files_ms = 0;  // tests: each save sleeps this long before its metadata
   int64_t max_nonfinite_steps = 3;  // stop (an error) after this many consecutive NaN/inf losses
   std::string init_from_hf;  // a transformers GPT-2 or Llama folder to start from (hf_folder.h)

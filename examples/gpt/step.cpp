@@ -234,6 +234,16 @@ double clip_gradients(const StepContext& ctx) {
   return torch::nn::utils::clip_grad_norm_(ctx.model->parameters(), ctx.options.clip);
 }
 
+// --fault-tolerant: the gradients (and the loss, for the record) averaged over the live replicas.
+fsdp::ReplicaStep average_over_replicas(const StepContext& ctx, const torch::Tensor& loss) {
+  std::vector<at::Tensor> tensors;
+  for (auto& p : ctx.model->parameters()) {
+    if (p.grad().defined()) tensors.push_back(p.mutable_grad());
+  }
+  tensors.push_back(loss);
+  return ctx.replicas->average(tensors);
+}
+
 }  // namespace
 
 StepResult train_step(const StepContext& ctx, int64_t step) {
@@ -241,6 +251,7 @@ StepResult train_step(const StepContext& ctx, int64_t step) {
   optimizer.zero_grad();
   StepResult result;
   result.loss = accumulate_gradients(ctx, step);
+  if (ctx.replicas) result.replicas = average_over_replicas(ctx, result.loss);
   if (ctx.options.clip > 0) {
     // Clipping reads unscaled gradients; else the optimizer's kernel divides them as it steps.
     ctx.precision.unscale(optimizer);

@@ -12,6 +12,7 @@
 #include <fsdp/fully_shard.h>
 #include <fsdp/grad_scaler.h>
 #include <fsdp/options.h>
+#include <fsdp/replica_quorum.h>
 
 #include <cstdint>
 #include <memory>
@@ -133,6 +134,7 @@ struct StepContext {
   int rank;
   int data_rank;            // this rank's rows of the global batch: rank / --tp
   c10::Device device;
+  fsdp::ReplicaQuorum* replicas = nullptr;  // --fault-tolerant: dist is this replica's ranks
 
   bool sharded() const { return dist != nullptr; }
 };
@@ -142,6 +144,7 @@ struct StepResult {
   bool skipped = false;  // fp16: some rank's gradients overflowed, so the optimizer did not step
   double optimizer_ms = 0;  // the optimizer's step (bench/: Muon's against AdamW's), host time
   std::optional<double> grad_norm;  // --clip: the global norm before clipping
+  std::optional<fsdp::ReplicaStep> replicas;  // --fault-tolerant: the replicas averaged
 };
 
 /// Trains step `step`. Micro-batch m covers global rows [m·W·B, (m+1)·W·B): rank r trains on its

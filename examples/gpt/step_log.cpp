@@ -70,6 +70,10 @@ nlohmann::json to_json(const StepRecord& r) {
 // the ranks' shares of the orthogonalization).
 void add_optimizer_work(nlohmann::json& line, const StepRecord& r) {
   line["optimizer_ms"] = r.optimizer_ms;
+  if (r.replicas) {
+    line["replicas_alive"] = r.replicas->replicas_alive;
+    line["batch_share"] = r.replicas->batch_share;  // this replica's share of the global batch
+  }
   if (r.grad_norm) line["grad_norm"] = *r.grad_norm;
   if (!r.muon) return;
   line["muon_ns_matrices"] = r.muon->matrices;

@@ -7,6 +7,7 @@
 #include "trainer.h"
 
 #include <fsdp/peer_errors.h>
+#include <fsdp/replica_quorum.h>
 
 #include <CLI/CLI.hpp>
 #include <torch/cuda.h>
@@ -45,6 +46,38 @@ void print_result(const gpt::TrainResult& result) {
   }
 }
 
+// --fault-tolerant: this process replaces a rank of a lost replica (FSDP_REPLICA_INCARNATION > 0),
+// so the folders it finds filled are the running job's own.
+bool replaces_a_rank() {
+  const char* incarnation = std::getenv("FSDP_REPLICA_INCARNATION");
+  return incarnation && *incarnation && std::string(incarnation) != "0";
+}
+
+// --fault-tolerant: replicas of --shard-group-size ranks (default LOCAL_WORLD_SIZE), each sharded
+// FULL_SHARD over its own ranks; they meet in the quorum only.
+fsdp::Replicas join_replicas(gpt::TrainOptions& o) {
+  const fsdp::LaunchEnv env = fsdp::LaunchEnv::from_environment();
+  const int f = o.fsdp.shard_group_size() > 0 ? o.fsdp.shard_group_size() : env.local_world_size;
+  const auto vote_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.replica_vote_timeout_s * 1000));
+  fsdp::Replicas replicas = fsdp::init_replicas(f, {}, vote_timeout);
+  o.fsdp.strategy(fsdp::ShardingStrategy::FullShard).shard_group_size(0);
+  return replicas;
+}
+
+// A failure inside a replica loses the replica, not the job: the quorum stops waiting for it and
+// the process exits with kReplicaLostExit for the launcher to replace it.
+gpt::TrainResult train_replica(const gpt::TrainOptions& o, fsdp::Replicas& replicas) {
+  try {
+    return gpt::train(o, replicas.dist.get(), replicas.quorum.get());
+  } catch (const c10::Error& e) {
+    replicas.quorum->mark_lost();
+    throw fsdp::ReplicaLost(fsdp::name_peer_ranks(e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    replicas.quorum->mark_lost();
+    throw fsdp::ReplicaLost(e.what());
+  }
+}
+
 // The run of valid flags: files and folders checked before the rendezvous and any work (rank 0
 // holds --checkpoint-dir while it runs), then training; rank 0 prints the result.
 void run(gpt::CommandLine& cl) {
@@ -54,9 +87,15 @@ void run(gpt::CommandLine& cl) {
   // An existing folder is locked before the rendezvous (a second run is refused at once); a
   // missing one only once the run cannot be refused before training, since locking creates it.
   auto checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank, /*create=*/false);
-  if (rank == 0) gpt::check_checkpoint_dir(o);
+  if (rank == 0 && !replaces_a_rank()) gpt::check_checkpoint_dir(o);
   std::shared_ptr<fsdp::Distributed> dist;
-  if (!cl.reference) dist = fsdp::init_distributed();
+  std::optional<fsdp::Replicas> replicas;
+  if (o.fault_tolerant) {
+    replicas = join_replicas(o);
+    dist = replicas->dist;
+  } else if (!cl.reference) {
+    dist = fsdp::init_distributed();
+  }
   // --device cpu leaves it unset: the CPU, the parameters' device (the reference reads it too).
   if (cl.device != "cpu") o.fsdp.device(gpu(cl.device, dist.get()));
   std::optional<fsdp::Plan> plan;
@@ -68,12 +107,17 @@ void run(gpt::CommandLine& cl) {
   }
   if (!checkpoint_dir_lock && rank == 0) {
     checkpoint_dir_lock = gpt::lock_checkpoint_dir(o, rank, /*create=*/true);
-    gpt::check_checkpoint_dir(o);  // another run may have filled the folder meanwhile
+    if (!replaces_a_rank()) gpt::check_checkpoint_dir(o);  // another run may have filled it meanwhile
   }
   o.gather_final_params = false;  // print_result reads the summary and the sample only
   o.keep_step_records = false;
-  const gpt::TrainResult result = gpt::train(o, dist.get());
-  if (!dist || dist->rank() == 0) print_result(result);
+  gpt::TrainResult result;
+  if (replicas) {
+    result = train_replica(o, *replicas);
+  } else {
+    result = gpt::train(o, dist.get());
+  }
+  if (rank == 0) print_result(result);
   if (plan) gpt::check_plan_against_run(*plan, o, result, cl.planner, *dist);
   if (pipeline_plan) gpt::check_pipeline_plan_against_run(*pipeline_plan, o, result, cl.planner, *dist);
 }
@@ -103,6 +147,9 @@ int main(int argc, char** argv) {
   try {
     if (command_line.plan) return print_plan(command_line);
     run(command_line);
+  } catch (const fsdp::ReplicaLost& e) {
+    std::cerr << "gpt_train: replica lost: " << e.what() << std::endl;
+    return fsdp::kReplicaLostExit;
   } catch (const c10::Error& e) {
     std::cerr << "gpt_train: error: " << fsdp::name_peer_ranks(e.what_without_backtrace())
               << std::endl;

@@ -5,6 +5,7 @@
 #include "hf_folder.h"
 #include "options.h"
 #include "pipeline_run.h"
+#include "replica_state.h"
 #include "step.h"
 #include "tensor_parallel_plan.h"
 
@@ -22,11 +23,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <csignal>
 #include <limits>
 #include <optional>
 #include <string>
 #include <torch/cuda.h>
 #include <vector>
+#include <thread>
 
 namespace gpt {
 
@@ -198,6 +201,7 @@ StepRecord measured_step(const StepContext& ctx, int64_t step, bool traced) {
   record.optimizer_ms = trained.optimizer_ms;
   record.grad_norm = trained.grad_norm;
   if (ctx.optimizers.muon) record.muon = ctx.optimizers.muon->last_step_work();
+  record.replicas = trained.replicas;
   return record;
 }
 
@@ -214,6 +218,28 @@ void save_checkpoint_if_finite(const StepContext& ctx, int64_t step, double loss
   }
 }
 
+// --test-kill-rank R... --test-kill-step S: the global ranks R die by SIGKILL as step S begins (in
+// the job's first start only, so that their replacements, or the restarted job, train on).
+void die_if_told(const StepContext& ctx, int64_t step) {
+  const TrainOptions& o = ctx.options;
+  const auto& ranks = o.test_kill_ranks;
+  if (step != o.test_kill_step || std::find(ranks.begin(), ranks.end(), ctx.rank) == ranks.end()) return;
+  if (ctx.replicas && ctx.replicas->layout().incarnation == 0 &&
+      fsdp::LaunchEnv::from_environment().restart_count == 0) {
+    std::raise(SIGKILL);
+  }
+}
+
+// --fault-tolerant, after a step: replacements the step's quorum admitted receive the state.
+void admit_replacements(const StepContext& ctx, int64_t step, StepLog& log) {
+  if (!ctx.replicas->admitting()) return;
+  const auto start = std::chrono::steady_clock::now();
+  const int joined = ctx.replicas->admit_replacements(
+      [&] { return replica_state(ctx.model, ctx.optimizers, step + 1); });
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  log.write_extra({{"replicas_joined", joined}, {"after_step", step}, {"transfer_ms", ms}});
+}
+
 }  // namespace
 
 void run_steps(const StepContext& ctx, int64_t first_step, StepLog& log, StepSummary& summary,
@@ -222,13 +248,20 @@ void run_steps(const StepContext& ctx, int64_t first_step, StepLog& log, StepSum
   NonFiniteGuard nonfinite(o);
   const int64_t traced_step = std::min<int64_t>(first_step + 2, o.steps - 1);  // after warm-up
   for (int64_t step = first_step; step < o.steps; ++step) {
+    die_if_told(ctx, step);
     const StepRecord record = measured_step(ctx, step, !o.trace.empty() && step == traced_step);
     summary.add(record);
     if (o.keep_step_records) records.push_back(record);
     log.write(record);
     nonfinite.count(record.loss, step);
-    if (checkpoint_due(o, step)) save_checkpoint_if_finite(ctx, step, record.loss);
-    if (step == first_step) reserve_async_staging(ctx.model, ctx.optimizers, o);
+    // --fault-tolerant: the lowest live replica writes the checkpoints (all hold the same state).
+    const bool saves = !ctx.replicas || ctx.replicas->leads();
+    if (checkpoint_due(o, step) && saves) save_checkpoint_if_finite(ctx, step, record.loss);
+    if (step == first_step && saves) reserve_async_staging(ctx.model, ctx.optimizers, o);
+    if (ctx.replicas) admit_replacements(ctx, step, log);
+    if (o.test_pause_per_step_ms > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.test_pause_per_step_ms));
+    }
   }
   GPT gpt = ctx.model.module();
   nonfinite.check_finished(gpt, ctx.dist);
@@ -268,12 +301,37 @@ std::optional<c10::Device> current_gpu(const c10::Device& device) {
   return device.is_cuda() ? std::optional(device) : std::nullopt;
 }
 
+// --fault-tolerant, a replacement: the state from a live replica; the step to continue from, or
+// nullopt when the run finished before this replica could join.
+std::optional<int64_t> join_replicas(fsdp::ReplicaQuorum& replicas, fsdp::Distributed& dist,
+                                     fsdp::Unit<GPT>& model,
+                                     TrainOptimizers& optimizers, const TrainOptions& o, int rank,
+                                     StepLog& log) {
+  if (o.test_kill_in_transfer_rank == rank && replicas.layout().incarnation == 1) {
+    replicas.on_tensor_received([](size_t index) {
+      if (index == 1) std::raise(SIGKILL);
+    });
+  }
+  replicas.set_replica_check([&] {
+    auto alive = torch::ones({1});
+    fsdp::all_reduce_sum(*dist.world, alive);
+  });
+  const std::optional<std::string> bytes = replicas.join(replica_tensors(model));
+  if (!bytes) return std::nullopt;
+  const int64_t next_step = load_replica_bytes(*bytes, optimizers);
+  log.write_extra({{"joined_at_step", next_step}, {"incarnation", replicas.layout().incarnation}});
+  return next_step;
+}
+
 }  // namespace
 
-TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
+TrainResult train(const TrainOptions& o, fsdp::Distributed* dist, fsdp::ReplicaQuorum* replicas) {
   if (o.pp > 0 && dist) return train_pipeline(o, *dist);
-  const int world = dist ? dist->world_size() / o.tp : o.reference_world_size;
-  const int rank = dist ? dist->rank() : 0;
+  // --fault-tolerant: the world is one replica; the batch rows and file names are the job's.
+  const int world = replicas ? replicas->layout().replicas * replicas->layout().shard_group_size
+                    : dist   ? dist->world_size() / o.tp
+                             : o.reference_world_size;
+  const int rank = replicas ? replicas->layout().global_rank() : dist ? dist->rank() : 0;
   const std::shared_ptr<fsdp::DeviceMesh> mesh = make_mesh(o, dist);
   const c10::Device device = compute_device(o);
   c10::OptionalDeviceGuard gpu_guard(current_gpu(device));
@@ -297,15 +355,26 @@ TrainResult train(const TrainOptions& o, fsdp::Distributed* dist) {
   if (!o.init_from_hf.empty() && rank == 0) print_setup_memory(setup);
 
   check_step_options(o, dist);
-  const int64_t first_step =
-      o.resume ? resume_from_checkpoint(model, optimizers, o.checkpoint_dir, o, rank) : 0;
+  int64_t first_step = 0;
+  if (replicas && replicas->joining()) {
+    const std::optional<int64_t> joined = join_replicas(*replicas, *dist, model, optimizers, o, rank, log);
+    if (!joined) return {};  // nothing left to train: the others finished
+    first_step = *joined;
+  } else if (o.resume) {
+    first_step = resume_from_checkpoint(model, optimizers, o.checkpoint_dir, o, dist->rank());
+  }
   StepPrecision precision(o, dist, model.module());
-  const StepContext ctx{o, corpus, model, optimizers, precision, dist, world, rank, rank / o.tp, device};
+  const StepContext ctx{o, corpus, model, optimizers, precision, dist,
+                        world, rank, rank / o.tp, device, replicas};
   std::optional<EvalResult> eval_initial;
   if (eval_batch) eval_initial = evaluate(model, *eval_batch, device);
 
   TrainResult result;
   run_steps(ctx, first_step, log, result.summary, result.steps);
+  if (replicas) {
+    replicas->finish();
+    log.write_extra(state_hashes(model, optimizers));
+  }
   for (const StepRecord& step : result.steps) result.losses.push_back(step.loss);
   if (!o.save_full.empty()) write_output("--save-full", o.save_full, [&] { save_full(o, model, dist); });
   if (o.gather_final_params || !o.export_hf.empty()) result.final_params = full_params(model, dist);

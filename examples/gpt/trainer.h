@@ -14,6 +14,7 @@
 #include <fsdp/fully_shard.h>
 #include <fsdp/memory.h>
 #include <fsdp/muon.h>
+#include <fsdp/replica_quorum.h>
 
 #include <cstdint>
 #include <fstream>
@@ -89,6 +90,7 @@ struct StepRecord {
   double optimizer_ms = 0;  // the optimizer's step within step_ms
   std::optional<double> grad_norm;  // --clip: the global gradient norm before clipping
   std::optional<fsdp::optim::MuonWork> muon;  // --optimizer muon: this rank's Newton-Schulz work
+  std::optional<fsdp::ReplicaStep> replicas;  // --fault-tolerant: replicas alive, batch share
 };
 
 class StepLog {
@@ -98,6 +100,8 @@ class StepLog {
 
   /// The set-up's memory record, the line before the steps'.
   void write_setup(const nlohmann::json& setup);
+  /// Any other line (--fault-tolerant: a replacement's join, the final state's hashes).
+  void write_extra(const nlohmann::json& line) { write_line(line); }
   /// The step's JSON line, and the progress line when one is due (a collective: every rank
   /// calls it for every step).
   void write(const StepRecord& record);
@@ -166,6 +170,8 @@ struct TrainResult {
 };
 
 /// Sharded training when `dist` is set (--pp: pipeline_run.h), otherwise the unsharded reference.
-TrainResult train(const TrainOptions& options, fsdp::Distributed* dist);
+/// --fault-tolerant: `replicas` set, `dist` is this replica's ranks (include/fsdp/replica_quorum.h).
+TrainResult train(const TrainOptions& options, fsdp::Distributed* dist,
+                  fsdp::ReplicaQuorum* replicas = nullptr);
 
 }  // namespace gpt

@@ -108,6 +108,8 @@ class ProcessGroup {
 struct Distributed {
   LaunchEnv env;
   std::shared_ptr<ProcessGroup> world;
+  /// The rendezvous store itself (no prefix): init_replicas keeps its quorum there.
+  c10::intrusive_ptr<c10d::Store> store;
   int rank() const { return env.rank; }
   int world_size() const { return env.world_size; }
 };

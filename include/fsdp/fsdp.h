@@ -17,6 +17,7 @@
 #include <fsdp/options.h>
 #include <fsdp/parallelize.h>
 #include <fsdp/plan.h>
+#include <fsdp/replica_quorum.h>
 #include <fsdp/state_dict.h>
 #include <fsdp/summon_full_params.h>
 #include <fsdp/tensor_parallel.h>

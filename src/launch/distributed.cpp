@@ -5,6 +5,7 @@
 #include "launch/environment_settings.h"
 #include "launch/gloo_backend.h"
 #include "launch/listener_probe.h"
+#include "launch/join_group.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -284,9 +285,19 @@ GroupSettings settings_of_group(const InitOptions& options, const EnvironmentSet
 }  // namespace
 
 std::shared_ptr<Distributed> init_distributed(InitOptions options) {
+  const LaunchEnv env = LaunchEnv::from_environment();
+  return join_group(env, env, std::move(options), "");
+}
+
+// [Note: one rendezvous, two uses]
+// `process` is this process's launch (it connects to the store); `group` the ranks that form the
+// world process group: the same for init_distributed, one replica's ranks for init_replicas
+// (replica_quorum.cpp), whose keys then live under `store_prefix` in a store that outlives them.
+std::shared_ptr<Distributed> join_group(const LaunchEnv& process, const LaunchEnv& group,
+                                        InitOptions options, const std::string& store_prefix) {
   ignore_sigpipe_by_default();
   auto dist = std::make_shared<Distributed>();
-  dist->env = LaunchEnv::from_environment();
+  dist->env = group;
   const LaunchEnv& env = dist->env;
   if (env.launcher != "torchrun") env.export_to_environment();  // [Note: launchers]
   const EnvironmentSettings settings = EnvironmentSettings::from_environment();
@@ -297,12 +308,17 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   const Deadline deadline(timeout);
   QuietC10dLogs quiet;
 
-  auto tcp_store = connect_store(env, timeout, deadline);
+  auto tcp_store = connect_store(process, timeout, deadline);
   if (env.master_port == 0) {  // run alone: the port the OS chose, for code that reads MASTER_PORT
     dist->env.master_port = tcp_store->getPort();
     env.export_to_environment();
   }
-  auto store = this_attempts_store(tcp_store, env);
+  c10::intrusive_ptr<c10d::Store> store;
+  if (store_prefix.empty()) {
+    store = this_attempts_store(tcp_store, env);
+  } else {
+    store = c10::make_intrusive<c10d::PrefixStore>(store_prefix, tcp_store);
+  }
   announce_host(*store, env.rank);
   check_ranks_joined(*store, env, timeout, deadline);
   auto world_store = c10::make_intrusive<c10d::PrefixStore>("world", store);
@@ -319,6 +335,7 @@ std::shared_ptr<Distributed> init_distributed(InitOptions options) {
   dist->world = std::make_shared<ProcessGroup>(backend, world_store, env.rank, env.world_size,
                                                timeout, "world", env.master_addr, group_settings);
   dist->world->set_hosts(read_hosts(*store, env.world_size));
+  dist->store = tcp_store;
   peers().my_rank = env.rank;
   record_gloo_addresses(*world_store, env.world_size);
   return dist;

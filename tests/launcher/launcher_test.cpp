@@ -493,6 +493,42 @@ exit 3
   }
 }
 
+// --fault-tolerant 2 over 4 ranks: rank 3's first start fails (its replica's other rank then
+// exits as gpt_train's would, status 75); only replica 1 (ranks 2, 3) starts again, as
+// incarnation 1, while ranks 0 and 1 run on until the replacement has started.
+TEST(Fsdprun, FaultTolerantRestartsOnlyTheLostReplica) {
+  const std::string bin = FSDPRUN_BIN;
+  if (::access((bin.substr(0, bin.rfind('/') + 1) + "fsdp_store_keeper").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "fsdp_store_keeper (built with LibTorch) is not next to fsdprun";
+  }
+  TempDir dir;
+  const std::string script = R"sh(
+echo "$FSDP_REPLICA_INCARNATION $TORCHELASTIC_USE_AGENT_STORE" >> "$1/starts.$RANK"
+wait_for_starts() { n=0; while [ "$(cat "$1"/starts.* | wc -l)" -lt "$2" ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done; }
+if [ "$FSDP_REPLICA_INCARNATION" = 0 ] && [ "$RANK" -ge 2 ]; then
+  wait_for_starts "$1" 4
+  [ "$RANK" = 3 ] && exit 3
+  sleep 0.3; exit 75
+fi
+wait_for_starts "$1" 6
+)sh";
+  Fsdprun proc(dir, {"--max-restarts", "2", "--fault-tolerant", "2", "--nproc-per-node", "4", "sh", "-c", script,
+                     "sh", dir.path()});
+  Result r = proc.wait();
+  ASSERT_EQ(r.exit_code(), 0) << r.err;
+  EXPECT_EQ(count_of(r.err, "fsdprun: replica 1 (ranks 2-3) lost rank 3 (exit 3); starting it again "
+                            "(incarnation 1, restart 1 of 2) while the other replicas train"), 1u) << r.err;
+  EXPECT_EQ(count_of(r.err, "restarting all ranks"), 0u) << r.err;
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(lines_of(read_file(dir.file("starts." + std::to_string(rank)))),
+              std::vector<std::string>({"0 True"})) << "rank " << rank;
+  }
+  for (int rank : {2, 3}) {
+    EXPECT_EQ(lines_of(read_file(dir.file("starts." + std::to_string(rank)))),
+              std::vector<std::string>({"0 True", "1 True"})) << "rank " << rank;
+  }
+}
+
 // Runs a single rank that always fails with status 3 and returns the attempts it recorded.
 std::vector<std::string> attempts_of_always_failing_rank(const std::vector<std::string>& restart_args, Result* r) {
   TempDir dir;

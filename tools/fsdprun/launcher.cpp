@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <map>
 #include <set>
 #include <thread>
 
@@ -167,7 +168,8 @@ struct Rank {
 int global_rank(const LaunchConfig& cfg, int local_rank) { return cfg.node_rank * cfg.nproc_per_node + local_rank; }
 
 // The variables torchrun's agent sets (one role, "default", so ROLE_* equal the global ones).
-std::vector<std::string> rank_environment(const LaunchConfig& cfg, int local_rank, int port, int restart_count) {
+std::vector<std::string> rank_environment(const LaunchConfig& cfg, int local_rank, int port, int restart_count,
+                                          int incarnation = 0) {
   const std::string rank = std::to_string(global_rank(cfg, local_rank));
   const std::string world_size = std::to_string(cfg.nnodes * cfg.nproc_per_node);
   std::vector<std::pair<std::string, std::string>> vars = {
@@ -185,6 +187,10 @@ std::vector<std::string> rank_environment(const LaunchConfig& cfg, int local_ran
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(cfg.max_restarts)},
   };
+  if (cfg.fault_tolerant > 0) {
+    vars.emplace_back("TORCHELASTIC_USE_AGENT_STORE", "True");  // the keeper serves it, not rank 0
+    vars.emplace_back("FSDP_REPLICA_INCARNATION", std::to_string(incarnation));
+  }
   // Split the cores between the ranks unless the user chose a value.
   if (std::getenv("OMP_NUM_THREADS") == nullptr) {
     int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -340,20 +346,131 @@ class Supervisor {
 
   void run_attempt(int restart_count) {
     attempt_ = Attempt{};
+    restart_count_ = restart_count;
+    lost_replicas_.clear();
+    incarnations_.clear();
     start_ranks(restart_count);
-    while (live_count() > 0) {
+    while (live_count() > 0 || !lost_replicas_.empty()) {
       wait_for_events();
       handle_signals();
       reap_children();
+      replace_lost_replicas();
       enforce_kill_deadline();
     }
   }
 
   // A failed attempt is retried while restarts remain, unless fsdprun itself was told to stop.
-  bool should_restart(int restart_count) {
-    if (!attempt_.failed_rank || restart_count >= cfg_.max_restarts) return false;
+  bool should_restart(int) {
+    if (!attempt_.failed_rank || restarts_used_ >= cfg_.max_restarts) return false;
     handle_signals();  // a SIGTERM that arrived with the last rank's exit counts too
-    return received_signal_ == 0;
+    if (received_signal_ != 0) return false;
+    ++restarts_used_;
+    return true;
+  }
+
+  // [Note: replicas that survive a lost peer] (--fault-tolerant F)
+  // A rank that fails loses its replica (ranks F*r .. F*r+F-1): the replica's other ranks are
+  // killed, and once all have exited the replica is started again (FSDP_REPLICA_INCARNATION + 1)
+  // while another replica runs on; its ranks join that one at a step boundary. When no replica
+  // is left whole (each lost a rank), the attempt fails as without the flag: every rank restarts
+  // (from the checkpoint).
+  int replica_of(const Rank& r) const { return r.local_rank / cfg_.fault_tolerant; }
+
+  bool replica_running_whole(int replica) const {
+    for (const Rank& r : attempt_.ranks) {
+      if (replica_of(r) == replica && !r.running) return false;
+    }
+    return true;
+  }
+
+  bool replica_finished(int replica) const {
+    for (const Rank& r : attempt_.ranks) {
+      if (replica_of(r) == replica && (r.running || !succeeded(r.wait_status))) return false;
+    }
+    return true;
+  }
+
+  bool replica_exited(int replica) const {
+    for (const Rank& r : attempt_.ranks) {
+      if (replica_of(r) == replica && r.running) return false;
+    }
+    return true;
+  }
+
+  // The replica's other ranks find the loss in their own collectives and tell the quorum before
+  // they exit (which spares the survivors the vote timeout); after --grace-seconds they are killed.
+  void lose_replica(const Rank& failed) {
+    const int replica = replica_of(failed);
+    lost_replicas_.insert(replica);
+    lost_at_[replica] = now_seconds();
+  }
+
+  void kill_lost_replicas_late() {
+    for (int replica : lost_replicas_) {
+      if (now_seconds() - lost_at_[replica] < cfg_.grace_seconds) continue;
+      for (const Rank& r : attempt_.ranks) {
+        if (r.running && replica_of(r) == replica) ::kill(-r.pid, SIGKILL);
+      }
+    }
+  }
+
+  void replace_lost_replicas() {
+    if (cfg_.fault_tolerant == 0 || attempt_.failed_rank || received_signal_ != 0) return;
+    kill_lost_replicas_late();
+    const int replicas = cfg_.nproc_per_node / cfg_.fault_tolerant;
+    for (auto it = lost_replicas_.begin(); it != lost_replicas_.end();) {
+      const int replica = *it;
+      // A moment for failures that come together (a host's ranks, one of each replica) to be
+      // seen before a replica is started again on the belief that another one holds the state.
+      if (!replica_exited(replica) || now_seconds() - lost_at_[replica] < kSettleSeconds) {
+        ++it;
+        continue;
+      }
+      bool other_runs = false, other_finished = false;
+      for (int other = 0; other < replicas; ++other) {
+        if (other == replica || lost_replicas_.count(other)) continue;
+        other_runs = other_runs || replica_running_whole(other);
+        other_finished = other_finished || replica_finished(other);
+      }
+      const Rank& first = attempt_.ranks[replica * cfg_.fault_tolerant];
+      if (!other_runs && other_finished) {  // a survivor trained to the end: nothing to rejoin
+        std::fprintf(stderr, "fsdprun: replica %d lost rank %d (%s) after another replica finished; not "
+                     "starting it again\n", replica, lost_rank_[replica], lost_status_[replica].c_str());
+        it = lost_replicas_.erase(it);
+        continue;
+      }
+      if (!other_runs || restarts_used_ >= cfg_.max_restarts) {
+        // No survivor holds the state (or no restart is left): fail the attempt as without the flag.
+        fail_attempt(first_failed_of(replica));
+        return;
+      }
+      ++restarts_used_;
+      const int incarnation = ++incarnations_[replica];
+      std::fprintf(stderr, "fsdprun: replica %d (ranks %d-%d) lost rank %d (%s); starting it again (incarnation %d, "
+                   "restart %d of %d) while the other replicas train\n", replica, first.global_rank,
+                   first.global_rank + cfg_.fault_tolerant - 1, lost_rank_[replica],
+                   lost_status_[replica].c_str(), incarnation, restarts_used_, cfg_.max_restarts);
+      for (int i = replica * cfg_.fault_tolerant; i < (replica + 1) * cfg_.fault_tolerant; ++i) {
+        spawn_rank(attempt_.ranks[i], program_path_, cfg_.command,
+                   rank_environment(cfg_, i, port_, restart_count_, incarnation));
+      }
+      it = lost_replicas_.erase(it);
+    }
+  }
+
+  int first_failed_of(int replica) const {
+    for (const Rank& r : attempt_.ranks) {
+      if (replica_of(r) == replica && r.global_rank == lost_rank_.at(replica)) return r.local_rank;
+    }
+    return replica * cfg_.fault_tolerant;
+  }
+
+  void fail_attempt(int local_rank) {
+    attempt_.failed_rank = local_rank;
+    attempt_.ranks[local_rank].wait_status = lost_wait_status_[replica_of(attempt_.ranks[local_rank])];
+    attempt_.stopped_count = live_count();
+    lost_replicas_.clear();
+    stop_all(SIGTERM);
   }
 
   void announce_restart(int restart_count) const {
@@ -401,6 +518,7 @@ class Supervisor {
       const double left_ms = std::clamp((attempt_.kill_deadline - now_seconds()) * 1000 + 1, 0.0, 3.6e6);
       timeout_ms = static_cast<int>(left_ms);
     }
+    if (!lost_replicas_.empty()) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
     if (::poll(fds.data(), fds.size(), timeout_ms) <= 0) return;
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents != 0) pump_stream(*streams[i], prefix_of(*streams[i]));
@@ -448,6 +566,16 @@ class Supervisor {
     pump_stream(r.err, r.prefix);
     close_stream(r.out, r.prefix);
     close_stream(r.err, r.prefix);
+    if (cfg_.fault_tolerant > 0 && !succeeded(status) && !attempt_.failed_rank && received_signal_ == 0) {
+      const int replica = replica_of(r);
+      if (!lost_replicas_.count(replica)) {  // the first rank of it that failed is the cause
+        lost_rank_[replica] = r.global_rank;
+        lost_status_[replica] = short_status(status);
+        lost_wait_status_[replica] = status;
+        lose_replica(r);
+      }
+      return;
+    }
     if (!succeeded(status) && !attempt_.failed_rank && received_signal_ == 0) {
       attempt_.failed_rank = r.local_rank;
       attempt_.stopped_count = live_count();
@@ -495,6 +623,13 @@ class Supervisor {
   std::string program_path_;
   int port_;  // the same for every attempt: rank 0 of the next one binds it again
   Attempt attempt_;
+  int restart_count_ = 0;  // the attempt's (TORCHELASTIC_RESTART_COUNT)
+  int restarts_used_ = 0;  // of --max-restarts: attempts and replaced replicas
+  std::set<int> lost_replicas_;  // --fault-tolerant: replicas waiting to be started again
+  std::map<int, int> incarnations_, lost_rank_, lost_wait_status_;
+  std::map<int, std::string> lost_status_;
+  std::map<int, double> lost_at_;
+  static constexpr double kSettleSeconds = 1.0;
   int received_signal_ = 0;  // first SIGINT/SIGTERM received; no restart after it
 };
 
@@ -616,6 +751,45 @@ int master_port(const LaunchConfig& config) {
 
 }  // namespace
 
+namespace {
+
+// --fault-tolerant: fsdp_store_keeper, next to this fsdprun, serves the store on `port` until
+// fsdprun exits (the kernel kills it then, as it does a rank).
+std::string store_keeper_path() {
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string();
+  dir = dir.substr(0, dir.rfind('/') + 1);
+  const std::string path = dir + "fsdp_store_keeper";
+  if (!is_executable_file(path)) {
+    throw UsageError{"--fault-tolerant needs fsdp_store_keeper next to fsdprun (" + path +
+                     " is missing): build or install it with fsdprun"};
+  }
+  return path;
+}
+
+pid_t start_store_keeper(int port) {
+  const std::string path = store_keeper_path();
+  const std::string port_text = std::to_string(port);
+  const pid_t launcher = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(128 + SIGKILL);
+    ::execl(path.c_str(), path.c_str(), port_text.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  if (pid < 0) throw UsageError{std::string("fork: ") + std::strerror(errno)};
+  return pid;
+}
+
+void stop_store_keeper(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
 int launch(const LaunchConfig& config) {
   if (config.nproc_per_node < 1) throw UsageError{"--nproc-per-node must be >= 1"};
   if (config.nnodes < 1 || config.node_rank < 0 || config.node_rank >= config.nnodes) {
@@ -633,8 +807,23 @@ int launch(const LaunchConfig& config) {
     throw UsageError{"PROGRAM '" + config.command.front() + "' not found or not executable" +
                      (config.command.front().find('/') == std::string::npos ? " (searched PATH)" : "")};
   }
-  Supervisor supervisor(config, *path, master_port(config));
-  return supervisor.run();
+  if (config.fault_tolerant > 0) {
+    const int f = config.fault_tolerant;
+    if (config.nnodes > 1) throw UsageError{"--fault-tolerant runs on one node (--nnodes 1)"};
+    if (config.nproc_per_node % f != 0 || config.nproc_per_node / f < 2) {
+      throw UsageError{"--fault-tolerant " + std::to_string(f) + " needs at least 2 replicas of " +
+                       std::to_string(f) + " ranks: --nproc-per-node must be a multiple of " +
+                       std::to_string(f) + " and at least " + std::to_string(2 * f) + " (got " +
+                       std::to_string(config.nproc_per_node) + ")"};
+    }
+  }
+  const int port = master_port(config);
+  Supervisor supervisor(config, *path, port);
+  if (config.fault_tolerant == 0) return supervisor.run();
+  const pid_t keeper = start_store_keeper(port);
+  const int status = supervisor.run();
+  stop_store_keeper(keeper);
+  return status;
 }
 
 }  // namespace fsdprun

@@ -17,6 +17,10 @@ struct LaunchConfig {
   int master_port = 0;  // 0: pick a free port on master_addr (kStaticMasterPort if nnodes > 1)
   int max_restarts = 0;  // single node only: times all ranks are started again after a failure
   double grace_seconds = 5.0;  // SIGTERM -> SIGKILL escalation delay
+  // --fault-tolerant F: ranks per replica (0: off). The store is served by fsdp_store_keeper (next
+  // to fsdprun) instead of rank 0; a failed rank's replica alone is restarted while another
+  // replica runs, else every rank is (docs/fault-tolerance.md).
+  int fault_tolerant = 0;
   std::vector<std::string> command;  // PROGRAM followed by its arguments
 };
 

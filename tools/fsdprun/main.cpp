@@ -25,7 +25,8 @@ constexpr int kMaxNodes = 65536;            // more is a typo; also keeps WORLD_
 int usage_error(const std::string& message) {
   std::cerr << "fsdprun: error: " << message << "\n"
             << "usage: fsdprun --nproc-per-node N [--nnodes M --node-rank K] [--master-addr A] "
-               "[--master-port P] [--max-restarts R] [--grace-seconds S] [--] PROGRAM [ARGS...]\n";
+               "[--master-port P] [--max-restarts R] [--fault-tolerant F] [--grace-seconds S] [--] PROGRAM "
+               "[ARGS...]\n";
   return kUsageExit;
 }
 
@@ -122,6 +123,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-restarts,--max_restarts", config.max_restarts,
                  "times to restart all ranks after a rank fails (single node only)")
       ->capture_default_str();
+  app.add_option("--fault-tolerant", config.fault_tolerant,
+                 "F: the program runs replicas of F ranks (gpt_train --strategy hybrid --fault-tolerant "
+                 "--shard-group-size F); a failed rank restarts only its replica while another runs "
+                 "(single node; the store is served by fsdp_store_keeper)")
+      ->check(CLI::Range(1, kMaxRanks));
   app.add_option("--grace-seconds", config.grace_seconds,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str()

@@ -19,6 +19,7 @@ PUBLIC = {
     "error_text.h": "util",
     "checked_math.h": "util", "bounded_json.h": "util",
     "distributed.h": "launch", "peer_errors.h": "launch", "launch_env.h": "launch",
+    "replica_quorum.h": "launch",
     "comm_stats.h": "comm",
     "device_mesh.h": "tp", "tensor_parallel.h": "tp", "parallelize.h": "tp", "tp_placement.h": "tp",
     "options.h": "core", "fully_shard.h": "core", "auto_wrap.h": "core", "unit_runtime.h": "core",
