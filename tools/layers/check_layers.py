@@ -29,7 +29,7 @@ PUBLIC = {
     "checkpoint.h": "io", "async_checkpoint.h": "io", "safetensors.h": "io", "tensor_file.h": "io",
     "state_dict.h": "io", "param_loader.h": "io", "summon_full_params.h": "io",
     "pipeline.h": "pp", "pipeline_checkpoint.h": "pp",
-    "plan.h": "plan",
+    "plan.h": "plan", "plan_pipeline.h": "plan",
     "fsdp.h": "plan",  # the umbrella header: everything
 }
 
@@ -43,7 +43,8 @@ FACE = {"fully_shard.h", "auto_wrap.h", "fsdp.h", "summon_full_params.h", "state
 # (unit_runtime, unit_slot) or the handle (sharded_model), which sit above them.
 CORE_TIERS = [
     {"flat_layout", "unit_rules", "step_conductor", "limiter_count", "unit_order", "buffer_storage", "flat_param",
-     "rate_limiter", "model_check", "options", "output_tensors", "gradients_reduced_hook", "gradient_watch"},
+     "rate_limiter", "model_check", "options", "output_tensors", "gradients_reduced_hook", "gradient_watch",
+     "stage_marks"},
     {"unit_comm"},
     {"unit_collectives", "unit_env"},
     {"param_group"},
@@ -59,9 +60,10 @@ CORE_TIERS = [
 # core/sharded_view.h, and the planner reads the engine's tensor-free rules ([Note: one rulebook,
 # two readers]), runs its step conductor ([Note: one schedule, two kinds of units]) and each
 # unit's order with the limiter's counts ([Note: one order inside a unit]); a pipeline stage holds its
-# model unsharded across micro-batches through core/unshard_hold.h ([Note: units held unsharded]).
+# model unsharded across micro-batches through core/unshard_hold.h ([Note: units held unsharded]),
+# and marks its parameters as a stage's through core/stage_marks.h, which clipping reads.
 CORE_FOR_ABOVE = {"sharded_view.h", "flat_layout.h", "unit_rules.h", "step_conductor.h", "limiter_count.h",
-                  "unit_order.h", "unshard_hold.h"}
+                  "unit_order.h", "unshard_hold.h", "stage_marks.h"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
 SOURCE = (".h", ".cpp", ".in")
