@@ -1,7 +1,7 @@
 """Checkpoints of a pipelined run (include/fsdp/pipeline_checkpoint.h), through gpt_train: a Llama
 of 4 blocks trained 6 steps at (pp 2, dp 2) uninterrupted, and 3 steps at (pp 2, dp 2) saving,
 then resumed for the other 3 at (pp 2, dp 2), (pp 1, dp 2) (the ordinary unpipelined run),
-(pp 2, dp 1) and (pp 4, dp 1), each on the same global batches (8 rows a step). Each resumed run
+(pp 2, dp 1), (pp 4, dp 1) and (pp 2, dp 1, tp 2), each on the same global batches (8 rows a step). Each resumed run
 saves its last step; its losses and final parameters (read with torch.distributed.checkpoint)
 equal the uninterrupted run's: bitwise at (pp 2, dp 2), the same arithmetic; elsewhere, where the
 micro-batches group the rows otherwise (the sums run in another order), within
@@ -10,7 +10,8 @@ checkpoint: its parameters bitwise those that the unpipelined run loads from it 
 at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
 --save-full and --export-hf bitwise as the unpipelined run does. --async-save writes the same
 folder byte for byte. With --optimizer muon the checkpoint holds Muon's momentum beside AdamW's
-moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one.
+moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one. Saved at
+(pp 2, tp 2), the checkpoint resumes bitwise at (pp 2, tp 2) and at (pp 1, dp 2) within 1e-5.
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
@@ -34,17 +35,18 @@ TOLERANCE = 1e-5
 LAYOUTS = {(2, 2): ["--pp", 2, "--microbatches", 2, "--pp-schedule", "1f1b"],
            (1, 2): ["--grad-accum", 2],
            (2, 1): ["--pp", 2, "--microbatches", 4, "--pp-schedule", "1f1b"],
-           (4, 1): ["--pp", 4, "--microbatches", 4, "--pp-schedule", "1f1b"]}
+           (4, 1): ["--pp", 4, "--microbatches", 4, "--pp-schedule", "1f1b"],
+           (2, 1, 2): ["--pp", 2, "--tp", 2, "--microbatches", 4, "--pp-schedule", "1f1b"]}
 ENV = {k: v for k, v in __import__("os").environ.items()
        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 ENV.update(OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="60")
 
 
 def gpt_train(tmp, layout, *flags):
-    """gpt_train at `layout` (pp, dp); rank 0's loss per step, and its output."""
-    pp, dp = layout
+    """gpt_train at `layout` (pp, dp) or (pp, dp, tp); rank 0's loss per step, and its output."""
+    pp, dp, tp = (*layout, 1)[:3]
     metrics = tmp / "m-{rank}.jsonl"
-    cmd = [FSDPRUN, "--nproc-per-node", pp * dp, GPT, "--data", tmp / "text.txt", *MODEL, *LAYOUTS[layout],
+    cmd = [FSDPRUN, "--nproc-per-node", pp * dp * tp, GPT, "--data", tmp / "text.txt", *MODEL, *LAYOUTS[layout],
            "--metrics", metrics, *flags]
     r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
     assert r.returncode == 0, f"{layout}: {' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
@@ -153,6 +155,23 @@ def check_async_save(tmp, folder):
     assert (async_dir / "step-00000002" / "metadata.json").exists(), "the step-2 save was not completed"
 
 
+def check_tp_save(tmp, straight):
+    """Saved at (pp 2, dp 1, tp 2), each stage's tp ranks writing their own shard files after the
+    stages before it: resumed at (pp 2, dp 1, tp 2) bitwise the uninterrupted run at that layout,
+    and at (pp 1, dp 2) within TOLERANCE of the (pp 2, dp 2) run."""
+    tp_layout = (2, 1, 2)
+    uninterrupted, _ = gpt_train(tmp, tp_layout, "--steps", STEPS)
+    ckpt = tmp / "tp-saved"
+    gpt_train(tmp, tp_layout, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    for layout, want, bound in ((tp_layout, uninterrupted, 0), ((1, 2), straight, TOLERANCE)):
+        resumed_dir = tmp / f"tp-resumed-{len(layout)}"
+        shutil.copytree(ckpt, resumed_dir)
+        losses, _ = gpt_train(tmp, layout, "--steps", STEPS, "--checkpoint-dir", resumed_dir, "--resume")
+        assert sorted(losses) == list(range(SAVED, STEPS)), losses
+        gap = max(abs(losses[s] - want[s]) for s in losses)
+        assert gap <= bound, f"saved at (pp 2, tp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
+
+
 def check_muon_resume(tmp):
     """--optimizer muon (Muon's momentum beside AdamW's moments in one pipelined checkpoint): 3 steps
     saved and 3 resumed at (pp 2, dp 2) are bitwise the 6 uninterrupted steps."""
@@ -180,6 +199,7 @@ def main():
         folder = saved_dir / f"step-{SAVED:08d}"
         check_async_save(tmp, folder)
         check_muon_resume(tmp)
+        check_tp_save(tmp, straight)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)
         assert "h.3.attn.q_proj.weight" in like, sorted(like)
@@ -190,7 +210,7 @@ def main():
         expected = dcp_load(straight_dir / f"step-{STEPS:08d}", like)
         report = []
         for layout in LAYOUTS:
-            ckpt = tmp / f"resume-{layout[0]}x{layout[1]}"
+            ckpt = tmp / ("resume-" + "x".join(map(str, layout)))
             shutil.copytree(saved_dir, ckpt)
             losses, out = gpt_train(tmp, layout, "--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", ckpt,
                                     "--resume")

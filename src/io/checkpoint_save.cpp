@@ -177,6 +177,8 @@ SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch:
   error = try_local([&] {
     if (snapshot.writer) add_shard_files(snapshot, model, optimizers, buffers, own);
     if (snapshot.holds_meta) snapshot.meta = metadata_without_files(model, optimizers, world, param_groups, extra);
+    // The tp size is the model's own, also when `world` spans pipeline stages (its tp is unset).
+    if (snapshot.holds_meta) snapshot.meta.tp_size = own.tp_size();
   });
   throw_if_any_failed(world, error, "save_sharded: cannot save " + folder);
   return snapshot;

@@ -44,8 +44,10 @@ detail::SaveSnapshot stage_snapshot(const Stage& stage, ProcessGroup& world, con
                                     const std::string& folder, const nlohmann::json& extra) {
   const ShardedModel model = stage.sharded_model();
   detail::SaveSnapshot snapshot = detail::take_snapshot(model, optimizers, folder, extra, &world);
-  // Stage s's shard files after those of the stages before it.
-  snapshot.shard += stage.index() * detail::ShardedView(model).shard_group_size();
+  // Stage s's shard files after those of the stages before it: each stage writes one per shard
+  // rank and tp rank (take_snapshot's index is shard_rank · T + tp_rank).
+  const detail::ShardedView view(model);
+  snapshot.shard += stage.index() * view.shard_group_size() * detail::agreement_groups(view).tp_size();
   return snapshot;
 }
 
