@@ -136,8 +136,8 @@ TEST(PlannerPipeline, WhatAStageDoesNotRunIsRefusedByName) {
 }
 
 // torchtitan's Llama 3.1 405B on 512 H100s as FSDP 8 x TP 8 x PP 8 (docs/planner.md): one
-// sequence per micro-batch, M = P = 8, bf16 with fp32 reductions, each block checkpointed. It fits; interleaved 1F1B (V = 2) holds less than 1F1B and
-// is faster (its bubble 7/23 against 7/15).
+// sequence per micro-batch, M = P = 8, bf16 with fp32 reductions, each block checkpointed. It
+// fits; interleaved 1F1B (V = 2) holds less than 1F1B and is faster (its bubble 7/23 against 7/15).
 TEST(PlannerPipeline, Llama405BOn512H100sFitsAndInterleavedHoldsLessThan1F1B) {
   gpt::TrainOptions o;
   o.model = gpt::GPTConfig::sized(126, 16384, 128, 8192, "llama");

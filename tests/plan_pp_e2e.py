@@ -12,13 +12,13 @@ under a cap that only pp 2 under 1F1B at M = 4 fits: it trains that, under the c
 
     plan_pp_e2e.py BIN_DIR"""
 import json
-import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from pp_train_e2e import run, steps
 
 BIN = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("build/bin")
 GPT, FSDPRUN = str(BIN / "gpt_train"), str(BIN / "fsdprun")
@@ -40,22 +40,9 @@ def model(sizes=None):
 
 MODEL = model()
 TOLERANCE = 0.10
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "FSDP_TIMEOUT_SECONDS": "60"}
-for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-    ENV.pop(name, None)
 # (schedule, world, micro-batches, micro-batches stage 0 holds at its peak)
 CASES = [("1f1b", 2, 2, 2), ("1f1b", 2, 4, 2), ("gpipe", 2, 2, 2), ("gpipe", 2, 4, 4), ("gpipe", 4, 2, 2),
          ("1f1b", 4, 4, 2, WIDE), ("1f1b", 2, 4, 2, GPT2)]
-
-
-def run(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
-    assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-    return r.stdout
-
-
-def steps(path):
-    return [line for line in map(json.loads, Path(path).read_text().splitlines()) if "step" in line]
 
 
 def check(tmp, schedule, world, micro, held, sizes=None):
