@@ -45,6 +45,23 @@ def batches_command(c, d, gpt_train, common):
             "--batch", str(c["batch"]), "--dump-batches", os.path.join(d, "batches.pt")] + without_batch(common)
 
 
+def plan_args(c):
+    """gpt_train --plan's flags for the configuration's pipeline (none for an unpipelined one)."""
+    if not is_pipeline(c):
+        return []
+    return ["--pp", str(c["pp"]), "--pp-schedule", c["schedule"], "--microbatches", str(c["microbatches"])]
+
+
+def plan_vs_measured(plan, s):
+    """gpt_train --plan --pp's step time and each rank's peak (a world rank's pp rank: rank // dp,
+    pp outermost) beside the measured ones (docs/planner.md, "Pipeline parallelism")."""
+    dp = s["config"]["world"] // s["config"]["pp"]
+    planned_peaks = [plan["ranks"][k // dp]["peak_bytes"] for k in range(s["config"]["world"])]
+    return {"planned_step_ms": plan["step_s"] * 1000,
+            "planned_vs_measured_step": plan["step_s"] * 1000 / s["cpp_step_ms"],
+            "planned_vs_measured_peak_per_rank": [p / m for p, m in zip(planned_peaks, s["cpp_peak_bytes_per_rank"])]}
+
+
 def commands(kind, r, c, d, tools, common):
     """The commands of one run of `kind` in round r and its metrics files (one per rank). tools:
     the paths of fsdprun, gpt_train and torchrun; common: gpt_train's model, data, seed, lr,
@@ -146,6 +163,10 @@ TABLE_ROWS = [
                f"{', '.join(f'{b:,}' for b in s['pp_send_bytes_formula'])}"),
     ("C++ peak tensor bytes per rank (MiB)",
      lambda s: ", ".join(f"{b / 2**20:.1f}" for b in s["cpp_peak_bytes_per_rank"])),
+    ("planned step ms (gpt_train --plan --pp) / planned ÷ measured",
+     lambda s: f"{s['planned_step_ms']:.1f} / {s['planned_vs_measured_step']:.3f}"),
+    ("planned peak ÷ measured, per rank",
+     lambda s: ", ".join(f"{v:.3f}" for v in s["planned_vs_measured_peak_per_rank"])),
 ]
 
 

@@ -396,12 +396,12 @@ def bench_config(name, c, world, data, work, timeout):
                  [os.path.join(d, "init.log")], timeout)
     if res["exit_codes"] != [0]:
         raise SystemExit(f"[bench] FAILED: writing {name}'s init.pt:\n{tail(os.path.join(d, 'init.log'))}")
-    if pipelined:  # its batches (gpt_train --pp refuses --dump-batches); the planner has no pipeline yet
+    if pipelined:  # its batches (gpt_train --pp refuses --dump-batches)
         res = launch([pipeline_bench.batches_command(c, d, GPT_TRAIN, train_args(c, data))],
                      [os.path.join(d, "batches.log")], timeout)
         if res["exit_codes"] != [0]:
             raise SystemExit(f"[bench] FAILED: {name}'s batches:\n{tail(os.path.join(d, 'batches.log'))}")
-    plan = None if pipelined else planned(c, world, data, d, timeout)
+    plan = planned(c, world, data, d, timeout)
     kinds = kinds_of(c)
     metrics = {k: [] for k in kinds}
     runs, idle = [], []
@@ -421,6 +421,7 @@ def bench_config(name, c, world, data, work, timeout):
     if pipelined:
         summary = dict(config=c, world_size=world, **pipeline_bench.summarize(c, metrics, timing,
                                                                             LOSS_TOLERANCE[c["dtype"]]))
+        summary.update(pipeline_bench.plan_vs_measured(plan, summary))
     else:
         summary = summarize(c, world, os.path.join(d, "init.pt"), metrics)
         summary.update(plan_vs_measured(plan, summary))
@@ -435,7 +436,7 @@ def planned(c, world, data, d, timeout):
     the model's shapes with one thread, as the ranks run), before the timed runs, on an idle machine."""
     path = os.path.join(d, "plan.json")
     res = launch([[GPT_TRAIN, "--plan", "--json", "--ranks", str(world), "--ranks-per-host", str(world)]
-                  + train_args(c, data)], [path], timeout)
+                  + train_args(c, data) + pipeline_bench.plan_args(c)], [path], timeout)
     if res["exit_codes"] != [0]:
         raise SystemExit(f"[bench] FAILED: gpt_train --plan:\n{tail(path)}")
     with open(path) as f:
