@@ -5,7 +5,8 @@ and writes each rank's measured peak (--metrics' mem_peak_bytes, the step's high
 pp_send bytes. For 1F1B and GPipe at two micro-batch counts each (pp 2 x dp 1, W = 2, a Llama on
 the CPU), and GPipe and 1F1B at pp 2 x dp 2 (each stage sharded over dp, held unsharded across
 the micro-batches; the 1F1B case on a wider, shorter model, where the held parameters weigh more),
-and GPT-2 under 1F1B (its head tied to wte: the last stage holds it again and sends its gradient): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
+GPT-2 under 1F1B (its head tied to wte: the last stage holds it again and sends its gradient), bf16
+with activation checkpointing at dp 1 and activation checkpointing at dp 2 (the stage's own FSDP features): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
 all-gather / reduce-scatter bytes equal to the plan's; and 1F1B's stage 0 holds P micro-batches,
 GPipe's M (the plan says which). Then `--auto` from `--pp 1 --pp-schedule gpipe --microbatches 2`
 under a cap that only pp 2 under 1F1B at M = 4 fits: it trains that, under the cap.
@@ -41,16 +42,24 @@ def model(sizes=None):
 MODEL = model()
 TOLERANCE = 0.10
 # (schedule, world, micro-batches, micro-batches stage 0 holds at its peak)
+# Then the stage's FSDP features: bf16 with activation checkpointing at dp 1 (a stage sharded over
+# a group of one: its bf16 compute copy, its bf16 backward's gradient beside the fp32 sum) and
+# activation checkpointing at pp 2 x dp 2 (each micro-batch keeps its parts' inputs; a backward
+# recomputes one part at a time, never beside the head's or the embedding's backward).
 CASES = [("1f1b", 2, 2, 2), ("1f1b", 2, 4, 2), ("gpipe", 2, 2, 2), ("gpipe", 2, 4, 4), ("gpipe", 4, 2, 2),
-         ("1f1b", 4, 4, 2, WIDE), ("1f1b", 2, 4, 2, GPT2)]
+         ("1f1b", 4, 4, 2, WIDE), ("1f1b", 2, 4, 2, GPT2),
+         ("1f1b", 2, 4, 2, WIDE, ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--activation-checkpointing"]),
+         ("1f1b", 4, 4, 2, None, ["--activation-checkpointing"])]
 
 
-def check(tmp, schedule, world, micro, held, sizes=None):
-    flags = ["--pp", 2, "--pp-schedule", schedule, "--microbatches", micro, *model(sizes), "--data", tmp / "text.txt"]
+def check(tmp, schedule, world, micro, held, sizes=None, extra=()):
+    flags = ["--pp", 2, "--pp-schedule", schedule, "--microbatches", micro, *model(sizes), *extra,
+             "--data", tmp / "text.txt"]
     plan = json.loads(run([GPT, "--plan", "--json", "--ranks", world, "--ranks-per-host", world, *flags]))
-    name = f"{schedule} M={micro} W={world}" + (" gpt2" if sizes is GPT2 else " wide" if sizes else "")
+    name = f"{schedule} M={micro} W={world}" + (" gpt2" if sizes is GPT2 else " wide" if sizes else "") + \
+        "".join(f" {x}" for x in extra)
     assert plan["ranks"][0]["in_flight"] == held, f"{name}: stage 0 holds {plan['ranks'][0]['in_flight']}, not {held}"
-    metrics = tmp / f"{schedule}-{world}-{micro}-{len(name)}-{{rank}}.jsonl"
+    metrics = tmp / f"{schedule}-{world}-{micro}-{len(name)}-{len(extra)}-{{rank}}.jsonl"
     run([FSDPRUN, "--nproc-per-node", world, GPT, *flags, "--steps", 3, "--metrics", metrics])
     dp = world // 2
     ratios = []

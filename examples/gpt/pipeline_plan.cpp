@@ -46,6 +46,7 @@ fsdp::PlanPipeline pipeline_of(const TrainOptions& o, const PlanFlags& flags) {
   pipeline.stages_per_rank = o.stages_per_rank;
   pipeline.microbatches = o.microbatches;
   pipeline.whole_model_on_every_rank = !flags.pp_stages_only;
+  pipeline.shard_alone = o.save_every > 0 || o.resume;  // pipeline_run.cpp shards every stage to checkpoint it
   pipeline.head_tied_to_embedding = o.model.head_is_wte();
   return pipeline;
 }

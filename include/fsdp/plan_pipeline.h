@@ -33,6 +33,10 @@ struct PlanPipeline {
   /// Each stage is sharded over its dp ranks when there are several (Stage::fully_shard with the
   /// setup's strategy); false: every stage is whole on each of its ranks.
   bool shard_stages = true;
+  /// A stage is sharded over a dp group of one rank too (what checkpoints of a pipeline need:
+  /// include/fsdp/pipeline_checkpoint.h). Mixed precision and activation checkpointing shard it
+  /// regardless: they come with Stage::fully_shard.
+  bool shard_alone = false;
   /// The program builds the whole model on every rank and keeps it (gpt_train does): the other
   /// stages' parameters are the program's own memory. False: a rank holds its stages only.
   bool whole_model_on_every_rank = false;

@@ -5,7 +5,8 @@
 // over P·V stages, the first stages taking one more; the root's parameters before the units (the
 // embeddings) on the first stage, the rest (the final norm, the head) on the last. Per pp rank:
 // - model states: its stages' parameters, gradients and optimizer state. A stage sharded over its
-//   D dp ranks (D > 1) keeps its shards (ceil(Ψ/D) per flat group), their optimizer state, and for
+//   D dp ranks (D > 1, or D = 1 under mixed precision, activation
+//   checkpointing or checkpoints: stages_sharded) keeps its shards (ceil(Ψ/D) per flat group), their optimizer state, and for
 //   the whole step its gathered parameters and one unsharded gradient sum in the shards' dtype
 //   ([Note: FSDP inside a stage], [Note: a kept gradient summed wide]), beside which a backward in
 //   a narrower compute dtype writes its own gradient; a whole stage keeps its parameters, their gradients and state.
@@ -66,7 +67,10 @@ struct StageModel {
   int64_t checkpointed = 0;   // the same under activation checkpointing: each unit's output
   int64_t recomputed = 0;     // the most one unit saves again when its backward recomputes it
   int64_t boundary = 0;       // per sequence, its output sent to the next stage
-  int64_t backward_transient = 0, forward_transient = 0, workspace = 0;
+  int64_t backward_transient = 0, forward_transient = 0, workspace = 0;  // the units'
+  // The embedding's or the head's backward transient: never recomputed, so it runs before (the
+  // head) or after (the embedding) the units' recomputed activations live, never beside them.
+  int64_t root_backward_transient = 0;
   std::vector<const PlanUnit*> units;
   bool with_root_pre = false, with_head = false;
   int64_t tied_bytes = 0;  // on the first and last stage: the tensor a tied head shares with the embedding
@@ -115,7 +119,7 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   embed.saved += model.root_pre.saved;
   embed.checkpointed += model.root_pre.saved;
   embed.forward_transient = std::max(embed.forward_transient, model.root_pre.forward_transient);
-  embed.backward_transient = std::max(embed.backward_transient, model.root_pre.backward_transient);
+  embed.root_backward_transient = std::max(embed.root_backward_transient, model.root_pre.backward_transient);
   embed.workspace = std::max(embed.workspace, model.root.backward_workspace);  // the embedding's dense gradient
   add_params(head, last);
   if (pipeline.head_tied_to_embedding && num_stages > 1) {
@@ -134,7 +138,7 @@ std::vector<StageModel> split_model(const PlanModel& model, const PlanPipeline& 
   head.saved += model.root.activations.saved;
   head.checkpointed += model.root.activations.saved;  // the head is not recomputed
   head.forward_transient = std::max(head.forward_transient, model.root.activations.forward_transient);
-  head.backward_transient = std::max(head.backward_transient, model.root.activations.backward_transient);
+  head.root_backward_transient = std::max(head.root_backward_transient, model.root.activations.backward_transient);
   head.workspace = std::max(head.workspace, model.root.backward_workspace);
   return stages;
 }
@@ -207,14 +211,23 @@ double bubble_of(const PlanPipeline& pipeline, const PipelineLayout& l) {
 // The link between two ranks `distance` apart: within a host when both sit on one.
 bool crosses_hosts(int distance, const PlanWorld& world) { return distance >= world.ranks_per_host; }
 
-// The rank's model states and FSDP's bytes for its stages (sharded over D when D > 1).
+// Whether each stage runs FSDP (Stage::fully_shard): over several dp ranks, or over one where asked
+// or where mixed precision or activation checkpointing needs it (the stage's unit casts and recomputes).
+bool stages_sharded(const PlanPipeline& pipeline, const PlanSetup& setup, const PipelineLayout& l) {
+  const FullyShardOptions& fsdp = setup.policy.fsdp;
+  const bool needs_unit = fsdp.mixed_precision().param_dtype() || fsdp.mixed_precision().reduce_dtype() ||
+                          fsdp.activation_checkpointing();
+  return pipeline.shard_stages && (l.D > 1 || pipeline.shard_alone || needs_unit);
+}
+
+// The rank's model states and FSDP's bytes for its stages (sharded over D when stages_sharded).
 void add_stage_states(PipelineRankPlan& r, const StageModel& s, const PlanSetup& setup, const PlanPipeline& pipeline,
                       const PipelineLayout& l) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(setup.model.compute_dtype));
   const int64_t param_bytes = s.trainable + s.frozen > 0
                                   ? (s.trainable_bytes + s.frozen_bytes) / (s.trainable + s.frozen)
                                   : 4;
-  const bool sharded = pipeline.shard_stages && l.D > 1;
+  const bool sharded = stages_sharded(pipeline, setup, l);
   const bool no_shard = setup.policy.fsdp.strategy() == ShardingStrategy::NoShard;
   r.parameters += s.trainable + s.frozen;
   if (!sharded || no_shard) {
@@ -242,7 +255,7 @@ int64_t low_precision_gradient(const StageModel& s, const PlanSetup& setup, cons
                                const PipelineLayout& l) {
   const int64_t e = static_cast<int64_t>(c10::elementSize(setup.model.compute_dtype));
   const int64_t param_bytes = s.trainable > 0 ? s.trainable_bytes / s.trainable : 4;
-  const bool sharded = pipeline.shard_stages && l.D > 1 && setup.policy.fsdp.strategy() != ShardingStrategy::NoShard;
+  const bool sharded = stages_sharded(pipeline, setup, l) && setup.policy.fsdp.strategy() != ShardingStrategy::NoShard;
   return sharded && e < param_bytes ? ceil_div(s.trainable, l.D) * l.D * e : 0;
 }
 
@@ -274,9 +287,9 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
     // (under checkpointing on top of a unit's recomputed activations).
     const int64_t received = s + 1 < l.num_stages ? b * stage.boundary : 0;
     const int64_t recomputed = checkpointing ? b * stage.recomputed : 0;
-    transient = std::max({transient, received + recomputed + b * stage.backward_transient + stage.workspace +
-                                         low_precision_gradient(stage, setup, pipeline, l),
-                          b * stage.forward_transient});
+    const int64_t gradient = stage.workspace + low_precision_gradient(stage, setup, pipeline, l);
+    transient = std::max({transient, received + recomputed + b * stage.backward_transient + gradient,
+                          received + b * stage.root_backward_transient + gradient, b * stage.forward_transient});
     // pp_send_bytes: each micro-batch's activation or gradient across each boundary with another rank.
     const int64_t message = M * (b * stage.boundary + kHeaderBytes);
     const int64_t in_message = s > 0 ? M * (b * stages[static_cast<size_t>(s - 1)].boundary + kHeaderBytes) : 0;
