@@ -220,9 +220,12 @@ TEST(PipelineCheckpoint, InterleavedStagesSaveOneFolderThatEveryLayoutLoads) {
   const std::string folder = fsdp::pp::save_checkpoint(pipe, *dist().world, optim, root + "/sync", 2);
   const auto saved = local_whole_params(pipe);
 
-  // The asynchronous save publishes the same folder, byte for byte.
+  // The asynchronous save publishes the same folder, byte for byte, staged in the arena reserved
+  // for both stages' files.
+  fsdp::pp::reserve_staging_arena(pipe, {&optim});
   const fsdp::AsyncSave async = fsdp::pp::save_checkpoint_async(pipe, *dist().world, optim, root + "/async", 2);
   async.wait();
+  EXPECT_TRUE(async.reused_arena());
   if (dist().rank() == 0) expect_same_files(folder, async.folder());
 
   // A fresh interleaved pipeline of other initial values: bitwise the parameters and AdamW state.

@@ -51,8 +51,8 @@ std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::O
 
 /// fsdp::save_checkpoint_async of every stage (include/fsdp/async_checkpoint.h): the folder of
 /// save_checkpoint above, staged at the step boundary and written by a background thread;
-/// wait() (every rank of `world`) publishes it. fsdp::reserve_staging_arena(stage.sharded_model(),
-/// optimizer) after the first step spares the first save its arena's page faults.
+/// wait() (every rank of `world`) publishes it. reserve_staging_arena(pipe, optimizers) below
+/// after the first step spares the first save its arena's page faults.
 AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
                                 const std::string& dir, int64_t step,
                                 const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0,
@@ -74,5 +74,9 @@ AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, const Optim
                                 const AsyncSaveOptions& options = {});
 nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers,
                             const std::string& folder);
+
+/// fsdp::reserve_staging_arena (include/fsdp/async_checkpoint.h) for save_checkpoint_async of
+/// every stage of this rank: one arena for all their shard files. Not a collective.
+void reserve_staging_arena(Pipeline& pipe, const Optimizers& optimizers, const AsyncSaveOptions& options = {});
 
 }  // namespace fsdp::pp

@@ -119,6 +119,16 @@ nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizer
   return detail::load_stages(models, optimizers, folder, scope);
 }
 
+void reserve_staging_arena(Pipeline& pipe, const Optimizers& optimizers, const AsyncSaveOptions& options) {
+  const auto stages = checkpointed_stages(pipe, "fsdp::pp::reserve_staging_arena");
+  std::vector<detail::ShardFileContents> files;
+  for (const Stage* stage : stages) {
+    for (auto& file : detail::local_shard_files(stage->sharded_model(), optimizers)) files.push_back(std::move(file));
+  }
+  const bool pinned = detail::ShardedView(stages.front()->sharded_model()).compute_device().is_cuda();
+  detail::reserve_arena_for(files, pinned, options);
+}
+
 // One optimizer: the same.
 void save_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer, const std::string& folder,
                   const nlohmann::json& extra) {
