@@ -284,5 +284,41 @@ TEST(PipelineCheckpoint, InterleavedStagesSaveOneFolderThatEveryLayoutLoads) {
   barrier_then_remove(root);
 }
 
+// A rank's second stage left unsharded: every save and load refuses it by name, on every rank,
+// before any collective, and nothing is written.
+TEST(PipelineCheckpoint, AnUnshardedSecondStageIsRefusedByName) {
+  if (dist().world_size() != 2) GTEST_SKIP() << "pp 2 x dp 1";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", 2}, {"dp", 1}});
+  const auto interleaved = fsdp::pp::Schedule::Interleaved1F1B;
+  PpNet net = seeded_pp_net();
+  std::vector<fsdp::pp::Stage> stages;
+  for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), 2, 4, fsdp::pp::placement_of(interleaved))) {
+    stages.emplace_back(*net, parts_of(net), kFourStages, s);
+    if (stages.size() == 1) stages.back().fully_shard(mesh.group("dp"));
+  }
+  const int unsharded = stages.back().index();
+  fsdp::pp::Pipeline pipe(std::move(stages), mesh.group_ptr("pp"), summed_loss,
+                          fsdp::pp::PipelineOptions().schedule(interleaved).microbatches(4));
+  torch::optim::AdamW optim(pipe.parameters(), torch::optim::AdamWOptions(1e-3));
+  const std::string folder = shared_folder();
+  auto error_of = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const c10::Error& e) {
+      return e.what_without_backtrace();
+    }
+    return "";
+  };
+  const std::string needle = "stage " + std::to_string(unsharded) + " is not sharded";
+  for (const std::string& error :
+       {error_of([&] { fsdp::pp::save_sharded(pipe, *dist().world, optim, folder); }),
+        error_of([&] { fsdp::pp::save_checkpoint_async(pipe, *dist().world, optim, folder, 1); }),
+        error_of([&] { fsdp::pp::load_sharded(pipe, *dist().world, optim, folder); })}) {
+    EXPECT_NE(error.find(needle), std::string::npos) << error;
+    EXPECT_NE(error.find("use Interleaved1F1B"), std::string::npos) << error;
+  }
+  EXPECT_FALSE(std::filesystem::exists(folder));
+}
+
 }  // namespace pipeline_checkpoint
 }  // namespace fsdp_test
