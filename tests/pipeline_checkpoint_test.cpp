@@ -134,8 +134,9 @@ TEST(PipelineCheckpoint, TwoStagesSaveOneFolderThatTheUnsplitModelLoads) {
 // "pp" runs stages 0 and 2), one AdamW over both.
 const std::vector<std::vector<std::string>> kFourStages{{"wte", "h.0"}, {"h.1"}, {"h.2"}, {"h.3", "ln_f", "head"}};
 
-fsdp::pp::Pipeline sharded_pipeline(PpNet& net, fsdp::DeviceMesh& mesh, const std::vector<std::vector<std::string>>& split,
-                                    fsdp::pp::Schedule schedule) {
+using Split = std::vector<std::vector<std::string>>;
+
+fsdp::pp::Pipeline sharded_pipeline(PpNet& net, fsdp::DeviceMesh& mesh, const Split& split, fsdp::pp::Schedule schedule) {
   std::vector<fsdp::pp::Stage> stages;
   const int num_stages = static_cast<int>(split.size());
   for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), 2, num_stages, fsdp::pp::placement_of(schedule))) {
@@ -180,8 +181,9 @@ void expect_adamw_state_equal(const fsdp::pp::Pipeline& a, torch::optim::AdamW& 
   ASSERT_EQ(params_a.size(), params_b.size());
   for (size_t i = 0; i < params_a.size(); ++i) {
     ASSERT_TRUE(optim_b.state().count(params_b[i].unsafeGetTensorImpl())) << "parameter " << i << ": no state loaded";
-    const auto& sa = static_cast<const torch::optim::AdamWParamState&>(*optim_a.state().at(params_a[i].unsafeGetTensorImpl()));
-    const auto& sb = static_cast<const torch::optim::AdamWParamState&>(*optim_b.state().at(params_b[i].unsafeGetTensorImpl()));
+    using State = torch::optim::AdamWParamState;
+    const auto& sa = static_cast<const State&>(*optim_a.state().at(params_a[i].unsafeGetTensorImpl()));
+    const auto& sb = static_cast<const State&>(*optim_b.state().at(params_b[i].unsafeGetTensorImpl()));
     EXPECT_EQ(sa.step(), sb.step()) << "parameter " << i;
     EXPECT_TRUE(torch::equal(sa.exp_avg(), sb.exp_avg())) << "parameter " << i;
     EXPECT_TRUE(torch::equal(sa.exp_avg_sq(), sb.exp_avg_sq())) << "parameter " << i;

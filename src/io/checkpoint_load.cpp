@@ -271,7 +271,8 @@ std::unique_ptr<PreparedLoad> prepare_load(const ShardedModel& sharded,
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
-  auto load = std::make_unique<PreparedLoad>(PreparedLoad{OptimizerSet(optimizers_in, model, "load_sharded"), {}, {}, {}, {}});
+  auto load = std::make_unique<PreparedLoad>(
+      PreparedLoad{OptimizerSet(optimizers_in, model, "load_sharded"), {}, {}, {}, {}});
   OptimizerSet& optimizers = load->optimizers;
   // With the tp ranks, if any; a stage's agreements span every stage's ranks.
   const AgreementGroups world = scope ? AgreementGroups{scope->world, nullptr} : agreement_groups(model);
