@@ -14,7 +14,8 @@ moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one. Sav
 (pp 2, tp 2), the checkpoint resumes bitwise at (pp 2, tp 2) and at (pp 1, dp 2) within 1e-5.
 The (pp 2, dp 2) save resumes under interleaved 1F1B (two stages per rank) too; saved under
 interleaved 1F1B, a checkpoint (written byte for byte by --async-save, read by dcp.load) resumes
-bitwise interleaved and within 1e-5 at (pp 1, dp 2), (pp 2, dp 2) 1F1B and (pp 4, dp 1).
+bitwise interleaved and within 1e-5 at (pp 1, dp 2), (pp 2, dp 2) 1F1B and (pp 4, dp 1); with
+--optimizer muon, resumed interleaved bitwise.
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
@@ -210,19 +211,19 @@ def check_interleaved_save(tmp, straight, like, saved_1f1b):
     return f"saved interleaved, dcp.load within {dcp_gap:.2g}, resumed with loss gaps " + ", ".join(gaps)
 
 
-def check_muon_resume(tmp):
+def check_muon_resume(tmp, layout=(2, 2)):
     """--optimizer muon (Muon's momentum beside AdamW's moments in one pipelined checkpoint): 3 steps
-    saved and 3 resumed at (pp 2, dp 2) are bitwise the 6 uninterrupted steps."""
+    saved and 3 resumed at `layout` are bitwise the 6 uninterrupted steps."""
     muon = ["--optimizer", "muon"]
-    straight, _ = gpt_train(tmp, (2, 2), *muon, "--steps", STEPS)
-    ckpt = tmp / "muon"
-    gpt_train(tmp, (2, 2), *muon, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    straight, _ = gpt_train(tmp, layout, *muon, "--steps", STEPS)
+    ckpt = tmp / ("muon-" + "x".join(map(str, layout)))
+    gpt_train(tmp, layout, *muon, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
     meta = json.loads((ckpt / f"step-{SAVED:08d}" / "metadata.json").read_text())
     assert "Muon" in json.dumps(meta), "the pipelined checkpoint holds no Muon state"
-    resumed, _ = gpt_train(tmp, (2, 2), *muon, "--steps", STEPS, "--checkpoint-dir", ckpt, "--resume")
+    resumed, _ = gpt_train(tmp, layout, *muon, "--steps", STEPS, "--checkpoint-dir", ckpt, "--resume")
     assert sorted(resumed) == list(range(SAVED, STEPS)), resumed
     gap = max(abs(resumed[s] - straight[s]) for s in resumed)
-    assert gap == 0, f"--optimizer muon resumed at (pp 2, dp 2) is not the uninterrupted run: |loss gap| {gap:.3g}"
+    assert gap == 0, f"--optimizer muon resumed at {layout} is not the uninterrupted run: |loss gap| {gap:.3g}"
 
 
 def main():
@@ -237,6 +238,7 @@ def main():
         folder = saved_dir / f"step-{SAVED:08d}"
         check_async_save(tmp, folder)
         check_muon_resume(tmp)
+        check_muon_resume(tmp, INTERLEAVED)
         check_tp_save(tmp, straight)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)
