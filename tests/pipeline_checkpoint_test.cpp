@@ -17,6 +17,7 @@
 #include <fsdp/state_dict.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -320,6 +321,52 @@ TEST(PipelineCheckpoint, AnUnshardedSecondStageIsRefusedByName) {
     EXPECT_NE(error.find("use Interleaved1F1B"), std::string::npos) << error;
   }
   EXPECT_FALSE(std::filesystem::exists(folder));
+}
+
+// A checkpoint that lacks a parameter of each rank's second stage (h.2's, h.3's): the load is
+// refused on every rank, naming it, and the first stages (staged and agreed on already) keep their
+// values too.
+TEST(PipelineCheckpoint, AFailedLoadChangesNoneOfTheRanksStages) {
+  if (dist().world_size() != 2) GTEST_SKIP() << "pp 2 x dp 1";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", 2}, {"dp", 1}});
+  const auto interleaved = fsdp::pp::Schedule::Interleaved1F1B;
+  PpNet net = seeded_pp_net();
+  fsdp::pp::Pipeline pipe = sharded_pipeline(net, mesh, kFourStages, interleaved);
+  torch::optim::AdamW optim(pipe.parameters(), torch::optim::AdamWOptions(1e-2));
+  pipeline_step(pipe, optim, 0);
+  const std::string folder = shared_folder();
+  fsdp::pp::save_sharded(pipe, *dist().world, optim, folder);
+  if (dist().rank() == 0) {
+    const std::string path = folder + "/metadata.json";
+    std::ifstream in(path);
+    nlohmann::json meta = nlohmann::json::parse(in);
+    in.close();
+    auto later_stage = [](const std::string& name) { return name.rfind("h.2.", 0) == 0 || name.rfind("h.3.", 0) == 0; };
+    auto& params = meta["params"];
+    params.erase(std::remove_if(params.begin(), params.end(),
+                                [&](const nlohmann::json& p) { return later_stage(p["name"]); }),
+                 params.end());
+    std::ofstream(path) << meta.dump();
+  }
+  auto done = torch::zeros({1});
+  fsdp::all_reduce_sum(*dist().world, done);  // edited before any rank reads it
+
+  torch::manual_seed(99);
+  PpNet fresh_net;
+  fsdp::pp::Pipeline fresh = sharded_pipeline(fresh_net, mesh, kFourStages, interleaved);
+  torch::optim::AdamW fresh_optim(fresh.parameters(), torch::optim::AdamWOptions(1e-3));
+  const auto before = local_whole_params(fresh);
+  std::string error;
+  try {
+    fsdp::pp::load_sharded(fresh, *dist().world, fresh_optim, folder);
+  } catch (const c10::Error& e) {
+    error = e.what_without_backtrace();
+  }
+  EXPECT_NE(error.find("load_sharded: cannot load"), std::string::npos) << error;
+  EXPECT_NE(error.find("'h.2."), std::string::npos) << error;  // rank 0's error, on every rank
+  expect_params_equal(fresh, before, "after a failed load");
+  EXPECT_TRUE(fresh_optim.state().empty());
+  barrier_then_remove(folder);
 }
 
 }  // namespace pipeline_checkpoint
