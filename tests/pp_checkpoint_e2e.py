@@ -12,6 +12,10 @@ at --steps 3), and AdamW's moments of every parameter. A pipelined run loading i
 folder byte for byte. With --optimizer muon the checkpoint holds Muon's momentum beside AdamW's
 moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one. Saved at
 (pp 2, tp 2), the checkpoint resumes bitwise at (pp 2, tp 2) and at (pp 1, dp 2) within 1e-5.
+The (pp 2, dp 2) save resumes under interleaved 1F1B (two stages per rank) too; saved under
+interleaved 1F1B, a checkpoint (written byte for byte by --async-save, read by dcp.load) resumes
+bitwise interleaved and within 1e-5 at (pp 1, dp 2), (pp 2, dp 2) 1F1B and (pp 4, dp 1); with
+--optimizer muon, resumed interleaved bitwise.
 
     pp_checkpoint_e2e.py BIN_DIR"""
 import json
@@ -37,6 +41,9 @@ LAYOUTS = {(2, 2): ["--pp", 2, "--microbatches", 2, "--pp-schedule", "1f1b"],
            (2, 1): ["--pp", 2, "--microbatches", 4, "--pp-schedule", "1f1b"],
            (4, 1): ["--pp", 4, "--microbatches", 4, "--pp-schedule", "1f1b"],
            (2, 1, 2): ["--pp", 2, "--tp", 2, "--microbatches", 4, "--pp-schedule", "1f1b"]}
+# (pp 2, dp 2) under interleaved 1F1B: two stages per rank (4 in all), one AdamW over both.
+INTERLEAVED = (2, 2, 1, "interleaved")
+LAYOUTS[INTERLEAVED] = ["--pp", 2, "--microbatches", 2, "--pp-schedule", "interleaved-1f1b"]
 ENV = {k: v for k, v in __import__("os").environ.items()
        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 ENV.update(OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="60")
@@ -141,12 +148,12 @@ def check_refusals(tmp, saved_dir):
     refused(tmp, saved_dir, lambda m: drop(m, name), (f"'{name}'",))
 
 
-def check_async_save(tmp, folder):
+def check_async_save(tmp, folder, layout=(2, 2)):
     """--async-save (fsdp::pp::save_checkpoint_async; its step-2 save staged in the arena reserved
     after step 1, completed by the step-3 save): the step-3 folder is byte for byte the
     synchronous save's."""
-    async_dir = tmp / "async"
-    gpt_train(tmp, (2, 2), "--steps", SAVED, "--save-every", 2, "--checkpoint-dir", async_dir, "--async-save")
+    async_dir = tmp / ("async-" + "x".join(map(str, layout)))
+    gpt_train(tmp, layout, "--steps", SAVED, "--save-every", 2, "--checkpoint-dir", async_dir, "--async-save")
     saved = {f.name: f.read_bytes() for f in folder.iterdir()}
     written = {f.name: f.read_bytes() for f in (async_dir / folder.name).iterdir()}
     assert sorted(written) == sorted(saved), (sorted(written), sorted(saved))
@@ -172,19 +179,51 @@ def check_tp_save(tmp, straight):
         assert gap <= bound, f"saved at (pp 2, tp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
 
 
-def check_muon_resume(tmp):
+def check_interleaved_save(tmp, straight, like, saved_1f1b):
+    """Saved at (pp 2, dp 2) under interleaved 1F1B (each rank's two stages' shard files in one
+    folder, one metadata.json): --async-save writes it byte for byte; dcp.load reads every
+    parameter and AdamW moment (within TOLERANCE of the 1F1B save's); resumed interleaved, bitwise
+    the uninterrupted interleaved run; at (pp 1, dp 2), (pp 2, dp 2) 1F1B and (pp 4, dp 1) within
+    TOLERANCE of the uninterrupted 1F1B run. Returns the report's line."""
+    uninterrupted, _ = gpt_train(tmp, INTERLEAVED, "--steps", STEPS)
+    ckpt = tmp / "interleaved-saved"
+    gpt_train(tmp, INTERLEAVED, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    folder = ckpt / f"step-{SAVED:08d}"
+    check_async_save(tmp, folder, INTERLEAVED)
+    meta = json.loads((folder / "metadata.json").read_text())
+    assert sorted(p["name"] for p in meta["params"]) == sorted(like), meta["params"]
+    assert meta["world_size"] == 4, meta["world_size"]
+    loaded, expected = dcp_load(folder, like), dcp_load(saved_1f1b, like)
+    dcp_gap = max((loaded[n] - expected[n]).abs().max().item() for n in like)
+    assert dcp_gap <= TOLERANCE, f"dcp.load of the interleaved checkpoint: {dcp_gap:.3g} from the 1F1B one's"
+    moments = {f"state.{n}.{kind}": t for n, t in like.items() for kind in ("exp_avg", "exp_avg_sq")}
+    assert all(not t.isnan().any() for t in dcp_load(folder, moments).values()), "dcp.load left AdamW moments unread"
+    gaps = []
+    for layout, want, bound in ((INTERLEAVED, uninterrupted, 0), ((1, 2), straight, TOLERANCE),
+                                ((2, 2), straight, TOLERANCE), ((4, 1), straight, TOLERANCE)):
+        resumed_dir = tmp / ("interleaved-resumed-" + "x".join(map(str, layout)))
+        shutil.copytree(ckpt, resumed_dir)
+        losses, _ = gpt_train(tmp, layout, "--steps", STEPS, "--checkpoint-dir", resumed_dir, "--resume")
+        assert sorted(losses) == list(range(SAVED, STEPS)), losses
+        gap = max(abs(losses[s] - want[s]) for s in losses)
+        assert gap <= bound, f"saved interleaved at (pp 2, dp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
+        gaps.append(f"{layout}: {gap:.2g}")
+    return f"saved interleaved, dcp.load within {dcp_gap:.2g}, resumed with loss gaps " + ", ".join(gaps)
+
+
+def check_muon_resume(tmp, layout=(2, 2)):
     """--optimizer muon (Muon's momentum beside AdamW's moments in one pipelined checkpoint): 3 steps
-    saved and 3 resumed at (pp 2, dp 2) are bitwise the 6 uninterrupted steps."""
+    saved and 3 resumed at `layout` are bitwise the 6 uninterrupted steps."""
     muon = ["--optimizer", "muon"]
-    straight, _ = gpt_train(tmp, (2, 2), *muon, "--steps", STEPS)
-    ckpt = tmp / "muon"
-    gpt_train(tmp, (2, 2), *muon, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    straight, _ = gpt_train(tmp, layout, *muon, "--steps", STEPS)
+    ckpt = tmp / ("muon-" + "x".join(map(str, layout)))
+    gpt_train(tmp, layout, *muon, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
     meta = json.loads((ckpt / f"step-{SAVED:08d}" / "metadata.json").read_text())
     assert "Muon" in json.dumps(meta), "the pipelined checkpoint holds no Muon state"
-    resumed, _ = gpt_train(tmp, (2, 2), *muon, "--steps", STEPS, "--checkpoint-dir", ckpt, "--resume")
+    resumed, _ = gpt_train(tmp, layout, *muon, "--steps", STEPS, "--checkpoint-dir", ckpt, "--resume")
     assert sorted(resumed) == list(range(SAVED, STEPS)), resumed
     gap = max(abs(resumed[s] - straight[s]) for s in resumed)
-    assert gap == 0, f"--optimizer muon resumed at (pp 2, dp 2) is not the uninterrupted run: |loss gap| {gap:.3g}"
+    assert gap == 0, f"--optimizer muon resumed at {layout} is not the uninterrupted run: |loss gap| {gap:.3g}"
 
 
 def main():
@@ -199,6 +238,7 @@ def main():
         folder = saved_dir / f"step-{SAVED:08d}"
         check_async_save(tmp, folder)
         check_muon_resume(tmp)
+        check_muon_resume(tmp, INTERLEAVED)
         check_tp_save(tmp, straight)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)
@@ -208,7 +248,7 @@ def main():
         assert sorted(p["name"] for p in meta["params"]) == sorted(like), meta["params"]
         assert meta["world_size"] == 4, meta["world_size"]
         expected = dcp_load(straight_dir / f"step-{STEPS:08d}", like)
-        report = []
+        report = [check_interleaved_save(tmp, straight, like, folder)]
         for layout in LAYOUTS:
             ckpt = tmp / ("resume-" + "x".join(map(str, layout)))
             shutil.copytree(saved_dir, ckpt)

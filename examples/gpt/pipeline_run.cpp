@@ -280,8 +280,8 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
     log.write(record);
     nonfinite.count(record.loss, step);
     save_if_due_with(save, optimizers, o.checkpoint_dir, o.save_every, step, o);
-    if (o.async_save && step == first_step) {  // the stage is sharded: the run checkpoints
-      fsdp::reserve_staging_arena(pipe.stages().front().sharded_model(), optimizers.saved(), async_options);
+    if (o.async_save && step == first_step) {  // the stages are sharded: the run checkpoints
+      fsdp::pp::reserve_staging_arena(pipe, optimizers.saved(), async_options);
     }
   }
   write_full_params(o, dist, pipeline_full_params_if_written(o, gpt, pipe, mesh, modules, schedule));

@@ -8,16 +8,18 @@
 /// whole model: it loads into a pipeline of any other pp or dp degree, into the unpipelined
 /// model (fsdp::load_sharded), and into PyTorch (torch.distributed.checkpoint's dcp.load).
 ///
-/// Each stage must be sharded (Stage::fully_shard, over a dp group of one rank too) and each rank
-/// hold one stage (GPipe, 1F1B); `optimizer` holds this rank's stage's parameters. Loading reads
-/// exactly the parameters (and their optimizer state) of this rank's stage, by name: a parameter
-/// of the stage that the checkpoint lacks, or a checkpoint parameter that no stage of the run
-/// holds, is refused on every rank, naming it, and nothing is loaded. All are collectives over
-/// `world`, every rank of the pipeline (pp x dp).
+/// Each stage must be sharded (Stage::fully_shard, over a dp group of one rank too; refused by
+/// name otherwise). A rank may hold several stages (interleaved 1F1B): `optimizer` holds the
+/// parameters of all this rank's stages (pipe.parameters()), and the folder is the one a run of
+/// one stage per rank writes of the same model. ZBV's stages cannot be sharded yet. Loading reads
+/// exactly the parameters (and their optimizer state) of this rank's stages, by name: a parameter
+/// of a stage that the checkpoint lacks, or a checkpoint parameter that no stage of the run
+/// holds, is refused on every rank, naming it, and nothing is loaded (into any of the rank's
+/// stages). All are collectives over `world`, every rank of the pipeline (pp x dp).
 ///
 /// Example:
 ///   fsdp::pp::Pipeline pipe(stage, mesh.group_ptr("pp"), loss_sum);
-///   torch::optim::AdamW optim(pipe.stage().parameters(), torch::optim::AdamWOptions(1e-3));
+///   torch::optim::AdamW optim(pipe.parameters(), torch::optim::AdamWOptions(1e-3));
 ///   if (auto path = fsdp::latest_checkpoint("ckpt"); !path.empty()) {
 ///     first_step = fsdp::pp::load_sharded(pipe, *dist->world, optim, path).value("step", int64_t{0});
 ///   }
@@ -51,15 +53,15 @@ std::string save_checkpoint(Pipeline& pipe, ProcessGroup& world, torch::optim::O
 
 /// fsdp::save_checkpoint_async of every stage (include/fsdp/async_checkpoint.h): the folder of
 /// save_checkpoint above, staged at the step boundary and written by a background thread;
-/// wait() (every rank of `world`) publishes it. fsdp::reserve_staging_arena(stage.sharded_model(),
-/// optimizer) after the first step spares the first save its arena's page faults.
+/// wait() (every rank of `world`) publishes it. reserve_staging_arena(pipe, optimizers) below
+/// after the first step spares the first save its arena's page faults.
 AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
                                 const std::string& dir, int64_t step,
                                 const nlohmann::json& extra = nlohmann::json::object(), int keep_last = 0,
                                 const AsyncSaveOptions& options = {});
 
-/// fsdp::load_sharded into this rank's stage: its parameters and their optimizer state, from a
-/// checkpoint saved at any pp and dp degree (or none); returns the saved `extra`.
+/// fsdp::load_sharded into this rank's stages: their parameters and optimizer state, from a
+/// checkpoint saved at any pp and dp degree, schedule (or none); returns the saved `extra`.
 nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, torch::optim::Optimizer& optimizer,
                             const std::string& folder);
 
@@ -74,5 +76,9 @@ AsyncSave save_checkpoint_async(Pipeline& pipe, ProcessGroup& world, const Optim
                                 const AsyncSaveOptions& options = {});
 nlohmann::json load_sharded(Pipeline& pipe, ProcessGroup& world, const Optimizers& optimizers,
                             const std::string& folder);
+
+/// fsdp::reserve_staging_arena (include/fsdp/async_checkpoint.h) for save_checkpoint_async of
+/// every stage of this rank: one arena for all their shard files. Not a collective.
+void reserve_staging_arena(Pipeline& pipe, const Optimizers& optimizers, const AsyncSaveOptions& options = {});
 
 }  // namespace fsdp::pp

@@ -216,8 +216,15 @@ const std::string& AsyncSave::folder() const { return state_->snapshot.folder; }
 void reserve_staging_arena(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
                            const AsyncSaveOptions& options) {
   using namespace detail;
-  const int64_t bytes = arena_bytes(local_shard_files(model, optimizers), options.staging_budget_bytes());
-  const bool pinned = ShardedView(model).compute_device().is_cuda();
+  reserve_arena_for(local_shard_files(model, optimizers), ShardedView(model).compute_device().is_cuda(), options);
+}
+
+}  // namespace fsdp
+
+namespace fsdp::detail {
+
+void reserve_arena_for(const std::vector<ShardFileContents>& files, bool pinned, const AsyncSaveOptions& options) {
+  const int64_t bytes = arena_bytes(files, options.staging_budget_bytes());
   // A pending save's arena is kept when it completes; the kept one may fit already.
   if (bytes == 0 || pending_save() || fits(kept().arena, bytes, pinned)) return;
   auto arena = arena_of(bytes, pinned);
@@ -227,6 +234,10 @@ void reserve_staging_arena(const ShardedModel& model, const std::vector<torch::o
   });
   kept().arena = std::move(arena);
 }
+
+}  // namespace fsdp::detail
+
+namespace fsdp {
 
 void reserve_staging_arena(const ShardedModel& model, torch::optim::Optimizer& optimizer,
                            const AsyncSaveOptions& options) {

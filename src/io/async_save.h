@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace fsdp::detail {
 
@@ -24,5 +25,9 @@ using TakeSnapshot = std::function<SaveSnapshot(const std::string& folder, const
 AsyncSave start_async_save(const AgreementGroups& world, const std::string& dir, int64_t step,
                            const nlohmann::json& extra, int keep_last, const AsyncSaveOptions& options, bool pinned,
                            const TakeSnapshot& take);
+
+/// reserve_staging_arena for a rank whose save stages `files` (several models': a pipeline's
+/// stages, local_shard_files of each).
+void reserve_arena_for(const std::vector<ShardFileContents>& files, bool pinned, const AsyncSaveOptions& options);
 
 }  // namespace fsdp::detail

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -217,10 +218,10 @@ StagedBuffers stage_buffers(const NamedTensors& buffers, const CheckpointMeta& m
 
 // The saved options of each param group, when the checkpoint holds them for these optimizers'
 // classes (a checkpoint of other classes without state loads its parameters only).
-StagedOptions stage_options(const CheckpointMeta& meta, const ShardedView& model,
-                            const OptimizerSet& optimizers, const std::string& metadata) {
+StagedOptions stage_options(const CheckpointMeta& meta, const ShardedView& model, const OptimizerSet& optimizers,
+                            const std::string& metadata, const std::set<const void*>& siblings) {
   if (!meta.param_groups || meta.optimizers != optimizers.names()) return {};
-  return stage_param_group_options(*meta.param_groups, model, optimizers, metadata);
+  return stage_param_group_options(*meta.param_groups, model, optimizers, metadata, siblings);
 }
 
 // Copies the staged pieces into the shards, the buffers into the model, and replaces the
@@ -251,6 +252,73 @@ CheckpointMeta stage_view(const CheckpointMeta& meta, const ShardedView& model, 
   return restrict_to_model(meta, params, buffer_names);
 }
 
+// One model's load, staged and agreed on, not yet applied.
+struct PreparedLoad {
+  OptimizerSet optimizers;
+  StagedOptions options;
+  std::vector<StagedPiece> pieces;
+  StagedBuffers buffers;
+  nlohmann::json extra;
+};
+
+// Every check and read of `sharded`'s load, staged in fresh tensors; a collective: every rank
+// throws if any rank failed or read another metadata.json. `scope`: one stage of several,
+// `siblings` the parameters of this rank's other stages.
+std::unique_ptr<PreparedLoad> prepare_load(const ShardedModel& sharded,
+                                           const std::vector<torch::optim::Optimizer*>& optimizers_in,
+                                           const std::string& folder, const StageLoad* scope,
+                                           const std::set<const void*>& siblings) {
+  const NamedTensors buffers = module_buffers(sharded.module());
+  const ShardedView model(sharded);
+  // The same on every rank (the same optimizers): every rank throws, before any collective.
+  auto load = std::make_unique<PreparedLoad>(
+      PreparedLoad{OptimizerSet(optimizers_in, model, "load_sharded"), {}, {}, {}, {}});
+  OptimizerSet& optimizers = load->optimizers;
+  // With the tp ranks, if any; a stage's agreements span every stage's ranks.
+  const AgreementGroups world = scope ? AgreementGroups{scope->world, nullptr} : agreement_groups(model);
+  const std::string metadata = folder + "/" + kMetadataFile;
+  uint32_t metadata_crc = 0;
+  std::string error = try_local([&] {
+    TORCH_CHECK(std::filesystem::exists(metadata), metadata, " does not exist: ", folder,
+                " is not a complete checkpoint (a save interrupted before it finished?)");
+    const std::vector<char> text =
+        read_regular_file(metadata, kMaxMetadataBytes, "a checkpoint's metadata.json");
+    metadata_crc = crc32(text.data(), text.size());
+    CheckpointMeta meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
+    for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
+    if (scope) meta = stage_view(meta, model, buffers, *scope, metadata);
+    check_matches_model(meta, describe_model(model, optimizers), metadata);
+    check_buffers_match(meta, describe_buffers(buffers), metadata);
+    check_same_optimizers(meta, model, optimizers, folder);
+    load->options = stage_options(meta, model, optimizers, metadata, siblings);
+    load->pieces = stage(model, optimizers, load->options, meta, folder);
+    load->buffers = stage_buffers(buffers, meta, folder);
+    load->extra = meta.extra;
+  });
+  throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
+
+  // Ranks that read different folders (no shared file system?) must not mix checkpoints. Over
+  // the world process group itself, like the agreements (then the tp group: rank 0's to all).
+  at::Tensor crc = at::full({1}, static_cast<int64_t>(metadata_crc), at::kLong);
+  broadcast(*world.world, crc, /*root=*/0);
+  if (world.tp) broadcast(world.tp->group(), crc, /*root=*/0);
+  error = crc.item<int64_t>() == static_cast<int64_t>(metadata_crc)
+              ? ""
+              : metadata + " differs from rank 0's: every rank must read the same checkpoint";
+  throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
+  return load;
+}
+
+// The parameters (TensorImpls) of `models` but model `but`.
+std::set<const void*> params_of_others(const std::vector<ShardedModel>& models, size_t but) {
+  std::set<const void*> params;
+  for (size_t m = 0; m < models.size(); ++m) {
+    if (m == but) continue;
+    for (const auto& p : ShardedView(models[m]).params()) params.insert(p.param().unsafeGetTensorImpl());
+  }
+  return params;
+}
+
 }  // namespace
 
 }  // namespace fsdp::detail
@@ -264,57 +332,30 @@ nlohmann::json load_sharded(const ShardedModel& sharded, torch::optim::Optimizer
 
 nlohmann::json load_sharded(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
                             const std::string& folder) {
-  return detail::load_model(sharded, optimizers_in, folder, nullptr);
+  return detail::load_model(sharded, optimizers_in, folder);
 }
 
 }  // namespace fsdp
 
 namespace fsdp::detail {
 
-nlohmann::json load_model(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
-                          const std::string& folder, const StageLoad* scope) {
-  const NamedTensors buffers = module_buffers(sharded.module());
-  const ShardedView model(sharded);
-  // The same on every rank (the same optimizers): every rank throws, before any collective.
-  OptimizerSet optimizers(optimizers_in, model, "load_sharded");
-  // With the tp ranks, if any; a stage's agreements span every stage's ranks.
-  const AgreementGroups world = scope ? AgreementGroups{scope->world, nullptr} : agreement_groups(model);
-  const std::string metadata = folder + "/" + kMetadataFile;
-  CheckpointMeta meta;
-  std::vector<StagedPiece> staged;
-  StagedBuffers staged_buffers;
-  StagedOptions staged_options;
-  uint32_t metadata_crc = 0;
-  std::string error = try_local([&] {
-    TORCH_CHECK(std::filesystem::exists(metadata), metadata, " does not exist: ", folder,
-                " is not a complete checkpoint (a save interrupted before it finished?)");
-    const std::vector<char> text =
-        read_regular_file(metadata, kMaxMetadataBytes, "a checkpoint's metadata.json");
-    metadata_crc = crc32(text.data(), text.size());
-    meta = parse_metadata(std::string(text.begin(), text.end()), metadata);
-    for (const auto& file : meta.files) check_name_inside(folder, file.name, metadata);
-    if (scope) meta = stage_view(meta, model, buffers, *scope, metadata);
-    check_matches_model(meta, describe_model(model, optimizers), metadata);
-    check_buffers_match(meta, describe_buffers(buffers), metadata);
-    check_same_optimizers(meta, model, optimizers, folder);
-    staged_options = stage_options(meta, model, optimizers, metadata);
-    staged = stage(model, optimizers, staged_options, meta, folder);
-    staged_buffers = stage_buffers(buffers, meta, folder);
-  });
-  throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
+nlohmann::json load_model(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers,
+                          const std::string& folder) {
+  const auto load = prepare_load(sharded, optimizers, folder, nullptr, {});
+  apply(load->optimizers, load->options, load->pieces, load->buffers);
+  return load->extra;
+}
 
-  // Ranks that read different folders (no shared file system?) must not mix checkpoints. Over
-  // the world process group itself, like the agreements (then the tp group: rank 0's to all).
-  at::Tensor crc = at::full({1}, static_cast<int64_t>(metadata_crc), at::kLong);
-  broadcast(*world.world, crc, /*root=*/0);
-  if (world.tp) broadcast(world.tp->group(), crc, /*root=*/0);
-  error = crc.item<int64_t>() == static_cast<int64_t>(metadata_crc)
-              ? ""
-              : metadata + " differs from rank 0's: every rank must read the same checkpoint";
-  throw_if_any_failed(world, error, "load_sharded: cannot load " + folder);
-
-  apply(optimizers, staged_options, staged, staged_buffers);
-  return meta.extra;
+nlohmann::json load_stages(const std::vector<ShardedModel>& stages,
+                           const std::vector<torch::optim::Optimizer*>& optimizers, const std::string& folder,
+                           const StageLoad& scope) {
+  // Every stage staged and agreed on before any is changed: a failed load leaves them all as they were.
+  std::vector<std::unique_ptr<PreparedLoad>> loads;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    loads.push_back(prepare_load(stages[s], optimizers, folder, &scope, params_of_others(stages, s)));
+  }
+  for (auto& load : loads) apply(load->optimizers, load->options, load->pieces, load->buffers);
+  return loads.empty() ? nlohmann::json::object() : loads.front()->extra;
 }
 
 }  // namespace fsdp::detail

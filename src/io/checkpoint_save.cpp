@@ -26,6 +26,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+const std::set<const void*> kNoSiblings;
+
 // torch.distributed.checkpoint's HuggingFaceStorageReader reads a box's place in the full tensor
 // from the file's __metadata__: {"DCP_SHARDING_INFO": "{KEY: {\"saved_offsets\": [...]}}"}.
 void add_box(ShardFileContents& contents, const std::string& key, const at::Tensor& data,
@@ -99,9 +101,10 @@ CheckpointMeta metadata_without_files(const ShardedView& model, const OptimizerS
   return meta;
 }
 
-// This rank's shard files' tensors (views of the live ones), rank 0's first with the buffers.
+// This rank's shard files' tensors (views of the live ones), rank 0's first with the buffers;
+// their names from index `first_shard` on (a pipeline stage's: after the stages before it).
 void add_shard_files(SaveSnapshot& snapshot, const ShardedView& model, const OptimizerSet& optimizers,
-                     const NamedTensors& buffers, const AgreementGroups& own) {
+                     const NamedTensors& buffers, const AgreementGroups& own, int first_shard) {
   snapshot.files = shard_files_contents(model, optimizers, own);
   snapshot.holds_buffers = own.rank() == 0 && !buffers.empty();
   if (snapshot.holds_buffers) {
@@ -112,14 +115,16 @@ void add_shard_files(SaveSnapshot& snapshot, const ShardedView& model, const Opt
   snapshot.kinds = optimizers.kinds_in_use();
   snapshot.kinds.insert(snapshot.kinds.end(), {"param", "step"});
   // Under tensor parallelism each tp rank's shard group writes its own files.
-  snapshot.shard = model.shard_rank() * own.tp_size() + own.tp_rank();
+  const int shard = first_shard + model.shard_rank() * own.tp_size() + own.tp_rank();
+  const int parts = static_cast<int>(snapshot.files.size());
+  for (int k = 0; k < parts; ++k) snapshot.files[k].name = shard_file_name(shard, k, parts);
 }
 
 // Writes shard file `k` of this rank's snapshot; returns its description for metadata.json.
 FileMeta write_shard_file(SaveSnapshot& snapshot, size_t k) {
   ShardFileContents& contents = snapshot.files[k];
   FileMeta file;
-  file.name = shard_file_name(snapshot.shard, static_cast<int>(k), static_cast<int>(snapshot.files.size()));
+  file.name = contents.name;
   const WrittenFile written = save_safetensors(
       snapshot.folder + "/" + file.name, contents.tensors,
       {{"DCP_SHARDING_INFO", contents.sharding_info.dump()}, {"DCP_VERSION", "1.0"}, {"format", "pt"}});
@@ -134,11 +139,11 @@ FileMeta write_shard_file(SaveSnapshot& snapshot, size_t k) {
       if (it != crc_of_key.end()) piece.crc32[kind] = it->second;
     }
   }
-  if (snapshot.holds_buffers && k == 0) {
-    for (auto& b : snapshot.buffers) {
-      b.file = file.name;
-      b.crc32 = crc_of_key.at(b.name);
-    }
+  for (auto& b : snapshot.buffers) {  // in some first file (one per stage when joined)
+    auto it = crc_of_key.find(b.name);
+    if (it == crc_of_key.end()) continue;
+    b.file = file.name;
+    b.crc32 = it->second;
   }
   file.pieces = std::move(contents.pieces);
   contents = ShardFileContents{};  // written: its tensors (a staging arena's) are free again
@@ -148,7 +153,7 @@ FileMeta write_shard_file(SaveSnapshot& snapshot, size_t k) {
 }  // namespace
 
 SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch::optim::Optimizer*>& optimizers_in,
-                           const std::string& folder, const nlohmann::json& extra, ProcessGroup* stages_world) {
+                           const std::string& folder, const nlohmann::json& extra, const StageSave* stage) {
   const NamedTensors buffers = module_buffers(sharded.module());
   const ShardedView model(sharded);
   // The same on every rank (the same optimizers): every rank throws, before any collective.
@@ -156,14 +161,16 @@ SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch:
   SaveSnapshot snapshot;
   snapshot.folder = folder;
   const AgreementGroups own = agreement_groups(model);  // under tensor parallelism, every tp rank's too
-  snapshot.of_stage = stages_world != nullptr;
-  snapshot.world = snapshot.of_stage ? AgreementGroups{stages_world, nullptr} : own;
+  snapshot.of_stage = stage != nullptr;
+  snapshot.world = snapshot.of_stage ? AgreementGroups{stage->world, nullptr} : own;
   snapshot.holds_meta = own.rank() == 0;
   const AgreementGroups& world = snapshot.world;
   warn_if_replicas_drifted(model, "save_sharded");  // only tp rank 0's replicated values are saved
   // Before anything is written: a tensor the optimizer holds outside the model is refused here.
   std::vector<ParamGroupMeta> param_groups;
-  std::string error = try_local([&] { param_groups = describe_param_groups(model, optimizers, "save_sharded"); });
+  std::string error = try_local([&] {
+    param_groups = describe_param_groups(model, optimizers, "save_sharded", stage ? stage->siblings : kNoSiblings);
+  });
   throw_if_any_failed(world, error, "save_sharded: cannot save " + folder);
   // An old metadata.json would make a half-rewritten folder look complete.
   error = try_local([&] {
@@ -175,7 +182,7 @@ SaveSnapshot take_snapshot(const ShardedModel& sharded, const std::vector<torch:
   // One shard file per shard of the first replica (the others hold the same values).
   snapshot.writer = model.first_replica();
   error = try_local([&] {
-    if (snapshot.writer) add_shard_files(snapshot, model, optimizers, buffers, own);
+    if (snapshot.writer) add_shard_files(snapshot, model, optimizers, buffers, own, stage ? stage->first_shard : 0);
     if (snapshot.holds_meta) snapshot.meta = metadata_without_files(model, optimizers, world, param_groups, extra);
     // The tp size is the model's own, also when `world` spans pipeline stages (its tp is unset).
     if (snapshot.holds_meta) snapshot.meta.tp_size = own.tp_size();
@@ -190,8 +197,29 @@ std::vector<ShardFileContents> local_shard_files(const ShardedModel& sharded,
   if (!model.first_replica()) return {};
   const OptimizerSet optimizers(optimizers_in, model, "reserve_staging_arena");
   SaveSnapshot snapshot;
-  add_shard_files(snapshot, model, optimizers, module_buffers(sharded.module()), agreement_groups(model));
+  add_shard_files(snapshot, model, optimizers, module_buffers(sharded.module()), agreement_groups(model), 0);
   return std::move(snapshot.files);
+}
+
+SaveSnapshot join_stage_snapshots(std::vector<SaveSnapshot> stages) {
+  TORCH_CHECK(!stages.empty(), "join_stage_snapshots: no stage");
+  SaveSnapshot joined = std::move(stages.front());
+  std::vector<std::string> metas;  // merged here as rank 0 merges every rank's
+  if (joined.holds_meta) metas.push_back(to_json(joined.meta).dump());
+  for (size_t s = 1; s < stages.size(); ++s) {
+    SaveSnapshot& stage = stages[s];
+    joined.writer = joined.writer || stage.writer;
+    for (auto& file : stage.files) joined.files.push_back(std::move(file));
+    for (const auto& kind : stage.kinds) {
+      if (std::find(joined.kinds.begin(), joined.kinds.end(), kind) == joined.kinds.end()) joined.kinds.push_back(kind);
+    }
+    joined.holds_buffers = joined.holds_buffers || stage.holds_buffers;
+    joined.buffers.insert(joined.buffers.end(), stage.buffers.begin(), stage.buffers.end());
+    if (stage.holds_meta) metas.push_back(to_json(stage.meta).dump());
+  }
+  joined.holds_meta = !metas.empty();
+  if (joined.holds_meta) joined.meta = merge_stage_metadata(metas, joined.world.size());
+  return joined;
 }
 
 void write_snapshot(SaveSnapshot& snapshot, size_t first, size_t last, const SaveHooks& hooks) {

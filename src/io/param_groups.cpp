@@ -20,10 +20,11 @@ std::map<const void*, std::string> names_of_params(const ShardedView& model) {
   return names;
 }
 
-// The names of optimizer `k`'s group `g`'s parameters; throws at a tensor that is not one of
-// the model's.
+// The names of optimizer `k`'s group `g`'s parameters but `siblings`; throws at a tensor that is
+// not one of the model's.
 std::vector<std::string> group_names(const std::map<const void*, std::string>& names, const OptimizerSet& optimizers,
-                                     size_t k, size_t g, const std::string& what) {
+                                     size_t k, size_t g, const std::string& what,
+                                     const std::set<const void*>& siblings) {
   std::vector<std::string> out;
   const auto& params = optimizers.optimizer(k).param_groups()[g].params();
   const std::string group = optimizers.size() == 1 ? "the optimizer's param group " + std::to_string(g)
@@ -31,6 +32,7 @@ std::vector<std::string> group_names(const std::map<const void*, std::string>& n
                                                          optimizers.state(k).name() + ") param group " +
                                                          std::to_string(g);
   for (size_t i = 0; i < params.size(); ++i) {
+    if (siblings.count(params[i].unsafeGetTensorImpl())) continue;  // another stage's
     auto it = names.find(params[i].unsafeGetTensorImpl());
     TORCH_CHECK(it != names.end(), what, ": ", group, " holds, at position ",
                 i, ", a tensor of shape ", params[i].sizes(), " that is not a parameter of the "
@@ -55,13 +57,13 @@ std::string first_missing(std::vector<std::string> a, std::vector<std::string> b
 }  // namespace
 
 std::vector<ParamGroupMeta> describe_param_groups(const ShardedView& model, const OptimizerSet& optimizers,
-                                                  const std::string& what) {
+                                                  const std::string& what, const std::set<const void*>& siblings) {
   const auto names = names_of_params(model);
   std::vector<ParamGroupMeta> groups;
   for (size_t k = 0; k < optimizers.size(); ++k) {
     const auto& own = optimizers.optimizer(k).param_groups();
     for (size_t g = 0; g < own.size(); ++g) {
-      groups.push_back(ParamGroupMeta{group_names(names, optimizers, k, g, what),
+      groups.push_back(ParamGroupMeta{group_names(names, optimizers, k, g, what, siblings),
                                       options_to_json(own[g].options()), optimizers.state(k).name()});
     }
   }
@@ -69,7 +71,8 @@ std::vector<ParamGroupMeta> describe_param_groups(const ShardedView& model, cons
 }
 
 StagedOptions stage_param_group_options(const std::vector<ParamGroupMeta>& saved, const ShardedView& model,
-                                        const OptimizerSet& optimizers, const std::string& source) {
+                                        const OptimizerSet& optimizers, const std::string& source,
+                                        const std::set<const void*>& siblings) {
   const bool one = optimizers.size() == 1;
   size_t count = 0;
   for (size_t k = 0; k < optimizers.size(); ++k) count += optimizers.optimizer(k).param_groups().size();
@@ -87,7 +90,7 @@ StagedOptions stage_param_group_options(const std::vector<ParamGroupMeta>& saved
       TORCH_CHECK(saved[i].optimizer == name, source, ": param group ", i, " of the saved run is ",
                   saved[i].optimizer, "'s but the program's is ", name, "'s: pass the optimizers in "
                   "the saved run's order, each with the saved param groups");
-      const auto mine = group_names(names, optimizers, k, g, source);
+      const auto mine = group_names(names, optimizers, k, g, source, siblings);
       const std::string only_saved = first_missing(saved[i].params, mine);
       const std::string only_mine = first_missing(mine, saved[i].params);
       TORCH_CHECK(only_saved.empty() && only_mine.empty(), source, ": param group ", i, " of the ",

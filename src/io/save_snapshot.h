@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@ namespace fsdp::detail {
 /// The tensors of one shard file: for each box, the parameter's and its optimizer state's views
 /// (or staged copies).
 struct ShardFileContents {
+  std::string name;  // shard_file_name's
   NamedTensors tensors;
   nlohmann::json sharding_info = nlohmann::json::object();  // DCP_SHARDING_INFO
   std::vector<PieceMeta> pieces;
@@ -39,25 +41,35 @@ struct SaveSnapshot {
   AgreementGroups world;
   std::string folder;
   bool writer = false;                      // the first replica's ranks write shard files
-  int shard = 0;                            // this rank's index in the shard files' names
   std::vector<ShardFileContents> files;     // this rank's shard files' tensors
   std::vector<std::string> kinds;           // "param", "step", "exp_avg"...
   bool holds_buffers = false;               // rank 0's first file holds the buffers
-  bool holds_meta = false;                  // the model's rank 0 describes it in `meta`
+  bool holds_meta = false;                  // the model's rank 0 (a stage's: of some stage) describes it in `meta`
   bool of_stage = false;                    // one stage of several ([Note: one folder, many stages])
   std::vector<BufferMeta> buffers;          // their description (file and CRC once written)
   CheckpointMeta meta;                      // everything but the files (rank 0's is written)
   std::string description;                  // the written files, as JSON (write_snapshot's)
 };
 
+/// A model that is one pipeline stage of several saved into one folder ([Note: one folder, many
+/// stages]).
+struct StageSave {
+  ProcessGroup* world = nullptr;  // every stage's ranks: agrees on every phase, its rank 0 writes the metadata
+  int first_shard = 0;            // the shard index of the stage's first shard files (after the stages before)
+  std::set<const void*> siblings;  // the parameters (TensorImpls) of this rank's other stages, which the
+                                   // optimizers hold too: their own stage's snapshot saves them
+};
+
 /// The first phase: checks, agreements, and this rank's files as views of the live tensors.
 /// A collective; every rank throws if any rank failed. Creates `folder` and removes an old
-/// metadata.json from it. `stages_world`: when the model is one pipeline stage of several saved
-/// into one folder, the group of every stage's ranks, which then agrees on every phase and whose
-/// rank 0 writes the metadata of all of them ([Note: one folder, many stages]).
+/// metadata.json from it. `stage`: when the model is one pipeline stage of several.
 SaveSnapshot take_snapshot(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
-                           const std::string& folder, const nlohmann::json& extra,
-                           ProcessGroup* stages_world = nullptr);
+                           const std::string& folder, const nlohmann::json& extra, const StageSave* stage = nullptr);
+
+/// The snapshots of this rank's stages (each take_snapshot's, in stage order, one folder) as one:
+/// their files, buffers and descriptions together, so that one write and one complete_snapshot
+/// save them all (a rank holding several stages: interleaved-1f1b).
+SaveSnapshot join_stage_snapshots(std::vector<SaveSnapshot> stages);
 
 /// This rank's shard files as take_snapshot would stage them now (views of the live tensors; no
 /// collective, nothing created): empty on a rank that writes none.

@@ -67,9 +67,9 @@ CheckpointMeta restrict_to_model(const CheckpointMeta& meta, const std::set<std:
 void check_files_unique(const CheckpointMeta& meta, const std::string& source) {
   std::set<std::string> seen;
   for (const auto& file : meta.files) {
-    TORCH_CHECK(seen.insert(file.name).second, source, ": two ranks wrote ", file.name,
-                " (their stages' shard files share a name): a stage's shard index must follow the "
-                "stages before it");
+    TORCH_CHECK(seen.insert(file.name).second, source, ": two stages wrote ", file.name,
+                " (on two ranks, or on one rank holding both: their shard files share a name): a "
+                "stage's shard index must follow the stages before it");
   }
 }
 

@@ -47,8 +47,16 @@ struct StageLoad {
   std::set<std::string> claimed;
 };
 
-/// fsdp::load_sharded; with `scope`, into one stage of a pipelined model (its parameters only).
+/// fsdp::load_sharded.
 nlohmann::json load_model(const ShardedModel& model, const std::vector<torch::optim::Optimizer*>& optimizers,
-                          const std::string& folder, const StageLoad* scope);
+                          const std::string& folder);
+
+/// Loads this rank's stages of a pipelined model (each its parameters only; `optimizers` may hold
+/// the parameters of all of them): every stage staged and agreed on before any is changed.
+/// Collectives over scope.world, one per stage (every rank holds as many). Returns the
+/// checkpoint's extra.
+nlohmann::json load_stages(const std::vector<ShardedModel>& stages,
+                           const std::vector<torch::optim::Optimizer*>& optimizers, const std::string& folder,
+                           const StageLoad& scope);
 
 }  // namespace fsdp::detail
