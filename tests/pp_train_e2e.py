@@ -108,7 +108,8 @@ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 def run(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="surrogateescape", env=ENV,
+                       timeout=300)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r.stdout
 
@@ -231,6 +232,8 @@ def eval_losses(out, name):
 
 
 def sample_text(out, name):
+    if "[rank0]: " in out:  # fsdprun's output: rank 0's lines, unprefixed
+        out = "\n".join(line[len("[rank0]: "):] for line in out.split("\n") if line.startswith("[rank0]: "))
     found = re.search(r"--- sample ---\n(.*)\n--------------", out, re.S)
     assert found, f"{name}: no sample:\n{out}"
     return found.group(1)
@@ -241,6 +244,8 @@ def check_feature(tmp, name, family, world, pp, layers, micro, flags, both):
     files = write_inputs(tmp, family, layers)
     accum = flags[flags.index("--grad-accum") + 1] if "--grad-accum" in flags else 1
     model = [*FAMILIES[family], "--layers", layers, *COMMON, "--data", tmp / "text.txt"]
+    if "--init-from-hf" in both:  # the folder's config.json sets the model's sizes
+        model = [*COMMON[COMMON.index("--seq"):], "--data", tmp / "text.txt"]
     given = lambda run_name: [files.get(f, tmp / f"{name}-{run_name}-{f}.pt") if f in ("INIT", "HF", "EVAL", "DUMP")
                               else f for f in both]
     ref = tmp / f"{name}-ref.jsonl"
