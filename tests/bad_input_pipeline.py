@@ -9,7 +9,7 @@ def flag_cases(tmp):
         *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
           for flags, named in (
               (["--reference"], "--reference"),
-              (["--eval-out", str(tmp / "pp-eval.pt")], "--eval-out"),
+              (["--eval-tokens", str(tmp / "pp-eval.bin"), "--eval-out", str(tmp / "pp-eval.pt")], "--eval-out"),
               (["--auto", "--max-memory-gb", "1", "--tp-sizes", "1,2"], "--auto --tp-sizes"),
               (["--cpu-offload"], "--cpu-offload"),
               (["--plan", "--grad-accum", "2"], "--plan/--auto with --grad-accum"),

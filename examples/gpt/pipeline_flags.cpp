@@ -39,8 +39,6 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
                      "--grad-accum M for the same batches)"},
       {cl.autoplan && !cl.planner.tp_sizes.empty(), "--auto --tp-sizes (a pipelined --auto searches pp sizes, "
                                                     "schedules and micro-batches at the given --tp)"},
-      {(cl.plan || cl.autoplan) && o.grad_accum > 1, "--plan/--auto with --grad-accum (the pipelined plan is "
-                                                     "of one schedule a step; give --microbatches A·M instead)"},
       {o.test_pause_after_shard_files_ms > 0, "--test-pause-after-shard-files (a pipelined save takes no test hooks)"},
       {!o.eval_out.empty(), "--eval-out (the pipelined eval gives the loss, printed; the logits stay on the last "
                             "stage's rank and are not gathered: compare logits with an unpipelined run)"},
@@ -89,6 +87,9 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
   for (const auto& [given, flag] : not_with_pipeline(app, cl)) {
     if (given) return "--pp does not run with " + flag + "; drop one of them";
   }
+  if (cl.autoplan) {
+    if (std::string error = check_planned_grad_accum(o); !error.empty()) return error;
+  }
   if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;  // its default first
   if (o.stages_per_rank > 1 && (o.save_every > 0 || o.resume)) {
     return "--pp does not run with --save-every/--resume at " + std::to_string(o.stages_per_rank) +
@@ -96,6 +97,12 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
            "per rank is not written; use --pp-schedule gpipe or 1f1b";
   }
   return check_pipeline_shape(app, o);
+}
+
+std::string check_planned_grad_accum(const TrainOptions& o) {
+  if (o.pp == 0 || o.grad_accum == 1) return "";
+  return "--pp does not run with --plan/--auto with --grad-accum (the pipelined plan is of one schedule a step; "
+         "give --microbatches A·M instead); drop one of them";
 }
 
 std::string check_pipeline_shape(const CLI::App& app, TrainOptions& o) {
