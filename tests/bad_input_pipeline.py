@@ -9,11 +9,12 @@ def flag_cases(tmp):
         *[(f"--pp 2 with {' '.join(flags)}", ["--pp", "2", *flags], (f"--pp does not run with {named}",))
           for flags, named in (
               (["--reference"], "--reference"),
-              (["--init-from", str(tmp / "pp-init.pt")], "--init-from"),
+              (["--eval-tokens", str(tmp / "pp-eval.bin"), "--eval-out", str(tmp / "pp-eval.pt")], "--eval-out"),
               (["--auto", "--max-memory-gb", "1", "--tp-sizes", "1,2"], "--auto --tp-sizes"),
               (["--cpu-offload"], "--cpu-offload"),
-              (["--grad-accum", "2"], "--grad-accum"),
-              (["--sample", "4"], "--sample"), (["--param-dtype", "fp16"], "fp16"),
+              (["--plan", "--grad-accum", "2"], "--plan/--auto with --grad-accum"),
+              (["--param-dtype", "fp16"], "fp16"),
+              (["--no-sync", "--grad-accum", "2"], "--no-sync"),
               (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],

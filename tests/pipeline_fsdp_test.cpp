@@ -373,5 +373,43 @@ TEST(PipelineFsdp, ZbvAndTiedWeightsBesideShardedStagesAreRefusedByName) {
   EXPECT_NE(error.find("a weight tied across stages"), std::string::npos) << error;
 }
 
+// Gradient accumulation over whole schedules on sharded stages: two steps of half of each dp
+// rank's share, normalized by the share's tokens and not zeroed between, then one SGD step of
+// lr 1 (the parameters move by the gradient): the unsplit model's step on the global batch.
+// Each step reduces its own sum and adds it into the gradient shard the first one left.
+TEST(PipelineFsdp, StepsAccumulatedAddIntoTheStagesGradientShards) {
+  if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
+  for (const auto& options :
+       {fsdp::FullyShardOptions(), fsdp::FullyShardOptions().strategy(fsdp::ShardingStrategy::NoShard)}) {
+    Config c;
+    c.fsdp = options;
+    SCOPED_TRACE(describe(c));
+    ShardedPipeline run(c);
+    torch::optim::SGD optim(run.pipe->stage().parameters(), torch::optim::SGDOptions(1.0));
+    const GlobalBatch b = global_batch(0);
+    const int dp_rank = run.mesh.coordinate("dp");
+    const torch::Tensor ids = share_of(b.ids, dp_rank), targets = share_of(b.targets, dp_rank);
+    double loss = 0;
+    for (int half = 0; half < 2; ++half) {
+      loss += run.pipe->step(ids.chunk(2)[half], targets.chunk(2)[half], targets.numel());
+    }
+    optim.step();
+    torch::Tensor mean = torch::tensor({loss}, torch::kDouble);
+    fsdp::all_reduce_sum(run.mesh.group("dp"), mean);
+
+    StagedNet reference = seeded_net();
+    torch::optim::SGD reference_optim(reference->parameters(), torch::optim::SGDOptions(1.0));
+    torch::Tensor reference_loss = torch::nn::functional::cross_entropy(
+        reference->forward(b.ids).reshape({-1, kVocab}), b.targets.reshape({-1}));
+    reference_loss.backward();
+    reference_optim.step();
+    EXPECT_NEAR(mean.item<double>() / kDp, reference_loss.item<double>(), 1e-5);
+    const auto whole = reference->named_parameters();
+    for (const auto& [name, value] : fsdp::gather_full_params(run.pipe->stage().sharded_model())) {
+      EXPECT_LE((value - whole[name]).abs().max().item<double>(), 1e-5) << name;
+    }
+  }
+}
+
 }  // namespace pipeline_fsdp
 }  // namespace fsdp_test

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -393,6 +394,69 @@ TEST(Pipeline, StagesTheScheduleDoesNotPutOnThisRankAreRefusedByName) {
   });
   EXPECT_NE(error.find("schedule Interleaved1F1B puts stages"), std::string::npos) << error;
   EXPECT_NE(error.find("fsdp::pp::stages_of_rank"), std::string::npos) << error;
+}
+
+namespace {
+
+// The unsplit tied model's mean loss on a batch, and its gradients of that loss by name.
+std::pair<double, std::map<std::string, torch::Tensor>> unsplit_loss_and_grads(const PpBatch& b) {
+  PpTiedNet reference = seeded_tied_net<PpTiedNet>();
+  torch::Tensor loss = torch::nn::functional::cross_entropy(reference->forward(b.ids).reshape({-1, kPpVocab}),
+                                                            b.targets.reshape({-1}));
+  loss.backward();
+  std::map<std::string, torch::Tensor> grads;
+  for (const auto& item : reference->named_parameters()) grads[item.key()] = item.value().grad();
+  return {loss.item<double>(), grads};
+}
+
+}  // namespace
+
+// Pipeline::evaluate under ZBV (V placement: stage 2P-1 waits on rank 0 for another rank's stage)
+// and interleaved 1F1B, with GPT-2's tie: the unsplit model's mean loss, on every rank, and no
+// gradient anywhere.
+TEST(Pipeline, EvaluateIsTheUnsplitModelsLossWithoutGradients) {
+  const int world = fsdp_test::dist().world_size();
+  if (world > 3) GTEST_SKIP() << "the splits cover pp = 1, 2, 3";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", world}, {"dp", 1}});
+  const PpBatch b = batch_of_step(0);
+  const double expected = unsplit_loss_and_grads(b).first;
+  for (auto schedule : {fsdp::pp::Schedule::ZBV, fsdp::pp::Schedule::Interleaved1F1B}) {
+    PpTiedNet net = seeded_tied_net<PpTiedNet>();
+    fsdp::pp::Pipeline pipe(stages_here(net, world, mesh.coordinate("pp"), schedule), mesh.group_ptr("pp"),
+                            summed_cross_entropy, fsdp::pp::PipelineOptions().schedule(schedule).microbatches(4));
+    for (int microbatches : {0, 1, 2}) {
+      const double loss = pipe.evaluate(b.ids, b.targets, microbatches);
+      EXPECT_NEAR(loss, expected, 1e-5) << fsdp::pp::to_string(schedule) << " micro-batches " << microbatches;
+    }
+    for (const torch::Tensor& p : pipe.parameters()) EXPECT_FALSE(p.grad().defined());
+  }
+}
+
+// Gradient accumulation over whole schedules: two steps of half the batch each, normalized by the
+// whole batch's tokens and not zeroed between, hold the unsplit model's gradient of the whole
+// batch's mean (the tie's too: each step's sum over its holders added once), and their losses add
+// up to its mean.
+TEST(Pipeline, StepsAccumulatedOverTheirTokensEqualOneStepOfTheWholeBatch) {
+  const int world = fsdp_test::dist().world_size();
+  if (world > 3) GTEST_SKIP() << "the splits cover pp = 1, 2, 3";
+  fsdp::DeviceMesh mesh(dist().world, {{"pp", world}, {"dp", 1}});
+  const auto schedule = fsdp::pp::Schedule::Interleaved1F1B;
+  PpTiedNet net = seeded_tied_net<PpTiedNet>();
+  fsdp::pp::Pipeline pipe(stages_here(net, world, mesh.coordinate("pp"), schedule), mesh.group_ptr("pp"),
+                          summed_cross_entropy, fsdp::pp::PipelineOptions().schedule(schedule).microbatches(2));
+  const PpBatch b = batch_of_step(0);
+  const auto [expected_loss, expected_grads] = unsplit_loss_and_grads(b);
+  double loss = 0;
+  for (int half = 0; half < 2; ++half) {
+    loss += pipe.step(b.ids.chunk(2)[half], b.targets.chunk(2)[half], b.targets.numel());
+  }
+  EXPECT_NEAR(loss, expected_loss, 1e-5);
+  for (const fsdp::pp::Stage& stage : pipe.stages()) {
+    for (const auto& item : stage.named_parameters()) {
+      const double off = (item.value().grad() - expected_grads.at(item.key())).abs().max().item<double>();
+      EXPECT_LE(off, 1e-6) << item.key() << " on stage " << stage.index();
+    }
+  }
 }
 
 }  // namespace fsdp_test

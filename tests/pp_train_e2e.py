@@ -16,7 +16,16 @@ BF16_DP2_TOLERANCE, bf16 rounding of each rank's gradient); --activation-checkpo
 a stage recomputed) at pp 2 x dp 1 under 1F1B and pp 2 x dp 2 under GPipe within 1e-5, and at dp 2
 every rank's step peak below the same run's without it.
 
+The trainer's other flags under --pp, each against the reference given the same flag (FEATURES):
+--init-from (GPT-2, its tie) and --init-from-hf (Llama at pp 2 x dp 2) from a file and a folder
+that a 2-step reference run wrote (not --seed's model); --eval-tokens (Pipeline::evaluate, forward
+only) under ZBV and at pp 2 x dp 2: the initial and final eval losses within 1e-5; --sample: the
+same text as the reference's with the same seed; --grad-accum 2 with --microbatches 2 against
+--grad-accum 4 (GPT-2's tie at dp 1, Llama's sharded stages at dp 2); --dump-batches: the
+reference's (--world-size dp --grad-accum A·M) batches, equal.
+
     pp_train_e2e.py BIN_DIR [--only NAME,...]"""
+import array
 import json
 import os
 import random
@@ -78,6 +87,18 @@ TOLERANCE = 1e-5
 # gradient moves the loss (~5.5) by ~1e-4 in 6 steps (tests/gpu_check.py's same-policy bound is 1e-3
 # relative).
 BF16_DP2_TOLERANCE = 2e-3
+# (name, family, world, pp, layers, microbatches, flags of the pipeline run, flags of both runs:
+# INIT/HF/EVAL/DUMP stand for the files the test writes). The reference runs --grad-accum A·M.
+FEATURES = [("gpt2-1f1b-init-from", "gpt2", 2, 2, 3, 2, ["--pp-schedule", "1f1b"], ["--init-from", "INIT"]),
+            ("llama-gpipe-dp2-init-from-hf", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe"],
+             ["--init-from-hf", "HF"]),
+            ("llama-zbv-eval", "llama", 2, 2, 4, 3, ["--pp-schedule", "zbv"], ["--eval-tokens", "EVAL"]),
+            ("llama-gpipe-dp2-eval-sample", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe"],
+             ["--eval-tokens", "EVAL", "--sample", 48]),
+            ("gpt2-1f1b-sample", "gpt2", 2, 2, 3, 2, ["--pp-schedule", "1f1b"], ["--sample", 48]),
+            ("gpt2-1f1b-accum", "gpt2", 2, 2, 3, 2, ["--pp-schedule", "1f1b", "--grad-accum", 2], []),
+            ("llama-gpipe-dp2-accum-dump", "llama", 4, 2, 2, 2, ["--pp-schedule", "gpipe", "--grad-accum", 2],
+             ["--dump-batches", "DUMP"])]
 # Muon's Newton-Schulz iteration runs in bf16: a gradient that differs by float reassociation can
 # round differently there (tests/tp_parity_e2e.py's bound for --tp --optimizer muon).
 MUON_TOLERANCE = 2e-4
@@ -87,7 +108,8 @@ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADD
 
 
 def run(cmd):
-    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+    r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="surrogateescape", env=ENV,
+                       timeout=300)
     assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r.stdout
 
@@ -176,6 +198,88 @@ def check_recompute_memory(tmp, name, world, pp, micro, flags, model, metrics):
               f"({recomputed / kept:.2f}x)")
 
 
+def with_flag(args, flag, value):
+    """`args` with `flag`'s value replaced."""
+    out = list(args)
+    out[out.index(flag) + 1] = value
+    return out
+
+
+INPUTS = {}  # (family, layers): write_inputs' files
+
+
+def write_inputs(tmp, family, layers):
+    """INIT (--save-full) and HF (--export-hf) of a 2-step reference run from another seed, and EVAL:
+    4 rows of seq + 1 token ids (uint16, nanoGPT's layout)."""
+    model = [*FAMILIES[family], "--layers", layers, *with_flag(with_flag(COMMON, "--steps", 2), "--seed", 11),
+             "--data", tmp / "text.txt"]
+    if (family, layers) in INPUTS:
+        return INPUTS[family, layers]
+    files = {"INIT": tmp / f"{family}-{layers}-init.pt", "HF": tmp / f"{family}-{layers}-hf",
+             "EVAL": tmp / "eval.bin"}
+    run([GPT, "--reference", *model, "--save-full", files["INIT"], "--export-hf", files["HF"]])
+    rng = random.Random(3)
+    seq = COMMON[COMMON.index("--seq") + 1]
+    files["EVAL"].write_bytes(array.array("H", [rng.randrange(256) for _ in range(4 * (seq + 1))]).tobytes())
+    INPUTS[family, layers] = files
+    return files
+
+
+def eval_losses(out, name):
+    found = re.search(r"eval loss: initial ([0-9.]+) final ([0-9.]+)", out)
+    assert found, f"{name}: no eval line:\n{out}"
+    return float(found.group(1)), float(found.group(2))
+
+
+def sample_text(out, name):
+    if "[rank0]: " in out:  # fsdprun's output: rank 0's lines, unprefixed
+        out = "\n".join(line[len("[rank0]: "):] for line in out.split("\n") if line.startswith("[rank0]: "))
+    found = re.search(r"--- sample ---\n(.*)\n--------------", out, re.S)
+    assert found, f"{name}: no sample:\n{out}"
+    return found.group(1)
+
+
+def check_feature(tmp, name, family, world, pp, layers, micro, flags, both):
+    """The pipelined run with a flag of the trainer against the reference with the same flag."""
+    files = write_inputs(tmp, family, layers)
+    accum = flags[flags.index("--grad-accum") + 1] if "--grad-accum" in flags else 1
+    model = [*FAMILIES[family], "--layers", layers, *COMMON, "--data", tmp / "text.txt"]
+    if "--init-from-hf" in both:  # the folder's config.json sets the model's sizes
+        model = [*COMMON[COMMON.index("--seq"):], "--data", tmp / "text.txt"]
+    given = lambda run_name: [files.get(f, tmp / f"{name}-{run_name}-{f}.pt") if f in ("INIT", "HF", "EVAL", "DUMP")
+                              else f for f in both]
+    ref = tmp / f"{name}-ref.jsonl"
+    ref_out = run([GPT, "--reference", "--world-size", world // pp, "--grad-accum", micro * accum, *model,
+                   *given("ref"), "--metrics", ref])
+    metrics = tmp / f"{name}-pp-{{rank}}.jsonl"
+    out = run([FSDPRUN, "--nproc-per-node", world, GPT, "--pp", pp, "--microbatches", micro, *flags, *model,
+               *given("pp"), "--metrics", metrics])
+    expected = [s["loss"] for s in steps(ref)]
+    worst = 0.0
+    for rank in range(world):
+        got = [s["loss"] for s in steps(str(metrics).replace("{rank}", str(rank)))]
+        assert len(got) == len(expected) == 6, f"{name}: {len(got)} steps, reference {len(expected)}"
+        worst = max(worst, *[abs(g - e) for g, e in zip(got, expected)])
+        assert worst < TOLERANCE, f"{name} rank {rank}: losses {got} vs reference {expected}"
+    print(f"{name}: {world} ranks, pp {pp}: max |loss - reference| = {worst:.2e} (first {expected[0]:.6f})")
+    if "--eval-tokens" in both:
+        (ref_initial, ref_final), (initial, final) = eval_losses(ref_out, name), eval_losses(out, name)
+        assert abs(initial - ref_initial) < TOLERANCE and abs(final - ref_final) < TOLERANCE, \
+            f"{name}: eval losses {initial}, {final} vs reference {ref_initial}, {ref_final}"
+        assert abs(final - initial) > 1e-3, f"{name}: the eval did not see the training ({initial}, {final})"
+        print(f"{name}: eval losses {initial:.8f} -> {final:.8f}, reference {ref_initial:.8f} -> {ref_final:.8f}")
+    if "--sample" in both:
+        text = sample_text(out, name)
+        assert text == sample_text(ref_out, name), f"{name}: sample {text!r} vs reference {sample_text(ref_out, name)!r}"
+        print(f"{name}: sample {text!r} equal to the reference's")
+    if "DUMP" in both:
+        import torch
+        dumped = [torch.load(tmp / f"{name}-{r}-DUMP.pt") for r in ("ref", "pp")]
+        assert all(torch.equal(dumped[0][k], dumped[1][k]) for k in ("inputs", "targets")), \
+            f"{name}: --dump-batches differs from the reference's"
+        print(f"{name}: --dump-batches {tuple(dumped[1]['inputs'].shape)} equal to the reference's")
+
+
 def write_corpus(path):
     """20,000 words of a code-like text (the pipeline tests' --data)."""
     words = ["def", "return", "self", "tensor", "rank", "shard", "step", "loss", "(", ")", ":"]
@@ -190,6 +294,9 @@ def main():
         for layout in LAYOUTS:
             if not ONLY or layout[0] in ONLY:
                 check(tmp, *layout)
+        for feature in FEATURES:
+            if not ONLY or feature[0] in ONLY:
+                check_feature(tmp, *feature)
     print(f"pp_train_end_to_end: all layouts within {TOLERANCE} ({MUON_TOLERANCE} with Muon, "
           f"{BF16_DP2_TOLERANCE} in bf16 at dp 2)")
 

@@ -309,6 +309,7 @@ std::string finish_plan_options(const CLI::App& app, CommandLine& cl) {
   if (std::string error = apply_hf_sizes(app, cl.train); !error.empty()) return error;
   if (std::string error = check_model_flags(app, cl.train.model); !error.empty()) return error;
   if (std::string error = check_search_flags(app, cl, /*planning=*/true); !error.empty()) return error;
+  if (std::string error = check_planned_grad_accum(cl.train); !error.empty()) return error;
   if (std::string error = check_pipeline_shape(app, cl.train); !error.empty()) return error;
   if (cl.device != "cpu") cl.train.fsdp.device(c10::Device(cl.device == "cuda" ? "cuda:0" : cl.device));
   return "";

@@ -72,6 +72,8 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl);
 /// The pipeline's shape (--stages-per-rank defaulted for the schedule, enough --layers, the
 /// schedule's own refusals of --microbatches), for a run and for a plan; "" when there is no --pp.
 std::string check_pipeline_shape(const CLI::App& app, TrainOptions& o);
+/// --plan/--auto under --pp with --grad-accum: refused (the pipelined plan is of one schedule a step).
+std::string check_planned_grad_accum(const TrainOptions& o);
 
 /// The planner's flags (plan_flags.h); with `run_flags`, gpt_train's --plan and --auto too.
 void add_planner_options(CLI::App& app, CommandLine& cl, bool run_flags);

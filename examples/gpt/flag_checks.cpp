@@ -192,8 +192,9 @@ std::string apply_data_and_hf_flags(const CLI::App& app, const std::string& data
   if (!o.init_from.empty()) return "--init-from and --init-from-hf both name initial weights; pass one";
   if (std::string error = apply_hf_sizes(app, o); !error.empty()) return error;
   // Built block by block and filled from the files shard by shard: never the whole model at once.
-  // (--tp: built whole, filled, then split: tensor_parallel_plan.h.)
-  o.deferred_init = o.tp == 1;
+  // (--tp: built whole, filled, then split: tensor_parallel_plan.h; --pp: built whole, filled,
+  // then each rank keeps its stages: pipeline_run.cpp.)
+  o.deferred_init = o.tp == 1 && o.pp == 0;
   return "";
 }
 

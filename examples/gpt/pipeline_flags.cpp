@@ -40,20 +40,22 @@ std::vector<std::pair<bool, std::string>> not_with_pipeline(const CLI::App& app,
       {cl.autoplan && !cl.planner.tp_sizes.empty(), "--auto --tp-sizes (a pipelined --auto searches pp sizes, "
                                                     "schedules and micro-batches at the given --tp)"},
       {o.test_pause_after_shard_files_ms > 0, "--test-pause-after-shard-files (a pipelined save takes no test hooks)"},
-      {!o.init_from.empty() || !o.init_from_hf.empty(),
-       "--init-from/--init-from-hf (the stages start from --seed's model only)"},
-      {!o.eval_tokens.empty(), "--eval-tokens (it runs the whole model on one rank)"},
-      {o.sample_bytes > 0, "--sample (it runs the whole model on one rank)"},
-      {!o.dump_batches.empty(), "--dump-batches (its layout is --grad-accum's)"},
-      {cl.cpu_offload, "--cpu-offload (FSDP inside a stage refuses it)"},
-      {cl.keep_after_forward, "--no-reshard-after-forward (a stage is gathered once per step already)"},
-      {o.step_in_backward, "--step-in-backward (the stages step after the schedule's last backward)"},
-      {app.count("--grad-accum") > 0, "--grad-accum (give --microbatches M: the pipeline's micro-batches)"},
-      {o.no_sync, "--no-sync (a sharded stage reduces once per step already)"},
+      {!o.eval_out.empty(), "--eval-out (the pipelined eval gives the loss, printed; the logits stay on the last "
+                            "stage's rank and are not gathered: compare logits with an unpipelined run)"},
+      {cl.cpu_offload, "--cpu-offload (FSDP inside a stage refuses it: the stage holds its gathered parameters "
+                       "across micro-batches, which CPU offload is not built beside)"},
+      {cl.keep_after_forward, "--no-reshard-after-forward (a stage is gathered once per step and kept for all "
+                              "its micro-batches already)"},
+      {o.step_in_backward, "--step-in-backward (the stages step after the schedule's last backward, once the "
+                           "gradients of every micro-batch are summed)"},
+      {o.no_sync, "--no-sync (a sharded stage reduces once per schedule already; --grad-accum adds whole "
+                  "schedules)"},
       {o.fsdp.mixed_precision().param_dtype() == torch::kHalf || o.fsdp.mixed_precision().reduce_dtype() == torch::kHalf,
        "fp16 (--param-dtype/--reduce-dtype fp16 need loss scaling, which the pipelined step does not run yet; use "
        "bf16)"},
-      {o.deferred_init, "--deferred-init (every rank builds the whole model, then keeps its stages)"},
+      {o.deferred_init, "--deferred-init (every rank builds the whole model, then keeps its stages: a stage "
+                        "built on meta and materialised alone, by its parameters' names, is not built in "
+                        "fsdp::pp::Stage yet)"},
   };
 }
 
@@ -85,6 +87,9 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
   for (const auto& [given, flag] : not_with_pipeline(app, cl)) {
     if (given) return "--pp does not run with " + flag + "; drop one of them";
   }
+  if (cl.autoplan) {
+    if (std::string error = check_planned_grad_accum(o); !error.empty()) return error;
+  }
   if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;  // its default first
   // Before the mesh (pipeline_run.cpp names the same for mixed precision at any rank count).
   if (o.pp_schedule == "zbv" && (o.save_every > 0 || o.resume)) {
@@ -93,6 +98,12 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
            "into input and weight gradients); use --pp-schedule interleaved-1f1b, 1f1b or gpipe";
   }
   return check_pipeline_shape(app, o);
+}
+
+std::string check_planned_grad_accum(const TrainOptions& o) {
+  if (o.pp == 0 || o.grad_accum == 1) return "";
+  return "--pp does not run with --plan/--auto with --grad-accum (the pipelined plan is of one schedule a step; "
+         "give --microbatches A·M instead); drop one of them";
 }
 
 std::string check_pipeline_shape(const CLI::App& app, TrainOptions& o) {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -151,12 +152,13 @@ TrainOptimizers pipeline_optimizers(const TrainOptions& o, GPT& gpt, fsdp::pp::P
   return optimizers;
 }
 
-// dp rank `dp_rank`'s rows of step `step`: micro-batch m is rows [m·dp·B + dp_rank·B, +B) of
-// the global batch, as the reference's --grad-accum micro-batch m (step.cpp).
-std::pair<torch::Tensor, torch::Tensor> rank_rows(const TrainOptions& o, const Corpus& corpus,
-                                                  int64_t step, int dp, int dp_rank) {
+// dp rank `dp_rank`'s rows of schedule `schedule` (of --grad-accum's) of step `step`: its
+// micro-batch m is the step's micro-batch k = schedule·M + m, rows [k·dp·B + dp_rank·B, +B) of
+// the global batch, as the reference's --grad-accum micro-batch k (step.cpp).
+std::pair<torch::Tensor, torch::Tensor> rank_rows(const TrainOptions& o, const Corpus& corpus, int64_t step,
+                                                  int64_t schedule, int dp, int dp_rank) {
   std::vector<torch::Tensor> inputs, targets;
-  for (int64_t m = 0; m < o.microbatches; ++m) {
+  for (int64_t m = schedule * o.microbatches; m < (schedule + 1) * o.microbatches; ++m) {
     auto [x, y] = corpus.batch(o.seed, step, (m * dp + dp_rank) * o.batch, o.batch, o.model.max_seq);
     inputs.push_back(x);
     targets.push_back(y);
@@ -174,8 +176,10 @@ struct PipelineRun {
   int dp, dp_rank;
 };
 
-// One step: the pipeline's forward and backward over this rank's rows, then AdamW; the loss is
-// the global batch's (each dp rank's share's mean, averaged over the world: alike along pp).
+// One step: --grad-accum A schedules of the pipeline's forward and backward over this rank's
+// rows, their gradients added, the loss normalized once by all A·M micro-batches' tokens
+// (Pipeline::step's loss_tokens), then AdamW; the loss is the global batch's (each dp rank's
+// share's mean, averaged over the world: alike along pp).
 StepRecord pipeline_step(const PipelineRun& run, int64_t step, bool traced) {
   const TrainOptions& o = run.o;
   if (traced) fsdp::start_trace();
@@ -185,8 +189,12 @@ StepRecord pipeline_step(const PipelineRun& run, int64_t step, bool traced) {
   run.optimizers.set_learning_rates(o, step);
   torch::optim::Optimizer& optimizer = run.optimizers.stepped();
   optimizer.zero_grad();
-  const auto [inputs, targets] = rank_rows(o, run.corpus, step, run.dp, run.dp_rank);
-  auto loss = torch::tensor(run.pipe.step(inputs, targets), torch::kDouble);
+  double rank_loss = 0;
+  for (int64_t schedule = 0; schedule < o.grad_accum; ++schedule) {
+    const auto [inputs, targets] = rank_rows(o, run.corpus, step, schedule, run.dp, run.dp_rank);
+    rank_loss += run.pipe.step(inputs, targets, o.grad_accum * targets.numel());
+  }
+  auto loss = torch::tensor(rank_loss, torch::kDouble);
   StepRecord record;
   if (o.clip > 0) record.grad_norm = fsdp::pp::clip_grad_norm_(run.pipe, o.clip);  // over every stage
   const auto optimizer_start = Clock::now();
@@ -200,7 +208,7 @@ StepRecord pipeline_step(const PipelineRun& run, int64_t step, bool traced) {
   record.step = step;
   record.loss = loss.item<double>() / run.dist.world_size();
   record.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-  const double tokens = static_cast<double>(o.microbatches * run.dp * o.batch * o.model.max_seq);
+  const double tokens = static_cast<double>(o.grad_accum * o.microbatches * run.dp * o.batch * o.model.max_seq);
   record.tokens_per_s = tokens / (record.step_ms / 1000.0);
   record.memory = fsdp::memory_stats(compute_device(o));
   record.comm = comm_difference(fsdp::comm_stats(), comm_before);
@@ -214,12 +222,13 @@ Corpus pipeline_corpus(const TrainOptions& o) {
                           : Corpus::load(o.data, o.max_data_bytes, min_size);
 }
 
-// Every stage's full parameters when the run writes them (--save-full, --export-hf): a collective.
-fsdp::NamedTensors pipeline_full_params_if_written(const TrainOptions& o, GPT& gpt, fsdp::pp::Pipeline& pipe,
-                                                   fsdp::DeviceMesh& mesh,
-                                                   const std::vector<std::vector<std::string>>& modules,
-                                                   fsdp::pp::Schedule schedule) {
-  if (o.save_full.empty() && o.export_hf.empty()) return {};
+// Every stage's full parameters when the run writes them (--save-full, --export-hf) or samples
+// from them (--sample): a collective.
+fsdp::NamedTensors pipeline_full_params_if_used(const TrainOptions& o, GPT& gpt, fsdp::pp::Pipeline& pipe,
+                                                fsdp::DeviceMesh& mesh,
+                                                const std::vector<std::vector<std::string>>& modules,
+                                                fsdp::pp::Schedule schedule) {
+  if (o.save_full.empty() && o.export_hf.empty() && o.sample_bytes == 0) return {};
   return pipeline_full_params(gpt, pipe, mesh, modules, fsdp::pp::placement_of(schedule));
 }
 
@@ -231,6 +240,32 @@ void write_full_params(const TrainOptions& o, fsdp::Distributed& dist, const fsd
   if (!o.export_hf.empty()) export_hf(o, params, &dist);
 }
 
+// --sample: the whole trained model, its parameters gathered from every stage (`params`), built on
+// every rank and sampled as the unpipelined trainer samples (the same seed, the same forwards).
+std::string sample_whole_model(const TrainOptions& o, const fsdp::NamedTensors& params) {
+  GPT whole = make_gpt(o.model, o.seed);
+  fsdp::Unit<GPT> model(whole);
+  fsdp::load_full_params(model, params, "--sample's gathered stages");
+  whole->to(compute_device(o));
+  return generate(model, compute_device(o), o.sample_prompt, o.sample_bytes, o.model.max_seq, o.seed);
+}
+
+// --eval-tokens: the loss of the fixed batch through the stages (Pipeline::evaluate: forward only),
+// every dp rank on the whole batch as one micro-batch, as the unpipelined run's one forward.
+EvalResult pipeline_eval(fsdp::pp::Pipeline& pipe, const EvalBatch& batch, const c10::Device& device) {
+  EvalResult result;
+  result.loss = pipe.evaluate(batch.inputs.to(device), batch.targets.to(device), /*microbatches=*/1);
+  return result;
+}
+
+// --dump-batches: the global batches of the reference a pipelined run equals (--world-size dp
+// --grad-accum A·M): a step's micro-batch k of dp rank d is its rows [k·dp·B + d·B, +B).
+void dump_pipeline_batches(const TrainOptions& o, const Corpus& corpus, int dp) {
+  TrainOptions reference = o;
+  reference.grad_accum = o.grad_accum * o.microbatches;
+  write_output("--dump-batches", o.dump_batches, [&] { dump_batches(reference, corpus, dp); });
+}
+
 }  // namespace
 
 TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
@@ -238,6 +273,10 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   fsdp::install_memory_counter();
   const Corpus corpus = pipeline_corpus(o);
   GPT gpt = make_gpt(o.model, o.seed);  // every rank alike: the reference's initial values
+  {
+    fsdp::Unit<GPT> whole(gpt);  // --init-from(-hf): every rank loads the whole model, then keeps its stages
+    load_initial_weights(o, whole);
+  }
   freeze_parameters(o, *gpt);
   gpt->to(compute_device(o));
   if (o.tp > 1) parallelize_gpt(gpt, std::make_shared<fsdp::tp::TensorParallel>(mesh.group_ptr("tp")));
@@ -250,6 +289,7 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
   TrainOptimizers optimizers = pipeline_optimizers(o, gpt, pipe);
   const PipelineRun run{o, dist, corpus, pipe, optimizers, mesh.size("dp"), mesh.coordinate("dp")};
 
+  if (!o.dump_batches.empty() && dist.rank() == 0) dump_pipeline_batches(o, corpus, mesh.size("dp"));
   StepLog log(o, &dist, dist.rank());
   NonFiniteGuard nonfinite(o);
   prepare_checkpoint_dir(o, dist.rank());
@@ -270,6 +310,11 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
                                                   extra, kKeepLast, async_options);
     if (next_step == o.steps) saving.wait();
   };
+  const std::optional<EvalBatch> eval_batch =
+      o.eval_tokens.empty() ? std::nullopt
+                            : std::optional(EvalBatch::load(o.eval_tokens, o.model.vocab_size, o.model.max_seq));
+  std::optional<EvalResult> eval_initial;
+  if (eval_batch) eval_initial = pipeline_eval(pipe, *eval_batch, compute_device(o));
   TrainResult result;
   const int64_t traced_step = std::min<int64_t>(2, o.steps - 1);
   for (int64_t step = first_step; step < o.steps; ++step) {
@@ -284,7 +329,13 @@ TrainResult train_pipeline(const TrainOptions& o, fsdp::Distributed& dist) {
       fsdp::pp::reserve_staging_arena(pipe, optimizers.saved(), async_options);
     }
   }
-  write_full_params(o, dist, pipeline_full_params_if_written(o, gpt, pipe, mesh, modules, schedule));
+  const fsdp::NamedTensors params = pipeline_full_params_if_used(o, gpt, pipe, mesh, modules, schedule);
+  write_full_params(o, dist, params);
+  if (eval_batch) {
+    const EvalResult eval_final = pipeline_eval(pipe, *eval_batch, compute_device(o));
+    if (dist.rank() == 0) write_eval("", *eval_batch, *eval_initial, eval_final);  // --eval-out is refused
+  }
+  if (o.sample_bytes > 0) result.sample = sample_whole_model(o, params);
   nonfinite.check_finished(gpt, &dist);
   return result;
 }

@@ -277,6 +277,24 @@ class Pipeline {
   /// are the global batch's (the dp reduction averages the ranks' means), and the loss returned is
   /// this rank's share's mean (average it over "dp" for the global one).
   double step(const torch::Tensor& inputs, const torch::Tensor& targets);
+  /// step() with each micro-batch's summed loss divided by `loss_tokens` rather than
+  /// targets.numel(): gradient accumulation over whole schedules. Call it A times without zeroing
+  /// the gradients, each with the tokens of all A calls (on a sharded stage, this dp rank's), and
+  /// step the optimizer once: the gradients add (a sharded stage adds each call's reduction into
+  /// its gradient shard; a weight tied across stages has each call's sum over its holders added
+  /// to what it kept), so they are the gradient of the mean over all A calls' tokens, normalized
+  /// once. Returns this call's share of that mean (its summed loss over `loss_tokens`): the A
+  /// returns add up to the mean.
+  double step(const torch::Tensor& inputs, const torch::Tensor& targets, int64_t loss_tokens);
+  /// A forward-only pass of the batch through the stages (evaluation): no autograd graph, no
+  /// gradient, no reduction; a sharded stage gathered once before its first micro-batch and freed
+  /// after its last, as in a step. Split into `microbatches` (0: the pipeline's count), each run
+  /// through this rank's stages in increasing order (a receive waits only on an earlier
+  /// micro-batch or stage: no placement deadlocks; [Note: a pipeline's evaluation] in
+  /// src/pp/pipeline_evaluate.cpp). Returns the mean loss over targets.numel() tokens, on every
+  /// rank of the pp group (on a sharded stage, this dp rank's batch's: give every dp rank the same
+  /// batch for the same number). A collective over the pp group and each sharded stage's dp group.
+  double evaluate(const torch::Tensor& inputs, const torch::Tensor& targets, int microbatches = 0);
 
   /// This rank's only stage (throws when it runs several: stages()).
   Stage& stage();

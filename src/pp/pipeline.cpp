@@ -92,11 +92,12 @@ class StepRun {
     }
   }
 
-  void set_batch(const at::Tensor& inputs, const at::Tensor& targets, int microbatches) {
+  // `loss_tokens`: what each micro-batch's summed loss is divided by (0: targets.numel()).
+  void set_batch(const at::Tensor& inputs, const at::Tensor& targets, int microbatches, int64_t loss_tokens) {
     if (stages_.begin()->second->is_first()) inputs_ = split_batch(inputs, microbatches, "inputs");
     if (stages_.rbegin()->second->is_last()) {
       targets_ = split_batch(targets, microbatches, "targets");
-      tokens_ = targets.numel();
+      tokens_ = loss_tokens > 0 ? loss_tokens : targets.numel();
     }
   }
 
@@ -349,9 +350,16 @@ std::vector<torch::Tensor> Pipeline::parameters() const {
 }
 
 double Pipeline::step(const torch::Tensor& inputs, const torch::Tensor& targets) {
+  return step(inputs, targets, 0);
+}
+
+double Pipeline::step(const torch::Tensor& inputs, const torch::Tensor& targets, int64_t loss_tokens) {
+  TORCH_CHECK(loss_tokens >= 0, "pipeline: step's loss_tokens is ", loss_tokens, "; give the tokens of every "
+              "step accumulated before the optimizer step (or 0 for this step's targets.numel())");
   borrowed_->before_step();
+  tied_->set_aside_gradients();  // [Note: a tied weight's gradient accumulated over steps]
   StepRun run(stages_, shardings_, rank_of_, *pp_, loss_sum_, options_);
-  run.set_batch(inputs, targets, options_.microbatches());
+  run.set_batch(inputs, targets, options_.microbatches(), loss_tokens);
   for (const Action& action : actions_) run.run(action);
   const double loss_sum = run.finish();  // 0 but on the last stage's rank
   tied_->sum_gradients(*pp_);

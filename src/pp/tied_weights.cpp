@@ -95,6 +95,20 @@ void TiedWeights::make_equal(ProcessGroup& pp) {
   for (PendingSend& send : sends) send.wait();
 }
 
+// [Note: a tied weight's gradient accumulated over steps]
+// Gradient accumulation calls step() several times before the optimizer steps. After a step each
+// holder's gradient is the sum over every holder; summing the holders' whole gradients again
+// after the next step would count the earlier steps once per holder. So each step sets the
+// gradient aside first, its backward computes this step's alone, the holders sum that, and the
+// kept gradient (equal on every holder) gets the sum added: bitwise equal copies still.
+void TiedWeights::set_aside_gradients() {
+  kept_.clear();
+  for (const Tie& tie : ties_) {
+    kept_.push_back(tie.tensor.grad());
+    tie.tensor.mutable_grad() = at::Tensor();
+  }
+}
+
 void TiedWeights::sum_gradients(ProcessGroup& pp) {
   torch::NoGradGuard no_grad;
   std::vector<PendingSend> sends;
@@ -116,12 +130,16 @@ void TiedWeights::sum_gradients(ProcessGroup& pp) {
       }
       total = total.defined() ? total + part : part.clone();
     }
-    if (tie.tensor.grad().defined()) {
+    const at::Tensor kept = t < kept_.size() ? kept_[t] : at::Tensor();
+    if (kept.defined()) {
+      tie.tensor.mutable_grad() = kept.add_(total);
+    } else if (tie.tensor.grad().defined()) {
       tie.tensor.mutable_grad().copy_(total);
     } else {
       tie.tensor.mutable_grad() = total;
     }
   }
+  kept_.clear();
   for (PendingSend& send : sends) send.wait();
 }
 

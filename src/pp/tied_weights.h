@@ -32,8 +32,12 @@ class TiedWeights {
   /// Every holder gets the values of the tensor's first holding stage (the model may have been
   /// built from another seed on each rank).
   void make_equal(ProcessGroup& pp);
-  /// Each holder's gradient becomes the sum of every holder's, added in pp rank order (so the sums,
-  /// and the values after the optimizer step, are bitwise equal on every holder).
+  /// Before a step: takes each tie's gradient away (kept), so that the step's backward computes
+  /// this step's alone ([Note: a tied weight's gradient accumulated over steps]).
+  void set_aside_gradients();
+  /// Each holder's gradient becomes the sum of every holder's for this step, added in pp rank
+  /// order (so the sums, and the values after the optimizer step, are bitwise equal on every
+  /// holder), added to the gradient set aside before the step.
   void sum_gradients(ProcessGroup& pp);
 
  private:
@@ -48,6 +52,7 @@ class TiedWeights {
 
   int rank_;
   std::vector<Tie> ties_;  // ordered by name
+  std::vector<at::Tensor> kept_;  // each tie's gradient from the steps before this one (set aside)
 };
 
 }  // namespace fsdp::pp
