@@ -10,7 +10,8 @@ checkpoint: its parameters bitwise those that the unpipelined run loads from it 
 at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
 --save-full and --export-hf bitwise as the unpipelined run does. --async-save writes the same
 folder byte for byte. With --optimizer muon the checkpoint holds Muon's momentum beside AdamW's
-moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one. Saved at
+moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one; so is GPT-2's (its
+tie across the two sharded stages) under 1F1B. Saved at
 (pp 2, tp 2), the checkpoint resumes bitwise at (pp 2, tp 2) and at (pp 1, dp 2) within 1e-5.
 
     pp_checkpoint_e2e.py BIN_DIR"""
@@ -187,6 +188,30 @@ def check_muon_resume(tmp):
     assert gap == 0, f"--optimizer muon resumed at (pp 2, dp 2) is not the uninterrupted run: |loss gap| {gap:.3g}"
 
 
+def check_gpt2_tie_resume(tmp):
+    """GPT-2 (its head tied to wte across the first and the last stage, both sharded) at
+    (pp 2, dp 2) under 1F1B: 3 steps saved and 3 resumed there are bitwise the 6 uninterrupted
+    steps, each saving (so both runs' stages are sharded alike)."""
+    gpt2 = ["--model", "gpt2", "--layers", 2, "--dim", 32, "--heads", 4, "--seq", 16, "--batch", 2, "--lr", 3e-3,
+            "--seed", 5, "--pp", 2, "--microbatches", 2, "--pp-schedule", "1f1b", "--data", tmp / "text.txt"]
+
+    def run(*flags):
+        metrics = tmp / "gpt2-{rank}.jsonl"
+        cmd = [FSDPRUN, "--nproc-per-node", 4, GPT, *gpt2, "--metrics", metrics, *flags]
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+        assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        records = [json.loads(line) for line in Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()]
+        return {rec["step"]: rec["loss"] for rec in records if "loss" in rec}
+
+    straight = run("--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", tmp / "gpt2-straight")
+    ckpt = tmp / "gpt2-saved"
+    run("--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    resumed = run("--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", ckpt, "--resume")
+    assert sorted(resumed) == list(range(SAVED, STEPS)), resumed
+    gap = max(abs(resumed[s] - straight[s]) for s in resumed)
+    assert gap == 0, f"GPT-2 resumed at (pp 2, dp 2) is not the uninterrupted run: |loss gap| {gap:.3g}"
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pp_ckpt_") as tmp:
         tmp = Path(tmp)
@@ -199,6 +224,7 @@ def main():
         folder = saved_dir / f"step-{SAVED:08d}"
         check_async_save(tmp, folder)
         check_muon_resume(tmp)
+        check_gpt2_tie_resume(tmp)
         check_tp_save(tmp, straight)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)

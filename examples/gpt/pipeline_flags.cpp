@@ -86,6 +86,11 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
     if (given) return "--pp does not run with " + flag + "; drop one of them";
   }
   if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;  // its default first
+  if (o.pp_schedule == "zbv" && o.fsdp.activation_checkpointing()) {  // [Note: activation checkpointing inside a stage]
+    return "--pp-schedule zbv does not run with --activation-checkpointing: ZBV's input-gradient pass would run the "
+           "recomputation's backward, which accumulates the weights' gradients before its weight pass adds them "
+           "again; use --pp-schedule gpipe, 1f1b or interleaved-1f1b, or drop --activation-checkpointing";
+  }
   if (o.stages_per_rank > 1 && (o.save_every > 0 || o.resume)) {
     return "--pp does not run with --save-every/--resume at " + std::to_string(o.stages_per_rank) +
            " stages per rank (--pp-schedule " + o.pp_schedule + ") yet: a checkpoint of several stages "
