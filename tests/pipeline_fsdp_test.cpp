@@ -379,13 +379,15 @@ struct StagesConfig {
   fsdp::FullyShardOptions fsdp;
   double loss_tolerance = 1e-5, param_tolerance = 1e-5;
   double max_norm = 0;  // > 0: each step clips both to it, and their norms are compared
+  bool reshard_after_microbatch = false;
 };
 
 // Every stage of this rank sharded over dp, trained by `c.schedule` beside the unsplit model
 // (plain LibTorch) on the same global batch: losses, the clipped norms and the gathered
 // parameters, by the model's own names (a tie's under each stage's name for it).
 void expect_sharded_stages_equal_unsplit(const StagesConfig& c) {
-  SCOPED_TRACE(fsdp::pp::to_string(c.schedule) + (c.tied ? " tied" : ""));
+  SCOPED_TRACE(fsdp::pp::to_string(c.schedule) + (c.tied ? " tied" : "") +
+               (c.reshard_after_microbatch ? " reshard_after_microbatch" : ""));
   fsdp::DeviceMesh mesh(dist().world, {{"pp", kPp}, {"dp", kDp}});
   ChainedNet model = chained_net(c.tied);
   const int num_stages = static_cast<int>(c.split.size());
@@ -395,7 +397,8 @@ void expect_sharded_stages_equal_unsplit(const StagesConfig& c) {
     stages.back().fully_shard(mesh.group("dp"), c.fsdp);
   }
   fsdp::pp::Pipeline pipe(std::move(stages), mesh.group_ptr("pp"), summed_cross_entropy,
-                          fsdp::pp::PipelineOptions().schedule(c.schedule).microbatches(kMicrobatches));
+                          fsdp::pp::PipelineOptions().schedule(c.schedule).microbatches(kMicrobatches)
+                              .reshard_after_microbatch(c.reshard_after_microbatch));
   torch::optim::AdamW optim(pipe.parameters(), torch::optim::AdamWOptions(kLr));
   ChainedNet reference = chained_net(c.tied);
   torch::optim::AdamW reference_optim(distinct(reference.net->parameters()), torch::optim::AdamWOptions(kLr));
@@ -439,12 +442,15 @@ void expect_sharded_stages_equal_unsplit(const StagesConfig& c) {
 const std::vector<std::vector<std::string>> kFourStages{{"wte", "h.0"}, {"h.1"}, {"h.2"}, {"h.3", "ln_f", "head"}};
 
 // ZBV's W adds each micro-batch's weight gradients into the held unsharded sum, reduced once
-// after the stage's last W (V placement: rank 0 runs stages 0 and 3, rank 1 runs 1 and 2).
+// after the stage's last W (V placement: rank 0 runs stages 0 and 3, rank 1 runs 1 and 2); also
+// resharding after each micro-batch's W and gathering again before its I and W.
 TEST(PipelineFsdp, ZbvWithShardedStagesEqualsTheUnsplitModel) {
   if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
   StagesConfig c;
   c.schedule = fsdp::pp::Schedule::ZBV;
   c.split = kFourStages;
+  expect_sharded_stages_equal_unsplit(c);
+  c.reshard_after_microbatch = true;
   expect_sharded_stages_equal_unsplit(c);
 }
 
