@@ -484,14 +484,29 @@ TEST(PipelineFsdp, TiedWeightAcrossShardedStagesUnderMixedPrecisionWithinBf16Rou
 }
 
 // ZBV puts the first and the last stage on one rank: one tensor there, which two sharded stages
-// cannot both flatten.
+// cannot both flatten. Refused by the second stage's fully_shard (stage 3 after stage 0 on rank
+// 0), and by the Pipeline when the stage holding it unsharded comes first and the sharded one after.
 TEST(PipelineFsdp, ATieBetweenTwoShardedStagesOfOneRankIsRefusedByName) {
   if (skipped_off_world4()) GTEST_SKIP() << "a 2 x 2 mesh: pp = 2, dp = 2";
   fsdp::DeviceMesh mesh(dist().world, {{"pp", kPp}, {"dp", kDp}});
-  ChainedNet model = chained_net(true);
   const auto schedule = fsdp::pp::Schedule::ZBV;
+  const std::vector<int> local = fsdp::pp::stages_of_rank(mesh.coordinate("pp"), kPp, 4, fsdp::pp::placement_of(schedule));
+  {
+    ChainedNet model = chained_net(true);
+    std::string error;
+    std::vector<fsdp::pp::Stage> sharded;  // alive, as a pipeline's stages are
+    for (int s : local) {
+      sharded.emplace_back(*model.net, model.parts, kFourStages, s);
+      error += error_of([&] { sharded.back().fully_shard(mesh.group("dp")); });
+    }
+    if (mesh.coordinate("pp") == 0) {
+      EXPECT_NE(error.find("stage 3 holds 'head.weight', a weight tied across stages that another stage of this "
+                           "rank has sharded already"), std::string::npos) << error;
+    }
+  }
+  ChainedNet model = chained_net(true);
   std::vector<fsdp::pp::Stage> stages;
-  for (int s : fsdp::pp::stages_of_rank(mesh.coordinate("pp"), kPp, 4, fsdp::pp::placement_of(schedule))) {
+  for (int s : local) {
     stages.emplace_back(*model.net, model.parts, kFourStages, s);
     if (s != 0) stages.back().fully_shard(mesh.group("dp"));  // stage 3 sharded beside stage 0's tensor
   }
