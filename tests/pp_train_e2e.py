@@ -13,8 +13,11 @@ group of one at dp 1) against the reference under the same policy: Llama under 1
 under GPipe at pp 2 x dp 1 (within 1e-5: the held gradient is the fp32 sum of the micro-batches'
 bf16 gradients, as the reference's), Llama under GPipe and Qwen3 under 1F1B at pp 2 x dp 2 (within
 BF16_DP2_TOLERANCE, bf16 rounding of each rank's gradient); --activation-checkpointing (each part of
-a stage recomputed) at pp 2 x dp 1 under 1F1B and pp 2 x dp 2 under GPipe within 1e-5, and at dp 2
-every rank's step peak below the same run's without it.
+a stage recomputed) at pp 2 x dp 1 under 1F1B and pp 2 x dp 2 under GPipe (Llama) and 1F1B (GPT-2)
+within 1e-5, and at dp 2 every rank's step peak below the same run's without it. FSDP inside the
+stages at pp 2 x dp 2: Llama under ZBV, GPT-2's tie across sharded stages under 1F1B (also with
+--clip) and interleaved 1F1B, within 1e-5; GPT-2 in bf16 at dp 1 within BF16_TIE_TOLERANCE and at
+dp 2 within BF16_DP2_TOLERANCE.
 
     pp_train_e2e.py BIN_DIR [--only NAME,...]"""
 import json

@@ -29,7 +29,9 @@ namespace fsdp::pp {
 // - Unshard gathers the parameters once and holds them ([Note: units held unsharded]): no
 //   forward or backward of the step's micro-batches reshards them, and each backward adds its
 //   gradient into one unsharded sum (no_sync);
-// - ReduceScatter, after the stage's last backward, reduces that sum once (reduce-scatter, or
+// - ZBV's W (backward with the stage's weights as inputs) adds into the same sum as a B; its I
+//   (the input's gradient alone) reaches no weight;
+// - ReduceScatter, after the stage's last backward (or W), reduces that sum once (reduce-scatter, or
 //   all-reduce for NO_SHARD and across hybrid replicas), divided by D: each dp rank's loss is
 //   the mean over its own tokens, so the mean over the ranks is the global batch's;
 // - Reshard frees the gathered parameters: between steps they are this rank's 1-D shards, with
