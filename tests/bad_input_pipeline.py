@@ -18,11 +18,6 @@ def flag_cases(tmp):
               (["--deferred-init"], "--deferred-init"),
               (["--no-reshard-after-forward"], "--no-reshard-after-forward"),
               (["--step-in-backward"], "--step-in-backward"))],
-        ("--pp 2 zbv with checkpoints",
-         ["--pp", "2", "--layers", "4", "--pp-schedule", "zbv", "--save-every", "2",
-          "--checkpoint-dir", str(tmp / "pp-ck")],
-         ("--pp-schedule zbv does not run with --save-every/--resume",
-          "FSDP inside ZBV's stages is not built", "use --pp-schedule interleaved-1f1b")),
         ("--pp 2 --plan with 1 block", ["--pp", "2", "--plan"], ("--layers >= 2", "got --layers 1")),
         ("--microbatches without --pp", ["--microbatches", "2"], ("--microbatches only applies with --pp",)),
         ("--pp 2 --stages-per-rank 2 under 1f1b", ["--pp", "2", "--layers", "4", "--stages-per-rank", "2"],
@@ -39,27 +34,25 @@ def flag_cases(tmp):
 
 
 def under_sharding(t, sharded):
-    """gpt_train --pp at dp 2 (4 ranks): what FSDP inside a stage does not compose with yet is
-    refused by the flags at fault: a head tied to wte across stages (GPT-2, the Llama's
-    --tie-head), and ZBV."""
-    tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", n=4, timeout=60)
-    t.fails("--pp 2 at dp 2, GPT-2's tied head", tied, "--model gpt2", "tied to wte", "dp 1")
-    zbv = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
-                  "--model", "llama", n=4, timeout=60)
-    t.fails("--pp 2 --pp-schedule zbv at dp 2", zbv, "--pp-schedule zbv at dp 2", "dp 1")
-    # At dp 1 too, what needs a sharded stage (mixed precision, activation checkpointing) names
-    # the flag that needs it.
-    tied_bf16 = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--param-dtype", "bf16", n=2,
-                        timeout=60)
-    t.fails("--pp 2 at dp 1 --param-dtype bf16, GPT-2's tied head", tied_bf16, "--pp 2 at dp 1",
-            "with --param-dtype/--reduce-dtype", "tied to wte")
+    """gpt_train --pp with its stages sharded (dp 2, or mixed precision at dp 1): what FSDP inside
+    a stage does not compose with is refused by the flags at fault: a head tied to wte (GPT-2,
+    the Llama's --tie-head) under ZBV, whose first and last stage share rank 0, and ZBV with
+    --activation-checkpointing."""
+    tied = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv", n=4, timeout=60)
+    t.fails("--pp 2 --pp-schedule zbv at dp 2, GPT-2's tied head", tied, "--pp-schedule zbv at dp 2",
+            "--model gpt2", "tied to wte", "dp 1")
+    # At dp 1 too, what needs a sharded stage (mixed precision) names the flag that needs it.
+    tied_bf16 = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
+                        "--param-dtype", "bf16", n=2, timeout=60)
+    t.fails("--pp 2 --pp-schedule zbv at dp 1 --param-dtype bf16, GPT-2's tied head", tied_bf16,
+            "--pp-schedule zbv at dp 1", "with --param-dtype/--reduce-dtype", "tied to wte")
     zbv_recompute = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
                             "--model", "llama", "--activation-checkpointing", n=2, timeout=60)
-    t.fails("--pp 2 --pp-schedule zbv --activation-checkpointing", zbv_recompute, "--pp-schedule zbv at dp 1",
-            "with --activation-checkpointing")
-    llama_tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
-                         "--tie-head", n=4, timeout=60)
-    t.fails("--pp 2 at dp 2, --model llama --tie-head", llama_tied, "--tie-head", "tied to wte")
+    t.fails("--pp 2 --pp-schedule zbv --activation-checkpointing", zbv_recompute,
+            "--pp-schedule zbv does not run with --activation-checkpointing", "1f1b")
+    llama_tied = sharded("--pp", "2", "--layers", "4", "--microbatches", "2", "--pp-schedule", "zbv",
+                         "--model", "llama", "--tie-head", n=4, timeout=60)
+    t.fails("--pp 2 --pp-schedule zbv at dp 2, --model llama --tie-head", llama_tied, "--tie-head", "tied to wte")
     hybrid = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--model", "llama",
                      "--strategy", "hybrid", "--shard-group-size", "2", n=4, timeout=60)
     t.fails("--pp 2 --strategy hybrid at dp 2", hybrid, "--strategy hybrid under --pp 2", "dp = 2 ranks",
@@ -67,12 +60,3 @@ def under_sharding(t, sharded):
     tp_clip = sharded("--pp", "2", "--tp", "2", "--layers", "2", "--microbatches", "2", "--clip", "1",
                       n=4, timeout=60)
     t.fails("--pp 2 --tp 2 --clip 1", tp_clip, "--pp with --tp 2 does not run with --clip")
-
-
-def with_checkpoints(t, sharded, tmp):
-    """gpt_train --pp at dp 1 (2 ranks) saving checkpoints shards every stage (a pipelined
-    checkpoint is written by sharded stages), so a head tied to wte across stages is refused as at
-    dp 2, naming the checkpoints."""
-    tied = sharded("--pp", "2", "--layers", "2", "--microbatches", "2", "--save-every", "2",
-                   "--checkpoint-dir", str(tmp / "pp-tied-ck"), n=2, timeout=60)
-    t.fails("--pp 2 at dp 1 with checkpoints, GPT-2's tied head", tied, "with checkpoints", "tied to wte")

@@ -787,7 +787,6 @@ def cases(t):
         tensor_parallel_messages(t, tmp)
         fault_tolerant_messages(t)
         bad_input_pipeline.under_sharding(t, sharded)
-        bad_input_pipeline.with_checkpoints(t, sharded, tmp)
 
         # ---- checkpoints: a good one at step 6 (step-4 kept too) must survive every case ----
         ck = tmp / "ck"

@@ -133,6 +133,13 @@ TEST(PlannerPipeline, WhatAStageDoesNotRunIsRefusedByName) {
   fsdp::PlanSetup offload = setup;
   offload.policy.fsdp.cpu_offload(true);
   refused(offload, pipeline(Schedule::GPipe, 2, 2), "cpu_offload");
+  // A tied head at dp 2 (4 ranks, pp 2): ZBV puts the first and the last stage on rank 0, where two
+  // sharded stages cannot both hold the tensor; 1F1B puts them apart and plans.
+  fsdp::PlanPipeline tied = pipeline(Schedule::ZBV, 2, 4);
+  tied.head_tied_to_embedding = true;
+  refused(setup, tied, "first and the last stage on one rank");
+  tied.schedule = Schedule::OneFOneB;
+  EXPECT_NO_THROW(fsdp::plan_pipeline(setup, tied));
 }
 
 // torchtitan's Llama 3.1 405B on 512 H100s as FSDP 8 x TP 8 x PP 8 (docs/planner.md): one

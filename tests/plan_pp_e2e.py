@@ -5,8 +5,11 @@ and writes each rank's measured peak (--metrics' mem_peak_bytes, the step's high
 pp_send bytes. For 1F1B and GPipe at two micro-batch counts each (pp 2 x dp 1, W = 2, a Llama on
 the CPU), and GPipe and 1F1B at pp 2 x dp 2 (each stage sharded over dp, held unsharded across
 the micro-batches; the 1F1B case on a wider, shorter model, where the held parameters weigh more),
-GPT-2 under 1F1B (its head tied to wte: the last stage holds it again and sends its gradient), bf16
-with activation checkpointing at dp 1 and activation checkpointing at dp 2 (the stage's own FSDP features): every rank's measured peak within 10% of its plan, its pp bytes and FSDP's
+and GPT-2 under 1F1B at dp 1 and dp 2 (its head tied to wte: the last stage holds it again and
+sends its gradient), ZBV at pp 2 x dp 2 (FSDP inside its two stages per rank, the W passes
+between the hold's gather and its reduction), bf16 with activation checkpointing at dp 1 and
+activation checkpointing at dp 2 (the stage's own FSDP features): every rank's measured peak
+within 10% of its plan, its pp bytes and FSDP's
 all-gather / reduce-scatter bytes equal to the plan's; and 1F1B's stage 0 holds P micro-batches,
 GPipe's M (the plan says which). Then `--auto` from `--pp 1 --pp-schedule gpipe --microbatches 2`
 under a cap that only pp 2 under 1F1B at M = 4 fits: it trains that, under the cap.
@@ -47,7 +50,7 @@ TOLERANCE = 0.10
 # activation checkpointing at pp 2 x dp 2 (each micro-batch keeps its parts' inputs; a backward
 # recomputes one part at a time, never beside the head's or the embedding's backward).
 CASES = [("1f1b", 2, 2, 2), ("1f1b", 2, 4, 2), ("gpipe", 2, 2, 2), ("gpipe", 2, 4, 4), ("gpipe", 4, 2, 2),
-         ("1f1b", 4, 4, 2, WIDE), ("1f1b", 2, 4, 2, GPT2),
+         ("1f1b", 4, 4, 2, WIDE), ("1f1b", 2, 4, 2, GPT2), ("1f1b", 4, 2, 2, GPT2), ("zbv", 4, 4, 4),
          ("1f1b", 2, 4, 2, WIDE, ["--param-dtype", "bf16", "--reduce-dtype", "fp32", "--activation-checkpointing"]),
          ("1f1b", 4, 4, 2, None, ["--activation-checkpointing"])]
 

@@ -10,7 +10,8 @@ checkpoint: its parameters bitwise those that the unpipelined run loads from it 
 at --steps 3), and AdamW's moments of every parameter. A pipelined run loading it writes
 --save-full and --export-hf bitwise as the unpipelined run does. --async-save writes the same
 folder byte for byte. With --optimizer muon the checkpoint holds Muon's momentum beside AdamW's
-moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one. Saved at
+moments, and a run resumed at (pp 2, dp 2) is bitwise the uninterrupted one; so is GPT-2's (its
+tie across the two sharded stages) under 1F1B. Saved at
 (pp 2, tp 2), the checkpoint resumes bitwise at (pp 2, tp 2) and at (pp 1, dp 2) within 1e-5.
 The (pp 2, dp 2) save resumes under interleaved 1F1B (two stages per rank) too; saved under
 interleaved 1F1B, a checkpoint (written byte for byte by --async-save, read by dcp.load) resumes
@@ -44,6 +45,9 @@ LAYOUTS = {(2, 2): ["--pp", 2, "--microbatches", 2, "--pp-schedule", "1f1b"],
 # (pp 2, dp 2) under interleaved 1F1B: two stages per rank (4 in all), one AdamW over both.
 INTERLEAVED = (2, 2, 1, "interleaved")
 LAYOUTS[INTERLEAVED] = ["--pp", 2, "--microbatches", 2, "--pp-schedule", "interleaved-1f1b"]
+# (pp 2, dp 2) under ZBV: two stages per rank in V placement (0 and 3 on pp rank 0), each sharded.
+ZBV = (2, 2, 1, "zbv")
+LAYOUTS[ZBV] = ["--pp", 2, "--microbatches", 2, "--pp-schedule", "zbv"]
 ENV = {k: v for k, v in __import__("os").environ.items()
        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
 ENV.update(OMP_NUM_THREADS="1", FSDP_TIMEOUT_SECONDS="60")
@@ -226,6 +230,49 @@ def check_muon_resume(tmp, layout=(2, 2)):
     assert gap == 0, f"--optimizer muon resumed at {layout} is not the uninterrupted run: |loss gap| {gap:.3g}"
 
 
+def check_zbv_resume(tmp, straight):
+    """Saved at (pp 2, dp 2) under ZBV (its stages sharded, their W passes adding into the held
+    sums): resumed under ZBV, bitwise the uninterrupted ZBV run; at (pp 2, dp 2) 1F1B within
+    TOLERANCE of the uninterrupted 1F1B run. Returns the report's line."""
+    uninterrupted, _ = gpt_train(tmp, ZBV, "--steps", STEPS)
+    ckpt = tmp / "zbv-saved"
+    gpt_train(tmp, ZBV, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    gaps = []
+    for layout, want, bound in ((ZBV, uninterrupted, 0), ((2, 2), straight, TOLERANCE)):
+        resumed_dir = tmp / ("zbv-resumed-" + "x".join(map(str, layout)))
+        shutil.copytree(ckpt, resumed_dir)
+        losses, _ = gpt_train(tmp, layout, "--steps", STEPS, "--checkpoint-dir", resumed_dir, "--resume")
+        assert sorted(losses) == list(range(SAVED, STEPS)), losses
+        gap = max(abs(losses[s] - want[s]) for s in losses)
+        assert gap <= bound, f"saved under zbv at (pp 2, dp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
+        gaps.append(f"{layout}: {gap:.2g}")
+    return "saved under zbv, resumed with loss gaps " + ", ".join(gaps)
+
+
+def check_gpt2_tie_resume(tmp):
+    """GPT-2 (its head tied to wte across the first and the last stage, both sharded) at
+    (pp 2, dp 2) under 1F1B: 3 steps saved and 3 resumed there are bitwise the 6 uninterrupted
+    steps, each saving (so both runs' stages are sharded alike)."""
+    gpt2 = ["--model", "gpt2", "--layers", 2, "--dim", 32, "--heads", 4, "--seq", 16, "--batch", 2, "--lr", 3e-3,
+            "--seed", 5, "--pp", 2, "--microbatches", 2, "--pp-schedule", "1f1b", "--data", tmp / "text.txt"]
+
+    def run(*flags):
+        metrics = tmp / "gpt2-{rank}.jsonl"
+        cmd = [FSDPRUN, "--nproc-per-node", 4, GPT, *gpt2, "--metrics", metrics, *flags]
+        r = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, env=ENV, timeout=300)
+        assert r.returncode == 0, f"{' '.join(map(str, cmd))} exited {r.returncode}:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        records = [json.loads(line) for line in Path(str(metrics).replace("{rank}", "0")).read_text().splitlines()]
+        return {rec["step"]: rec["loss"] for rec in records if "loss" in rec}
+
+    straight = run("--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", tmp / "gpt2-straight")
+    ckpt = tmp / "gpt2-saved"
+    run("--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
+    resumed = run("--steps", STEPS, "--save-every", STEPS, "--checkpoint-dir", ckpt, "--resume")
+    assert sorted(resumed) == list(range(SAVED, STEPS)), resumed
+    gap = max(abs(resumed[s] - straight[s]) for s in resumed)
+    assert gap == 0, f"GPT-2 resumed at (pp 2, dp 2) is not the uninterrupted run: |loss gap| {gap:.3g}"
+
+
 def main():
     with tempfile.TemporaryDirectory(prefix="pp_ckpt_") as tmp:
         tmp = Path(tmp)
@@ -239,6 +286,7 @@ def main():
         check_async_save(tmp, folder)
         check_muon_resume(tmp)
         check_muon_resume(tmp, INTERLEAVED)
+        check_gpt2_tie_resume(tmp)
         check_tp_save(tmp, straight)
         meta = json.loads((folder / "metadata.json").read_text())
         params, moments, like = check_dcp(tmp, folder)
@@ -248,7 +296,7 @@ def main():
         assert sorted(p["name"] for p in meta["params"]) == sorted(like), meta["params"]
         assert meta["world_size"] == 4, meta["world_size"]
         expected = dcp_load(straight_dir / f"step-{STEPS:08d}", like)
-        report = [check_interleaved_save(tmp, straight, like, folder)]
+        report = [check_interleaved_save(tmp, straight, like, folder), check_zbv_resume(tmp, straight)]
         for layout in LAYOUTS:
             ckpt = tmp / ("resume-" + "x".join(map(str, layout)))
             shutil.copytree(saved_dir, ckpt)

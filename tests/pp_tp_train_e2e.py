@@ -6,7 +6,8 @@ bytes_pp_send is docs/pipeline-parallel.md's formula with a tp rank's activation
 shard: seq/T rows). Layouts: GPT-2 and Llama under ZBV at (pp 2, tp 2) on 4 blocks (GPT-2's tie
 on rank 0, where the V placement puts the first and the last stage); GPT-2 under 1F1B at
 (pp 2, tp 2) (its tie, split over tp, across the two pp ranks); Llama under 1F1B in 3-D,
-(pp 2, dp 2, tp 2) at W = 8, each stage split over tp and sharded over dp.
+(pp 2, dp 2, tp 2) at W = 8, each stage split over tp and sharded over dp; in 3-D too, GPT-2
+under 1F1B (its tie across sharded stages) and Llama under ZBV (FSDP inside its stages).
 
     pp_tp_train_e2e.py BIN_DIR [--only NAME,...]"""
 import random
@@ -22,7 +23,9 @@ from pp_train_e2e import COMMON, FAMILIES, FSDPRUN, GPT, ONLY, TOLERANCE, rank_o
 LAYOUTS = [("gpt2-zbv-tp2", "gpt2", 4, 2, 2, 4, 2, ["--pp-schedule", "zbv"]),
            ("gpt2-1f1b-tp2", "gpt2", 4, 2, 2, 4, 2, ["--pp-schedule", "1f1b"]),
            ("llama-zbv-tp2", "llama", 4, 2, 2, 4, 2, ["--pp-schedule", "zbv"]),
-           ("llama-1f1b-3d", "llama", 8, 2, 2, 4, 2, ["--pp-schedule", "1f1b"])]
+           ("llama-1f1b-3d", "llama", 8, 2, 2, 4, 2, ["--pp-schedule", "1f1b"]),
+           ("gpt2-1f1b-3d", "gpt2", 8, 2, 2, 4, 2, ["--pp-schedule", "1f1b"]),
+           ("llama-zbv-3d", "llama", 8, 2, 2, 4, 2, ["--pp-schedule", "zbv"])]
 SPLITS = {"llama-1f1b-3d": "over pp 2 x dp 2 x tp 2: stage 0 [wte h.0 h.1] stage 1 [h.2 h.3 ln_f lm_head]"}
 
 

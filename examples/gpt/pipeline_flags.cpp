@@ -91,11 +91,10 @@ std::string check_pipeline_flags(const CLI::App& app, CommandLine& cl) {
     if (std::string error = check_planned_grad_accum(o); !error.empty()) return error;
   }
   if (std::string error = check_stages_per_rank(app, o); !error.empty()) return error;  // its default first
-  // Before the mesh (pipeline_run.cpp names the same for mixed precision at any rank count).
-  if (o.pp_schedule == "zbv" && (o.save_every > 0 || o.resume)) {
-    return "--pp-schedule zbv does not run with --save-every/--resume yet: a checkpoint needs every stage "
-           "sharded (Stage::fully_shard), and FSDP inside ZBV's stages is not built (its backward is split "
-           "into input and weight gradients); use --pp-schedule interleaved-1f1b, 1f1b or gpipe";
+  if (o.pp_schedule == "zbv" && o.fsdp.activation_checkpointing()) {  // [Note: activation checkpointing inside a stage]
+    return "--pp-schedule zbv does not run with --activation-checkpointing: ZBV's input-gradient pass would run the "
+           "recomputation's backward, which accumulates the weights' gradients before its weight pass adds them "
+           "again; use --pp-schedule gpipe, 1f1b or interleaved-1f1b, or drop --activation-checkpointing";
   }
   return check_pipeline_shape(app, o);
 }

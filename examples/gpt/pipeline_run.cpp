@@ -55,22 +55,16 @@ fsdp::DeviceMesh pipeline_mesh(const TrainOptions& o, fsdp::Distributed& dist) {
   TORCH_CHECK(world % (o.pp * o.tp) == 0, asked, " does not divide the ", world, " ranks; launch a multiple of ",
               flags, " ranks (dp = ranks / ", flags, ")");
   const int dp = world / (o.pp * o.tp);
-  // What FSDP inside a stage (dp > 1) does not compose with yet (src/pp/pipeline.cpp refuses
-  // both), named here by the flags.
-  const bool several_stages = o.pp * o.stages_per_rank > 1;
+  // ZBV's V puts the first and the last stage on one rank: a tied head there is one tensor, which
+  // two sharded stages cannot both flatten (the library refuses it on that rank alone; named here
+  // before any work, so no rank waits on it).
   const std::string needs = needs_sharded_stage(o);
-  TORCH_CHECK((dp == 1 && needs.empty()) || !several_stages || !o.model.head_is_wte(), "--pp ", o.pp,
-              " at dp ", dp, " (", world, " ranks", needs.empty() ? "" : ", with " + needs,
-              "): the head is tied to wte (", o.model.family == "gpt2" ? "--model gpt2" : "--tie-head",
-              "), a weight shared by the first and the last stage, and FSDP inside a stage (which ",
-              needs.empty() ? "dp > 1 needs" : needs + " needs", ") does not train a weight tied across stages "
-              "yet; use an untied head (--model llama without --tie-head)",
-              needs.empty() ? " or dp 1 (--pp equal to the ranks)" : "");
-  TORCH_CHECK((dp == 1 && needs.empty()) || o.pp_schedule != "zbv", "--pp-schedule zbv at dp ", dp, " (", world,
-              " ranks", needs.empty() ? "" : ", with " + needs, "): its backward is split into input and weight "
-              "gradients, which FSDP inside a stage (which ", needs.empty() ? "dp > 1 needs" : needs + " needs",
-              ") does not run yet; use gpipe, 1f1b or interleaved-1f1b", needs.empty() ? ", or dp 1 (--pp equal "
-              "to the ranks)" : "");
+  TORCH_CHECK((dp == 1 && needs.empty()) || o.pp_schedule != "zbv" || !o.model.head_is_wte(), "--pp-schedule zbv "
+              "at dp ", dp, " (", world, " ranks", needs.empty() ? "" : ", with " + needs, "): the head is tied to wte (",
+              o.model.family == "gpt2" ? "--model gpt2" : "--tie-head", ") and ZBV puts the first and the last stage "
+              "on one rank, where FSDP inside the two stages (which ", needs.empty() ? "dp > 1 needs" : needs + " needs",
+              ") cannot both shard the one tensor; use gpipe, 1f1b or interleaved-1f1b, or an untied head (--model "
+              "llama without --tie-head)", needs.empty() ? ", or dp 1 (--pp equal to the ranks)" : "");
   // Hybrid sharding splits a stage's dp ranks (not the world) into groups of F.
   const int f = o.fsdp.shard_group_size();
   TORCH_CHECK(!fsdp::is_hybrid(o.fsdp.strategy()) || f == 0 || (dp % f == 0 && dp / f >= 2),

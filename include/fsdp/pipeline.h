@@ -83,7 +83,9 @@
 // once). A weight tied only in forward (the head calling F::linear(x, wte->weight) without
 // registering it) leaves no trace in the parameters: the step then sees a tensor that no local
 // stage holds gain a gradient and every rank throws, naming it on the rank that found it.
-// Tied weights across stages with FSDP inside them are refused by name (not built).
+// With FSDP inside the stages, the sum runs on the stages' reduced gradient shards, each made
+// whole over its dp ranks first ([Note: a tie across sharded stages] in src/pp/tied_weights.cpp);
+// two sharded stages of one rank holding one tie are refused by name.
 
 #include <fsdp/distributed.h>
 #include <fsdp/options.h>

@@ -11,7 +11,7 @@
 /// Each stage must be sharded (Stage::fully_shard, over a dp group of one rank too; refused by
 /// name otherwise). A rank may hold several stages (interleaved 1F1B): `optimizer` holds the
 /// parameters of all this rank's stages (pipe.parameters()), and the folder is the one a run of
-/// one stage per rank writes of the same model. ZBV's stages cannot be sharded yet. Loading reads
+/// one stage per rank writes of the same model (under ZBV too). Loading reads
 /// exactly the parameters (and their optimizer state) of this rank's stages, by name: a parameter
 /// of a stage that the checkpoint lacks, or a checkpoint parameter that no stage of the run
 /// holds, is refused on every rank, naming it, and nothing is loaded (into any of the rank's

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -77,19 +79,21 @@ void check_not_a_stage(const at::Tensor& param) {
 
 namespace detail {
 
-GradientSquares gradient_squares(const ShardedModel& sharded) {
+GradientSquares gradient_squares(const ShardedModel& sharded, const std::set<std::string>& counted_elsewhere) {
   const ShardedView model(sharded);
-  std::vector<at::Tensor> grads;
+  std::vector<at::Tensor> grads, counted;
   std::vector<std::optional<tp::Placement>> placements;
   for (const auto& p : model.params()) {
     if (!p.param().grad().defined()) continue;
     grads.push_back(p.param().grad());
+    if (counted_elsewhere.count(p.name()) != 0) continue;
+    counted.push_back(p.param().grad());
     placements.push_back(p.tensor_parallel());
   }
   // Each rank squares only its own pieces (never the padding); replicas hold equal pieces, so
   // the sum runs over the shard group alone ([Note: the norm over both dimensions]).
   // Summed where the collectives run (a GPU's, even when the shards are offloaded to the host).
-  const NormTerms terms = norm_terms(grads, placements);
+  const NormTerms terms = norm_terms(counted, placements);
   at::Tensor squares = sum_of_squares(terms.counted, model.compute_device());
   model.all_reduce_over_shard_group(squares);
   sum_over_tensor_parallel(terms, squares);

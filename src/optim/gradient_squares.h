@@ -6,6 +6,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <set>
+#include <string>
 #include <vector>
 
 namespace fsdp::detail {
@@ -17,7 +19,9 @@ struct GradientSquares {
 
 /// The sum of the squares of a sharded model's gradients, each element once ([Note: the norm
 /// over both dimensions] in src/optim/clip.cpp): a collective over its shard group (and tp group).
-GradientSquares gradient_squares(const ShardedModel& model);
+/// The parameters named in `counted_elsewhere` (a pipeline's tied weight, which another stage
+/// counts) are scaled but not counted.
+GradientSquares gradient_squares(const ShardedModel& model, const std::set<std::string>& counted_elsewhere = {});
 
 /// Scales `grads` so that a norm of `norm` becomes at most `max_norm` (torch's formula);
 /// returns `norm`.

@@ -301,6 +301,8 @@ PipelineRankPlan plan_rank(int pp_rank, const std::vector<StageModel>& stages, c
     const bool tie_across = pp::rank_of_stage(0, l.P, l.num_stages, l.placement) !=
                             pp::rank_of_stage(l.num_stages - 1, l.P, l.num_stages, l.placement);
     if (tie_across) r.pp_send_bytes += stage.tied_bytes;
+    // A sharded stage's copy is made whole over dp first ([Note: a tie across sharded stages]).
+    if (tie_across && pipeline.shard_stages && l.D > 1) r.all_reduce += 2 * (l.D - 1) * stage.tied_bytes / l.D;
     for (const PlanUnit* unit : stage.units) {
       const planning::UnitSeconds t = planning::unit_seconds(*unit, setup, rates, false);
       r.busy_s += static_cast<double>(M) * (t.forward + t.backward);
@@ -407,6 +409,11 @@ PipelinePlan plan_pipeline(const PlanSetup& setup, const PlanPipeline& pipeline)
               "for tp ", setup.model.tp_size, " and the policy asks tp ", setup.policy.tp_size,
               "; describe it for the policy's");
   const PipelineLayout l = layout_of(setup, pipeline);
+  TORCH_CHECK(!pipeline.head_tied_to_embedding || !pipeline.shard_stages || l.D == 1 || l.num_stages == 1 ||
+                  pp::rank_of_stage(0, l.P, l.num_stages, l.placement) !=
+                      pp::rank_of_stage(l.num_stages - 1, l.P, l.num_stages, l.placement),
+              "pipeline plan: ", pp::to_string(pipeline.schedule), " puts the first and the last stage on one rank, "
+              "where two sharded stages cannot both hold the tied head's tensor (the pipeline refuses it)");
   PipelinePlan plan;
   plan.setup = setup;
   plan.pipeline = pipeline;

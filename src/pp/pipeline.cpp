@@ -103,14 +103,17 @@ class StepRun {
 
   void run(const Action& a) {
     StageSharding& sharding = *shardings_.at(a.stage);
-    const bool computes = a.kind == ActionKind::Forward || a.kind == ActionKind::Backward;
+    const bool computes = a.kind == ActionKind::Forward || a.kind == ActionKind::Backward ||
+                          a.kind == ActionKind::BackwardInput || a.kind == ActionKind::BackwardWeight;
     if (reshard_after_microbatch_ && computes) sharding.unshard();  // gathered again, if resharded
     const std::string label = span_label(a);
     {
       TraceSpan span(span_name(a.kind), label, span_lane(a.kind));
       run_action(a, sharding);
     }
-    if (reshard_after_microbatch_ && a.kind == ActionKind::Backward) sharding.reshard();
+    // A micro-batch's backward ends with B, or with ZBV's W (its I keeps the graph for W).
+    const bool ends_backward = a.kind == ActionKind::Backward || a.kind == ActionKind::BackwardWeight;
+    if (reshard_after_microbatch_ && ends_backward) sharding.reshard();
   }
 
   void run_action(const Action& a, StageSharding& sharding) {
@@ -267,7 +270,8 @@ std::shared_ptr<StageSharding> sharding_of(const Stage& stage, std::shared_ptr<S
   return given ? std::move(given) : stage.sharding();
 }
 
-// FSDP inside stages with what is not built beside it, refused by name.
+// FSDP inside stages with what does not compose beside it, refused by name (a tie held by two
+// sharded stages of one rank: TiedWeights).
 void check_sharded_stages_compose(const std::vector<Stage>& stages, Schedule schedule) {
   for (const Stage& stage : stages) {
     if (!stage.is_sharded()) continue;
@@ -278,15 +282,6 @@ void check_sharded_stages_compose(const std::vector<Stage>& stages, Schedule sch
                 "accumulates the weights' gradients too, before its weight pass adds them again ([Note: activation "
                 "checkpointing inside a stage]); use Interleaved1F1B, OneFOneB or GPipe, or turn "
                 "activation_checkpointing off");
-    TORCH_CHECK(schedule != Schedule::ZBV, "pipeline: stage ", stage.index(), " is sharded (Stage::fully_shard) "
-                "and the schedule is ZBV, whose backward is split into input and weight gradients: FSDP inside "
-                "its stages is not built; use Interleaved1F1B, OneFOneB or GPipe, or leave the stages unsharded");
-    for (const Stage& other : stages) {
-      TORCH_CHECK(other.tied_parameters().empty(), "pipeline: stage ", stage.index(), " is sharded (Stage::"
-                  "fully_shard) and stage ", other.index(), " holds '", other.tied_parameters().front().name,
-                  "', a weight tied across stages: the tie's gradient sum over sharded stages is not built; "
-                  "untie the weight or leave the stages unsharded");
-    }
   }
 }
 

@@ -11,6 +11,8 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <cmath>
+#include <set>
+#include <string>
 #include <unordered_set>
 #include <vector>
 
@@ -24,12 +26,22 @@ namespace {
 // fsdp::clip_grad_norm_ sums them; an unsharded stage's are its whole gradients. A weight tied
 // across stages has, after the step, the same summed gradient on every stage holding it: only its
 // first holding stage counts it (on one rank, two stages holding it hold one tensor, counted and
-// scaled once).
+// scaled once; a sharded stage leaves the pieces of a tie it does not count out of its squares).
 bool counted_by_another_stage(const Stage& stage, const std::string& name) {
   for (const TiedParameter& tie : stage.tied_parameters()) {
     if (tie.name == name) return tie.stages.front() != stage.index();
   }
   return false;
+}
+
+// The stage's names of the tied weights another stage counts: a sharded stage's pieces are its own
+// copy's, summed over its shard group.
+std::set<std::string> counted_by_other_stages(const Stage& stage) {
+  std::set<std::string> out;
+  for (const TiedParameter& tie : stage.tied_parameters()) {
+    if (tie.stages.front() != stage.index()) out.insert(tie.name);
+  }
+  return out;
 }
 
 // An unsharded stage's gradient is counted whole; a part split over tensor-parallel ranks is not
@@ -53,7 +65,7 @@ double clip_grad_norm_(Pipeline& pipeline, double max_norm) {
   std::unordered_set<const c10::TensorImpl*> seen;
   for (Stage& stage : pipeline.stages()) {
     if (stage.is_sharded()) {
-      detail::GradientSquares sharded = detail::gradient_squares(stage.sharded_model());
+      detail::GradientSquares sharded = detail::gradient_squares(stage.sharded_model(), counted_by_other_stages(stage));
       squares += sharded.squares.cpu();
       grads.insert(grads.end(), sharded.grads.begin(), sharded.grads.end());
       continue;

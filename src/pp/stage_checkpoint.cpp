@@ -21,10 +21,7 @@ std::vector<const Stage*> checkpointed_stages(Pipeline& pipe, const char* what) 
   for (const Stage& stage : pipe.stages()) {
     TORCH_CHECK(stage.is_sharded(), what, ": stage ", stage.index(), " is not sharded; call "
                 "stage.fully_shard(mesh.group(\"dp\")) on every stage before building the Pipeline (a dp "
-                "group of one rank too)",
-                pipe.stages().size() > 1 ? "; under ZBV, whose stages cannot be sharded yet, a checkpoint is "
-                                           "not built: use Interleaved1F1B for several stages per rank"
-                                         : "");
+                "group of one rank too)");
     stages.push_back(&stage);
   }
   return stages;

@@ -2,6 +2,7 @@
 // data-parallel ranks, held unsharded across the step's micro-batches.
 #include "pp/stage_sharding.h"
 
+#include "core/sharded_view.h"
 #include "core/unshard_hold.h"
 #include "pp/part_call.h"
 
@@ -28,7 +29,9 @@ namespace fsdp::pp {
 // - Unshard gathers the parameters once and holds them ([Note: units held unsharded]): no
 //   forward or backward of the step's micro-batches reshards them, and each backward adds its
 //   gradient into one unsharded sum (no_sync);
-// - ReduceScatter, after the stage's last backward, reduces that sum once (reduce-scatter, or
+// - ZBV's W (backward with the stage's weights as inputs) adds into the same sum as a B; its I
+//   (the input's gradient alone) reaches no weight;
+// - ReduceScatter, after the stage's last backward (or W), reduces that sum once (reduce-scatter, or
 //   all-reduce for NO_SHARD and across hybrid replicas), divided by D: each dp rank's loss is
 //   the mean over its own tokens, so the mean over the ranks is the global batch's;
 // - Reshard frees the gathered parameters: between steps they are this rank's 1-D shards, with
@@ -125,6 +128,19 @@ void check_no_units(const std::vector<Part>& parts) {
   }
 }
 
+// [Note: a tie across sharded stages] (pp/tied_weights.cpp): a tied weight another stage of this
+// rank has sharded already is one tensor, which a second FSDP unit cannot flatten again.
+void check_ties_not_sharded_already(const Stage& stage) {
+  for (const TiedParameter& tie : stage.tied_parameters()) {
+    const at::Tensor& tensor = stage.named_parameters()[tie.name];
+    TORCH_CHECK(detail::models_holding({tensor}).empty(), "pipeline: stage ", stage.index(), " holds '", tie.name,
+                "', a weight tied across stages that another stage of this rank has sharded already "
+                "(Stage::fully_shard): two sharded stages of one rank cannot both flatten the one tensor; use a "
+                "schedule that puts them on different ranks (OneFOneB, GPipe, Interleaved1F1B), untie the weight, "
+                "or leave the stages unsharded");
+  }
+}
+
 }  // namespace
 
 ShardedStage::ShardedStage(const std::vector<Part>& parts, ProcessGroup& dp, const FullyShardOptions& options)
@@ -139,6 +155,7 @@ ShardedStage::ShardedStage(const std::vector<Part>& parts, ProcessGroup& dp, con
 
 void Stage::fully_shard(ProcessGroup& dp, FullyShardOptions options) {
   TORCH_CHECK(!sharded_, "pipeline: stage ", index_, " is sharded already; call Stage::fully_shard once");
+  check_ties_not_sharded_already(*this);
   sharded_ = std::make_shared<ShardedStage>(parts_, dp, options);
 }
 

@@ -1,13 +1,16 @@
 #pragma once
 // Tied weights across stages ([Note: tied weights across stages]): found from the model (a tensor
 // registered under two names held by different stages), made equal over the pp ranks holding
-// them, their gradients summed over those ranks after each step.
+// them, their gradients summed over those ranks after each step; a sharded stage's copy is whole
+// only over its shard group ([Note: a tie across sharded stages]).
 
 #include <fsdp/distributed.h>
 #include <fsdp/pipeline.h>
+#include <fsdp/sharded_model.h>
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +36,8 @@ class TiedWeights {
   /// built from another seed on each rank).
   void make_equal(ProcessGroup& pp);
   /// Before a step: takes each tie's gradient away (kept), so that the step's backward computes
-  /// this step's alone ([Note: a tied weight's gradient accumulated over steps]).
+  /// this step's alone ([Note: a tied weight's gradient accumulated over steps]); a sharded
+  /// stage's stays in its gradient shard, a copy kept, the step's own the difference.
   void set_aside_gradients();
   /// Each holder's gradient becomes the sum of every holder's for this step, added in pp rank
   /// order (so the sums, and the values after the optimizer step, are bitwise equal on every
@@ -43,12 +47,20 @@ class TiedWeights {
  private:
   struct Tie {
     std::string name;        // the tensor's first name in the model
-    at::Tensor tensor;       // this rank's copy
+    at::Tensor tensor;       // this rank's copy (a sharded stage's: its piece)
     std::vector<int> ranks;  // the pp ranks holding it, increasing (this one included)
+    std::string stage_name;               // the holding stage's name for it
+    std::optional<ShardedModel> sharded;  // the holding stage's, when it is sharded
   };
+  // The whole tensor of which `local` is this rank's copy or piece (a collective over a sharded
+  // stage's shard group), and `whole`'s piece written back into `local`.
+  static at::Tensor whole_of(const Tie& tie, const at::Tensor& local);
+  static void write_piece(const Tie& tie, const at::Tensor& whole, const at::Tensor& local);
   // The ties this rank shares with `peer`, in the same order on both ranks (their tags).
   std::vector<const Tie*> shared_with(int peer) const;
   int tag_of(const Tie& tie, int peer) const;
+
+  at::Tensor kept_of(size_t tie) const;  // set aside before this step, or undefined
 
   int rank_;
   std::vector<Tie> ties_;  // ordered by name
