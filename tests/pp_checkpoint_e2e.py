@@ -202,17 +202,24 @@ def check_interleaved_save(tmp, straight, like, saved_1f1b):
     assert dcp_gap <= TOLERANCE, f"dcp.load of the interleaved checkpoint: {dcp_gap:.3g} from the 1F1B one's"
     moments = {f"state.{n}.{kind}": t for n, t in like.items() for kind in ("exp_avg", "exp_avg_sq")}
     assert all(not t.isnan().any() for t in dcp_load(folder, moments).values()), "dcp.load left AdamW moments unread"
+    gaps = resume_gaps(tmp, ckpt, "interleaved", ((INTERLEAVED, uninterrupted, 0), ((1, 2), straight, TOLERANCE),
+                                                  ((2, 2), straight, TOLERANCE), ((4, 1), straight, TOLERANCE)))
+    return f"saved interleaved, dcp.load within {dcp_gap:.2g}, resumed with loss gaps {gaps}"
+
+
+def resume_gaps(tmp, ckpt, saved_as, resumes):
+    """Each (layout, uninterrupted losses, bound) of `resumes`: a copy of `ckpt` resumed at layout,
+    its losses within bound of those. Returns the gaps, for the report."""
     gaps = []
-    for layout, want, bound in ((INTERLEAVED, uninterrupted, 0), ((1, 2), straight, TOLERANCE),
-                                ((2, 2), straight, TOLERANCE), ((4, 1), straight, TOLERANCE)):
-        resumed_dir = tmp / ("interleaved-resumed-" + "x".join(map(str, layout)))
+    for layout, want, bound in resumes:
+        resumed_dir = tmp / (saved_as + "-resumed-" + "x".join(map(str, layout)))
         shutil.copytree(ckpt, resumed_dir)
         losses, _ = gpt_train(tmp, layout, "--steps", STEPS, "--checkpoint-dir", resumed_dir, "--resume")
         assert sorted(losses) == list(range(SAVED, STEPS)), losses
         gap = max(abs(losses[s] - want[s]) for s in losses)
-        assert gap <= bound, f"saved interleaved at (pp 2, dp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
+        assert gap <= bound, f"saved {saved_as} at (pp 2, dp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
         gaps.append(f"{layout}: {gap:.2g}")
-    return f"saved interleaved, dcp.load within {dcp_gap:.2g}, resumed with loss gaps " + ", ".join(gaps)
+    return ", ".join(gaps)
 
 
 def check_muon_resume(tmp, layout=(2, 2)):
@@ -237,16 +244,8 @@ def check_zbv_resume(tmp, straight):
     uninterrupted, _ = gpt_train(tmp, ZBV, "--steps", STEPS)
     ckpt = tmp / "zbv-saved"
     gpt_train(tmp, ZBV, "--steps", SAVED, "--save-every", SAVED, "--checkpoint-dir", ckpt)
-    gaps = []
-    for layout, want, bound in ((ZBV, uninterrupted, 0), ((2, 2), straight, TOLERANCE)):
-        resumed_dir = tmp / ("zbv-resumed-" + "x".join(map(str, layout)))
-        shutil.copytree(ckpt, resumed_dir)
-        losses, _ = gpt_train(tmp, layout, "--steps", STEPS, "--checkpoint-dir", resumed_dir, "--resume")
-        assert sorted(losses) == list(range(SAVED, STEPS)), losses
-        gap = max(abs(losses[s] - want[s]) for s in losses)
-        assert gap <= bound, f"saved under zbv at (pp 2, dp 2), resumed at {layout}: |loss gap| {gap:.3g} > {bound}"
-        gaps.append(f"{layout}: {gap:.2g}")
-    return "saved under zbv, resumed with loss gaps " + ", ".join(gaps)
+    gaps = resume_gaps(tmp, ckpt, "zbv", ((ZBV, uninterrupted, 0), ((2, 2), straight, TOLERANCE)))
+    return f"saved under zbv, resumed with loss gaps {gaps}"
 
 
 def check_gpt2_tie_resume(tmp):
